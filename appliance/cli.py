@@ -1,0 +1,110 @@
+"""The ``chattts-appliance`` command line.
+
+Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy or torch code):
+
+* ``model random --size tiny|full [--seed N] OUT_DIR`` – write a random checkpoint in the
+  official layout (:mod:`appliance.model.random_ckpt`).
+* ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
+* ``serve --config config.yaml`` – run the daemon (:mod:`appliance.service.daemon`).
+* ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
+* ``health`` – field health check (:mod:`appliance.service.health`).
+* ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.runtime.engines_cli`).
+
+Every :class:`~appliance.errors.ApplianceError` ends the command with exit status 2 and its
+message on stderr (no traceback); other exit codes are documented per subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import ApplianceError
+
+# subcommand -> (module, function). The function takes the parsed argparse namespace and
+# returns an exit status.
+_COMMANDS = {
+    "model random": ("appliance.model.random_ckpt", "cli_main"),
+    "model fetch": ("appliance.model.fetch", "cli_main"),
+    "serve": ("appliance.service.daemon", "cli_main"),
+    "say": ("appliance.service.client", "cli_main"),
+    "health": ("appliance.service.health", "cli_main"),
+    "engines export": ("appliance.runtime.engines_cli", "cli_export"),
+    "engines build": ("appliance.runtime.engines_cli", "cli_build"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (kept separate for tests and ``--help``)."""
+    p = argparse.ArgumentParser(prog="chattts-appliance", description="ChatTTS speech appliance")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("model", help="checkpoints").add_subparsers(dest="sub", required=True)
+    r = m.add_parser("random", help="write a random checkpoint in the official layout")
+    r.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("out_dir")
+    f = m.add_parser("fetch", help="download 2Noise/ChatTTS from the HuggingFace hub")
+    f.add_argument("out_dir")
+    f.add_argument("--revision", default=None, help="hub revision (default: main)")
+
+    s = sub.add_parser("serve", help="run the daemon")
+    s.add_argument("--config", default="config.yaml")
+
+    y = sub.add_parser("say", help="speak TEXT through a running daemon")
+    y.add_argument("text")
+    y.add_argument("--config", default=None, help="read the socket path from this config")
+    y.add_argument("--socket", default=None, help="socket path (overrides --config)")
+    y.add_argument("--channel", default=None)
+    y.add_argument("--voice", default=None)
+    y.add_argument("--seed", type=int, default=None)
+    y.add_argument("--priority", default="normal", choices=("alert", "normal", "background"))
+    y.add_argument("--wav", default=None, help="also write the returned audio to this WAV file")
+    y.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for 'done'")
+    y.add_argument("--json", action="store_true", help="print the events as JSON lines")
+
+    h = sub.add_parser("health", help="field health check (exit 1 when unhealthy)")
+    h.add_argument("--config", default="config.yaml")
+    h.add_argument("--json", action="store_true")
+    h.add_argument("--socket", default=None, help="ask a running daemon instead of loading the engines here")
+
+    e = sub.add_parser("engines", help="ONNX export and TensorRT build").add_subparsers(dest="sub", required=True)
+    ex = e.add_parser("export", help="export ONNX graphs from a checkpoint")
+    ex.add_argument("--config", default="config.yaml")
+    ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
+    ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
+    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"))
+    b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")
+    b.add_argument("--config", default="config.yaml")
+    b.add_argument("--dir", default=None, help="engine dir (default: model.engine_dir)")
+    b.add_argument("--precision", default="fp16", choices=("fp16", "int8", "fp8"))
+    b.add_argument("--target", default=None, help="compute capability to build for, e.g. 8.7 (default: this GPU)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``chattts-appliance`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
+    module, func = _COMMANDS[key]
+    try:
+        fn = getattr(importlib.import_module(module), func)
+        return int(fn(args) or 0)
+    except ApplianceError as e:
+        print(f"chattts-appliance {key}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

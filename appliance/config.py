@@ -1,0 +1,314 @@
+"""Configuration: frozen dataclasses, the only reader of ``config.yaml``.
+
+``load_config(path)`` parses YAML, builds the dataclasses below and validates every value
+*before* anything heavy (torch, engines, audio) is loaded. An unknown key or a bad value raises
+:class:`~appliance.errors.ConfigError` naming the dotted key, e.g. ``synthesis.top_p``.
+
+Each field's ``help`` metadata is its documentation (with units); ``chattts-appliance config
+--explain`` could print it, and ``config.yaml`` in the repository root shows every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import ConfigError
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a documentation string (``help``) and optional checks.
+
+    Keyword checks: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds).
+    """
+    if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
+        return field(default_factory=lambda: default, metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+# --------------------------------------------------------------------------------------------
+# sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where the checkpoint is and how it runs."""
+
+    path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
+    backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else onnxruntime), tensorrt, onnxruntime or torch.", choices=("auto", "tensorrt", "onnxruntime", "torch"))
+    device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
+    dtype: str = _f("float32", "Weight/compute precision for the torch backend: float32, float16, bfloat16.", choices=("float32", "float16", "bfloat16"))
+    threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
+    max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
+    max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
+    max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
+    engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
+
+
+@dataclass(frozen=True)
+class SynthesisConfig:
+    """Default sampling parameters (upstream InferCodeParams defaults); requests may override."""
+
+    temperature: float = _f(0.3, "Sampling temperature for audio codes.", min=1e-4, max=5.0)
+    top_p: float = _f(0.7, "Nucleus (top-P) probability mass kept (applied before top-K).", min=1e-4, max=1.0)
+    top_k: int = _f(20, "Top-K codes kept (at least 3 are always kept, as upstream).", min=1, max=626)
+    repetition_penalty: float = _f(1.05, "Multiplicative penalty per repeat over the last 16 codes of a codebook; 1 = off.", min=1.0, max=5.0)
+    min_new_tokens: int = _f(0, "End-of-sequence is masked before this many codes.", min=0, max=4096)
+    max_new_tokens: int = _f(2048, "Hard stop in decode steps per sentence (46.875 steps = 1 s of audio).", min=1, max=4096)
+    prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
+    voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
+    seed: Optional[int] = _f(None, "Default sampling seed; None = a fresh seed per request (reported in the reply).")
+    refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first (adds up to 384 decode steps of latency).")
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How decode steps become PCM chunks."""
+
+    chunk_tokens: int = _f(24, "Decode steps per streamed chunk (24 steps = 512 ms of audio).", min=1, max=512)
+    first_chunk_tokens: int = _f(12, "Decode steps in the first chunk (smaller: earlier first audio).", min=1, max=512)
+    lookahead_tokens: int = _f(40, "Right context (decode steps) the Decoder/Vocos window waits for before a chunk is final. Full exactness needs about 40; fewer lowers TTFB but the joins are approximate.", min=0, max=256)
+    sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    """Where PCM goes."""
+
+    output: str = _f("auto", "auto (sound device if one exists, else wav), device or wav.", choices=("auto", "device", "wav"))
+    device: Optional[str] = _f(None, "Sound device chosen by (sub)string of its name; None = the system default.")
+    sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
+    wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
+    latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
+    on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """One output channel (e.g. driver, passenger, cabin)."""
+
+    name: str = _f("main", "Channel name used in requests.")
+    device: Optional[str] = _f(None, "Sound device for this channel (name substring); None = audio.device.")
+    queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
+    on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The daemon's local interface and limits."""
+
+    socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).")
+    socket_mode: int = _f(0o660, "File mode of the socket (octal in YAML: 0o660).", min=0, max=0o777)
+    max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
+    max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
+    memory_budget_mb: int = _f(1500, "Memory budget for weights + KV caches + activations, MiB.", min=64, max=1 << 20)
+    warmup: bool = _f(True, "Synthesize a short sentence before READY.")
+    spool_dir: str = _f("spool", "Where accepted but unfinished requests are kept across a stop (relative to the config file).")
+
+
+@dataclass(frozen=True)
+class MQTTConfig:
+    """MQTT input (paho-mqtt 2.x)."""
+
+    enabled: bool = _f(False, "Connect to a broker.")
+    host: str = _f("localhost", "Broker host.")
+    port: int = _f(1883, "Broker port.", min=1, max=65535)
+    username: Optional[str] = _f(None, "User name.")
+    password: Optional[str] = _f(None, "Password.")
+    tls: bool = _f(False, "Use TLS.")
+    ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
+    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,status,event,availability}.")
+    device_id: str = _f("appliance", "This box's id in topics.")
+    keepalive_s: int = _f(30, "MQTT keepalive in seconds.", min=5, max=3600)
+    max_payload_bytes: int = _f(65536, "Largest accepted command payload.", min=64, max=16 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """Temperature, memory and power readings that drive throttling."""
+
+    source: str = _f("auto", "auto, tegrastats, jtop, nvml, sysfs or none.", choices=("auto", "tegrastats", "jtop", "nvml", "sysfs", "none"))
+    interval_s: float = _f(2.0, "Seconds between readings.", min=0.1, max=3600)
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Field health check thresholds."""
+
+    sentence: str = _f("今天天气很好，我们去公园散步吧。", "Reference sentence.")
+    max_rtf: float = _f(1.0, "Unhealthy above this real-time factor.", min=0.0, max=1000)
+    max_ttfb_ms: float = _f(1500.0, "Unhealthy above this time to first audio byte, ms.", min=0.0, max=1e7)
+    at_start: bool = _f(True, "Run the check once after warm-up.")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. Build it with :func:`load_config` or ``Config()`` for defaults."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    mqtt: MQTTConfig = field(default_factory=MQTTConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
+
+    def resolve(self, p: str) -> Path:
+        """Return ``p`` as an absolute path, relative paths taken from :attr:`base_dir`."""
+        q = Path(os.path.expanduser(p))
+        return q if q.is_absolute() else (Path(self.base_dir) / q).resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# building and validation
+# --------------------------------------------------------------------------------------------
+
+_SECTION_ITEM = {("service", "channels"): ChannelConfig}
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check ``value`` against annotation ``tp``; return (ok, coerced value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return True, None
+        for a in args:
+            if a is type(None):
+                continue
+            ok, v = _type_ok(value, a)
+            if ok:
+                return True, v
+        return False, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:
+        return isinstance(value, str), value
+    return True, value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown config key '{key}' (known here: {', '.join(sorted(known))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        f = known[name]
+        key = f"{where}.{name}" if where else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key)
+            continue
+        item_cls = _SECTION_ITEM.get((where, name))
+        if item_cls is not None:
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{key}: expected a non-empty list")
+            kwargs[name] = tuple(_build(item_cls, v, f"{key}[{i}]") for i, v in enumerate(value))
+            continue
+        ok, v = _type_ok(value, tp)
+        if not ok:
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+        kwargs[name] = v
+    obj = cls(**kwargs)
+    _check(obj, where)
+    return obj
+
+
+def _check(obj: Any, where: str) -> None:
+    """Apply the ``choices`` / ``min`` / ``max`` metadata of every field of ``obj``."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        md = f.metadata
+        if v is None:
+            continue
+        if "choices" in md and v not in md["choices"]:
+            raise ConfigError(f"{key}: {v!r} is not one of {', '.join(map(str, md['choices']))}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if "min" in md and v < md["min"]:
+                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}")
+            if "max" in md and v > md["max"]:
+                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}")
+
+
+def _cross_check(cfg: Config) -> None:
+    names = [c.name for c in cfg.service.channels]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"service.channels: channel names must be unique, got {names}")
+    if len(names) > cfg.model.max_batch:
+        raise ConfigError(
+            f"service.channels: {len(names)} channels need model.max_batch >= {len(names)} "
+            f"(it is {cfg.model.max_batch})"
+        )
+    if cfg.model.max_prompt_tokens + 16 >= cfg.model.max_seq_len:
+        raise ConfigError(
+            f"model.max_prompt_tokens ({cfg.model.max_prompt_tokens}) must leave room for decode "
+            f"steps in model.max_seq_len ({cfg.model.max_seq_len})"
+        )
+    if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
+        raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
+
+
+def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:
+    """Build and validate a :class:`Config` from a parsed mapping.
+
+    Raises:
+        ConfigError: unknown key, wrong type, value out of range, inconsistent sections.
+    """
+    cfg = _build(Config, data or {}, "")
+    cfg = dataclasses.replace(cfg, base_dir=str(Path(base_dir).resolve()))
+    _cross_check(cfg)
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None) -> Config:
+    """Read ``config.yaml`` (or return defaults for ``None``) and validate it.
+
+    Relative paths inside the file are resolved against the file's directory.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or fails validation (message names the key).
+    """
+    if path is None:
+        return config_from_dict({}, ".")
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    return config_from_dict(data, p.parent)
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that re-runs the field checks (for tests and overrides)."""
+    new = dataclasses.replace(cfg, **changes)
+    _check(new, "")
+    return new

@@ -1,0 +1,110 @@
+"""One exception tree for the whole appliance.
+
+Every error a user or a sender can meet is an :class:`ApplianceError`. Each class carries a
+short machine-readable ``code`` that the service layer sends back in ``error`` replies
+(socket and MQTT alike), so a client can branch on it without parsing the message.
+Messages name the limit or the bad value and say what to do.
+
+Foreign errors (onnxruntime status codes, CUDA errors, OSError from audio devices) are turned
+into these exceptions in one wrapper per foreign library, never scattered through the code.
+"""
+
+from __future__ import annotations
+
+
+class ApplianceError(Exception):
+    """Base of every error raised on purpose by the appliance."""
+
+    code = "internal"
+
+
+class ConfigError(ApplianceError):
+    """``config.yaml`` is missing, unreadable, has an unknown key or a bad value.
+
+    The message names the key (dotted path, e.g. ``synthesis.top_p``).
+    """
+
+    code = "bad_config"
+
+
+class CheckpointError(ApplianceError):
+    """A checkpoint directory does not have the ChatTTS layout, or a tensor is missing,
+    unexpected or of the wrong shape. The message names the file and the key."""
+
+    code = "bad_checkpoint"
+
+
+class FetchError(ApplianceError):
+    """Downloading the official checkpoint failed (hub unreachable, checksum mismatch)."""
+
+    code = "fetch_failed"
+
+
+class RequestError(ApplianceError):
+    """A request is malformed: bad JSON, not UTF-8, unknown field, wrong type."""
+
+    code = "bad_request"
+
+
+class TextError(RequestError):
+    """The text cannot be spoken: empty, only punctuation, too long, or it holds characters
+    that cannot be spoken (the message lists them)."""
+
+    code = "bad_text"
+
+
+class SpeakerError(RequestError):
+    """A speaker string is malformed (not base16384, not LZMA, wrong length)."""
+
+    code = "bad_speaker"
+
+
+class UnknownChannelError(RequestError):
+    """The request names a channel that config does not define."""
+
+    code = "unknown_channel"
+
+
+class BusyError(ApplianceError):
+    """A queue is full or the memory budget does not admit the request now. Retry later."""
+
+    code = "busy"
+
+
+class CancelledError(ApplianceError):
+    """The request was cancelled (by id or by channel) before it finished."""
+
+    code = "cancelled"
+
+
+class EmptyResultError(ApplianceError):
+    """The model produced no audio code before end-of-sequence (reported, never retried in a
+    loop)."""
+
+    code = "empty_result"
+
+
+class EngineError(ApplianceError):
+    """An inference backend failed (foreign status code wrapped here) or an engine is
+    unusable."""
+
+    code = "engine_error"
+
+
+class EngineMismatchError(EngineError):
+    """An engine's manifest does not match this device, runtime version or checkpoint.
+    The message says what to rebuild."""
+
+    code = "engine_mismatch"
+
+
+class CapacityError(ApplianceError):
+    """A request exceeds an engine limit (prompt length, KV-cache length, batch)."""
+
+    code = "over_capacity"
+
+
+class AudioDeviceError(ApplianceError):
+    """The sound device is missing, busy or failed."""
+
+    code = "audio_device"

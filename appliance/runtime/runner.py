@@ -1,0 +1,101 @@
+"""The one interface every inference backend implements.
+
+A :class:`Runner` owns the model's weights on its device, a static KV cache of
+``max_batch`` slots x ``max_seq_len`` positions allocated once at load, and its own
+pre-allocated I/O buffers. Everything crossing this boundary is numpy (host) data, so the
+pipeline, the scheduler and the service layer never import torch. Backends:
+
+* ``torch``        – :mod:`appliance.runtime.torch_runner` (our PyTorch model, CPU or CUDA)
+* ``onnxruntime``  – :mod:`appliance.runtime.onnx_runner` (CPU default, no torch)
+* ``tensorrt``     – :mod:`appliance.runtime.tensorrt_runner` (Jetson / RTX plans)
+
+The backend is chosen once at load by :func:`appliance.runtime.select.open_runner`.
+
+Shapes (D = hidden size, 768 full; V = 626 audio tokens; Q = 4 codebooks):
+
+* ``prefill(slot, ids, spk_emb)``: ``ids`` int64 ``[T]`` text token ids of the prompt,
+  ``spk_emb`` float32 ``[D]`` or None. Writes KV positions ``0..T-1`` of ``slot``.
+  Returns ``(logits float32 [Q, V], hidden float32 [D])`` of the last prompt position.
+* ``decode(slots, codes, pos)``: ``slots`` int64 ``[B]``, ``codes`` int64 ``[B, Q]`` the codes
+  sampled at the previous step, ``pos`` int64 ``[B]`` the position each code is written at.
+  Returns ``(logits [B, Q, V], hidden [B, D])``.
+* ``decoder(hidden)``: float32 ``[T, D]`` -> mel float32 ``[100, 2T]`` (log-mel x coef).
+* ``vocos(mel)``: float32 ``[100, F]`` -> complex STFT float32 ``(real [F, 513], imag [F, 513])``;
+  the inverse STFT runs on the host (:mod:`appliance.tts.istft`).
+
+Returned arrays may be views of the runner's buffers, valid until its next call: copy what you
+keep. Errors from the foreign runtime are raised as :class:`~appliance.errors.EngineError`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What a runner is and what it can hold.
+
+    Attributes:
+        backend: ``torch-cpu``, ``torch-cuda``, ``onnxruntime``, ``tensorrt``.
+        precision: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``fp8``.
+        hidden_size: D.
+        num_vq: Q (4).
+        num_audio_tokens: V (626).
+        max_batch: KV-cache slots.
+        max_seq_len: KV-cache positions per slot.
+        max_prompt_tokens: longest prompt one prefill accepts.
+        weight_bytes: bytes of weights held by the runner (for the memory budget).
+        kv_bytes_per_token: KV-cache bytes per position per slot.
+        reason: why this backend was chosen (logged at load).
+    """
+
+    backend: str
+    precision: str
+    hidden_size: int
+    num_vq: int
+    num_audio_tokens: int
+    max_batch: int
+    max_seq_len: int
+    max_prompt_tokens: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    reason: str = ""
+
+
+class Runner(abc.ABC):
+    """Backend-neutral access to GPT prefill / decode step, Decoder and Vocos (see module doc)."""
+
+    info: RunnerInfo
+
+    @abc.abstractmethod
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt -> KV slot; returns (logits [Q, V], hidden [D]) at the last prompt position.
+
+        Raises:
+            CapacityError: ``len(ids)`` exceeds ``info.max_prompt_tokens`` or ``slot`` is out of range.
+            EngineError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One decode step for the rows ``slots``; returns (logits [B, Q, V], hidden [B, D]).
+
+        Raises:
+            CapacityError: a position reaches ``info.max_seq_len``.
+            EngineError: the backend failed.
+        """
+
+    @abc.abstractmethod
+    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+        """GPT hidden states [T, D] -> mel [100, 2T] (float32)."""
+
+    @abc.abstractmethod
+    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """mel [100, F] -> complex spectrum (real [F, 513], imag [F, 513]) before the inverse STFT."""
+
+    def close(self) -> None:
+        """Release device memory. Idempotent."""

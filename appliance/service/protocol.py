@@ -1,0 +1,357 @@
+"""Protocol messages shared by the UNIX socket and MQTT.
+
+Framing on the socket: one JSON object per line (UTF-8), each with a ``"type"``. An ``audio``
+event (only when a ``speak`` asked for ``return_audio``) is followed by exactly ``bytes`` raw
+bytes of PCM (little-endian, the ``format`` given, mono, ``rate`` Hz). MQTT carries the same
+JSON objects as payloads (see :mod:`appliance.service.mqtt`).
+
+Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
+:class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
+:class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
+:class:`HealthReply`.
+
+:func:`parse_request` turns a decoded JSON object into a request dataclass and raises
+:class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
+:func:`to_json` turns any message into one JSON line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..errors import ApplianceError, RequestError
+
+PRIORITIES = ("alert", "normal", "background")
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    """Per-request overrides of the sampling defaults (``synthesis`` in config). None = default.
+
+    Attributes:
+        temperature: sampling temperature (> 0).
+        top_p: nucleus mass in (0, 1].
+        top_k: codes kept, 1..626.
+        repetition_penalty: >= 1.
+        min_new_tokens: EOS masked before this many decode steps.
+        max_new_tokens: hard stop in decode steps (46.875 per second of audio).
+        prompt: control tokens put before the text, e.g. ``[speed_5][oral_2]``.
+    """
+
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    min_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    prompt: Optional[str] = None
+
+
+_PARAM_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (1e-4, 5.0),
+    "top_p": (1e-4, 1.0),
+    "top_k": (1, 626),
+    "repetition_penalty": (1.0, 5.0),
+    "min_new_tokens": (0, 4096),
+    "max_new_tokens": (1, 4096),
+}
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Speak:
+    """Speak ``text`` on a channel.
+
+    Attributes:
+        text: what to say (UTF-8; control tokens like ``[uv_break]`` allowed).
+        id: request id (client-chosen for de-duplication; generated when absent).
+        channel: channel name from config; None = the first channel.
+        priority: ``alert`` (preempts), ``normal`` or ``background``.
+        voice: ``seed:N`` or an upstream speaker string; None = config default.
+        seed: sampling seed for reproducible output; None = config default / fresh.
+        params: sampling overrides.
+        return_audio: also send the PCM back as ``audio`` events.
+    """
+
+    text: str
+    id: str = ""
+    channel: Optional[str] = None
+    priority: str = "normal"
+    voice: Optional[str] = None
+    seed: Optional[int] = None
+    params: SynthParams = field(default_factory=SynthParams)
+    return_audio: bool = False
+    type: str = "speak"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel one request (``id``) or everything on a channel (``channel``)."""
+
+    id: Optional[str] = None
+    channel: Optional[str] = None
+    type: str = "cancel"
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """Ask for a :class:`StatusReply`."""
+
+    type: str = "status"
+
+
+@dataclass(frozen=True)
+class HealthRequest:
+    """Run the field health check now and reply with a :class:`HealthReply`."""
+
+    type: str = "health"
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The request is queued; ``queue_position`` 0 means it starts next."""
+
+    id: str
+    channel: str
+    queue_position: int = 0
+    type: str = "accepted"
+
+
+@dataclass(frozen=True)
+class Started:
+    """Synthesis of the request began (its prefill runs)."""
+
+    id: str
+    channel: str
+    type: str = "started"
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Header of a PCM chunk; on the socket ``bytes`` raw bytes follow the line.
+
+    Attributes:
+        rate: sample rate in Hz. format: ``float32`` or ``int16`` (little-endian, mono).
+    """
+
+    id: str
+    bytes: int
+    rate: int = 24000
+    format: str = "float32"
+    type: str = "audio"
+
+
+@dataclass(frozen=True)
+class Done:
+    """The request finished.
+
+    Attributes:
+        ttfb_ms: time from accept to the first PCM chunk, ms.
+        rtf: synthesis seconds per second of audio.
+        audio_s: seconds of audio produced.
+        steps: decode steps run; steps_per_s: their rate.
+        output: ``device:<name>`` or the WAV path written.
+        seed: the sampling seed used (for reproduction).
+        unspeakable: characters of the text that could not be spoken and were skipped.
+    """
+
+    id: str
+    channel: str
+    ttfb_ms: float
+    rtf: float
+    audio_s: float
+    steps: int
+    steps_per_s: float
+    output: str = ""
+    seed: Optional[int] = None
+    unspeakable: list = field(default_factory=list)
+    type: str = "done"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """A request failed or was refused. ``code`` is the exception's ``code`` (e.g. ``bad_text``)."""
+
+    code: str
+    message: str
+    id: Optional[str] = None
+    type: str = "error"
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """Daemon status: channels busy, queues, last timings, throttle level, temperature (C)."""
+
+    state: str
+    backend: str
+    channels: dict = field(default_factory=dict)
+    last_rtf: Optional[float] = None
+    last_ttfb_ms: Optional[float] = None
+    throttle: str = "normal"
+    temperature_c: Optional[float] = None
+    type: str = "status"
+
+
+@dataclass(frozen=True)
+class HealthReply:
+    """Result of the field health check (see :mod:`appliance.service.health`)."""
+
+    healthy: bool
+    rtf: Optional[float] = None
+    ttfb_ms: Optional[float] = None
+    steps_per_s: Optional[float] = None
+    memory_mib: Optional[float] = None
+    reasons: list = field(default_factory=list)
+    type: str = "health"
+
+
+REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
+EVENT_TYPES: dict[str, type] = {
+    "accepted": Accepted, "started": Started, "audio": AudioChunk, "done": Done,
+    "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
+}
+
+
+def _check_value(where: str, value: Any, tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        tp = args[0]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RequestError(f"field '{where}' must be true or false, got {value!r}")
+    elif tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise RequestError(f"field '{where}' must be an integer, got {value!r}")
+    elif tp is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise RequestError(f"field '{where}' must be a number, got {value!r}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise RequestError(f"field '{where}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _params(obj: Any) -> SynthParams:
+    if obj is None:
+        return SynthParams()
+    if not isinstance(obj, dict):
+        raise RequestError("field 'params' must be an object")
+    hints = typing.get_type_hints(SynthParams)
+    unknown = sorted(set(obj) - set(hints))
+    if unknown:
+        raise RequestError(f"unknown field 'params.{unknown[0]}' (known: {', '.join(hints)})")
+    kw = {}
+    for k, v in obj.items():
+        v = _check_value(f"params.{k}", v, hints[k])
+        if v is not None and k in _PARAM_RANGES:
+            lo, hi = _PARAM_RANGES[k]
+            if not lo <= v <= hi:
+                raise RequestError(f"field 'params.{k}' = {v} is outside [{lo}, {hi}]")
+        kw[k] = v
+    return SynthParams(**kw)
+
+
+def parse_request(obj: Any) -> Speak | Cancel | StatusRequest | HealthRequest:
+    """Validate a decoded JSON object and build the request dataclass.
+
+    A ``speak`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
+
+    Raises:
+        RequestError: not an object, unknown ``type``, unknown field, wrong type or range.
+    """
+    if not isinstance(obj, dict):
+        raise RequestError(f"a request must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type", "speak" if "text" in obj else None)
+    if kind not in REQUEST_TYPES:
+        raise RequestError(f"unknown request type {kind!r} (known: {', '.join(REQUEST_TYPES)})")
+    cls = REQUEST_TYPES[kind]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(obj) - fields)
+    if unknown:
+        raise RequestError(f"unknown field '{unknown[0]}' in {kind} (known: {', '.join(sorted(fields - {'type'}))})")
+    kw: dict[str, Any] = {}
+    for k, v in obj.items():
+        if k == "type":
+            continue
+        if k == "params":
+            kw[k] = _params(v)
+            continue
+        kw[k] = _check_value(k, v, hints[k])
+    if cls is Speak:
+        if "text" not in kw or kw["text"] is None:
+            raise RequestError("field 'text' is required in speak")
+        if kw.get("priority", "normal") not in PRIORITIES:
+            raise RequestError(f"field 'priority' must be one of {', '.join(PRIORITIES)}, got {kw['priority']!r}")
+        if not kw.get("id"):
+            kw["id"] = uuid.uuid4().hex[:12]
+        elif len(kw["id"]) > 128:
+            raise RequestError("field 'id' is longer than 128 characters")
+    if cls is Cancel and not (kw.get("id") or kw.get("channel")):
+        raise RequestError("cancel needs 'id' or 'channel'")
+    return cls(**kw)
+
+
+def parse_line(line: bytes, max_bytes: int = 65536) -> Speak | Cancel | StatusRequest | HealthRequest:
+    """Decode one request line (bytes, without or with its newline).
+
+    Raises:
+        RequestError: longer than ``max_bytes``, not UTF-8, not JSON, or invalid (see
+            :func:`parse_request`).
+    """
+    if len(line) > max_bytes:
+        raise RequestError(f"request of {len(line)} bytes is over the limit of {max_bytes} bytes")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"request is not valid UTF-8 (byte {e.start})") from e
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError(f"request is not valid JSON: {e.msg} at column {e.colno}") from e
+    return parse_request(obj)
+
+
+def to_dict(msg: Any) -> dict:
+    """A message dataclass as a plain dict (``type`` included, ``None`` fields kept)."""
+    return dataclasses.asdict(msg)
+
+
+def to_json(msg: Any) -> bytes:
+    """One JSON line (UTF-8, newline-terminated) for a message dataclass."""
+    return (json.dumps(to_dict(msg), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def error_event(exc: BaseException, request_id: Optional[str] = None) -> ErrorEvent:
+    """Turn any exception into an :class:`ErrorEvent` (``internal`` for non-appliance errors)."""
+    if isinstance(exc, ApplianceError):
+        return ErrorEvent(code=exc.code, message=str(exc), id=request_id)
+    return ErrorEvent(code="internal", message=f"{exc.__class__.__name__}: {exc}", id=request_id)
+
+
+def parse_event(obj: dict) -> Any:
+    """Build an event dataclass from a decoded JSON object (client side).
+
+    Raises:
+        RequestError: unknown event type.
+    """
+    kind = obj.get("type")
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise RequestError(f"unknown event type {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in obj.items() if k in names})
