@@ -1,0 +1,1 @@
+"""Fixtures: model (see conftest.py)."""

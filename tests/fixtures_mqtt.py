@@ -1,0 +1,1 @@
+"""Fixtures: mqtt (see conftest.py)."""

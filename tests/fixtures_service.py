@@ -1,0 +1,1 @@
+"""Fixtures: service (see conftest.py)."""
