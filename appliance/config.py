@@ -73,7 +73,6 @@ class StreamConfig:
 
     chunk_tokens: int = _f(24, "Decode steps per streamed chunk (24 steps = 512 ms of audio).", min=1, max=512)
     first_chunk_tokens: int = _f(12, "Decode steps in the first chunk (smaller: earlier first audio).", min=1, max=512)
-    lookahead_tokens: int = _f(40, "Right context (decode steps) the Decoder/Vocos window waits for before a chunk is final. Full exactness needs about 40; fewer lowers TTFB but the joins are approximate.", min=0, max=256)
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 

@@ -51,6 +51,12 @@ class RunnerInfo:
         weight_bytes: bytes of weights held by the runner (for the memory budget).
         kv_bytes_per_token: KV-cache bytes per position per slot.
         reason: why this backend was chosen (logged at load).
+        decoder_rf: receptive field of the Decoder, in mel frames on each side
+            (``2 + 6 * n_layer + 1``: conv_in 2 x k3, n_layer dilated k7 blocks, out_conv k3).
+        vocos_rf: receptive field of the Vocos backbone, in mel frames on each side
+            (``3 * (1 + num_layers)``: embed k7 and one k7 depthwise conv per block).
+        max_window_tokens: longest hidden-state window ``decoder()`` accepts (mel window for
+            ``vocos()`` is twice that); 0 = unbounded.
     """
 
     backend: str
@@ -64,6 +70,9 @@ class RunnerInfo:
     weight_bytes: int
     kv_bytes_per_token: int
     reason: str = ""
+    decoder_rf: int = 75
+    vocos_rf: int = 27
+    max_window_tokens: int = 0
 
 
 class Runner(abc.ABC):
