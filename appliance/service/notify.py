@@ -1,0 +1,416 @@
+"""systemd integration: sd_notify messages, the watchdog, socket activation, journald logging.
+
+Everything here is a no-op outside systemd (no ``$NOTIFY_SOCKET``, no ``$WATCHDOG_USEC``), so
+the daemon calls it unconditionally.
+
+**sd_notify transport: libsystemd when importable, else a stdlib sender.** ``systemd-python``
+(``systemd.daemon.notify`` -> ``sd_pid_notify_with_fds(3)``) is the reference implementation of
+the protocol: it follows whatever address forms the running systemd supports (path, abstract
+``@name``, and ``vsock:`` on systemd >= 253) and is what ``python3-systemd`` gives on a Jetson.
+It is a C extension that pip only builds with ``libsystemd-dev`` + ``pkg-config``, so a dev
+box or CI may lack it; then :func:`_send_stdlib` sends the same datagram itself (protocol in
+``sd_notify(3)``: one ``AF_UNIX``/``SOCK_DGRAM`` datagram of newline-separated ``KEY=VALUE``
+assignments to ``$NOTIFY_SOCKET``; a leading ``@`` means the Linux abstract namespace). The
+transport is picked once at import (:data:`TRANSPORT`); :class:`Notifier` composes every
+message and is the only caller of either sender, so the message logic exists once.
+
+Public API used by the daemon (see each docstring):
+
+* :class:`Notifier` – ``ready()``, ``status()``, ``watchdog()``, ``reloading()``, ``stopping()``,
+  ``extend_timeout()``, ``send()``; :func:`format_status` builds the ``STATUS=`` text.
+* :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
+  heartbeat (:meth:`Watchdog.beat`) is fresh.
+* :func:`listen_socket` – the listening socket handed over by ``chattts-appliance.socket``.
+* :func:`setup_logging` – journald (structured fields) under systemd, stderr otherwise;
+  :func:`log_fields` builds the ``extra=`` mapping for per-request fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+log = logging.getLogger(__name__)
+
+try:  # pragma: no cover - depends on the machine
+    from systemd import daemon as _sd_daemon
+except ImportError:  # pragma: no cover
+    _sd_daemon = None
+
+try:  # pragma: no cover
+    from systemd import journal as _sd_journal
+except ImportError:  # pragma: no cover
+    _sd_journal = None
+
+#: ``"libsystemd"`` (systemd-python) or ``"stdlib"``: how :class:`Notifier` sends.
+TRANSPORT = "libsystemd" if _sd_daemon is not None else "stdlib"
+
+
+def _send_stdlib(message: str) -> bool:
+    """Send one sd_notify datagram to ``$NOTIFY_SOCKET`` with the socket module.
+
+    Returns False when ``$NOTIFY_SOCKET`` is unset (not under systemd), True when sent.
+
+    Raises:
+        OSError: the socket cannot be reached (ENOENT, ECONNREFUSED, ...) or the address form
+            is not supported here (``vsock:``, needs libsystemd).
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr[0] == "@":
+        addr = "\0" + addr[1:]
+    elif addr[0] != "/":
+        raise OSError(f"NOTIFY_SOCKET={addr!r}: only path and @abstract addresses are supported "
+                      f"without systemd-python (install python3-systemd)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        s.connect(addr)
+        s.sendall(message.encode("utf-8"))
+    return True
+
+
+def _send_libsystemd(message: str) -> bool:
+    """Send through ``sd_pid_notify_with_fds`` (systemd-python); same contract as
+    :func:`_send_stdlib`."""
+    return bool(_sd_daemon.notify(message))
+
+
+def monotonic_usec() -> int:
+    """``CLOCK_MONOTONIC`` in microseconds (what ``MONOTONIC_USEC=`` carries)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[int] = None,
+                  last_rtf: Optional[float] = None, last_ttfb_ms: Optional[float] = None,
+                  temperature_c: Optional[float] = None, throttle: Optional[str] = None) -> str:
+    """One-line ``STATUS=`` text, e.g. ``ready; busy 1/3; rtf 0.42; ttfb 310 ms; 52.1C; throttle normal``.
+
+    Args:
+        state: daemon state word (``loading``, ``warming up``, ``ready``, ``reloading``, ``draining``).
+        busy / channels: channels synthesizing now / channels configured.
+        last_rtf: real-time factor of the last finished request (s compute per s audio).
+        last_ttfb_ms: time to first PCM of the last request, ms.
+        temperature_c: the temperature the throttle uses (tj or GPU), degrees C.
+        throttle: throttle level name (:class:`appliance.service.throttle.Level` value).
+    """
+    parts = [state]
+    if busy is not None and channels is not None:
+        parts.append(f"busy {busy}/{channels}")
+    if last_rtf is not None:
+        parts.append(f"rtf {last_rtf:.2f}")
+    if last_ttfb_ms is not None:
+        parts.append(f"ttfb {last_ttfb_ms:.0f} ms")
+    if temperature_c is not None:
+        parts.append(f"{temperature_c:.1f}C")
+    if throttle is not None:
+        parts.append(f"throttle {throttle}")
+    return "; ".join(parts)
+
+
+class Notifier:
+    """Sends sd_notify(3) messages to ``$NOTIFY_SOCKET`` (read at each send, as libsystemd does).
+
+    Every method returns True when a datagram was sent, False when not under systemd or when
+    sending failed (a failure is logged as a warning once; notify must never stop the daemon).
+
+    Args:
+        transport: ``"auto"`` (:data:`TRANSPORT`), ``"libsystemd"`` or ``"stdlib"`` (tests).
+
+    Raises:
+        ValueError: ``transport="libsystemd"`` without systemd-python, or an unknown name.
+    """
+
+    def __init__(self, transport: str = "auto") -> None:
+        if transport == "auto":
+            transport = TRANSPORT
+        if transport == "libsystemd" and _sd_daemon is None:
+            raise ValueError("transport 'libsystemd' needs systemd-python (pip install "
+                             "systemd-python, or apt install python3-systemd)")
+        if transport not in ("libsystemd", "stdlib"):
+            raise ValueError(f"unknown notify transport {transport!r} (auto, libsystemd, stdlib)")
+        self.transport = transport
+        self._sender: Callable[[str], bool] = _send_libsystemd if transport == "libsystemd" else _send_stdlib
+        self._warned = False
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        """True when ``$NOTIFY_SOCKET`` is set (the service runs under systemd ``Type=notify``)."""
+        return bool(os.environ.get("NOTIFY_SOCKET"))
+
+    def send(self, *assignments: str) -> bool:
+        """Send ``KEY=VALUE`` assignments in one datagram (newlines inside values are replaced
+        by spaces, since the protocol is line-based)."""
+        if not self.enabled:
+            return False
+        msg = "\n".join(a.replace("\n", " ") for a in assignments)
+        try:
+            with self._lock:
+                return self._sender(msg)
+        except OSError as e:
+            if not self._warned:
+                log.warning("sd_notify to %s failed: %s (further failures are not logged)",
+                            os.environ.get("NOTIFY_SOCKET"), e)
+                self._warned = True
+            return False
+
+    def ready(self, status: Optional[str] = None) -> bool:
+        """``READY=1`` (after warm-up, and again at the end of a reload), with ``STATUS=``."""
+        return self.send("READY=1", *([f"STATUS={status}"] if status is not None else []))
+
+    def status(self, text: str) -> bool:
+        """``STATUS=<text>`` (see :func:`format_status`)."""
+        return self.send(f"STATUS={text}")
+
+    def watchdog(self) -> bool:
+        """``WATCHDOG=1`` (use :class:`Watchdog` instead of calling this directly)."""
+        return self.send("WATCHDOG=1")
+
+    def reloading(self, status: str = "reloading configuration") -> bool:
+        """``RELOADING=1`` + ``MONOTONIC_USEC=`` (systemd >= 253 requires it, older ignores
+        it); send :meth:`ready` when the reload is done."""
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec()}", f"STATUS={status}")
+
+    def stopping(self, status: str = "stopping") -> bool:
+        """``STOPPING=1`` (at SIGTERM, before the drain)."""
+        return self.send("STOPPING=1", f"STATUS={status}")
+
+    def extend_timeout(self, seconds: float, status: Optional[str] = None) -> bool:
+        """``EXTEND_TIMEOUT_USEC=<seconds * 1e6>``: asks systemd for ``seconds`` more from now
+        before the start (or stop) timeout fires; send it again before it runs out while
+        engines load or build."""
+        if seconds <= 0:
+            raise ValueError(f"extend_timeout: seconds must be > 0, got {seconds}")
+        extra = [f"STATUS={status}"] if status is not None else []
+        return self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}", *extra)
+
+
+def watchdog_interval_s(environ: Optional[dict] = None) -> Optional[float]:
+    """The watchdog timeout systemd set for this process, seconds, or None.
+
+    Follows ``sd_watchdog_enabled(3)``: ``$WATCHDOG_USEC`` must be a positive integer and
+    ``$WATCHDOG_PID``, when set, must be this process's pid.
+    """
+    env = os.environ if environ is None else environ
+    usec = env.get("WATCHDOG_USEC")
+    if not usec:
+        return None
+    try:
+        value = int(usec)
+    except ValueError:
+        log.warning("ignoring WATCHDOG_USEC=%r (not an integer)", usec)
+        return None
+    pid = env.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
+    return value / 1e6 if value > 0 else None
+
+
+class Watchdog:
+    """Pings ``WATCHDOG=1`` at half the watchdog interval while every required heartbeat is fresh.
+
+    The worker thread calls :meth:`beat` at least every ``stale_after_s`` (every decode step,
+    and every idle wait, e.g. ``queue.get(timeout=interval/4)``). When a required heartbeat is
+    older than ``stale_after_s`` the pings stop, systemd's ``WatchdogSec`` expires and
+    ``Restart=on-failure`` restarts the service: a hung worker restarts the box's speech
+    within about ``stale_after_s + interval``.
+
+    Args:
+        notifier: where pings go.
+        interval_s: watchdog timeout, s; default from :func:`watchdog_interval_s` (None:
+            disabled, :meth:`start` does nothing).
+        stale_after_s: heartbeat age beyond which pings stop; default ``interval_s``.
+        require: heartbeat names that must all be fresh (e.g. ``("worker", "loop")``).
+        clock: monotonic clock in seconds (tests).
+    """
+
+    def __init__(self, notifier: Notifier, interval_s: Optional[float] = None,
+                 stale_after_s: Optional[float] = None, require: Iterable[str] = ("worker",),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.notifier = notifier
+        self.interval_s = watchdog_interval_s() if interval_s is None else interval_s
+        self.stale_after_s = stale_after_s if stale_after_s is not None else (self.interval_s or 0.0)
+        self.require = tuple(require)
+        self._clock = clock
+        now = clock()
+        self._beats = {name: now for name in self.require}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._stale_logged = False
+        self.pings = 0
+
+    @property
+    def enabled(self) -> bool:
+        """True when systemd asked for a watchdog (``WatchdogSec=`` set on the unit)."""
+        return bool(self.interval_s)
+
+    def beat(self, name: str = "worker") -> None:
+        """Record that thread ``name`` is alive (cheap; call it from the thread itself)."""
+        self._beats[name] = self._clock()
+
+    def stale(self) -> list[str]:
+        """Names of required heartbeats older than ``stale_after_s`` (empty: all fresh)."""
+        now = self._clock()
+        return [n for n in self.require if now - self._beats.get(n, float("-inf")) > self.stale_after_s]
+
+    def heartbeat_age_s(self, name: str = "worker") -> Optional[float]:
+        """Seconds since ``name`` last beat, or None if it never did."""
+        t = self._beats.get(name)
+        return None if t is None else self._clock() - t
+
+    def tick(self) -> bool:
+        """One watchdog decision: ping if every required heartbeat is fresh. Returns True
+        when ``WATCHDOG=1`` was sent."""
+        stale = self.stale()
+        if stale:
+            if not self._stale_logged:
+                log.error("watchdog: heartbeat of %s is older than %.1f s; withholding WATCHDOG=1 "
+                          "so systemd restarts the service", ", ".join(stale), self.stale_after_s)
+                self._stale_logged = True
+            return False
+        if self._stale_logged:
+            log.warning("watchdog: heartbeats fresh again; pinging resumes")
+            self._stale_logged = False
+        sent = self.notifier.watchdog()
+        if sent:
+            self.pings += 1
+        return sent
+
+    def start(self) -> None:
+        """Start the ping thread (daemon thread ``sd-watchdog``); no-op when disabled."""
+        if not self.enabled or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="sd-watchdog", daemon=True)
+        self._thread.start()
+        log.info("watchdog: interval %.1f s, pinging every %.1f s while %s beat within %.1f s",
+                 self.interval_s, self.interval_s / 2, "/".join(self.require), self.stale_after_s)
+
+    def stop(self) -> None:
+        """Stop the ping thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        period = self.interval_s / 2
+        self.tick()
+        while not self._stop.wait(period):
+            self.tick()
+
+
+def listen_socket(environ: Optional[dict] = None) -> Optional[socket.socket]:
+    """The listening UNIX stream socket passed by socket activation (``chattts-appliance.socket``),
+    or None when the service was started without it.
+
+    Protocol (``sd_listen_fds(3)``): ``$LISTEN_PID`` equals our pid and ``$LISTEN_FDS`` >= 1;
+    the first fd is 3. The variables are removed from ``os.environ`` so children do not
+    inherit them. Implemented with the stdlib on purpose: it is the same 6 lines in libsystemd.
+    """
+    env = os.environ if environ is None else environ
+    pid, nfds = env.get("LISTEN_PID"), env.get("LISTEN_FDS")
+    if not pid or not nfds or pid != str(os.getpid()):
+        return None
+    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        env.pop(k, None)
+    if int(nfds) < 1:
+        return None
+    if int(nfds) > 1:
+        log.warning("socket activation passed %s fds; using the first (fd 3)", nfds)
+    os.set_inheritable(3, False)
+    return socket.socket(fileno=3)
+
+
+# ---------------------------------------------------------------------------- logging
+
+#: attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+def log_fields(**fields: object) -> dict:
+    """``extra=`` mapping for per-request log fields, journald-style (upper-case keys).
+
+    Example: ``log.info("done", extra=log_fields(request_id=rid, channel="main", ttfb_ms=312.5,
+    rtf=0.41))`` gives journal fields ``REQUEST_ID``, ``CHANNEL``, ``TTFB_MS``, ``RTF``
+    (journald drops lower-case field names) and `` request_id=… channel=…`` on stderr.
+    None values are left out.
+    """
+    return {k.upper(): v for k, v in fields.items() if v is not None}
+
+
+class _FieldsFormatter(logging.Formatter):
+    """Appends the ``extra=`` fields (:func:`log_fields`) as ``key=value`` to the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        extra = {k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS and k.isupper()}
+        if extra:
+            text += " [" + " ".join(f"{k.lower()}={v}" for k, v in extra.items()) + "]"
+        return text
+
+
+class _PriorityPrefixFormatter(_FieldsFormatter):
+    """stderr under systemd without systemd-python: ``<N>`` syslog priority prefixes, which
+    journald's stream reader turns into PRIORITY= (sd-daemon(3))."""
+
+    _PRI = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+    def format(self, record: logging.LogRecord) -> str:
+        pri = self._PRI.get(record.levelno, 6 if record.levelno > logging.DEBUG else 7)
+        return f"<{pri}>" + super().format(record)
+
+
+def under_systemd(environ: Optional[dict] = None) -> bool:
+    """True when started by systemd with output to the journal (``$JOURNAL_STREAM`` or
+    ``$INVOCATION_ID`` set)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"))
+
+
+def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
+                  environ: Optional[dict] = None, journal_sender: Optional[Callable] = None) -> str:
+    """Configure the root logger once, at the entry point (library code never does).
+
+    Under systemd: a ``systemd.journal.JournalHandler`` (fields ``SYSLOG_IDENTIFIER``,
+    ``LOGGER``, ``THREAD_NAME``, ``CODE_*`` and every :func:`log_fields` key) when
+    systemd-python is importable; otherwise stderr lines with ``<N>`` priority prefixes and the
+    fields appended as text. Outside systemd: stderr with timestamps and the fields appended.
+
+    Args:
+        verbose: DEBUG instead of INFO.
+        identifier: ``SYSLOG_IDENTIFIER`` in the journal.
+        environ: environment to decide from (default ``os.environ``).
+        journal_sender: replaces ``systemd.journal.send`` (tests).
+
+    Returns:
+        ``"journal"``, ``"stderr-journal"`` or ``"stderr"``: which setup was chosen.
+    """
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if under_systemd(environ) and _sd_journal is not None:
+        kw = {"SYSLOG_IDENTIFIER": identifier}
+        if journal_sender is not None:
+            kw["sender_function"] = journal_sender
+        handler: logging.Handler = _sd_journal.JournalHandler(**kw)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        mode = "journal"
+    elif under_systemd(environ):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_PriorityPrefixFormatter("%(name)s: %(message)s"))
+        mode = "stderr-journal"
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        mode = "stderr"
+    root.addHandler(handler)
+    log.debug("logging to %s", mode)
+    return mode

@@ -1,0 +1,227 @@
+"""sd_notify, watchdog, socket activation and logging set-up (appliance.service.notify).
+
+Real datagram sockets (tests/fixtures_ops.py), both transports where systemd-python is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from appliance.service import notify
+from appliance.service.notify import Notifier, Watchdog, format_status, log_fields, setup_logging
+
+TRANSPORTS = ["stdlib"] + (["libsystemd"] if notify._sd_daemon is not None else [])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_lifecycle_messages_reach_socket(notify_socket, transport):
+    n = Notifier(transport)
+    assert n.enabled
+    assert n.extend_timeout(90, status="loading engines")
+    assert n.ready(format_status("ready", busy=0, channels=3, throttle="normal"))
+    assert n.status("busy")
+    assert n.reloading()
+    assert n.stopping()
+    msgs = notify_socket.wait_count("STATUS", 5, timeout=5)
+    assert notify_socket.keys_in_order() == ["EXTEND_TIMEOUT_USEC", "READY", "STATUS", "RELOADING", "STOPPING"]
+    assert msgs[0].fields == {"EXTEND_TIMEOUT_USEC": "90000000", "STATUS": "loading engines"}
+    assert msgs[1].fields["READY"] == "1"
+    assert msgs[1].fields["STATUS"] == "ready; busy 0/3; throttle normal"
+    mono = int(msgs[3].fields["MONOTONIC_USEC"])
+    assert abs(mono - notify.monotonic_usec()) < 5_000_000
+    assert msgs[4].fields["STOPPING"] == "1"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_abstract_address(notify_socket_abstract, transport):
+    assert notify_socket_abstract.address.startswith("@")
+    assert Notifier(transport).status("multi\nline")
+    m = notify_socket_abstract.wait_for("STATUS", timeout=5)
+    assert m.fields["STATUS"] == "multi line"
+
+
+def test_not_under_systemd_is_noop(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    n = Notifier()
+    assert not n.enabled
+    assert n.ready() is False
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_unreachable_socket_warns_once_and_returns_false(monkeypatch, caplog, transport):
+    monkeypatch.setenv("NOTIFY_SOCKET", "/tmp/does-not-exist-chattts/notify.sock")
+    n = Notifier(transport)
+    with caplog.at_level(logging.WARNING, logger="appliance.service.notify"):
+        assert n.watchdog() is False
+        assert n.watchdog() is False
+    assert len([r for r in caplog.records if "sd_notify" in r.message]) == 1
+
+
+def test_transport_auto_prefers_libsystemd():
+    assert Notifier().transport == ("libsystemd" if notify._sd_daemon is not None else "stdlib")
+    with pytest.raises(ValueError):
+        Notifier("carrier-pigeon")
+    with pytest.raises(ValueError):
+        Notifier().extend_timeout(0)
+
+
+def test_format_status_all_fields():
+    s = format_status("ready", busy=2, channels=3, last_rtf=0.4234, last_ttfb_ms=310.4,
+                      temperature_c=52.06, throttle="reduced_channels")
+    assert s == "ready; busy 2/3; rtf 0.42; ttfb 310 ms; 52.1C; throttle reduced_channels"
+
+
+def test_watchdog_interval_from_environment():
+    pid = str(os.getpid())
+    assert notify.watchdog_interval_s({}) is None
+    assert notify.watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 30.0
+    assert notify.watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": pid}) == 30.0
+    assert notify.watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
+    assert notify.watchdog_interval_s({"WATCHDOG_USEC": "soon"}) is None
+    assert notify.watchdog_interval_s({"WATCHDOG_USEC": "0"}) is None
+
+
+def test_watchdog_tick_follows_heartbeat(notify_socket):
+    now = [100.0]
+    wd = Watchdog(Notifier(), interval_s=10.0, require=("worker", "loop"), clock=lambda: now[0])
+    assert wd.enabled and wd.stale_after_s == 10.0
+    assert wd.tick()                          # both fresh at construction
+    now[0] += 6
+    wd.beat("worker")
+    assert wd.tick()                          # loop is 6 s old: still fresh
+    now[0] += 5
+    assert wd.stale() == ["loop"]             # loop 11 s old
+    assert not wd.tick()
+    wd.beat("loop")
+    assert wd.tick()
+    assert wd.heartbeat_age_s("worker") == pytest.approx(5.0)
+    notify_socket.wait_count("WATCHDOG", 3, timeout=5)
+    time.sleep(0.2)
+    assert len(notify_socket.with_key("WATCHDOG")) == 3 == wd.pings
+
+
+def test_watchdog_thread_cadence_and_hung_worker(notify_socket, monkeypatch):
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")           # 0.4 s -> ping every 0.2 s
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    wd = Watchdog(Notifier())
+    assert wd.interval_s == pytest.approx(0.4)
+    wd.start()
+    try:
+        t_end = time.monotonic() + 1.0
+        while time.monotonic() < t_end:                  # a healthy worker beating every 50 ms
+            wd.beat()
+            time.sleep(0.05)
+        pings = notify_socket.with_key("WATCHDOG")
+        assert 4 <= len(pings) <= 7
+        gaps = [b.t - a.t for a, b in zip(pings, pings[1:])]
+        assert all(0.12 < g < 0.35 for g in gaps), gaps
+        # the worker hangs: no beats. Pings stop once its heartbeat is older than 0.4 s.
+        hang = time.monotonic()
+        time.sleep(1.2)
+        late = [m for m in notify_socket.with_key("WATCHDOG") if m.t > hang + 0.45]
+        assert late == []
+        wd.beat()                                        # it recovers
+        notify_socket.wait_count("WATCHDOG", len(notify_socket.with_key("WATCHDOG")) + 1, timeout=2)
+    finally:
+        wd.stop()
+
+
+def test_watchdog_disabled_without_env(monkeypatch):
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    wd = Watchdog(Notifier())
+    assert not wd.enabled
+    wd.start()
+    assert wd._thread is None
+    wd.stop()
+
+
+_CHILD = r"""
+import os, sys
+os.dup2(int(os.environ.pop("TEST_SRC_FD")), 3)    # where systemd puts the first socket
+os.environ["LISTEN_PID"] = str(os.getpid())
+from appliance.service.notify import listen_socket
+s = listen_socket()
+assert "LISTEN_FDS" not in os.environ
+conn, _ = s.accept()
+conn.sendall(b"hello from fd %d" % s.fileno())
+conn.close()
+"""
+
+
+def test_listen_socket_from_socket_activation():
+    d = tempfile.mkdtemp(prefix="sda", dir="/tmp")
+    path = os.path.join(d, "a.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    fd = srv.fileno()
+    env = {**os.environ, "LISTEN_FDS": "1", "TEST_SRC_FD": str(fd)}
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD], env=env, pass_fds=(fd,))
+    try:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(20)
+        c.connect(path)
+        assert c.recv(100) == b"hello from fd 3"
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+        srv.close()
+
+
+def test_listen_socket_absent_or_other_pid():
+    assert notify.listen_socket({}) is None
+    assert notify.listen_socket({"LISTEN_PID": "1", "LISTEN_FDS": "1"}) is None
+
+
+@pytest.fixture
+def restore_root_logging():
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in saved[0]:
+        root.addHandler(h)
+    root.setLevel(saved[1])
+
+
+@pytest.mark.skipif(notify._sd_journal is None, reason="systemd-python not installed")
+def test_journal_logging_sends_structured_fields(restore_root_logging):
+    sent = []
+
+    def sender(MESSAGE, **fields):
+        sent.append((MESSAGE, fields))
+
+    mode = setup_logging(environ={"INVOCATION_ID": "abc"}, journal_sender=sender)
+    assert mode == "journal"
+    logging.getLogger("appliance.test").info(
+        "request %s done", "r1", extra=log_fields(request_id="r1", channel="main", ttfb_ms=312.5, rtf=0.41, seed=None))
+    msg, fields = sent[-1]
+    assert msg == "request r1 done"
+    assert fields["SYSLOG_IDENTIFIER"] == "chattts-appliance"
+    assert fields["PRIORITY"] == "6"
+    assert fields["LOGGER"] == "appliance.test"
+    assert (fields["REQUEST_ID"], fields["CHANNEL"], fields["TTFB_MS"], fields["RTF"]) == ("r1", "main", 312.5, 0.41)
+    assert "SEED" not in fields
+
+
+def test_stderr_logging_appends_fields(restore_root_logging, capsys):
+    assert setup_logging(environ={}) == "stderr"
+    logging.getLogger("appliance.test").warning("slow", extra=log_fields(request_id="r2", rtf=1.5))
+    err = capsys.readouterr().err
+    assert "WARNING appliance.test: slow [request_id=r2 rtf=1.5]" in err
+
+
+def test_stderr_journal_logging_without_systemd_python(restore_root_logging, capsys, monkeypatch):
+    monkeypatch.setattr(notify, "_sd_journal", None)
+    assert setup_logging(environ={"JOURNAL_STREAM": "8:123"}) == "stderr-journal"
+    logging.getLogger("appliance.test").error("boom", extra=log_fields(channel="cabin"))
+    assert "<3>appliance.test: boom [channel=cabin]" in capsys.readouterr().err
