@@ -103,7 +103,7 @@ class ServiceConfig:
     """The daemon's local interface and limits."""
 
     socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).")
-    socket_mode: int = _f(0o660, "File mode of the socket (octal in YAML: 0o660).", min=0, max=0o777)
+    socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")

@@ -1,0 +1,164 @@
+"""The decode loop: prefill, batched decode steps, sampling, join and leave.
+
+Upstream: ``ChatTTS/model/gpt.py`` ``GPT.generate`` (0.2.5). At step ``i`` the GPT output at the
+last position gives a hidden state ``h_i`` and 4 x 626 logits; 4 codes ``c_i`` are sampled; if any
+codebook emits EOS (625) the sequence ends and ``h_i`` is dropped, otherwise ``h_i`` is the
+hidden state paired with ``c_i`` for the Decoder, and ``c_i`` is embedded (sum of the 4 code
+tables) and fed at the next position. Step 0 is the prefill of the prompt.
+
+:class:`DecodeLoop` keeps up to ``runner.info.max_batch`` sequences in KV-cache slots and runs
+one batched decode step for all of them: a sequence joins between steps (its prefill runs,
+then it decodes with the others) and leaves as soon as it ends, without stalling the rest.
+Slot, code and position arrays are allocated once; per step the loop only slices them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..errors import BusyError, CapacityError
+from ..runtime.runner import Runner
+from .sampler import Sampler, SamplingParams
+from .tokens import AUDIO_EOS, NUM_VQ
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One utterance being decoded.
+
+    Attributes:
+        ids: int64 ``[T]`` prompt token ids (``[Stts][spk_emb]...[Ptts]``).
+        spk_emb: float32 ``[D]`` speaker vector or None.
+        params: sampling parameters (temperature, top-P/K, repetition penalty, min/max tokens).
+        seed: sampling seed (per request; reproducible output).
+        slot: KV-cache slot while active, else -1.
+        pos: KV position the next code is written at.
+        steps: codes produced so far (EOS excluded).
+        finished: True once EOS was sampled or ``max_new_tokens`` reached.
+        reason: ``eos``, ``max_tokens`` or ``left`` (removed before the end).
+    """
+
+    ids: np.ndarray
+    spk_emb: Optional[np.ndarray]
+    params: SamplingParams
+    seed: int
+    slot: int = -1
+    pos: int = 0
+    steps: int = 0
+    finished: bool = False
+    reason: str = ""
+    codes: np.ndarray = field(default_factory=lambda: np.zeros(NUM_VQ, np.int64))
+
+
+class DecodeLoop:
+    """Batched prefill/decode over a runner's static KV cache (see module docstring).
+
+    Args:
+        runner: the backend.
+        max_batch: slots used (default: all of the runner's).
+
+    The caller drives it: :meth:`join` a sequence (returns the first hidden, or None if the
+    very first code is EOS), then :meth:`step` repeatedly; each step returns the rows that
+    produced a code as ``(sequences, hidden [n, D])``. Finished sequences leave automatically.
+    """
+
+    def __init__(self, runner: Runner, max_batch: int | None = None):
+        info = runner.info
+        self.runner = runner
+        self.max_batch = min(max_batch or info.max_batch, info.max_batch)
+        self.max_seq_len = info.max_seq_len
+        self.active: list[Sequence] = []
+        self._free = list(range(self.max_batch - 1, -1, -1))
+        self._slots = np.zeros(self.max_batch, np.int64)
+        self._codes = np.zeros((self.max_batch, NUM_VQ), np.int64)
+        self._pos = np.zeros(self.max_batch, np.int64)
+        self.sampler = Sampler(self.max_batch, num_vq=NUM_VQ, num_tokens=info.num_audio_tokens, eos=AUDIO_EOS)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots available for :meth:`join`."""
+        return len(self._free)
+
+    def join(self, seq: Sequence) -> Optional[np.ndarray]:
+        """Prefill ``seq`` into a free slot and sample its first codes.
+
+        Returns:
+            float32 ``[D]`` hidden state paired with the first code, or None when the first
+            code is already EOS (the sequence is then finished with ``steps == 0``).
+
+        Raises:
+            BusyError: no free slot.
+            CapacityError: prompt longer than the runner accepts.
+        """
+        if not self._free:
+            raise BusyError(f"all {self.max_batch} decode slots are busy")
+        if len(seq.ids) + 1 >= self.max_seq_len:
+            raise CapacityError(f"prompt of {len(seq.ids)} tokens does not fit the KV cache of {self.max_seq_len}")
+        slot = self._free.pop()
+        try:
+            logits, hidden = self.runner.prefill(slot, seq.ids, seq.spk_emb)
+        except BaseException:
+            self._free.append(slot)
+            raise
+        seq.slot, seq.pos, seq.steps, seq.finished = slot, len(seq.ids), 0, False
+        self.sampler.start(slot, seq.params, seq.seed)
+        codes = self.sampler.sample(np.array([slot]), logits[None], np.array([0]))[0]
+        self.active.append(seq)
+        if self._accept(seq, codes):
+            return np.array(hidden, np.float32, copy=True)
+        return None
+
+    def step(self) -> tuple[list[Sequence], np.ndarray]:
+        """One batched decode step for every active sequence.
+
+        Returns:
+            ``(seqs, hidden)``: the sequences that produced a code this step (same order as the
+            rows of ``hidden``, float32 ``[n, D]``). Sequences that sampled EOS or reached
+            ``max_new_tokens`` are finished and have left their slot.
+        """
+        b = len(self.active)
+        if b == 0:
+            return [], np.zeros((0, self.runner.info.hidden_size), np.float32)
+        for i, s in enumerate(self.active):
+            self._slots[i] = s.slot
+            self._codes[i] = s.codes
+            self._pos[i] = s.pos
+        logits, hidden = self.runner.decode(self._slots[:b], self._codes[:b], self._pos[:b])
+        steps = np.fromiter((s.steps for s in self.active), np.int64, b)
+        codes = self.sampler.sample(self._slots[:b], logits, steps)
+        produced: list[Sequence] = []
+        rows: list[int] = []
+        for i, s in enumerate(list(self.active)):
+            s.pos += 1
+            if self._accept(s, codes[i]):
+                produced.append(s)
+                rows.append(i)
+        return produced, np.array(hidden[rows], np.float32)
+
+    def leave(self, seq: Sequence, reason: str = "left") -> None:
+        """Remove ``seq`` before its end (cancel); its slot is free for the next join."""
+        if seq in self.active:
+            self._finish(seq, reason)
+
+    # ------------------------------------------------------------------ internals
+
+    def _accept(self, seq: Sequence, codes: np.ndarray) -> bool:
+        """Record sampled codes; finish on EOS / length. True if the code is kept."""
+        if (codes == AUDIO_EOS).any():
+            self._finish(seq, "eos")
+            return False
+        seq.codes[:] = codes
+        seq.steps += 1
+        self.sampler.record(seq.slot, codes)
+        if seq.steps >= seq.params.max_new_tokens or seq.pos + 1 >= self.max_seq_len:
+            self._finish(seq, "max_tokens")
+        return True
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finished, seq.reason = True, reason
+        self.active.remove(seq)
+        self._free.append(seq.slot)
+        seq.slot = -1

@@ -1,0 +1,273 @@
+"""Text in, PCM chunks out: normalize -> split -> tokenize -> GPT -> Decoder -> Vocos -> ISTFT.
+
+The one object the service layer talks to (no tensors cross it; numpy PCM only)::
+
+    pipe = Pipeline.from_config(cfg)
+    job = pipe.prepare(speak)                 # cheap; raises TextError / SpeakerError / RequestError
+    for pcm in pipe.run(job, cancel):         # float32 [n], mono, 24000 Hz, as produced
+        ...
+    job.stats                                 # JobStats once run() finished
+
+Prompt format as upstream ``speaker.py`` ``decorate_code_prompts``:
+``[Stts][spk_emb]{prompt}{sentence}[Ptts]``; the ``[spk_emb]`` position's embedding is replaced
+by the L2-normalised speaker vector inside the runner's prefill. Long text is split into
+sentences that fit ``model.max_prompt_tokens`` and spoken as one continuous stream (each
+sentence is one GPT generation; their PCM is concatenated). Refine-text is off by default
+(``synthesis.refine_text``) and not implemented in this build: asking for it is a ConfigError.
+
+Differences from upstream on purpose: no mutable default parameters shared between calls (each
+Job owns its own), no "regenerate until non-empty" loop (an empty result raises
+:class:`EmptyResultError`), no deletion of near-silent samples, and streaming is O(n) with exact
+joins (:mod:`appliance.tts.stream`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CancelledError, ConfigError, EmptyResultError, TextError
+from ..runtime.runner import Runner, RunnerInfo
+from .generate import DecodeLoop, Sequence
+from .normalize import Normalizer
+from .sampler import SamplingParams
+from .speaker import resolve_voice
+from .split import split_text
+from .stream import WindowedVocoder
+from .tokenizer import Tokenizer
+from .tokens import SAMPLE_RATE, SAMPLES_PER_TOKEN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobStats:
+    """Timings of one finished job.
+
+    Attributes:
+        ttfb_ms: from the start of :meth:`Pipeline.run` to the first PCM chunk, ms.
+        rtf: wall seconds of synthesis per second of audio produced.
+        audio_s: seconds of audio (24 kHz samples / 24000).
+        steps: decode steps (codes) produced, all sentences together.
+        steps_per_s: decode steps per wall second.
+        sentences: GPT generations run.
+    """
+
+    ttfb_ms: float
+    rtf: float
+    audio_s: float
+    steps: int
+    steps_per_s: float
+    sentences: int
+
+
+@dataclass
+class Job:
+    """A validated request, ready for :meth:`Pipeline.run`.
+
+    Attributes:
+        id: request id. text: normalized text. sentences: the pieces spoken one after another.
+        unspeakable: characters of the input that cannot be spoken (skipped, reported).
+        seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
+        stats: filled when ``run`` finishes.
+    """
+
+    id: str
+    text: str
+    sentences: list
+    prompts: list
+    unspeakable: list
+    seed: int
+    params: SamplingParams
+    spk_emb: Optional[np.ndarray]
+    stats: Optional[JobStats] = None
+    channel: Optional[str] = None
+    priority: str = "normal"
+    meta: dict = field(default_factory=dict)
+
+
+class Pipeline:
+    """ChatTTS synthesis over one :class:`~appliance.runtime.runner.Runner`.
+
+    Args:
+        cfg: validated configuration.
+        runner: an opened backend (see :func:`appliance.runtime.select.open_runner`).
+        tokenizer: the checkpoint's tokenizer.
+
+    Not thread-safe: one worker thread owns it (the service's inference worker).
+    """
+
+    SAMPLE_RATE = SAMPLE_RATE
+
+    def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer):
+        if cfg.synthesis.refine_text:
+            raise ConfigError("synthesis.refine_text: refine-text is not implemented in this build; set it to false")
+        self.cfg = cfg
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.normalizer = Normalizer(tokenizer)
+        self.loop = DecodeLoop(runner)
+        max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
+        self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> "Pipeline":
+        """Open the configured backend and the checkpoint's tokenizer.
+
+        Raises:
+            ConfigError, CheckpointError, EngineError: see :func:`~appliance.runtime.select.open_runner`.
+        """
+        from ..runtime.select import open_runner
+
+        ckpt = cfg.resolve(cfg.model.path)
+        tokenizer = Tokenizer.from_dir(ckpt / "asset" / "tokenizer")
+        runner = open_runner(cfg)
+        return cls(cfg, runner, tokenizer)
+
+    @property
+    def info(self) -> RunnerInfo:
+        """The runner's description (backend, precision, memory)."""
+        return self.runner.info
+
+    def close(self) -> None:
+        """Release the backend."""
+        self.runner.close()
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, speak) -> Job:
+        """Validate and pre-process a :class:`~appliance.service.protocol.Speak` (no model run).
+
+        Raises:
+            TextError: empty, unspeakable or too long text.
+            SpeakerError: malformed voice string.
+        """
+        cfg = self.cfg
+        text = speak.text
+        if len(text) > cfg.service.max_text_chars:
+            raise TextError(f"text of {len(text)} characters is over the limit of {cfg.service.max_text_chars} (service.max_text_chars); split it")
+        norm = self.normalizer(text)
+        p = speak.params
+        s = cfg.synthesis
+        params = SamplingParams(
+            temperature=p.temperature if p.temperature is not None else s.temperature,
+            top_p=p.top_p if p.top_p is not None else s.top_p,
+            top_k=p.top_k if p.top_k is not None else s.top_k,
+            repetition_penalty=p.repetition_penalty if p.repetition_penalty is not None else s.repetition_penalty,
+            min_new_tokens=p.min_new_tokens if p.min_new_tokens is not None else s.min_new_tokens,
+            max_new_tokens=min(p.max_new_tokens if p.max_new_tokens is not None else s.max_new_tokens,
+                               self.runner.info.max_seq_len - cfg.model.max_prompt_tokens - 1),
+        )
+        prompt = p.prompt if p.prompt is not None else s.prompt
+        voice = speak.voice if speak.voice is not None else s.voice
+        spk_emb = resolve_voice(voice, self.runner.info.hidden_size)
+        sentences = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
+                               with_speaker=spk_emb is not None)
+        prompts = [self.tokenizer.code_prompt(sent, prompt=prompt, with_speaker=spk_emb is not None)
+                   for sent in sentences]
+        seed = speak.seed if speak.seed is not None else s.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
+                   unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
+                   channel=speak.channel, priority=speak.priority)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, job: Job, cancel: Optional[threading.Event] = None) -> Iterator[np.ndarray]:
+        """Synthesize ``job``; yield float32 PCM chunks (mono, 24 kHz) as they become final.
+
+        Chunks are cut every ``stream.chunk_tokens`` decode steps (the first after
+        ``stream.first_chunk_tokens``) once the windowed Decoder/Vocos can produce them exactly.
+
+        Raises:
+            CancelledError: ``cancel`` was set (checked every decode step).
+            EmptyResultError: no sentence produced any audio code.
+        """
+        t0 = time.perf_counter()
+        ttfb = None
+        samples = 0
+        steps = 0
+        voc = self.vocoders[0]
+        first = self.cfg.stream.first_chunk_tokens
+        every = self.cfg.stream.chunk_tokens
+        look = voc.lookahead_tokens
+        for k, ids in enumerate(job.prompts):
+            seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=job.params, seed=job.seed + k)
+            voc.reset()
+            pending: list[np.ndarray] = []
+            emitted_tokens = 0
+            h0 = self.loop.join(seq)
+            if h0 is not None:
+                pending.append(h0[None])
+            try:
+                while not seq.finished:
+                    if cancel is not None and cancel.is_set():
+                        raise CancelledError(f"request {job.id} cancelled")
+                    _, hidden = self.loop.step()
+                    if hidden.shape[0]:
+                        pending.append(hidden)
+                    n_have = seq.steps
+                    target = first if emitted_tokens == 0 and k == 0 else every
+                    if n_have - look - emitted_tokens >= target:
+                        pcm = voc.push(np.concatenate(pending))
+                        pending.clear()
+                        emitted_tokens = max(0, n_have - look)
+                        if pcm.size:
+                            if ttfb is None:
+                                ttfb = time.perf_counter() - t0
+                            samples += pcm.size
+                            yield pcm
+            except BaseException:
+                self.loop.leave(seq, "left")
+                raise
+            steps += seq.steps
+            if pending:
+                voc.push(np.concatenate(pending))
+            tail = voc.finish()
+            if seq.steps == 0:
+                log.warning("request %s: sentence %d produced no audio (EOS at the first step)", job.id, k)
+            if tail.size:
+                if ttfb is None:
+                    ttfb = time.perf_counter() - t0
+                samples += tail.size
+                yield tail
+        wall = time.perf_counter() - t0
+        if samples == 0:
+            raise EmptyResultError(f"request {job.id}: the model produced no audio (end of sequence at the first step); try another seed or voice")
+        audio_s = samples / SAMPLE_RATE
+        job.stats = JobStats(
+            ttfb_ms=1000.0 * (ttfb if ttfb is not None else wall),
+            rtf=wall / audio_s,
+            audio_s=audio_s,
+            steps=steps,
+            steps_per_s=steps / wall if wall > 0 else 0.0,
+            sentences=len(job.prompts),
+        )
+        log.info("request %s done: %.2f s audio, TTFB %.0f ms, RTF %.3f, %d steps (%.1f/s)",
+                 job.id, audio_s, job.stats.ttfb_ms, job.stats.rtf, steps, job.stats.steps_per_s,
+                 extra={"request_id": job.id, "ttfb_ms": job.stats.ttfb_ms, "rtf": job.stats.rtf})
+
+    def synthesize(self, job: Job) -> np.ndarray:
+        """Run ``job`` to the end and return all PCM (float32 [n]); convenience for tests/health."""
+        return np.concatenate(list(self.run(job)))
+
+    def warmup(self) -> float:
+        """Synthesize a short sentence and discard it; returns its wall time in seconds."""
+        from ..service.protocol import Speak, SynthParams
+
+        t = time.perf_counter()
+        job = self.prepare(Speak(text="你好。", id="warmup", seed=0, params=SynthParams(max_new_tokens=2 * (self.vocoders[0].lookahead_tokens + 4))))
+        try:
+            for _ in self.run(job):
+                pass
+        except EmptyResultError:
+            pass
+        return time.perf_counter() - t

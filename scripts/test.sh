@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Command 2 of README.md: install what the tests need and run them.
+#
+# System packages (when root): PortAudio + ALSA tools (real sounddevice output into an ALSA
+# `file` PCM), mosquitto (a real MQTT broker per test session), shellcheck, systemd
+# (systemd-analyze verify), libsystemd-dev + pkg-config (systemd-python).
+# Python: .venv with torch (CPU) and the [torch,dev,tensorrt-rtx,systemd] extras.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k protocol).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS="libportaudio2 alsa-utils mosquitto shellcheck systemd libsystemd-dev pkg-config"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=""
+  for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+  if [ -n "$missing" ]; then
+    echo "==> apt-get install$missing"
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  fi
+fi
+# mosquitto's package starts a system broker on 1883 on some machines; tests start their own.
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+PY=.venv/bin/python
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+"$PY" -m pip install -q -e ".[torch,dev,tensorrt-rtx,systemd]"
+
+exec "$PY" -m pytest -q -ra "$@"
