@@ -1,0 +1,11 @@
+"""Our PyTorch definition of ChatTTS and its checkpoints.
+
+Modules (import them directly; this package file imports nothing heavy):
+
+* :mod:`.shapes`      – :class:`ModelShapes`, presets ``FULL`` and ``TINY``
+* :mod:`.layout`      – the official file/key/shape table
+* :mod:`.gpt`, :mod:`.embed`, :mod:`.decoder`, :mod:`.vocos` – the networks (torch)
+* :mod:`.checkpoint`  – ``read_checkpoint``, ``load_model`` -> ``ChatTTSModel`` (torch)
+* :mod:`.random_ckpt` – random checkpoints in the official layout (numpy, no torch)
+* :mod:`.fetch`       – download ``2Noise/ChatTTS`` and verify sha256 (no torch)
+"""
