@@ -38,14 +38,34 @@ def ref_process(logits, hist, p: SamplingParams, step: int):
     return out
 
 
+def make(params_list, seeds=None, max_batch=None):
+    smp = Sampler(max_batch or len(params_list))
+    for i, p in enumerate(params_list):
+        smp.start(i, p, None if seeds is None else seeds[i])
+    return smp
+
+
 def run_with_history(params, hists, logits):
-    smp = Sampler(params)
-    steps = max(len(h[0]) for h in hists)
-    # feed histories through the real ring buffer: replay each row's codes as forced draws
-    for i in range(steps):
-        codes = np.array([[h[q][i] for q in range(Q)] for h in hists], np.int64)
-        smp._push(codes)
-    return smp.process(logits.copy()).copy()
+    smp = make(params)
+    # feed histories through the real ring buffer
+    for r, h in enumerate(hists):
+        for i in range(len(h[0])):
+            smp.record(r, np.array([h[q][i] for q in range(Q)]))
+    n = len(hists)
+    steps = np.array([len(h[0]) for h in hists])
+    return smp.process(np.arange(n), logits.copy(), steps).copy()
+
+
+def step(smp, logits, steps=None, slots=None):
+    n = logits.shape[0]
+    slots = np.arange(n) if slots is None else np.asarray(slots)
+    steps = smp._recorded[slots].copy() if steps is None else np.asarray(steps)
+    codes = smp.sample(slots, logits, steps).copy()
+    fin = (codes == EOS).any(axis=1)
+    for i in range(n):
+        if not fin[i]:
+            smp.record(slots[i], codes[i])
+    return codes, fin
 
 
 @pytest.mark.parametrize("params", [
@@ -67,29 +87,36 @@ def test_process_matches_reference(params):
         np.testing.assert_allclose(got[r][fin], want[fin], rtol=1e-6, atol=1e-6)
 
 
+def one(p, **kw):
+    return SamplingParams(**{"temperature": 1.0, "top_p": None, "top_k": None, "repetition_penalty": 1.0, **kw}) if p is None else p
+
+
+def proc(smp, logits, steps=0):
+    n = logits.shape[0]
+    return smp.process(np.arange(n), logits, np.full(n, steps))
+
+
 def test_keeps_at_least_three_and_top_p_before_top_k():
     logits = np.full((1, Q, V), -30.0, np.float32)
     logits[0, :, :5] = [10.0, 9.0, 8.0, 7.0, 6.0]
-    smp = Sampler([SamplingParams(temperature=1.0, top_p=0.01, top_k=1, repetition_penalty=1.0)])
-    x = smp.process(logits)
+    x = proc(make([one(None, top_p=0.01, top_k=1)]), logits)
     assert (np.isfinite(x[0]).sum(axis=1) == 3).all()  # top_p tiny, top_k 1: still 3
-    # top-P first: with top_p=0.5 only the top few survive, then top_k=20 keeps them all (3 min)
-    smp = Sampler([SamplingParams(temperature=1.0, top_p=0.5, top_k=20, repetition_penalty=1.0)])
-    assert (np.isfinite(smp.process(logits)[0]).sum(axis=1) == 3).all()
-    # top-K alone
-    smp = Sampler([SamplingParams(temperature=1.0, top_p=None, top_k=4, repetition_penalty=1.0)])
-    assert (np.isfinite(smp.process(logits)[0]).sum(axis=1) == 4).all()
+    # top-P first: with top_p=0.5 only 3 survive, then top_k=20 cannot bring any back
+    assert (np.isfinite(proc(make([one(None, top_p=0.5, top_k=20)]), logits)[0]).sum(axis=1) == 3).all()
+    assert (np.isfinite(proc(make([one(None, top_k=4)]), logits)[0]).sum(axis=1) == 4).all()
+    # ties at the k-th value are kept (HF: remove only scores < k-th largest)
+    tied = np.zeros((1, Q, V), np.float32)
+    assert np.isfinite(proc(make([one(None, top_k=5)]), tied)[0]).all()
 
 
 def test_penalty_window_is_16_and_per_codebook():
     logits = np.ones((1, Q, V), np.float32)
     logits[0, :, 7] = -1.0
-    p = SamplingParams(temperature=1.0, top_p=None, top_k=None, repetition_penalty=2.0)
-    smp = Sampler([p])
+    smp = make([one(None, repetition_penalty=2.0)])
     for i in range(20):
-        smp._push(np.array([[7, 7, 3, 3]]) if i < 4 else np.array([[1, 2, 3, 3]]))
-    x = smp.process(logits)
-    # codes 7 were pushed at steps 0..3, out of the 16-step window after 20 steps
+        smp.record(0, np.array([7, 7, 3, 3]) if i < 4 else np.array([1, 2, 3, 3]))
+    x = proc(smp, logits, 20)
+    # codes 7 were recorded at steps 0..3, out of the 16-step window after 20 steps
     assert x[0, 0, 7] == -1.0
     assert x[0, 0, 1] == pytest.approx(1 / 2 ** 16)
     assert x[0, 1, 2] == pytest.approx(1 / 2 ** 16) and x[0, 1, 1] == 1.0
@@ -98,56 +125,63 @@ def test_penalty_window_is_16_and_per_codebook():
 
 def test_negative_scores_multiplied():
     logits = np.full((1, Q, V), -2.0, np.float32)
-    smp = Sampler([SamplingParams(temperature=1.0, top_p=None, top_k=None, repetition_penalty=1.5)])
-    smp._push(np.array([[5, 5, 5, 5]]))
-    assert smp.process(logits)[0, 0, 5] == pytest.approx(-3.0)
+    smp = make([one(None, repetition_penalty=1.5)])
+    smp.record(0, np.array([5, 5, 5, 5]))
+    assert proc(smp, logits)[0, 0, 5] == pytest.approx(-3.0)
 
 
 def test_eos_masked_before_min_new_tokens_and_any_eos_stops():
     logits = np.full((2, Q, V), -5.0, np.float32)
     logits[:, :, EOS] = 20.0  # EOS overwhelmingly likely
-    smp = Sampler([SamplingParams(min_new_tokens=3, seed=1), SamplingParams(min_new_tokens=0, seed=1)])
-    codes, fin = smp.step(logits)
+    smp = make([SamplingParams(min_new_tokens=3), SamplingParams(min_new_tokens=0)], seeds=[1, 1])
+    codes, fin = step(smp, logits)
     assert not fin[0] and (codes[0] != EOS).all()
     assert fin[1]
-    smp.step(logits)
-    smp.step(logits)
-    codes, fin = smp.step(logits)  # step 3: no longer masked
+    for k in (1, 2):
+        codes, fin = step(smp, logits[:1], steps=[k])
+        assert not fin[0]
+    codes, fin = step(smp, logits[:1], steps=[3])  # no longer masked
     assert fin[0]
     # one codebook alone emitting EOS finishes the row
     logits = np.full((1, Q, V), -5.0, np.float32)
     logits[0, 2, EOS] = 50.0
     logits[0, [0, 1, 3], 10] = 50.0
-    codes, fin = Sampler([SamplingParams(seed=0)]).step(logits)
+    codes, fin = step(make([SamplingParams()], seeds=[0]), logits)
     assert codes[0].tolist() == [10, 10, EOS, 10] and fin[0]
 
 
-def test_seed_reproducible_and_rows_independent():
+def test_seed_reproducible_slots_independent():
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((8, 2, Q, V)).astype(np.float32)
-    params = [SamplingParams(temperature=1.0, seed=42), SamplingParams(temperature=1.0, seed=7)]
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0)]
 
-    def run(ps):
-        s = Sampler(ps)
-        return np.stack([s.step(l[: len(ps)])[0].copy() for l in logits])
+    def run(ps, seeds, slots=None, flip=False):
+        s = make(ps, seeds, max_batch=3)
+        if slots is not None:  # same requests started in other slots
+            s = Sampler(3)
+            for sl, p, sd in zip(slots, ps, seeds):
+                s.start(sl, p, sd)
+        return np.stack([step(s, (l[::-1] if flip else l)[: len(ps)], slots=slots)[0] for l in logits])
 
-    a, b = run(params), run(params)
+    a, b = run(params, [42, 7]), run(params, [42, 7])
     np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(a[:, 0], run(params[:1])[:, 0])  # row 0 unaffected by row 1
+    np.testing.assert_array_equal(a[:, 0], run(params[:1], [42])[:, 0])  # row 0 unaffected by row 1
+    np.testing.assert_array_equal(a[:, ::-1], run(params[::-1], [7, 42], slots=[2, 0], flip=True))
     assert not np.array_equal(a[:, 0], a[:, 1])
-    s = Sampler([SamplingParams(seed=None)])
-    assert isinstance(s.seeds[0], int) and s.seeds[0] >= 0
+    s = Sampler(1)
+    seed = s.start(0, SamplingParams(), None)
+    assert isinstance(seed, int) and seed >= 0 and s.seeds[0] == seed
 
 
 def test_distribution_matches_softmax():
     logits = np.full((1, Q, V), -np.inf, np.float32)
     logits[0, :, :4] = np.log(np.array([0.1, 0.2, 0.3, 0.4], np.float32))
-    smp = Sampler([SamplingParams(temperature=1.0, top_p=None, top_k=None, repetition_penalty=1.0, seed=3)])
+    smp = make([one(None)], seeds=[3])
     n = 20000
     counts = np.zeros((Q, V))
+    sl, st = np.array([0]), np.array([0])
     for _ in range(n):
-        smp.steps[0] = 0  # no penalty history matters (penalty 1); keep the loop simple
-        codes, _ = smp.step(logits)
+        codes = smp.sample(sl, logits, st)
         counts[np.arange(Q), codes[0]] += 1
     freq = counts[:, :4] / n
     assert counts[:, 4:].sum() == 0  # zero-probability codes are never drawn
@@ -158,21 +192,21 @@ def test_greedy_is_argmax_after_penalty():
     logits = np.zeros((1, Q, V), np.float32)
     logits[0, :, 9] = 1.0
     logits[0, :, 8] = 0.9
-    smp = Sampler([SamplingParams(greedy=True, repetition_penalty=1.2)])
-    codes, _ = smp.step(logits)
+    smp = make([SamplingParams(greedy=True, repetition_penalty=1.2)])
+    codes, _ = step(smp, logits)
     assert codes[0].tolist() == [9, 9, 9, 9]
-    codes, _ = smp.step(logits)  # 9 penalized once: 1/1.2 < 0.9
+    codes, _ = step(smp, logits)  # 9 penalized once: 1/1.2 < 0.9
     assert codes[0].tolist() == [8, 8, 8, 8]
 
 
-def test_reset_row_and_bad_params():
-    smp = Sampler([SamplingParams(seed=1)])
-    smp._push(np.array([[1, 2, 3, 4]]))
-    smp.reset_row(0, SamplingParams(seed=2))
-    assert smp.steps[0] == 0 and smp._counts.sum() == 0 and smp.seeds[0] == 2
+def test_start_resets_and_bad_params():
+    smp = make([SamplingParams()], seeds=[1])
+    smp.record(0, np.array([1, 2, 3, 4]))
+    smp.start(0, SamplingParams(), 2)
+    assert smp._counts.sum() == 0 and smp.seeds[0] == 2
     with pytest.raises(ValueError):
         SamplingParams(temperature=0.0)
     with pytest.raises(ValueError):
         SamplingParams(top_p=1.5)
     with pytest.raises(ValueError):
-        smp.process(np.zeros((2, Q, V), np.float32))
+        smp.process(np.arange(2), np.zeros((2, Q, V), np.float32), np.zeros(2))

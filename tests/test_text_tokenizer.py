@@ -79,17 +79,17 @@ def test_unknown_chars(tok):
 
 
 def test_code_prompt_as_upstream(tok):
-    assert Tokenizer.code_prompt(" 你好 ", prompt="[speed_5]") == "[Stts][spk_emb][speed_5]你好[Ptts]"
-    assert Tokenizer.code_prompt("[Stts]你好[spk_emb]", speaker=False) == "[Stts][empty_spk]你好[Ptts]"
-    assert Tokenizer.code_prompt("hi", txt_smp="ref", prompt="[oral_2]") == "[Stts][spk_emb]ref[oral_2]hi[Ptts]"
-    ids = tok.encode_prompt("你好", prompt="[speed_5]")
+    assert Tokenizer.prompt_text(" 你好 ", prompt="[speed_5]") == "[Stts][spk_emb][speed_5]你好[Ptts]"
+    assert Tokenizer.prompt_text("[Stts]你好[spk_emb]", with_speaker=False) == "[Stts][empty_spk]你好[Ptts]"
+    assert Tokenizer.prompt_text("hi", txt_smp="ref", prompt="[oral_2]") == "[Stts][spk_emb]ref[oral_2]hi[Ptts]"
+    ids = tok.code_prompt("你好", prompt="[speed_5]")
     assert ids.tolist() == [tok.id_of("[Stts]"), tok.spk_emb_id, tok.id_of("[speed_5]"),
                             tok.id_of("你"), tok.id_of("好"), tok.id_of("[Ptts]")]
     assert tok.prompt_overhead(prompt="[speed_5]") == 4
-    assert tok.prompt_overhead(speaker=False) == 3
+    assert tok.prompt_overhead(with_speaker=False) == 3
 
 
 def test_length_limit(tok):
-    tok.encode_prompt("你" * 10, max_tokens=13)
+    tok.code_prompt("你" * 10, max_tokens=13)
     with pytest.raises(TextError, match="14 tokens.*limit of 13"):
-        tok.encode_prompt("你" * 11, max_tokens=13)
+        tok.code_prompt("你" * 11, max_tokens=13)

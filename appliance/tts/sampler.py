@@ -46,16 +46,17 @@ MIN_KEEP = 3
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling parameters of one request (upstream ``InferCodeParams`` defaults).
+    """Sampling parameters of one request (upstream ``InferCodeParams`` defaults). The seed is
+    not here: it is given to :meth:`Sampler.start` (one per request, reported back).
 
     Attributes:
         temperature: one value, or one per codebook (4 values); > 0.
         top_p: nucleus mass kept, in (0, 1]; None = off.
         top_k: codes kept (at least 3 always are); None = off.
-        repetition_penalty: >= 1; 1 = off.
+        repetition_penalty: > 0 (>= 1 in practice); 1 = off.
         min_new_tokens: EOS is masked for the first this many steps.
-        greedy: argmax instead of drawing (seed unused).
-        seed: seed of this request's generator; None = a fresh one (see ``Sampler.seeds``).
+        max_new_tokens: hard stop in decode steps (enforced by the decode loop, not here).
+        greedy: argmax instead of drawing (the seed is then unused).
     """
 
     temperature: Union[float, tuple[float, ...]] = 0.3
@@ -63,10 +64,12 @@ class SamplingParams:
     top_k: Optional[int] = 20
     repetition_penalty: float = 1.05
     min_new_tokens: int = 0
+    max_new_tokens: int = 2048
     greedy: bool = False
-    seed: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.temperature, list):
+            object.__setattr__(self, "temperature", tuple(self.temperature))
         t = self.temperature if isinstance(self.temperature, tuple) else (self.temperature,)
         if len(t) not in (1, NUM_VQ) or not all(x > 0 for x in t):
             raise ValueError(f"temperature {self.temperature!r} must be > 0, one value or {NUM_VQ}")
@@ -76,18 +79,18 @@ class SamplingParams:
             raise ValueError(f"top_k {self.top_k} must be >= 1")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty {self.repetition_penalty} must be > 0")
-        if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens {self.min_new_tokens} must be >= 0")
+        if self.min_new_tokens < 0 or self.max_new_tokens < 1:
+            raise ValueError(f"min_new_tokens {self.min_new_tokens} must be >= 0 and "
+                             f"max_new_tokens {self.max_new_tokens} >= 1")
 
     @classmethod
     def from_config(cls, syn, **overrides) -> "SamplingParams":
-        """Build from ``appliance.config.SynthesisConfig`` (``cfg.synthesis``), then overrides."""
+        """Build from ``appliance.config.SynthesisConfig`` (``cfg.synthesis``), then overrides
+        (keys whose value is None are ignored)."""
         base = dict(temperature=syn.temperature, top_p=syn.top_p, top_k=syn.top_k,
                     repetition_penalty=syn.repetition_penalty,
-                    min_new_tokens=syn.min_new_tokens, seed=syn.seed)
-        base.update(overrides)
-        if isinstance(base["temperature"], list):
-            base["temperature"] = tuple(base["temperature"])
+                    min_new_tokens=syn.min_new_tokens, max_new_tokens=syn.max_new_tokens)
+        base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
 
@@ -152,137 +155,141 @@ def softmax_rows(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    """Samples the 4 audio codes of every row of a batch, step by step.
+    """Samples the 4 audio codes of the active slots of a batch, step by step.
 
-    One object per batch; rows are (re)assigned to requests with :meth:`reset_row`, so a
-    continuous-batching scheduler can reuse it. Work arrays are allocated once.
+    One object per decode loop, with one slot per KV-cache slot; a slot is (re)assigned to a
+    request with :meth:`start`, so a continuous-batching loop reuses it. Work arrays are
+    allocated once for ``max_batch`` rows.
+
+    Per step the loop calls :meth:`sample` for the active slots, then :meth:`record` for every
+    slot whose codes it keeps (not after EOS). :meth:`process` gives the scores before the draw
+    (parity tests).
 
     Args:
-        params: one :class:`SamplingParams` per row (the batch size is ``len(params)``).
-        num_vq: codebooks (4). vocab: codes per codebook incl. EOS (626). eos: EOS code (625).
-        window: repetition-penalty window (16).
+        max_batch: number of slots.
+        num_vq: codebooks (4). num_tokens: codes per codebook incl. EOS (626).
+        eos: EOS code (625). window: repetition-penalty window (16).
 
     Attributes:
-        seeds: ``list[int]``, the seed each row's generator was started with (report it).
-        steps: ``int64[B]``, codes drawn per row since its reset.
+        seeds: ``list[int]``, the seed each slot's generator was started with.
     """
 
-    def __init__(self, params: Sequence[SamplingParams], num_vq: int = NUM_VQ,
-                 vocab: int = NUM_AUDIO_TOKENS, eos: int = AUDIO_EOS,
-                 window: int = PENALTY_WINDOW) -> None:
-        b = len(params)
-        if b < 1:
-            raise ValueError("a Sampler needs at least one row")
-        self.batch, self.num_vq, self.vocab, self.eos, self.window = b, num_vq, vocab, eos, window
-        r = b * num_vq
+    def __init__(self, max_batch: int, num_vq: int = NUM_VQ, num_tokens: int = NUM_AUDIO_TOKENS,
+                 eos: int = AUDIO_EOS, window: int = PENALTY_WINDOW) -> None:
+        if max_batch < 1:
+            raise ValueError("a Sampler needs at least one slot")
+        b, q, v = max_batch, num_vq, num_tokens
+        self.max_batch, self.num_vq, self.vocab, self.eos, self.window = b, q, v, eos, window
         f32 = np.float32
-        # per-row parameters, expanded to the flattened [B*4, 1] row layout
-        self._temp = np.ones((b, num_vq, 1), f32)
-        self._penalty = np.ones((r, 1), f32)
-        self._one_minus_p = np.full((r, 1), -1.0, f32)
-        self._k_index = np.zeros((r, 1), np.int64)
+        # per-slot parameters
+        self._temp = np.ones((b, q, 1), f32)
+        self._penalty = np.ones((b, q, 1), f32)
+        self._one_minus_p = np.full((b, q, 1), -1.0, f32)
+        self._k_index = np.zeros((b, q, 1), np.int64)
         self._min_new = np.zeros(b, np.int64)
         self._greedy = np.zeros(b, bool)
-        self._use_penalty = False
-        # state
-        self.steps = np.zeros(b, np.int64)
-        self._hist = np.zeros((b, num_vq, window), np.int64)  # ring buffer of codes
-        self._counts = np.zeros((b, num_vq, vocab), f32)       # occurrences in the window
-        self._rngs: list[np.random.Generator] = [np.random.default_rng(0)] * b
+        # per-slot state: penalty window as a ring buffer plus running counts
+        self._recorded = np.zeros(b, np.int64)
+        self._hist = np.zeros((b, q, window), np.int64)
+        self._counts = np.zeros((b, q, v), f32)
+        self._rngs: list[np.random.Generator] = [np.random.default_rng(0) for _ in range(b)]
         self.seeds: list[int] = [0] * b
-        # work buffers
-        self._x = np.empty((b, num_vq, vocab), f32)
-        self._alpha = np.empty((r, vocab), f32)
-        self._srt = np.empty((r, vocab), f32)
-        self._probs = np.empty((r, vocab), f32)
-        self._u = np.empty((b, num_vq), np.float64)
-        self._codes = np.empty((b, num_vq), np.int64)
-        self._rows_q = np.arange(num_vq)
-        for i, p in enumerate(params):
-            self.reset_row(i, p)
+        # work buffers (the first n rows are used for n active slots)
+        self._x = np.empty((b, q, v), f32)
+        self._alpha = np.empty((b * q, v), f32)
+        self._srt = np.empty((b * q, v), f32)
+        self._probs = np.empty((b * q, v), f32)
+        self._u = np.empty((b, q), np.float64)
+        self._codes = np.empty((b, q), np.int64)
+        self._q = np.arange(q)
 
-    def reset_row(self, row: int, params: SamplingParams) -> int:
-        """Start row ``row`` afresh for a new request. Returns the seed its generator uses."""
+    def start(self, slot: int, params: SamplingParams, seed: Optional[int] = None) -> int:
+        """Assign ``slot`` to a new request: its parameters, an empty penalty window and a
+        generator seeded with ``seed`` (None = a fresh random seed). Returns the seed used."""
         q = self.num_vq
         t = params.temperature if isinstance(params.temperature, tuple) else (params.temperature,) * q
         if len(t) != q:
             raise ValueError(f"temperature needs 1 or {q} values, got {len(t)}")
-        self._temp[row, :, 0] = t
-        sl = slice(row * q, (row + 1) * q)
-        self._penalty[sl] = params.repetition_penalty
-        self._one_minus_p[sl] = -1.0 if params.top_p is None else np.float32(1.0 - params.top_p)
+        self._temp[slot, :, 0] = t
+        self._penalty[slot] = params.repetition_penalty
+        self._one_minus_p[slot] = -1.0 if params.top_p is None else np.float32(1.0 - params.top_p)
         k = self.vocab if params.top_k is None else min(max(params.top_k, MIN_KEEP), self.vocab)
-        self._k_index[sl] = self.vocab - k
-        self._min_new[row] = params.min_new_tokens
-        self._greedy[row] = params.greedy
-        self._use_penalty = bool(np.any(self._penalty != 1.0))
-        self.steps[row] = 0
-        self._hist[row] = 0
-        self._counts[row] = 0
-        seed = secrets.randbits(63) if params.seed is None else int(params.seed)
-        self._rngs[row] = np.random.default_rng(seed)
-        self.seeds[row] = seed
+        self._k_index[slot] = self.vocab - k
+        self._min_new[slot] = params.min_new_tokens
+        self._greedy[slot] = params.greedy
+        self._recorded[slot] = 0
+        self._hist[slot] = 0
+        self._counts[slot] = 0
+        seed = secrets.randbits(63) if seed is None else int(seed)
+        self._rngs[slot] = np.random.default_rng(seed)
+        self.seeds[slot] = seed
         return seed
 
-    def process(self, logits: np.ndarray) -> np.ndarray:
-        """Steps 1-5 (temperature, penalty, top-P, top-K, EOS mask) for every row.
+    def process(self, slots: np.ndarray, logits: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Steps 1-5 (temperature, penalty, top-P, top-K, EOS mask) for ``n`` active slots.
 
         Args:
-            logits: ``float32[B, 4, V]`` of this step.
+            slots: ``int[n]`` slot of each row.
+            logits: ``float32[n, 4, V]`` of this step, row ``i`` for ``slots[i]``.
+            steps: ``int[n]`` codes already produced by each row's request (EOS is masked
+                while ``steps < min_new_tokens``).
 
         Returns:
-            the processed scores ``float32[B, 4, V]`` (``-inf`` = removed). A view of a work
-            buffer: valid until the next call.
+            processed scores ``float32[n, 4, V]`` (``-inf`` = removed): a view of a work
+            buffer, valid until the next call.
         """
-        x = self._x
-        if logits.shape != x.shape:
-            raise ValueError(f"logits shape {logits.shape} != sampler batch {x.shape}")
-        np.divide(logits, self._temp, out=x)
+        n = logits.shape[0]
+        if logits.shape[1:] != (self.num_vq, self.vocab) or not 0 < n <= self.max_batch or len(slots) != n:
+            raise ValueError(f"logits {logits.shape} / slots {len(slots)} do not fit a sampler of "
+                             f"{self.max_batch} x {self.num_vq} x {self.vocab}")
+        slots = np.asarray(slots)
+        x = self._x[:n]
+        np.divide(logits, self._temp[slots], out=x)
         x2 = x.reshape(-1, self.vocab)
-        if self._use_penalty:
-            apply_repetition_penalty(x2, self._counts.reshape(-1, self.vocab), self._penalty, self._alpha)
-        apply_top_p_top_k(x2, self._one_minus_p, self._k_index, self._srt, self._probs)
-        masked = self.steps < self._min_new
+        r = n * self.num_vq
+        pen = self._penalty[slots].reshape(-1, 1)
+        if (pen != 1.0).any():
+            apply_repetition_penalty(x2, self._counts[slots].reshape(-1, self.vocab), pen, self._alpha[:r])
+        apply_top_p_top_k(x2, self._one_minus_p[slots].reshape(-1, 1), self._k_index[slots].reshape(-1, 1),
+                          self._srt[:r], self._probs[:r])
+        masked = np.asarray(steps) < self._min_new[slots]
         if masked.any():
             x[masked, :, self.eos] = -np.inf
         return x
 
-    def step(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Process and draw one step for every row, and record the codes in the history.
-
-        Args:
-            logits: ``float32[B, 4, V]``.
+    def sample(self, slots: np.ndarray, logits: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Process and draw one step for ``n`` active slots (see :meth:`process` for the args).
 
         Returns:
-            ``(codes, finished)``: ``int64[B, 4]`` (a work buffer, valid until the next call)
-            and ``bool[B]``, True where any codebook drew EOS.
+            ``int64[n, 4]`` codes (a work buffer, valid until the next call). A row is finished
+            when any of its codes is EOS (``(codes == eos).any(axis=1)``). Nothing is recorded:
+            call :meth:`record` for the codes kept.
         """
-        x = self.process(logits)
-        codes = self._codes
-        if self._greedy.all():
+        slots = np.asarray(slots)
+        x = self.process(slots, logits, steps)
+        n = x.shape[0]
+        codes = self._codes[:n]
+        greedy = self._greedy[slots]
+        if greedy.all():
             np.argmax(x, axis=2, out=codes)
-        else:
-            probs = softmax_rows(x.reshape(-1, self.vocab), self._probs)
-            np.cumsum(probs, axis=1, out=probs)
-            for b in range(self.batch):
-                self._rngs[b].random(out=self._u[b])
-            ut = (self._u.reshape(-1, 1) * probs[:, -1:]).astype(np.float32)
-            # first index whose cumulative mass exceeds u: never a zero-probability code
-            codes.reshape(-1)[:] = np.minimum((probs <= ut).sum(axis=1), self.vocab - 1)
-            if self._greedy.any():
-                g = self._greedy
-                codes[g] = np.argmax(x[g], axis=2)
-        self._push(codes)
-        return codes, (codes == self.eos).any(axis=1)
+            return codes
+        probs = softmax_rows(x.reshape(-1, self.vocab), self._probs[: n * self.num_vq])
+        np.cumsum(probs, axis=1, out=probs)
+        u = self._u[:n]
+        for i in range(n):
+            self._rngs[slots[i]].random(out=u[i])
+        ut = (u.reshape(-1, 1) * probs[:, -1:]).astype(np.float32)
+        # count of cumulative masses <= u: the first code past u, never a zero-probability one
+        codes.reshape(-1)[:] = np.minimum((probs <= ut).sum(axis=1), self.vocab - 1)
+        if greedy.any():
+            codes[greedy] = np.argmax(x[greedy], axis=2)
+        return codes
 
-    def _push(self, codes: np.ndarray) -> None:
-        """Append ``codes [B, 4]`` to each row's penalty window (ring buffer + counts)."""
-        slot = self.steps % self.window
-        rows = np.arange(self.batch)[:, None]
-        qs = self._rows_q[None, :]
-        full = (self.steps >= self.window)[:, None]
-        old = self._hist[rows, qs, slot[:, None]]
-        np.subtract.at(self._counts, (rows, qs, old), full.astype(np.float32))
-        self._hist[rows, qs, slot[:, None]] = codes
-        np.add.at(self._counts, (rows, qs, codes), 1.0)
-        self.steps += 1
+    def record(self, slot: int, codes: np.ndarray) -> None:
+        """Append one step's ``codes int[4]`` of ``slot`` to its penalty window."""
+        j = self._recorded[slot] % self.window
+        if self._recorded[slot] >= self.window:
+            self._counts[slot, self._q, self._hist[slot, :, j]] -= 1.0
+        self._hist[slot, :, j] = codes
+        self._counts[slot, self._q, codes] += 1.0
+        self._recorded[slot] += 1

@@ -131,13 +131,13 @@ class Tokenizer:
     # -- prompts ------------------------------------------------------------------------------
 
     @staticmethod
-    def code_prompt(text: str, *, speaker: bool = True, prompt: str = "",
+    def prompt_text(text: str, *, with_speaker: bool = True, prompt: str = "",
                     txt_smp: Optional[str] = None) -> str:
         """The text of upstream's code prompt for one sentence.
 
         Args:
             text: normalized sentence.
-            speaker: True = ``[spk_emb]`` (a speaker vector will be inserted), False =
+            with_speaker: True = ``[spk_emb]`` (a speaker vector will be inserted), False =
                 ``[empty_spk]``.
             prompt: control tokens put before the text (config ``synthesis.prompt``, e.g.
                 ``"[speed_5]"``).
@@ -151,11 +151,11 @@ class Tokenizer:
         text = text.strip()
         if prompt:
             text = prompt + text
-        return f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{txt_smp or ''}{text}[Ptts]"
+        return f"[Stts]{'[spk_emb]' if with_speaker else '[empty_spk]'}{txt_smp or ''}{text}[Ptts]"
 
-    def encode_prompt(self, text: str, *, speaker: bool = True, prompt: str = "",
-                      txt_smp: Optional[str] = None, max_tokens: Optional[int] = None) -> np.ndarray:
-        """Token ids of :meth:`code_prompt`.
+    def code_prompt(self, text: str, *, with_speaker: bool = True, prompt: str = "",
+                    txt_smp: Optional[str] = None, max_tokens: Optional[int] = None) -> np.ndarray:
+        """Token ids of :meth:`prompt_text` (what the GPT prefill takes).
 
         Args:
             max_tokens: limit (``cfg.model.max_prompt_tokens``); None = no limit.
@@ -166,14 +166,14 @@ class Tokenizer:
         Raises:
             TextError: longer than ``max_tokens`` (split the text first: ``appliance.tts.split``).
         """
-        ids = self.encode(self.code_prompt(text, speaker=speaker, prompt=prompt, txt_smp=txt_smp))
+        ids = self.encode(self.prompt_text(text, with_speaker=with_speaker, prompt=prompt, txt_smp=txt_smp))
         if max_tokens is not None and ids.size > max_tokens:
             raise TextError(
                 f"the sentence is {ids.size} tokens with its prompt, over the limit of {max_tokens} "
                 f"(model.max_prompt_tokens); split it with appliance.tts.split or raise the limit")
         return ids
 
-    def prompt_overhead(self, *, speaker: bool = True, prompt: str = "",
+    def prompt_overhead(self, *, with_speaker: bool = True, prompt: str = "",
                         txt_smp: Optional[str] = None) -> int:
         """Tokens the prompt adds around any text (``[Stts]``, speaker token, prompt, ``[Ptts]``)."""
-        return int(self.encode(self.code_prompt("", speaker=speaker, prompt=prompt, txt_smp=txt_smp)).size)
+        return int(self.code_prompt("", with_speaker=with_speaker, prompt=prompt, txt_smp=txt_smp).size)
