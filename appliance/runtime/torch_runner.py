@@ -1,0 +1,180 @@
+"""The PyTorch backend: our model (:mod:`appliance.model`) on CPU or CUDA behind :class:`Runner`.
+
+Everything crossing the boundary is numpy; the model, its static KV cache
+(``model.max_batch`` slots x ``model.max_seq_len`` positions) and the output buffers of
+``prefill`` / ``decode`` are allocated once at load. All calls run under ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..errors import CapacityError, CheckpointError, ConfigError, EngineError
+from ..model.checkpoint import load_model
+from .runner import Runner, RunnerInfo
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": (torch.float32, "fp32"), "float16": (torch.float16, "fp16"), "bfloat16": (torch.bfloat16, "bf16")}
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a :class:`ConfigError`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device=cuda but torch sees no CUDA GPU: set model.device to cpu or auto")
+    return torch.device(name)
+
+
+class TorchRunner(Runner):
+    """PyTorch runner (see :mod:`appliance.runtime.runner` for the contract).
+
+    Args:
+        cfg: the configuration; uses ``model.path`` (resolved with ``cfg.resolve``), ``model.device``,
+            ``model.dtype``, ``model.threads``, ``model.max_batch``, ``model.max_seq_len``,
+            ``model.max_prompt_tokens``.
+        reason: why this backend was chosen (stored in ``info.reason``).
+
+    Raises:
+        CheckpointError: the checkpoint is missing or malformed.
+        ConfigError: cuda requested without a GPU.
+        CapacityError: ``model.max_seq_len`` exceeds the checkpoint's max_position_embeddings.
+    """
+
+    def __init__(self, cfg: Config, reason: str = ""):
+        mc = cfg.model
+        self.device = pick_device(mc.device)
+        self.dtype, precision = _DTYPES[mc.dtype]
+        if self.device.type == "cpu" and mc.threads > 0:
+            torch.set_num_threads(mc.threads)
+        path = cfg.resolve(mc.path)
+        try:
+            self.model = load_model(path, self.device, self.dtype)
+        except CheckpointError:
+            raise
+        except (RuntimeError, OSError) as e:
+            raise EngineError(f"loading {path} on {self.device} failed: {e}") from e
+        s = self.model.shapes
+        if mc.max_seq_len > s.max_pos:
+            raise CapacityError(
+                f"model.max_seq_len {mc.max_seq_len} exceeds the checkpoint's max_position_embeddings {s.max_pos}")
+        self.model.gpt.setup_cache(mc.max_batch, mc.max_seq_len, self.dtype, self.device)
+        self.shapes = s
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.info = RunnerInfo(
+            backend=f"torch-{self.device.type}", precision=precision, hidden_size=s.hidden, num_vq=s.num_vq,
+            num_audio_tokens=s.num_audio_tokens, max_batch=mc.max_batch, max_seq_len=mc.max_seq_len,
+            max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1), weight_bytes=int(weight_bytes),
+            kv_bytes_per_token=self.model.gpt.kv_bytes_per_token(), reason=reason,
+            decoder_rf=2 + 6 * s.dec_layers + 1, vocos_rf=3 * (1 + s.voc_layers), max_window_tokens=0,
+        )
+        # host output buffers, allocated once
+        self._pf_logits = np.zeros((s.num_vq, s.num_audio_tokens), np.float32)
+        self._pf_hidden = np.zeros((s.hidden,), np.float32)
+        self._dc_logits = np.zeros((mc.max_batch, s.num_vq, s.num_audio_tokens), np.float32)
+        self._dc_hidden = np.zeros((mc.max_batch, s.hidden), np.float32)
+        log.info("torch runner: %s %s, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 self.device, precision, mc.max_batch, mc.max_seq_len, weight_bytes / 2**20,
+                 self.info.kv_bytes_per_token * mc.max_seq_len * mc.max_batch / 2**20)
+
+    # -------------------------------------------------------------- helpers
+    def _t(self, a: np.ndarray, dtype=torch.int64) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= int(slot) < self.info.max_batch:
+            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
+
+    # -------------------------------------------------------------- Runner
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt ``ids [T]`` (+ ``spk_emb [D]``) into ``slot``; (logits [Q, V], hidden [D]) of the last position."""
+        self._check_slot(slot)
+        ids = np.asarray(ids).reshape(-1)
+        t = ids.shape[0]
+        if t == 0:
+            raise CapacityError("empty prompt: prefill needs at least one token")
+        if t > self.info.max_prompt_tokens:
+            raise CapacityError(
+                f"prompt of {t} tokens exceeds model.max_prompt_tokens {self.info.max_prompt_tokens}: split the text")
+        if ids.min() < 0 or ids.max() >= self.shapes.num_text_tokens:
+            raise EngineError(f"text id out of range [0, {self.shapes.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
+        if spk_emb is not None and np.shape(spk_emb) != (self.shapes.hidden,):
+            raise EngineError(f"spk_emb must have shape [{self.shapes.hidden}], got {list(np.shape(spk_emb))}")
+        try:
+            with torch.inference_mode():
+                m = self.model
+                spk = None if spk_emb is None else self._t(spk_emb, torch.float32)
+                emb = m.embed_prompt(self._t(ids), spk)  # [1, T, D]
+                h = m.gpt.prefill(emb, int(slot))[0, -1]  # [D]
+                logits = m.audio_logits(h.unsqueeze(0))[0]  # [Q, V]
+                self._pf_hidden[:] = h.float().cpu().numpy()
+                self._pf_logits[:] = logits.float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch prefill failed: {e}") from e
+        return self._pf_logits, self._pf_hidden
+
+    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step for rows ``slots [B]`` with ``codes [B, Q]`` written at ``pos [B]``; (logits [B,Q,V], hidden [B,D])."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        pos = np.asarray(pos, np.int64).reshape(-1)
+        codes = np.asarray(codes, np.int64)
+        b = slots.shape[0]
+        if b == 0 or b > self.info.max_batch:
+            raise CapacityError(f"decode batch of {b} rows: must be 1..{self.info.max_batch} (model.max_batch)")
+        if codes.shape != (b, self.shapes.num_vq) or pos.shape != (b,):
+            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
+                              f"expected codes [{b}, {self.shapes.num_vq}] and pos [{b}]")
+        if slots.min() < 0 or slots.max() >= self.info.max_batch or len(set(slots.tolist())) != b:
+            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{self.info.max_batch - 1}")
+        if pos.min() < 0 or pos.max() >= self.info.max_seq_len:
+            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
+                                f"{self.info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
+        if codes.min() < 0 or codes.max() >= self.shapes.num_audio_tokens:
+            raise EngineError(f"audio code out of range [0, {self.shapes.num_audio_tokens}): {codes.tolist()}")
+        try:
+            with torch.inference_mode():
+                m = self.model
+                emb = m.embed_codes(self._t(codes))  # [B, 1, D]
+                h = m.gpt.decode_step(emb, self._t(slots), self._t(pos), int(pos.max()) + 1)  # [B, D]
+                logits = m.audio_logits(h)  # [B, Q, V]
+                self._dc_hidden[:b] = h.float().cpu().numpy()
+                self._dc_logits[:b] = logits.float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch decode failed: {e}") from e
+        return self._dc_logits[:b], self._dc_hidden[:b]
+
+    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+        """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32."""
+        hidden = np.asarray(hidden, np.float32)
+        if hidden.ndim != 2 or hidden.shape[1] != self.shapes.hidden or hidden.shape[0] == 0:
+            raise EngineError(f"decoder input must be [T>0, {self.shapes.hidden}], got {list(hidden.shape)}")
+        try:
+            with torch.inference_mode():
+                x = self._t(hidden.T, self.dtype).unsqueeze(0)  # [1, D, T]
+                return self.model.decoder(x)[0].float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch decoder failed: {e}") from e
+
+    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """mel ``[100, F]`` -> (real ``[F, 513]``, imag ``[F, 513]``) float32."""
+        mel = np.asarray(mel, np.float32)
+        if mel.ndim != 2 or mel.shape[0] != self.shapes.n_mels or mel.shape[1] == 0:
+            raise EngineError(f"vocos input must be [{self.shapes.n_mels}, F>0], got {list(mel.shape)}")
+        try:
+            with torch.inference_mode():
+                re, im = self.model.vocos(self._t(mel, self.dtype).unsqueeze(0))
+                return re[0].float().cpu().numpy(), im[0].float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch vocos failed: {e}") from e
+
+    def close(self) -> None:
+        """Drop weights and KV cache (idempotent)."""
+        if getattr(self, "model", None) is not None:
+            self.model = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
