@@ -1,0 +1,235 @@
+"""The engine's contract, stored beside the engine and checked at load.
+
+``manifest.json`` sits in every engine directory (``<engine_dir>/onnx/<precision>/`` for ONNX
+graphs, ``<engine_dir>/trt/<precision>/`` for TensorRT plans). It records:
+
+* ``kind`` (``onnx`` or ``tensorrt``), ``precision`` (fp32 / fp16 / int8 / fp8);
+* ``runtime``: ``{"name": "onnx" | "tensorrt" | "tensorrt_rtx", "version": ...}``;
+* ``device``: compute capability, GPU name, board (``/proc/device-tree/model``), L4T release
+  (``/etc/nv_tegra_release``); for TensorRT the *target* the plans were built for;
+* ``checkpoint``: sha256 over the checkpoint files that the graphs were made from, with their
+  sizes and mtimes (so a load can skip re-hashing 1.2 GB when nothing changed);
+* ``limits``: ``max_batch``, ``max_seq_len``, ``max_prompt_tokens``, ``window_tokens``;
+* ``shapes``: the model dimensions (:class:`appliance.model.shapes.ModelShapes` fields);
+* ``build``: flags (workspace MiB, timing cache, TensorRT flavour, opset, quantization);
+* ``graphs``: per graph ``file``, ``sha256``, ``inputs`` / ``outputs`` (name, shape with -1 or a
+  symbol for dynamic dims, dtype), ``profile`` (min/opt/max per dynamic input) and, for plans,
+  ``weights_bytes`` / ``activation_bytes`` as the builder reported them.
+
+:func:`check` compares a manifest with what the loader expects and raises
+:class:`~appliance.errors.EngineMismatchError` whose message ends in ``rebuild with: ...``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError, EngineMismatchError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+#: Checkpoint files the inference graphs are made of (relative to the checkpoint's asset/).
+CHECKPOINT_FILES = ("gpt/config.json", "gpt/model.safetensors", "Embed.safetensors", "Decoder.safetensors", "Vocos.safetensors")
+
+
+def _asset_dir(ckpt_dir: str | os.PathLike) -> Path:
+    p = Path(ckpt_dir)
+    return p / "asset" if (p / "asset").is_dir() else p
+
+
+def checkpoint_files(ckpt_dir: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """``{relpath: {"size": bytes, "mtime_ns": int}}`` of the inference files present."""
+    a = _asset_dir(ckpt_dir)
+    out = {}
+    for rel in CHECKPOINT_FILES:
+        f = a / rel
+        if f.is_file():
+            st = f.stat()
+            out[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def checkpoint_sha256(ckpt_dir: str | os.PathLike) -> str:
+    """sha256 over ``relpath NUL sha256(file)`` lines of :data:`CHECKPOINT_FILES` (sorted).
+
+    Raises:
+        EngineError: none of the files exist (not a checkpoint directory).
+    """
+    a = _asset_dir(ckpt_dir)
+    h = hashlib.sha256()
+    n = 0
+    for rel in sorted(CHECKPOINT_FILES):
+        f = a / rel
+        if not f.is_file():
+            continue
+        h.update(rel.encode() + b"\0" + file_sha256(f).encode() + b"\n")
+        n += 1
+    if n == 0:
+        raise EngineError(f"{ckpt_dir} holds none of {', '.join(CHECKPOINT_FILES)}: not a ChatTTS checkpoint")
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """sha256 hex digest of one file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def checkpoint_identity(ckpt_dir: str | os.PathLike, known: dict | None = None) -> dict:
+    """``{"sha256", "files"}`` of a checkpoint; re-uses ``known["sha256"]`` when every file's
+    size and mtime equal ``known["files"]`` (no re-hash of unchanged files)."""
+    files = checkpoint_files(ckpt_dir)
+    if known and known.get("files") == files and known.get("sha256"):
+        return {"sha256": known["sha256"], "files": files}
+    return {"sha256": checkpoint_sha256(ckpt_dir), "files": files}
+
+
+@functools.lru_cache(maxsize=1)
+def device_facts() -> dict[str, Any]:
+    """What is known about this machine's accelerator: ``compute_capability`` (``"8.7"``),
+    ``gpu``, ``board`` (Jetson device-tree model), ``l4t`` (``"36.4.0"``); None where unknown."""
+    facts: dict[str, Any] = {"compute_capability": None, "gpu": None, "board": None, "l4t": None}
+    model = Path("/proc/device-tree/model")
+    if model.is_file():
+        try:
+            facts["board"] = model.read_bytes().rstrip(b"\0").decode(errors="replace").strip() or None
+        except OSError:
+            pass
+    rel = Path("/etc/nv_tegra_release")
+    if rel.is_file():
+        m = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)", rel.read_text(errors="replace"))
+        if m:
+            facts["l4t"] = f"{m.group(1)}.{m.group(2)}"
+    if facts["board"] and "orin" in facts["board"].lower():
+        facts["compute_capability"] = "8.7"
+        facts["gpu"] = "Orin (nvgpu)"
+    elif facts["board"] and "xavier" in facts["board"].lower():
+        facts["compute_capability"] = "7.2"
+        facts["gpu"] = "Xavier (nvgpu)"
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip().splitlines()
+            if out:
+                name, cc = [x.strip() for x in out[0].split(",")[:2]]
+                facts["gpu"], facts["compute_capability"] = name, cc
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    return facts
+
+
+def cc_tuple(cc: str | None) -> tuple[int, int] | None:
+    """``"8.9"`` -> (8, 9); None -> None."""
+    if cc is None:
+        return None
+    major, _, minor = str(cc).partition(".")
+    return int(major), int(minor or 0)
+
+
+def now_iso() -> str:
+    """UTC time, ISO 8601, seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def write(directory: str | os.PathLike, manifest: dict) -> Path:
+    """Write ``manifest`` (adds ``format`` and ``created``) as ``<directory>/manifest.json``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    m = {"format": FORMAT, "created": now_iso(), **manifest}
+    p = d / MANIFEST
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(m, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, p)
+    return p
+
+
+def read(directory: str | os.PathLike, rebuild_hint: str = "") -> dict:
+    """Read ``<directory>/manifest.json``.
+
+    Raises:
+        EngineMismatchError: missing or unreadable (message says how to rebuild).
+    """
+    p = Path(directory) / MANIFEST
+    try:
+        m = json.loads(p.read_text())
+    except FileNotFoundError as e:
+        raise EngineMismatchError(f"no engine manifest at {p}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else "")) from e
+    except (OSError, ValueError) as e:
+        raise EngineMismatchError(f"unreadable engine manifest {p}: {e}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else "")) from e
+    if m.get("format") != FORMAT:
+        raise EngineMismatchError(f"{p}: manifest format {m.get('format')!r}, this version reads {FORMAT}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else ""))
+    return m
+
+
+def check(manifest: dict, expect: dict, rebuild_hint: str) -> None:
+    """Compare ``manifest`` with ``expect`` and refuse a mismatch.
+
+    ``expect`` may hold: ``kind``, ``precision``, ``runtime`` ({name, version}), ``device``
+    ({compute_capability, board, l4t}: only keys whose expected value is not None are compared),
+    ``checkpoint_sha256``, ``limits`` (dict; every key compared), ``graphs`` (names that must be
+    present).
+
+    Raises:
+        EngineMismatchError: listing every difference, then ``rebuild with: <rebuild_hint>``.
+    """
+    diffs: list[str] = []
+
+    def cmp(what: str, have: Any, want: Any) -> None:
+        if have != want:
+            diffs.append(f"{what} is {have!r}, expected {want!r}")
+
+    for k in ("kind", "precision"):
+        if k in expect:
+            cmp(k, manifest.get(k), expect[k])
+    if "runtime" in expect:
+        rt = manifest.get("runtime", {})
+        for k, v in expect["runtime"].items():
+            cmp(f"runtime.{k}", rt.get(k), v)
+    if "device" in expect:
+        dev = manifest.get("device", {})
+        for k, v in expect["device"].items():
+            if v is not None:
+                cmp(f"device.{k}", dev.get(k), v)
+    if "checkpoint_sha256" in expect:
+        have = manifest.get("checkpoint", {}).get("sha256")
+        if have != expect["checkpoint_sha256"]:
+            diffs.append(f"checkpoint sha256 is {str(have)[:12]}..., the configured checkpoint's is {str(expect['checkpoint_sha256'])[:12]}...")
+    if "limits" in expect:
+        lim = manifest.get("limits", {})
+        for k, v in expect["limits"].items():
+            cmp(f"limits.{k}", lim.get(k), v)
+    for g in expect.get("graphs", ()):
+        if g not in manifest.get("graphs", {}):
+            diffs.append(f"graph {g} is missing")
+    if diffs:
+        raise EngineMismatchError("engine does not match: " + "; ".join(diffs) + f"; rebuild with: {rebuild_hint}")
+
+
+def rebuild_hint(config_path: str | None, precision: str, tensorrt: bool) -> str:
+    """The commands that remake an engine directory for ``config_path`` at ``precision``."""
+    c = f" --config {config_path}" if config_path else ""
+    if not tensorrt:
+        return f"chattts-appliance engines export{c} --precision {precision}"
+    exp = "fp32" if precision == "fp32" else "fp16"
+    return f"chattts-appliance engines export{c} --precision {exp} && chattts-appliance engines build{c} --precision {precision}"

@@ -1,0 +1,278 @@
+"""The ONNX Runtime backend (CPU): the default where there is no GPU; needs no torch.
+
+Loads the graphs that ``chattts-appliance engines export`` wrote to
+``<model.engine_dir>/onnx/<precision>/`` (see :mod:`appliance.model.export` for their I/O),
+checks their manifest against the config and the checkpoint, and implements
+:class:`~appliance.runtime.runner.Runner`.
+
+KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
+the cache is two numpy arrays ``[L, M, H, S, hd]`` (M = ``max_batch`` slots, S =
+``max_seq_len``) allocated once; each layer's ``[M, H, S, hd]`` view is wrapped once in an
+``OrtValue`` that shares its memory and bound once to the decode graph through IO binding.
+A step reads only positions ``< max(pos)`` (the length of the ``past`` input), returns only
+the new keys/values ``[L, B, H, hd]``, and this runner writes them at ``[:, slots, :, pos]``
+(``B x 2 x L x D`` values: 120 KiB per row at full size, FP32). Nothing else is copied per
+step. ``bench/bench_engines.py`` measures ms/step at several cache fills.
+
+Precision directory: ``int8`` if it was exported (MatMulNBits weight-only, ~4x fewer weight
+bytes per step), else ``fp32``; the choice is logged. Threads: ``model.threads``
+(0 = all cores) intra-op, 1 inter-op, sequential execution.
+
+Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
+:meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
+position at the end of the cache raises :class:`~appliance.errors.CapacityError` before the
+engine runs (the pipeline splits text).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CapacityError, ConfigError, EngineError
+from . import manifest as mf
+from .runner import Runner, RunnerInfo
+
+log = logging.getLogger(__name__)
+
+#: Precision directories tried in order under ``<engine_dir>/onnx/``.
+PRECISIONS = ("int8", "fp32")
+
+
+def find_export(cfg: Config) -> Path | None:
+    """The first ``<engine_dir>/onnx/<precision>`` (order :data:`PRECISIONS`) holding a manifest."""
+    base = cfg.resolve(cfg.model.engine_dir) / "onnx"
+    for p in PRECISIONS:
+        if (base / p / mf.MANIFEST).is_file():
+            return base / p
+    return None
+
+
+class OnnxRunner(Runner):
+    """ONNX Runtime runner (see module doc and :class:`~appliance.runtime.runner.Runner`).
+
+    Args:
+        cfg: uses ``model.engine_dir``, ``model.path`` (checkpoint identity check),
+            ``model.threads``, ``model.max_batch``, ``model.max_seq_len``, ``model.max_prompt_tokens``.
+        reason: why this backend was chosen (``info.reason``).
+        export_dir: a specific ``onnx/<precision>`` directory (default: :func:`find_export`).
+
+    Raises:
+        ConfigError: onnxruntime is not installed, or no exported graphs exist (says how to export).
+        EngineMismatchError: the manifest does not match the config or the checkpoint.
+        EngineError: a graph does not load.
+    """
+
+    def __init__(self, cfg: Config, reason: str = "", export_dir: str | Path | None = None):
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise ConfigError(f"model.backend=onnxruntime needs onnxruntime: pip install onnxruntime ({e})") from e
+        self._ort = ort
+        mc = cfg.model
+        d = Path(export_dir) if export_dir else find_export(cfg)
+        cfg_path = str(Path(cfg.base_dir) / "config.yaml")
+        if d is None:
+            raise ConfigError(
+                f"no exported ONNX graphs under {cfg.resolve(mc.engine_dir) / 'onnx'}; "
+                f"export them with: {mf.rebuild_hint(cfg_path, 'fp32', tensorrt=False)}")
+        precision = d.name
+        hint = mf.rebuild_hint(cfg_path, precision, tensorrt=False)
+        m = mf.read(d, hint)
+        expect: dict[str, Any] = {
+            "kind": "onnx",
+            "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
+                       "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
+            "graphs": ("gpt_prefill", "gpt_decode", "decoder", "vocos"),
+        }
+        ckpt = cfg.resolve(mc.path)
+        if mf.checkpoint_files(ckpt):
+            expect["checkpoint_sha256"] = mf.checkpoint_identity(ckpt, m.get("checkpoint"))["sha256"]
+        else:
+            log.warning("checkpoint %s not found: the engine's checkpoint identity is not checked", ckpt)
+        mf.check(m, expect, hint)
+        self.manifest, self.dir = m, d
+        s = m["shapes"]
+        L, H, hd, D = s["n_layers"], s["n_heads"], s["hidden"] // s["n_heads"], s["hidden"]
+        self._L, self._D, self._Q, self._V = L, D, s["num_vq"], s["num_audio_tokens"]
+        self._n_text, self._n_mels = s["num_text_tokens"], s["n_mels"]
+        self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
+        M, S = mc.max_batch, mc.max_seq_len
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = mc.threads or (os.cpu_count() or 1)
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        self._sess: dict[str, Any] = {}
+        for g, e in m["graphs"].items():
+            self._sess[g] = self._call(f"loading {g}", lambda e=e: ort.InferenceSession(
+                str(d / e["file"]), sess_options=so, providers=["CPUExecutionProvider"]))
+
+        # static KV cache (graph dtype), bound in place once per batch size
+        kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32
+        self._k = np.zeros((L, M, H, S, hd), kv_dt)
+        self._v = np.zeros((L, M, H, S, hd), kv_dt)
+        kv_vals = [ort.OrtValue.ortvalue_from_numpy(self._k[i]) for i in range(L)] + \
+                  [ort.OrtValue.ortvalue_from_numpy(self._v[i]) for i in range(L)]
+        self._kv_vals = kv_vals  # keep the OrtValues (and the memory they view) alive
+        self._past = np.zeros(S, np.uint8)
+        self._bind: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
+        dec = self._sess["gpt_decode"]
+        for b in range(1, M + 1):
+            bufs = {
+                "codes": np.zeros((b, self._Q), np.int64), "pos": np.zeros(b, np.int64), "slots": np.zeros(b, np.int64),
+                "logits": np.zeros((b, self._Q, self._V), np.float32), "hidden": np.zeros((b, D), np.float32),
+                "k_new": np.zeros((L, b, H, hd), kv_dt), "v_new": np.zeros((L, b, H, hd), kv_dt),
+            }
+            io = dec.io_binding()
+            for name in ("codes", "pos", "slots"):
+                io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
+            for i in range(L):
+                io.bind_ortvalue_input(f"k_cache.{i}", kv_vals[i])
+                io.bind_ortvalue_input(f"v_cache.{i}", kv_vals[L + i])
+            for name in ("logits", "hidden", "k_new", "v_new"):
+                io.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
+            self._bind[b] = (io, bufs)
+        self._pf_logits = np.zeros((self._Q, self._V), np.float32)
+        self._pf_hidden = np.zeros(D, np.float32)
+
+        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".onnx", ".data"))
+        max_prompt = int(m["limits"]["max_prompt_tokens"])
+        self.info = RunnerInfo(
+            backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
+            num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
+            weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
+            decoder_rf=2 + 6 * s["dec_layers"] + 1, vocos_rf=3 * (1 + s["voc_layers"]), max_window_tokens=0,
+        )
+        log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
+
+    # -------------------------------------------------------------- the one ORT error wrapper
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``; any onnxruntime failure becomes :class:`EngineError` naming ``what``."""
+        try:
+            return fn()
+        except (CapacityError, EngineError):
+            raise
+        except Exception as e:  # onnxruntime raises its own pybind types (Fail, InvalidArgument, ...)
+            raise EngineError(f"onnxruntime {what} failed: {type(e).__name__}: {e}") from e
+
+    def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        sess = self._sess.get(graph)
+        if sess is None:
+            raise EngineError("the onnxruntime runner is closed")
+        return self._call(graph, lambda: sess.run(None, feeds))
+
+    # -------------------------------------------------------------- Runner
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt ``ids [T]`` int64 (+ ``spk_emb [D]``) into KV ``slot`` positions 0..T-1.
+
+        Returns (logits float32 [Q, V], hidden float32 [D]) of the last prompt position (views of
+        this runner's buffers).
+
+        Raises:
+            CapacityError: empty prompt, T > ``info.max_prompt_tokens`` or slot out of range.
+            EngineError: bad ids / speaker shape, or onnxruntime failed.
+        """
+        if not 0 <= int(slot) < self.info.max_batch:
+            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        t = ids.shape[0]
+        if t == 0:
+            raise CapacityError("empty prompt: prefill needs at least one token")
+        if t > self.info.max_prompt_tokens:
+            raise CapacityError(f"prompt of {t} tokens exceeds the exported limit {self.info.max_prompt_tokens} "
+                                f"(model.max_prompt_tokens): split the text")
+        if ids.min() < 0 or ids.max() >= self._n_text:
+            raise EngineError(f"text id out of range [0, {self._n_text}): {int(ids.min())}..{int(ids.max())}")
+        if spk_emb is None:
+            spk = np.zeros((1, self._D), np.float32)
+            mask = np.zeros((1, t), bool)
+        else:
+            if np.shape(spk_emb) != (self._D,):
+                raise EngineError(f"spk_emb must have shape [{self._D}], got {list(np.shape(spk_emb))}")
+            spk = np.asarray(spk_emb, np.float32).reshape(1, self._D)
+            mask = (ids == self._spk_id).reshape(1, t)
+        logits, hidden, k_new, v_new = self._run("gpt_prefill", {"ids": ids.reshape(1, t), "spk_emb": spk, "spk_mask": mask})
+        self._k[:, slot, :, :t] = k_new
+        self._v[:, slot, :, :t] = v_new
+        self._pf_logits[:] = logits[0]
+        self._pf_hidden[:] = hidden[0]
+        return self._pf_logits, self._pf_hidden
+
+    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step for rows ``slots [B]``: ``codes [B, Q]`` are written at ``pos [B]``.
+
+        Returns (logits float32 [B, Q, V], hidden float32 [B, D]), views of this runner's buffers.
+
+        Raises:
+            CapacityError: B out of 1..max_batch, slots not distinct / out of range, a position
+                at or past ``max_seq_len``.
+            EngineError: bad shapes or codes, or onnxruntime failed.
+        """
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        pos = np.asarray(pos, np.int64).reshape(-1)
+        codes = np.asarray(codes, np.int64)
+        b = slots.shape[0]
+        if not 1 <= b <= self.info.max_batch:
+            raise CapacityError(f"decode batch of {b} rows: must be 1..{self.info.max_batch} (model.max_batch)")
+        if codes.shape != (b, self._Q) or pos.shape != (b,):
+            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
+                              f"expected codes [{b}, {self._Q}] and pos [{b}]")
+        if slots.min() < 0 or slots.max() >= self.info.max_batch or len(set(slots.tolist())) != b:
+            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{self.info.max_batch - 1}")
+        if pos.min() < 0 or pos.max() >= self.info.max_seq_len:
+            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
+                                f"{self.info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
+        if codes.min() < 0 or codes.max() >= self._V:
+            raise EngineError(f"audio code out of range [0, {self._V}): {codes.tolist()}")
+        io, bufs = self._bind[b]
+        bufs["codes"][:] = codes
+        bufs["pos"][:] = pos
+        bufs["slots"][:] = slots
+        p = max(1, int(pos.max()))
+        self._call("gpt_decode", lambda: io.bind_input("past", "cpu", 0, np.uint8, [p], self._past.ctypes.data))
+        sess = self._sess.get("gpt_decode")
+        if sess is None:
+            raise EngineError("the onnxruntime runner is closed")
+        self._call("gpt_decode", lambda: sess.run_with_iobinding(io))
+        # new keys/values: [L, B, H, hd] -> cache[:, slot, :, pos] (advanced indices first: [B, L, H, hd])
+        self._k[:, slots, :, pos] = bufs["k_new"].transpose(1, 0, 2, 3)
+        self._v[:, slots, :, pos] = bufs["v_new"].transpose(1, 0, 2, 3)
+        return bufs["logits"], bufs["hidden"]
+
+    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+        """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32 (any T >= 1).
+
+        Raises:
+            EngineError: wrong shape, or onnxruntime failed.
+        """
+        hidden = np.ascontiguousarray(hidden, np.float32)
+        if hidden.ndim != 2 or hidden.shape[1] != self._D or hidden.shape[0] == 0:
+            raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
+        return self._run("decoder", {"hidden": hidden})[0]
+
+    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """mel ``[100, F]`` float32 -> (real ``[F, 513]``, imag ``[F, 513]``) float32 (any F >= 1).
+
+        Raises:
+            EngineError: wrong shape, or onnxruntime failed.
+        """
+        mel = np.ascontiguousarray(mel, np.float32)
+        if mel.ndim != 2 or mel.shape[0] != self._n_mels or mel.shape[1] == 0:
+            raise EngineError(f"vocos input must be [{self._n_mels}, F>0], got {list(mel.shape)}")
+        re, im = self._run("vocos", {"mel": mel})
+        return re, im
+
+    def close(self) -> None:
+        """Drop sessions, bindings and the KV cache (idempotent)."""
+        self._bind = {}
+        self._sess = {}
+        self._kv_vals = []
