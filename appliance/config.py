@@ -145,6 +145,37 @@ class HealthConfig:
     max_rtf: float = _f(1.0, "Unhealthy above this real-time factor.", min=0.0, max=1000)
     max_ttfb_ms: float = _f(1500.0, "Unhealthy above this time to first audio byte, ms.", min=0.0, max=1e7)
     at_start: bool = _f(True, "Run the check once after warm-up.")
+    min_steps_per_s: float = _f(0.0, "Unhealthy below this many decode steps per second (46.875 = real time at batch 1); 0 = not checked.", min=0.0, max=1e6)
+    max_memory_mib: Optional[float] = _f(None, "Unhealthy above this memory use (RSS, plus GPU memory on a GPU), MiB; None = service.memory_budget_mb.", min=1.0, max=1 << 22)
+    timeout_s: float = _f(300.0, "Give up (unhealthy) when the check takes longer than this, s.", min=1.0, max=86400.0)
+
+
+@dataclass(frozen=True)
+class ThrottleConfig:
+    """Self-throttling with hysteresis (:mod:`appliance.service.throttle`): levels normal ->
+    reduced_channels -> queue_low_priority -> alerts_only, driven by temperature, memory, power
+    and measured RTF. Thresholds go up at once and come down one level per ``min_dwell_s``."""
+
+    enabled: bool = _f(True, "Throttle at all (False: always 'normal').")
+    trip_c: Optional[float] = _f(None, "Temperature where the board throttles its own clocks, C; None = the lowest passive trip point of the tj/gpu/cpu/soc thermal zones (read from /sys/class/thermal), else fallback_trip_c.", min=20.0, max=150.0)
+    fallback_trip_c: float = _f(95.0, "trip_c when the board reports no passive trip point, C.", min=20.0, max=150.0)
+    reduce_margin_c: float = _f(15.0, "reduced_channels at trip_c - this, C.", min=0.0, max=100.0)
+    queue_margin_c: float = _f(8.0, "queue_low_priority at trip_c - this, C.", min=0.0, max=100.0)
+    alerts_margin_c: float = _f(3.0, "alerts_only at trip_c - this, C.", min=0.0, max=100.0)
+    temp_hysteresis_c: float = _f(5.0, "A temperature level is left only this far below its threshold, C.", min=0.0, max=50.0)
+    mem_reduce_frac: float = _f(0.85, "reduced_channels when the appliance uses this fraction of service.memory_budget_mb.", min=0.0, max=10.0)
+    mem_queue_frac: float = _f(0.95, "queue_low_priority at this fraction of the memory budget.", min=0.0, max=10.0)
+    mem_alerts_frac: float = _f(1.05, "alerts_only at this fraction of the memory budget.", min=0.0, max=10.0)
+    mem_hysteresis_frac: float = _f(0.05, "Hysteresis of the memory-budget fraction.", min=0.0, max=1.0)
+    min_available_mb: float = _f(256.0, "System MemAvailable below this -> queue_low_priority, below half of it -> alerts_only, MiB (GPU allocations cannot use swap).", min=0.0, max=1 << 20)
+    power_limit_mw: Optional[float] = _f(None, "Input power (VDD_IN, or the sum of the rails) at which channels are reduced, mW; 10% above it queue_low_priority; None = power not used.", min=100.0, max=1e7)
+    power_hysteresis_mw: float = _f(500.0, "Hysteresis of the power thresholds, mW.", min=0.0, max=1e6)
+    rtf_reduce: float = _f(0.9, "Measured RTF (compute s per audio s, per channel) above this -> reduced_channels.", min=0.01, max=100.0)
+    rtf_queue: float = _f(1.2, "Measured RTF above this -> queue_low_priority.", min=0.01, max=100.0)
+    rtf_hysteresis: float = _f(0.3, "Hysteresis of the RTF thresholds.", min=0.0, max=100.0)
+    min_dwell_s: float = _f(30.0, "Seconds at a level before stepping down one level (going up is immediate).", min=0.0, max=86400.0)
+    reduced_channels: int = _f(1, "Channels synthesized at once at reduced_channels and above.", min=1, max=16)
+    chunk_scale: int = _f(2, "stream.chunk_tokens is multiplied by this at queue_low_priority and above (fewer, larger chunks).", min=1, max=16)
 
 
 @dataclass(frozen=True)
@@ -159,6 +190,7 @@ class Config:
     mqtt: MQTTConfig = field(default_factory=MQTTConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
 
     def resolve(self, p: str) -> Path:
