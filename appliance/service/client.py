@@ -1,0 +1,200 @@
+"""``chattts-appliance say TEXT``: send one ``speak`` over the UNIX socket and report.
+
+Prints ``accepted`` / ``started`` / ``done`` as they arrive, in human form (TTFB in ms, RTF,
+seconds of audio, decode steps/s, where the audio went), or the raw JSON lines with
+``--json``. ``--wav FILE`` asks for ``return_audio`` and writes the PCM it receives to a 16-bit
+WAV (see :mod:`appliance.service.wavout`).
+
+Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeout, or the
+daemon closing the connection early; 2 when the daemon cannot be reached (the message says
+how to start it).
+
+The socket path: ``--socket``, else ``service.socket`` of ``--config``, else of
+``./config.yaml`` if it exists, else the built-in default. Only the stdlib (plus numpy for
+``--wav``) is imported, so ``say`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from ..errors import ApplianceError
+
+EXIT_DONE, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2
+
+
+class Unreachable(Exception):
+    """The daemon's socket does not exist or refuses connections."""
+
+
+def socket_path(config: Optional[str], sock: Optional[str]) -> Path:
+    """Resolve the socket path from ``--socket`` / ``--config`` / ``./config.yaml`` / defaults."""
+    if sock:
+        return Path(sock)
+    from ..config import Config, load_config
+    if config is None and Path("config.yaml").exists():
+        config = "config.yaml"
+    cfg = load_config(config) if config else Config()
+    return cfg.resolve(cfg.service.socket)
+
+
+class Client:
+    """A blocking connection to the daemon.
+
+    Args:
+        path: socket path. timeout_s: per-read timeout, s.
+
+    Raises:
+        Unreachable: no socket file, connection refused, or no permission (message says why).
+    """
+
+    def __init__(self, path: str | Path, timeout_s: float = 600.0) -> None:
+        self.path = Path(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.connect(str(self.path))
+        except FileNotFoundError:
+            self.sock.close()
+            raise Unreachable(f"no daemon socket at {self.path}") from None
+        except ConnectionRefusedError:
+            self.sock.close()
+            raise Unreachable(f"nobody is listening on {self.path} (stale socket)") from None
+        except PermissionError:
+            self.sock.close()
+            raise Unreachable(f"no permission to connect to {self.path}; join the service's group") from None
+        self._buf = bytearray()
+
+    def send(self, obj: dict) -> None:
+        """Send one request (a JSON object) as one line."""
+        self.sock.sendall(json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n")
+
+    def _read_line(self) -> Optional[bytes]:
+        while True:
+            i = self._buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self._buf[:i])
+                del self._buf[:i + 1]
+                return line
+            data = self.sock.recv(65536)
+            if not data:
+                return None
+            self._buf += data
+
+    def _read_exact(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            data = self.sock.recv(max(65536, n - len(self._buf)))
+            if not data:
+                raise ConnectionError("the daemon closed the connection inside an audio payload")
+            self._buf += data
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def events(self) -> Iterator[tuple[dict, Optional[bytes]]]:
+        """Yield (event dict, payload bytes or None) until the daemon closes the connection."""
+        while True:
+            line = self._read_line()
+            if line is None:
+                return
+            ev = json.loads(line)
+            payload = self._read_exact(int(ev["bytes"])) if ev.get("type") == "audio" else None
+            yield ev, payload
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def speak(path: str | Path, request: dict, timeout_s: float = 600.0) -> Iterator[tuple[dict, Optional[bytes]]]:
+    """Send ``request`` (a speak object) and yield its events up to its ``done`` or ``error``."""
+    c = Client(path, timeout_s)
+    try:
+        c.send(request)
+        for ev, payload in c.events():
+            yield ev, payload
+            if ev.get("type") in ("done", "error"):
+                return
+    finally:
+        c.close()
+
+
+def _human(ev: dict) -> str:
+    t = ev.get("type")
+    if t == "accepted":
+        return f"accepted  {ev['id']} on {ev['channel']}, queue position {ev['queue_position']}"
+    if t == "started":
+        return f"started   {ev['id']}"
+    if t == "done":
+        s = (f"done      {ev['id']}: TTFB {ev['ttfb_ms']:.0f} ms, RTF {ev['rtf']:.3f} "
+             f"({ev['audio_s']:.2f} s of audio, {ev['steps']} steps at {ev['steps_per_s']:.1f}/s), "
+             f"seed {ev.get('seed')}, -> {ev.get('output')}")
+        if ev.get("unspeakable"):
+            s += f"\n          could not speak: {' '.join(ev['unspeakable'])}"
+        return s
+    return json.dumps(ev, ensure_ascii=False)
+
+
+def cli_main(args: Any) -> int:
+    """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority, wav,
+    timeout, json); returns the exit status (see the module docstring)."""
+    try:
+        path = socket_path(args.config, args.socket)
+    except ApplianceError as e:
+        print(f"say: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    req: dict = {"type": "speak", "text": args.text, "priority": args.priority}
+    for k in ("channel", "voice", "seed"):
+        if getattr(args, k, None) is not None:
+            req[k] = getattr(args, k)
+    if args.wav:
+        req["return_audio"] = True
+    pcm: list[bytes] = []
+    fmt, rate = "float32", 24000
+    t0 = time.monotonic()
+    try:
+        for ev, payload in speak(path, req, args.timeout):
+            t = ev.get("type")
+            if t == "audio":
+                pcm.append(payload or b"")
+                fmt, rate = ev.get("format", fmt), int(ev.get("rate", rate))
+                continue
+            if args.json:
+                print(json.dumps(ev, ensure_ascii=False), flush=True)
+            elif t != "error":
+                print(_human(ev), flush=True)
+            if t == "error":
+                print(f"say: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+                return EXIT_ERROR
+            if t == "done":
+                if args.wav:
+                    _write_wav(args.wav, b"".join(pcm), fmt, rate)
+                    if not args.json:
+                        print(f"wrote {args.wav}", flush=True)
+                return EXIT_DONE
+    except Unreachable as e:
+        print(f"say: the daemon is not reachable: {e}.\n"
+              f"Start it with `chattts-appliance serve --config config.yaml` "
+              f"(or `systemctl start chattts-appliance`), or pass --socket / --config.", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except socket.timeout:
+        print(f"say: no 'done' within {args.timeout:.0f} s (--timeout)", file=sys.stderr)
+        return EXIT_ERROR
+    except (ConnectionError, OSError, ValueError) as e:
+        print(f"say: connection to {path} failed: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"say: the daemon closed the connection after {time.monotonic() - t0:.1f} s without 'done'", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _write_wav(path: str, data: bytes, fmt: str, rate: int) -> None:
+    import numpy as np
+    from .wavout import write_wav
+    pcm = np.frombuffer(data, dtype="<f4" if fmt == "float32" else "<i2")
+    if fmt != "float32":
+        pcm = pcm.astype(np.float32) / 32767.0
+    write_wav(path, pcm, rate)

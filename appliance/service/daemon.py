@@ -1,0 +1,329 @@
+"""The daemon: ``chattts-appliance serve --config config.yaml``.
+
+Start-up order: :func:`~appliance.config.load_config` (every key validated before anything
+heavy) -> ``Pipeline.from_config`` (weights, tokenizer) -> ``pipeline.warmup()`` (if
+``service.warmup``) -> audio outputs opened (:class:`~appliance.service.sound.AudioOutput`) ->
+worker thread started -> UNIX socket listening (an inherited systemd socket if there is one)
+-> ``on_ready``.
+
+Threads and how events flow::
+
+    main thread: asyncio loop            prepare thread          worker thread      audio threads
+    SocketServer reads a line
+      -> Daemon.handle_line
+         parse_line / limits / channel
+         await prepare(speak) ---------> Pipeline.prepare
+         Worker.submit -> sink(Accepted)
+                                                                 pipeline.run(job)
+         Connection.send <-- call_soon_threadsafe ------------- sink(Started / AudioChunk)
+                                                                 RequestAudio.write -> FIFO -> PortAudio
+         Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
+
+The loop never runs synthesis; the worker never touches a socket. ``Daemon.handle_line`` and
+``Daemon.handle_request`` are transport-neutral (an MQTT input calls them with its own sink).
+
+Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
+that never started go to ``on_unfinished`` (default: an ``error`` ``cancelled`` event each;
+a spool can take them instead) -> the running request finishes and plays out (drain) -> audio
+streams closed -> connections flushed and closed -> socket file removed -> exit status 0.
+A second signal while draining cancels the running request.
+
+systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
+
+* ``on_loading(text)`` – during start-up stages (send ``EXTEND_TIMEOUT_USEC`` + ``STATUS=``).
+* ``on_ready()`` – after warm-up, once the socket accepts (``READY=1``).
+* ``on_status(StatusReply)`` – at ready, after every finished request, at stop (``STATUS=``).
+* ``on_heartbeat()`` – from the worker thread, at least every ``heartbeat_s`` while it is
+  healthy; a hung synthesis stops it (``WATCHDOG=1``).
+* ``on_reload()`` – SIGHUP received (``RELOADING=1``; config reload itself is not done here yet).
+* ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
+* ``on_unfinished(items)`` – queued requests left at stop (spool them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..config import Config, load_config
+from ..errors import ApplianceError, BusyError, CancelledError, RequestError, TextError, UnknownChannelError
+from .protocol import (Cancel, ErrorEvent, HealthRequest, Speak, StatusReply, StatusRequest, error_event,
+                       parse_line)
+from .socket_server import SocketServer, inherited_socket, listen_socket
+from .sound import AudioOutput
+from .worker import EventSink, Item, Worker
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+"""Worker heartbeat period, s (systemd's WatchdogSec should be several times this)."""
+
+DRAIN_TIMEOUT_S = 600.0
+"""Longest wait for the running request to finish and play out at stop, s."""
+
+
+@dataclass
+class Hooks:
+    """Callbacks for systemd notify and spooling (see the module docstring for when each fires)."""
+
+    on_loading: Optional[Callable[[str], None]] = None
+    on_ready: Optional[Callable[[], None]] = None
+    on_status: Optional[Callable[[StatusReply], None]] = None
+    on_heartbeat: Optional[Callable[[], None]] = None
+    on_reload: Optional[Callable[[], None]] = None
+    on_stopping: Optional[Callable[[], None]] = None
+    on_unfinished: Optional[Callable[[list], None]] = None
+
+
+class _StopDuringStart(Exception):
+    pass
+
+
+def _call(hook: Optional[Callable], *args: Any) -> None:
+    if hook is not None:
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook %s failed", getattr(hook, "__name__", hook))
+
+
+class Daemon:
+    """The service: pipeline + audio + worker + socket.
+
+    Args:
+        cfg: validated configuration.
+        hooks: systemd / spool callbacks.
+        pipeline_factory: ``cfg -> pipeline`` (default ``Pipeline.from_config``); the pipeline
+            needs ``prepare(speak)``, ``run(job, cancel)``, ``warmup()`` and ``info.backend``.
+    """
+
+    def __init__(self, cfg: Config, hooks: Optional[Hooks] = None,
+                 pipeline_factory: Optional[Callable[[Config], Any]] = None) -> None:
+        self.cfg = cfg
+        self.hooks = hooks or Hooks()
+        self.pipeline_factory = pipeline_factory
+        self.state = "starting"
+        self.pipeline: Any = None
+        self.audio = AudioOutput(cfg)
+        self.worker: Optional[Worker] = None
+        self.server: Optional[SocketServer] = None
+        self.channels = [c.name for c in cfg.service.channels]
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stop: Optional[asyncio.Event] = None
+        self._signals = 0
+        self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
+        self._socket_path: Optional[Path] = None
+
+    # ------------------------------------------------------------------ life cycle
+
+    def run(self) -> int:
+        """Load, warm up, serve until SIGTERM/SIGINT, drain; returns the exit status (0).
+
+        Raises:
+            ApplianceError: start-up failed (bad checkpoint, socket in use, ...).
+        """
+        def early_stop(signum, frame):
+            raise _StopDuringStart(signal.Signals(signum).name)
+        prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._load()
+        except _StopDuringStart as e:
+            log.info("%s during start-up; exiting", e)
+            return 0
+        finally:
+            for s, h in prev.items():
+                signal.signal(s, h)
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._prep.shutdown(wait=False)
+        log.info("stopped")
+        return 0
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        _call(self.hooks.on_loading, "loading the model")
+        if self.pipeline_factory is not None:
+            self.pipeline = self.pipeline_factory(self.cfg)
+        else:
+            from ..tts.pipeline import Pipeline
+            self.pipeline = Pipeline.from_config(self.cfg)
+        info = getattr(self.pipeline, "info", None)
+        log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, getattr(info, "backend", "?"))
+        if self.cfg.service.warmup:
+            _call(self.hooks.on_loading, "warming up")
+            t1 = time.monotonic()
+            self.pipeline.warmup()
+            log.info("warm-up took %.1f s", time.monotonic() - t1)
+        _call(self.hooks.on_loading, "opening audio outputs")
+        self.audio.start()
+        self.worker = Worker(
+            self.pipeline, self.audio,
+            queue_len={c.name: c.queue_len for c in self.cfg.service.channels},
+            heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
+        )
+        self.worker.start()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop = asyncio.Event()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(s, self.request_stop, s)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        sock = inherited_socket()
+        if sock is None:
+            self._socket_path = self.cfg.resolve(self.cfg.service.socket)
+            sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
+        self.server = SocketServer(sock, self.handle_line, self.cfg.service.max_line_bytes)
+        await self.server.start()
+        self.state = "ready"
+        log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
+        _call(self.hooks.on_ready)
+        _call(self.hooks.on_status, self.status())
+        await self._stop.wait()
+        await self._shutdown()
+
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """Begin the drain-and-exit sequence (signal handler; loop thread)."""
+        self._signals += 1
+        if self._signals == 1:
+            log.info("%s: stopping (finishing the running request)", signal.Signals(signum).name)
+            self.state = "stopping"
+            _call(self.hooks.on_stopping)
+            if self._stop is not None:
+                self._stop.set()
+        elif self.worker is not None:
+            cur = self.worker.status()
+            ids = [c["active"] for c in cur.values() if c["active"]]
+            log.warning("second %s: cancelling %s", signal.Signals(signum).name, ", ".join(ids) or "nothing")
+            for i in ids:
+                self.worker.cancel(request_id=i)
+
+    def _on_sighup(self) -> None:
+        log.info("SIGHUP: config reload is not implemented yet; restart the service to apply changes")
+        _call(self.hooks.on_reload)
+
+    async def _shutdown(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self.server is not None and self.worker is not None
+        self.server.stop_accepting()
+        left = await loop.run_in_executor(None, self.worker.stop)
+        if left:
+            if self.hooks.on_unfinished is not None:
+                _call(self.hooks.on_unfinished, left)
+            else:
+                for it in left:
+                    it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
+                                       message=f"request {it.id} was not started: the daemon is stopping; send it again"), None)
+                log.info("dropped %d queued request(s) at stop", len(left))
+        if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
+            log.warning("drain timed out after %.0f s", DRAIN_TIMEOUT_S)
+        await loop.run_in_executor(None, self.audio.close)
+        _call(self.hooks.on_status, self.status())
+        await self.server.close()
+        if self._socket_path is not None:
+            try:
+                self._socket_path.unlink()
+            except OSError:
+                pass
+
+    def _on_finished(self, item: Item, event: Any) -> None:
+        _call(self.hooks.on_status, self.status())
+
+    # ------------------------------------------------------------------ requests
+
+    async def handle_line(self, line: bytes, sink: EventSink) -> None:
+        """Handle one request line from any transport; every failure becomes an ``error`` event."""
+        try:
+            req = parse_line(line, self.cfg.service.max_line_bytes)
+        except ApplianceError as e:
+            log.info("bad request line: %s", e)
+            sink(error_event(e), None)
+            return
+        await self.handle_request(req, sink)
+
+    async def handle_request(self, req: Any, sink: EventSink) -> None:
+        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest)."""
+        rid = getattr(req, "id", None)
+        try:
+            if isinstance(req, Speak):
+                await self._speak(req, sink)
+            elif isinstance(req, StatusRequest):
+                sink(self.status(), None)
+            elif isinstance(req, Cancel):
+                self._cancel(req, sink)
+            elif isinstance(req, HealthRequest):
+                raise RequestError("health requests are not served by the daemon yet; run `chattts-appliance health`")
+            else:
+                raise RequestError(f"unsupported request {type(req).__name__}")
+        except ApplianceError as e:
+            log.info("request %s refused: %s (%s)", rid or "-", e.code, e)
+            sink(error_event(e, rid), None)
+        except Exception as e:
+            log.exception("request %s failed", rid or "-")
+            sink(error_event(e, rid), None)
+
+    async def _speak(self, req: Speak, sink: EventSink) -> None:
+        if self.state != "ready" or self.worker is None:
+            raise BusyError(f"the daemon is {self.state}; send the request again later")
+        n = len(req.text)
+        limit = self.cfg.service.max_text_chars
+        if n > limit:
+            raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
+        if not req.text.strip():
+            raise TextError("text is empty; send something to say")
+        channel = req.channel if req.channel is not None else self.channels[0]
+        if channel not in self.channels:
+            raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
+        loop = asyncio.get_running_loop()
+        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req)
+        self.worker.submit(Item(speak=req, job=job, channel=channel, sink=sink))
+
+    def _cancel(self, req: Cancel, sink: EventSink) -> None:
+        assert self.worker is not None
+        if req.channel is not None and req.channel not in self.channels:
+            raise UnknownChannelError(f"unknown channel {req.channel!r}; configured channels: {', '.join(self.channels)}")
+        items = self.worker.cancel(request_id=req.id, channel=req.channel)
+        if not items:
+            what = f"has id {req.id!r}" if req.id is not None else f"is on channel {req.channel!r}"
+            raise RequestError(f"nothing to cancel: no queued, running or playing request {what}")
+        for it in items:   # the request's own client got its event; tell a different canceller too
+            if it.sink != sink:
+                sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id), None)
+
+    def status(self) -> StatusReply:
+        """Current :class:`StatusReply` (thread-safe)."""
+        chans = {}
+        wst = self.worker.status() if self.worker is not None else {}
+        for name in self.channels:
+            c = dict(wst.get(name, {"queued": 0, "active": None}))
+            c.update(self.audio.status(name))
+            chans[name] = c
+        info = getattr(self.pipeline, "info", None)
+        return StatusReply(
+            state=self.state, backend=getattr(info, "backend", "") or "", channels=chans,
+            last_rtf=self.worker.last_rtf if self.worker else None,
+            last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
+        )
+
+
+def build_hooks(cfg: Config) -> Hooks:
+    """The hooks ``serve`` runs with (systemd notify is wired here)."""
+    return Hooks()
+
+
+def cli_main(args: Any) -> int:
+    """``chattts-appliance serve --config PATH``: exit 0 after a clean stop, 2 on a start-up error."""
+    cfg = load_config(args.config)
+    log.info("config %s: model %s, backend %s, socket %s, audio %s",
+             os.path.abspath(args.config), cfg.resolve(cfg.model.path), cfg.model.backend,
+             cfg.resolve(cfg.service.socket), cfg.audio.output)
+    return Daemon(cfg, hooks=build_hooks(cfg)).run()

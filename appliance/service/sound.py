@@ -1,0 +1,569 @@
+"""Sound output: one long-lived PortAudio stream per device, WAV files otherwise.
+
+Data path per request (all PCM float32 mono)::
+
+    worker thread                      PortAudio callback thread        watcher thread
+    pcm [n] @ 24000 Hz
+      -> soxr.ResampleStream -> chunk @ device rate -> FIFO of chunks -> outdata
+                                                        (per device)     fires "played"
+                                                                         callbacks, logs
+                                                                         underruns, detects
+                                                                         a dead device
+
+* :class:`DeviceOutput` owns ONE ``sounddevice.OutputStream`` (callback mode) for one device,
+  opened at start and kept running (silence when idle). The FIFO holds numpy chunks tagged
+  with their request, so a cancel drops exactly that request's unplayed audio and two requests
+  never interleave (the worker writes one request at a time).
+* :class:`AudioOutput` decides where audio goes (``audio.output``: ``device``, ``wav`` or
+  ``auto`` = device if PortAudio lists an output device, else WAV; the log says which and why),
+  maps channels to devices (``channels[].device`` or ``audio.device``, matched as a
+  case-insensitive substring of the PortAudio name) and hands out one :class:`RequestAudio`
+  per request.
+* Resampling 24000 Hz -> device rate (``audio.sample_rate`` or the device's default rate) uses
+  ``soxr.ResampleStream`` (quality ``HQ``), one stream per request; its output does not depend
+  on how the PCM is chunked, so a test can resample the whole utterance in one go and compare.
+* An underrun (the FIFO runs dry while a request is still being synthesized) is counted and
+  logged, never fatal. A device that fails to open, stops calling back, or stops with an
+  error is logged and shown in :meth:`AudioOutput.status`; a request that was going to it
+  completes into a WAV file (``audio.on_device_error: wav``) holding its whole audio. The
+  device is re-opened (at most every :data:`REOPEN_INTERVAL_S`) when a later request begins.
+
+The ``sounddevice`` import is lazy: without PortAudio, ``auto`` means WAV.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import AudioDeviceError
+from .wavout import WavWriter, wav_path
+
+log = logging.getLogger(__name__)
+
+PIPELINE_RATE = 24000
+"""Rate of the PCM the pipeline produces, Hz."""
+
+REOPEN_INTERVAL_S = 5.0
+"""Seconds between attempts to re-open a failed device."""
+
+MAX_BUFFER_S = 60.0
+"""Audio (seconds) a device FIFO may hold before the writer waits (back-pressure)."""
+
+
+def _sounddevice():
+    """Import sounddevice; AudioDeviceError if PortAudio is missing."""
+    try:
+        import sounddevice
+    except (OSError, ImportError) as e:
+        raise AudioDeviceError(f"sounddevice/PortAudio is not usable ({e}); install libportaudio2 or set audio.output: wav") from e
+    return sounddevice
+
+
+def list_output_devices() -> list[dict]:
+    """PortAudio output devices as dicts (``index``, ``name``, ``default_samplerate``), [] without PortAudio."""
+    try:
+        sd = _sounddevice()
+        devs = sd.query_devices()
+    except Exception as e:  # PortAudio init failure is an OSError/PortAudioError
+        log.debug("cannot list sound devices: %s", e)
+        return []
+    return [dict(d, index=i) for i, d in enumerate(devs) if d.get("max_output_channels", 0) > 0]
+
+
+def find_output_device(query: Optional[str]) -> dict:
+    """The output device whose name contains ``query`` (case-insensitive); None = the default.
+
+    Raises:
+        AudioDeviceError: no PortAudio, no output device, or none matching (the message lists them).
+    """
+    sd = _sounddevice()
+    outs = list_output_devices()
+    if not outs:
+        raise AudioDeviceError("PortAudio lists no output device; set audio.output: wav or connect one")
+    if query is None:
+        try:
+            idx = sd.default.device[1]
+        except Exception:
+            idx = -1
+        for d in outs:
+            if d["index"] == idx:
+                return d
+        return outs[0]
+    q = query.lower()
+    for d in outs:
+        if q in d["name"].lower():
+            return d
+    names = ", ".join(repr(d["name"]) for d in outs)
+    raise AudioDeviceError(f"no output device matches {query!r}; output devices: {names}")
+
+
+class _Chunk:
+    __slots__ = ("owner", "data", "pos", "on_played")
+
+    def __init__(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]]):
+        self.owner, self.data, self.pos, self.on_played = owner, data, 0, on_played
+
+
+class DeviceOutput:
+    """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
+
+    Args:
+        query: device name substring (None = PortAudio's default output).
+        sample_rate: stream rate in Hz; None = the device's default rate.
+        latency_ms: requested output latency (PortAudio buffer), ms.
+
+    Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
+    thread; the PortAudio callback and a watcher thread run inside.
+    """
+
+    def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float) -> None:
+        self.query = query
+        self.want_rate = sample_rate
+        self.latency_s = latency_ms / 1000.0
+        self.name = query or "default"
+        self.rate: int = sample_rate or 0
+        self.ok = False
+        self.error: Optional[str] = "not opened"
+        self.underruns = 0          # FIFO ran dry while a request was mid-stream
+        self.xruns = 0              # PortAudio reported output underflow
+        self._logged_underruns = 0
+        self._lock = threading.Condition()
+        self._fifo: collections.deque[_Chunk] = collections.deque()
+        self._buffered = 0          # samples in the FIFO
+        self._streaming = 0         # requests begun but not finished writing
+        self._played: list[tuple[float, Callable[[], None]]] = []
+        self._last_cb = 0.0
+        self._stream = None
+        self._closing = False
+        self._last_open_attempt = 0.0
+        self._owners: dict[object, list] = {}   # owner -> [on_failure, streaming: False (not yet) / True / None (ended)]
+        self._watcher: Optional[threading.Thread] = None
+        self._stop_watcher = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Find the device, open and start the stream.
+
+        Raises:
+            AudioDeviceError: no such device, rate refused, PortAudio error (message says which).
+        """
+        self._last_open_attempt = time.monotonic()
+        try:
+            sd = _sounddevice()
+            dev = find_output_device(self.query)
+            rate = self.want_rate or int(dev["default_samplerate"])
+            try:
+                sd.check_output_settings(device=dev["index"], samplerate=rate, channels=1, dtype="float32")
+            except Exception as e:
+                hint = "audio.sample_rate" if self.want_rate else "the device default rate"
+                raise AudioDeviceError(f"device {dev['name']!r} refuses {rate} Hz float32 mono ({e}); change {hint}") from e
+            stream = sd.OutputStream(
+                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
+                latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
+            )
+            with self._lock:
+                self._last_cb = time.monotonic()
+                self._closing = False
+            stream.start()
+        except AudioDeviceError as e:
+            self.ok, self.error = False, str(e)
+            raise
+        except Exception as e:  # sounddevice.PortAudioError and friends
+            self.ok, self.error = False, f"{e.__class__.__name__}: {e}"
+            raise AudioDeviceError(f"cannot open sound device {self.query or 'default'!r}: {e}") from e
+        self._stream, self.rate, self.name = stream, rate, dev["name"]
+        self.ok, self.error = True, None
+        log.info("sound device %r open: %d Hz float32 mono, latency %.0f ms (asked %.0f ms)",
+                 self.name, rate, 1000 * stream.latency, 1000 * self.latency_s)
+        if self._watcher is None:
+            self._stop_watcher.clear()
+            self._watcher = threading.Thread(target=self._watch, name=f"sound-watch-{self.name}", daemon=True)
+            self._watcher.start()
+
+    def ensure_open(self) -> bool:
+        """True if the device is usable; re-opens a failed one at most every REOPEN_INTERVAL_S."""
+        if self.ok:
+            return True
+        if time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
+            return False
+        try:
+            self.open()
+            log.info("sound device %r is back", self.name)
+            return True
+        except AudioDeviceError as e:
+            log.warning("sound device still unusable: %s", e)
+            return False
+
+    def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Play what is queued (up to ``drain_timeout_s``), fire pending callbacks, close the stream."""
+        deadline = time.monotonic() + drain_timeout_s
+        with self._lock:
+            while self.ok and self._fifo and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+            self._closing = True
+        time.sleep(self.latency_s if self.ok else 0)
+        self._stop_watcher.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+            self._watcher = None
+        self._fire_played(force=True)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.stop()
+                stream.close()
+            except Exception as e:
+                log.warning("closing sound device %r: %s", self.name, e)
+        self.ok = False
+        self.error = "closed"
+
+    # ------------------------------------------------------------------ feeding
+
+    def begin(self, owner: object, on_failure: Callable[[str], None]) -> None:
+        """Register a request (underruns count from its first :meth:`enqueue` until :meth:`end`);
+        ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`."""
+        with self._lock:
+            self._owners[owner] = [on_failure, False]
+
+    def end(self, owner: object) -> None:
+        """The request wrote its last chunk (it stays registered for failures until played)."""
+        with self._lock:
+            entry = self._owners.get(owner)
+            if entry is not None and entry[1] is True:
+                self._streaming -= 1
+            if entry is not None:
+                entry[1] = None       # finished writing
+
+    def forget(self, owner: object) -> None:
+        """The request was played or aborted: no more failure notifications for it."""
+        self.end(owner)
+        with self._lock:
+            self._owners.pop(owner, None)
+
+    def enqueue(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]] = None) -> bool:
+        """Append float32 ``[n]`` samples at :attr:`rate`; ``on_played`` fires (watcher thread)
+        about one latency after the last sample left the FIFO. False if the device has failed."""
+        with self._lock:
+            if not self.ok:
+                return False
+            entry = self._owners.get(owner)
+            if entry is not None and entry[1] is False and len(data):
+                entry[1] = True       # first audio: from now on a dry FIFO is an underrun
+                self._streaming += 1
+            self._fifo.append(_Chunk(owner, np.ascontiguousarray(data, dtype=np.float32), on_played))
+            self._buffered += len(data)
+            return True
+
+    def wait_room(self, aborted: Callable[[], bool]) -> None:
+        """Block while more than MAX_BUFFER_S of audio is queued (returns early on abort/failure)."""
+        limit = int(MAX_BUFFER_S * max(self.rate, 1))
+        with self._lock:
+            while self.ok and self._buffered > limit and not aborted():
+                self._lock.wait(0.1)
+
+    def drop(self, owner: object) -> int:
+        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
+        with self._lock:
+            keep = collections.deque(c for c in self._fifo if c.owner is not owner)
+            dropped = sum(len(c.data) - c.pos for c in self._fifo if c.owner is owner)
+            self._fifo = keep
+            self._buffered -= dropped
+            return dropped
+
+    def status(self) -> dict:
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns, xruns, buffered_ms."""
+        return {
+            "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
+            "underruns": self.underruns, "xruns": self.xruns,
+            "buffered_ms": round(1000.0 * self._buffered / self.rate, 1) if self.rate else 0.0,
+        }
+
+    # ------------------------------------------------------------------ threads
+
+    def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
+        out = outdata[:, 0]
+        n = 0
+        now = time.monotonic()
+        with self._lock:
+            self._last_cb = now
+            if status.output_underflow:
+                self.xruns += 1
+            fifo = self._fifo
+            while n < frames and fifo:
+                c = fifo[0]
+                take = min(frames - n, len(c.data) - c.pos)
+                out[n:n + take] = c.data[c.pos:c.pos + take]
+                c.pos += take
+                n += take
+                if c.pos == len(c.data):
+                    fifo.popleft()
+                    if c.on_played is not None:
+                        self._played.append((now + self.latency_s, c.on_played))
+            self._buffered -= n
+            if n < frames and self._streaming > 0:
+                self.underruns += 1
+            if n:
+                self._lock.notify_all()
+        if n < frames:
+            out[n:] = 0.0
+
+    def _finished(self) -> None:  # PortAudio thread, stream became inactive
+        with self._lock:
+            closing = self._closing
+        if not closing:
+            self._fail("the output stream stopped unexpectedly")
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if not self.ok:
+                return
+            self.ok, self.error = False, reason
+            self._fifo.clear()
+            self._buffered = 0
+            self._played.clear()
+            listeners = [entry[0] for entry in self._owners.values()]
+            self._owners.clear()
+            self._streaming = 0
+            self._lock.notify_all()
+        log.error("sound device %r failed: %s; requests go to WAV until it is back", self.name, reason)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.abort()
+                stream.close()
+            except Exception:
+                pass
+        for cb in listeners:
+            try:
+                cb(reason)
+            except Exception:
+                log.exception("device-failure listener")
+
+    def _fire_played(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [cb for t, cb in self._played if force or t <= now]
+            self._played = [(t, cb) for t, cb in self._played if not (force or t <= now)]
+        for cb in due:
+            try:
+                cb()
+            except Exception:
+                log.exception("played callback")
+
+    def _watch(self) -> None:
+        stall_s = max(2.0, 10 * self.latency_s)
+        while not self._stop_watcher.wait(0.02):
+            self._fire_played()
+            if self.underruns != self._logged_underruns:
+                log.warning("sound device %r: %d underrun(s) so far (synthesis slower than playback)",
+                            self.name, self.underruns)
+                self._logged_underruns = self.underruns
+            with self._lock:
+                stalled = self.ok and not self._closing and time.monotonic() - self._last_cb > stall_s
+            if stalled:
+                self._fail(f"no audio callback for {stall_s:.1f} s")
+
+
+class RequestAudio:
+    """Where one request's PCM goes: a device (with WAV fallback) or a WAV file.
+
+    :meth:`write` takes float32 ``[n]`` at 24000 Hz from the worker thread; :meth:`finish`
+    calls ``on_done(output)`` once the audio has been played (``device:<name>``) or written
+    (the WAV path), from another thread; :meth:`abort` drops what is unplayed (cancel).
+    """
+
+    def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput]) -> None:
+        self.request_id = request_id
+        self.wav_file = wav_file
+        self.device = device
+        self._lock = threading.Lock()
+        self._pcm: list[np.ndarray] = []       # whole 24 kHz PCM, kept for the WAV fallback
+        self._wav: Optional[WavWriter] = None
+        self._rs = None
+        self._aborted = False
+        self._on_done: Optional[Callable[[str], None]] = None
+        self.output = ""
+        if device is not None:
+            if device.rate != PIPELINE_RATE:
+                import soxr
+                self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
+            device.begin(self, self._device_failed)
+            self.output = f"device:{device.name}"
+        else:
+            self._wav = WavWriter(wav_file, PIPELINE_RATE)
+            self.output = str(wav_file)
+
+    def write(self, pcm: np.ndarray) -> None:
+        """Queue float32 ``[n]`` samples at 24000 Hz (blocks only under back-pressure)."""
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        with self._lock:
+            if self._aborted:
+                return
+            if self._wav is not None:
+                self._wav.write(pcm)
+                return
+            self._pcm.append(pcm)
+            dev = self.device
+        out = self._rs.resample_chunk(pcm) if self._rs is not None else pcm
+        if len(out):
+            dev.wait_room(lambda: self._aborted)
+            dev.enqueue(self, out)
+
+    def finish(self, on_done: Callable[[str], None]) -> None:
+        """No more PCM; ``on_done(output)`` fires when it has been played or written."""
+        with self._lock:
+            if self._aborted:
+                return
+            if self._wav is not None:
+                path = str(self._wav.close())
+                self.output = path
+                fire = True
+            else:
+                self._on_done = on_done
+                dev = self.device
+                fire = False
+        if fire:
+            on_done(path)
+            return
+        tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True) if self._rs is not None else np.zeros(0, np.float32)
+        played = dev.enqueue(self, tail, on_played=self._played)
+        dev.end(self)
+        if not played:  # the device failed in between: the fallback fired or fires on_done
+            self._device_failed(dev.error or "device failed")
+
+    def abort(self) -> None:
+        """Drop unplayed audio and any partial WAV; ``on_done`` will not fire."""
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = True
+            wav, self._wav = self._wav, None
+        if self.device is not None:
+            self.device.drop(self)
+            self.device.forget(self)
+        if wav is not None:
+            wav.close()
+            try:
+                self.wav_file.unlink()
+            except OSError:
+                pass
+
+    def _played(self) -> None:
+        self.device.forget(self)
+        with self._lock:
+            cb, self._on_done = self._on_done, None
+            aborted = self._aborted
+        if cb is not None and not aborted:
+            cb(self.output)
+
+    def _device_failed(self, reason: str) -> None:
+        """Switch to WAV: everything so far goes into the file; on_done fires now if finished."""
+        with self._lock:
+            if self._aborted or self._wav is not None or (self.output and not self.output.startswith("device:")):
+                return
+            log.warning("request %s: sound device failed (%s); completing it to %s", self.request_id, reason, self.wav_file)
+            try:
+                self._wav = WavWriter(self.wav_file, PIPELINE_RATE)
+                for p in self._pcm:
+                    self._wav.write(p)
+            except AudioDeviceError as e:
+                log.error("request %s: WAV fallback failed too: %s", self.request_id, e)
+            self._pcm = []
+            self.output = str(self.wav_file)
+            cb, self._on_done = self._on_done, None
+            if cb is not None and self._wav is not None:
+                self._wav.close()
+        if cb is not None:
+            cb(self.output)
+
+
+class AudioOutput:
+    """Routes requests to sound devices or WAV files (see the module docstring).
+
+    Args:
+        cfg: the :class:`~appliance.config.Config` (``audio`` and ``service.channels``).
+    """
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.wav_dir = cfg.resolve(cfg.audio.wav_dir)
+        self.mode = "wav"
+        self.reason = ""
+        self.devices: dict[Optional[str], DeviceOutput] = {}
+
+    def _device_query(self, channel: str) -> Optional[str]:
+        for ch in self.cfg.service.channels:
+            if ch.name == channel:
+                return ch.device if ch.device is not None else self.cfg.audio.device
+        return self.cfg.audio.device
+
+    def start(self) -> None:
+        """Pick the mode and open the devices of all channels (failures are logged, not raised)."""
+        a = self.cfg.audio
+        if a.output == "wav":
+            self.mode, self.reason = "wav", "audio.output is wav"
+        elif a.output == "device":
+            self.mode, self.reason = "device", "audio.output is device"
+        else:
+            outs = list_output_devices()
+            if outs:
+                self.mode = "device"
+                self.reason = f"audio.output is auto and PortAudio lists {len(outs)} output device(s): " + \
+                    ", ".join(repr(d["name"]) for d in outs[:5])
+            else:
+                self.mode = "wav"
+                self.reason = "audio.output is auto and PortAudio lists no output device"
+        if self.mode == "wav":
+            log.info("audio: writing one WAV file per request to %s (%s)", self.wav_dir, self.reason)
+            return
+        log.info("audio: playing on sound devices (%s)", self.reason)
+        for ch in self.cfg.service.channels:
+            q = self._device_query(ch.name)
+            if q in self.devices:
+                continue
+            dev = DeviceOutput(q, a.sample_rate, a.latency_ms)
+            self.devices[q] = dev
+            try:
+                dev.open()
+            except AudioDeviceError as e:
+                log.error("audio: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
+        if a.on_device_error == "wait":
+            log.warning("audio.on_device_error: wait is not implemented yet; a failed device completes requests to WAV")
+
+    def open(self, request_id: str, channel: str) -> RequestAudio:
+        """A :class:`RequestAudio` for one request on ``channel``.
+
+        Raises:
+            AudioDeviceError: the WAV file cannot be created either.
+        """
+        wav = wav_path(self.wav_dir, request_id)
+        if self.mode == "device":
+            dev = self.devices.get(self._device_query(channel))
+            if dev is not None and dev.ensure_open():
+                return RequestAudio(request_id, wav, dev)
+            log.warning("request %s: sound device unusable (%s); writing %s",
+                        request_id, dev.error if dev else "no device", wav)
+        return RequestAudio(request_id, wav, None)
+
+    def status(self, channel: str) -> dict:
+        """Output state of ``channel`` for StatusReply: ``output`` (device/wav) + device fields."""
+        if self.mode == "wav":
+            return {"output": "wav", "wav_dir": str(self.wav_dir)}
+        dev = self.devices.get(self._device_query(channel))
+        st = {"output": "device" if dev is not None and dev.ok else "wav (device failed)"}
+        if dev is not None:
+            st.update(dev.status())
+        return st
+
+    def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Drain and close every device stream."""
+        for dev in self.devices.values():
+            dev.close(drain_timeout_s)
