@@ -105,6 +105,16 @@ class Tokenizer:
         """
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids and their character spans in ``text``.
+
+        Returns:
+            ``(ids int64[T], offsets int64[T, 2])`` with ``text[a:b]`` the source of each token.
+        """
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return (np.asarray(enc.ids, dtype=np.int64),
+                np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2))
+
     def decode(self, ids: Union[Sequence[int], np.ndarray], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (WordPiece joining; CJK characters come back space-separated)."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,153 @@
+"""Sentence splitting that respects the engine's prompt length in tokens.
+
+Each piece becomes one GPT generation with the prompt ``[Stts][spk_emb]{prompt}{piece}[Ptts]``
+(:meth:`appliance.tts.tokenizer.Tokenizer.code_prompt`); the whole prompt, counted with the real
+tokenizer, must fit ``cfg.model.max_prompt_tokens``. Order of cuts:
+
+1. after sentence ends (``。！？.!?`` runs, and line breaks): every sentence is its own piece
+   (a sentence is the natural unit of prosody; merging many would also risk hitting
+   ``synthesis.max_new_tokens`` in one generation);
+2. a sentence over the limit is cut after clause marks (``，,；;：:、``) and its clauses are
+   packed greedily up to the limit;
+3. a clause still over the limit is cut at token boundaries (preferring the start of a word).
+
+Pieces are contiguous slices of the input with surrounding whitespace removed, so joining
+them gives the input back minus whitespace: nothing is lost or repeated. A piece with nothing
+to say (only punctuation or control tokens) is attached to its neighbour.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from appliance.errors import TextError
+from appliance.tts.tokens import TOKEN_RE
+
+log = logging.getLogger(__name__)
+
+_SENT_END_RE = re.compile(r"(?<=[。！？.!?\n])(?![。！？.!?\n”’\"')）])")
+_CLAUSE_RE = re.compile(r"(?<=[，,；;：:、])(?![，,；;：:、])")
+
+
+def _speakable(piece: str) -> bool:
+    rest = TOKEN_RE.sub("", piece)
+    return any(c.isalnum() for c in rest)
+
+
+def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = "",
+               with_speaker: bool = True) -> list[str]:
+    """Cut normalized ``text`` into pieces whose code prompt fits ``max_prompt_tokens``.
+
+    Args:
+        text: normalized text (:class:`appliance.tts.normalize.Normalizer` output).
+        tokenizer: :class:`appliance.tts.tokenizer.Tokenizer` of the checkpoint.
+        max_prompt_tokens: ``cfg.model.max_prompt_tokens``.
+        prompt: control tokens put before every piece (``synthesis.prompt``).
+        with_speaker: whether the prompt holds ``[spk_emb]`` (else ``[empty_spk]``).
+
+    Returns:
+        non-empty pieces, in order.
+
+    Raises:
+        TextError: the text has nothing to split, or the prompt alone leaves no room for text.
+    """
+    budget_total = max_prompt_tokens
+
+    def n_tokens(piece: str) -> int:
+        return int(tokenizer.code_prompt(piece, with_speaker=with_speaker, prompt=prompt).size)
+
+    overhead = n_tokens("")
+    if overhead >= budget_total:
+        raise TextError(f"the prompt {prompt!r} alone is {overhead} tokens, leaving no room for text within "
+                        f"model.max_prompt_tokens={max_prompt_tokens}; shorten synthesis.prompt")
+    pieces: list[str] = []
+    for sent in _cut(text, _SENT_END_RE):
+        if n_tokens(sent) <= budget_total:
+            pieces.append(sent)
+            continue
+        packed = _pack(_cut(sent, _CLAUSE_RE), n_tokens, budget_total)
+        for c in packed:
+            if n_tokens(c) <= budget_total:
+                pieces.append(c)
+            else:
+                pieces.extend(_hard_split(c, tokenizer, budget_total - overhead, n_tokens, budget_total))
+    pieces = _attach_silent(pieces, n_tokens, budget_total)
+    if not pieces:
+        raise TextError("nothing to speak after splitting the text")
+    if len(pieces) > 1:
+        log.debug("split %d characters into %d pieces", len(text), len(pieces))
+    return pieces
+
+
+def _cut(text: str, boundary: re.Pattern) -> list[str]:
+    """Contiguous slices at ``boundary``, stripped, empty ones dropped."""
+    return [p.strip() for p in boundary.split(text) if p.strip()]
+
+
+def _join(a: str, b: str) -> str:
+    """Join two adjacent pieces; a space only between two Latin/digit characters."""
+    if a and b and a[-1].isascii() and a[-1].isalnum() and b[0].isascii() and b[0].isalnum():
+        return a + " " + b
+    if a and b and a[-1] in ",.;:" and b[0].isascii() and b[0].isalnum():
+        return a + " " + b
+    return a + b
+
+
+def _pack(parts: list[str], n_tokens, limit: int) -> list[str]:
+    out: list[str] = []
+    for p in parts:
+        if out and n_tokens(_join(out[-1], p)) <= limit:
+            out[-1] = _join(out[-1], p)
+        else:
+            out.append(p)
+    return out
+
+
+def _hard_split(clause: str, tokenizer, room: int, n_tokens, limit: int) -> list[str]:
+    """Cut ``clause`` at token starts so each part's prompt fits ``limit`` (``room`` text tokens)."""
+    out: list[str] = []
+    rest = clause
+    while rest and n_tokens(rest) > limit:
+        _, offs = tokenizer.encode_with_offsets(rest)
+        t = max(1, min(room, len(offs) - 1))
+        # prefer a word start: after whitespace/punctuation, or a CJK character / control token
+        for u in range(t, max(t // 2, 1) - 1, -1):
+            a = int(offs[u][0])
+            if rest[a - 1].isspace() or not rest[a - 1].isalnum() or not rest[a].isascii() or rest[a] == "[":
+                t = u
+                break
+        a = int(offs[t][0])
+        # re-tokenizing a cut word can add tokens: step back until the head fits
+        while t > 1 and n_tokens(rest[:a]) > limit:
+            t -= 1
+            a = int(offs[t][0])
+        head, rest = rest[:a].strip(), rest[a:].strip()
+        if head:
+            out.append(head)
+    if rest:
+        out.append(rest)
+    return out
+
+
+def _attach_silent(pieces: list[str], n_tokens, limit: int) -> list[str]:
+    """Attach pieces with nothing to say (punctuation, control tokens) to a neighbour: the
+    previous one when it fits, else the next one."""
+    out: list[str] = []
+    carry = ""
+    for p in pieces:
+        if carry:
+            if n_tokens(_join(carry, p)) <= limit:
+                p = _join(carry, p)
+            else:
+                out.append(carry)
+            carry = ""
+        if not _speakable(p) and out and n_tokens(_join(out[-1], p)) <= limit:
+            out[-1] = _join(out[-1], p)
+        elif not _speakable(p):
+            carry = p
+        else:
+            out.append(p)
+    if carry:
+        out.append(carry)
+    return out
