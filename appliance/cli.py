@@ -77,11 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"))
+    ex.add_argument("--window-tokens", type=int, default=None,
+                    help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")
     b.add_argument("--config", default="config.yaml")
     b.add_argument("--dir", default=None, help="engine dir (default: model.engine_dir)")
     b.add_argument("--precision", default="fp16", choices=("fp16", "int8", "fp8"))
     b.add_argument("--target", default=None, help="compute capability to build for, e.g. 8.7 (default: this GPU)")
+    b.add_argument("--workspace-mib", type=int, default=None,
+                   help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
+    b.add_argument("--graphs", default=None, help="comma-separated subset: gpt_prefill,gpt_decode,decoder,vocos")
     return p
 
 

@@ -174,7 +174,10 @@ def _logger_class() -> type:
         def log(self, severity: Any, msg: str) -> None:  # noqa: D102 (TensorRT callback)
             name = getattr(severity, "name", str(severity))
             self.lines.append((name, msg))
-            if name in ("ERROR", "INTERNAL_ERROR"):
+            if name in ("ERROR", "INTERNAL_ERROR") and "cudaError 35" in msg:
+                # TensorRT-RTX probing for a GPU on a machine without one: harmless for building
+                log.debug("tensorrt (no GPU here): %s", msg)
+            elif name in ("ERROR", "INTERNAL_ERROR"):
                 log.error("tensorrt: %s", msg)
             elif name == "WARNING":
                 log.debug("tensorrt: %s", msg)

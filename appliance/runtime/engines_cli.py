@@ -1,0 +1,101 @@
+"""``chattts-appliance engines export`` and ``engines build``.
+
+``export``: checkpoint -> ``<engine_dir>/onnx/<precision>/`` (needs torch; see
+:mod:`appliance.model.export`). ``build``: ``<engine_dir>/onnx/fp16/`` -> TensorRT plans in
+``<engine_dir>/trt/<precision>/`` (:mod:`appliance.runtime.trt_build`). Both show progress
+(a tqdm bar per graph; builder phases as its postfix) and print where the results went and
+the memory the builder reported.
+
+Defaults come from the config (``--config``, default ``config.yaml``; built-in defaults when
+that file does not exist): checkpoint ``model.path``, output ``model.engine_dir``, limits
+``model.max_batch`` / ``max_seq_len`` / ``max_prompt_tokens``, workspace
+``min(1024, service.memory_budget_mb)`` MiB.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from ..config import Config, load_config
+
+log = logging.getLogger(__name__)
+
+
+def _config(path: str | None) -> Config:
+    if path and Path(path).is_file():
+        return load_config(path)
+    if path and path != "config.yaml":
+        return load_config(path)  # raises ConfigError naming the missing file
+    return load_config(None)
+
+
+def _bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, disable=None)
+
+
+def cli_export(args) -> int:
+    """Export the ONNX graphs; returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    from ..model.export import GRAPHS, WINDOW_TOKENS, export_all
+
+    cfg = _config(args.config)
+    mc = cfg.model
+    logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # the exporter's passes log every rewrite at INFO
+    ckpt = Path(args.checkpoint) if args.checkpoint else cfg.resolve(mc.path)
+    out = Path(args.out) if args.out else cfg.resolve(mc.engine_dir)
+    bar = _bar(len(GRAPHS), f"export {args.precision}")
+
+    def step(name: str) -> None:
+        if bar.n or getattr(step, "started", False):
+            bar.update(1)
+        step.started = True
+        bar.set_postfix_str(name)
+
+    try:
+        d = export_all(ckpt, out, precision=args.precision, max_batch=mc.max_batch, max_seq_len=mc.max_seq_len,
+                       max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1),
+                       window_tokens=getattr(args, "window_tokens", None) or WINDOW_TOKENS, progress=step)
+        bar.update(bar.total - bar.n)
+    finally:
+        bar.close()
+    print(f"exported {len(GRAPHS)} graphs to {d}")
+    return 0
+
+
+def cli_build(args) -> int:
+    """Build TensorRT plans; returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    from .trt_build import build_all
+
+    cfg = _config(args.config)
+    d = Path(args.dir) if args.dir else cfg.resolve(cfg.model.engine_dir)
+    ws = args.workspace_mib if getattr(args, "workspace_mib", None) else min(1024, cfg.service.memory_budget_mb)
+    graphs = tuple(g.strip() for g in args.graphs.split(",")) if getattr(args, "graphs", None) else None
+    bar = _bar(len(graphs) if graphs else 4, f"build {args.precision}")
+    seen: list[str] = []
+
+    def on_phase(graph: str, phase: str, i: int, n: int) -> None:
+        if graph not in seen:
+            if seen:
+                bar.update(1)
+            seen.append(graph)
+        bar.set_postfix_str(f"{graph}: {phase} {i}/{n}" if n else f"{graph}: {phase}")
+
+    try:
+        out = build_all(d, args.precision, target=args.target, workspace_mib=ws, graphs=graphs, progress=on_phase)
+        bar.update(bar.total - bar.n)
+    finally:
+        bar.close()
+    from . import manifest as mf
+
+    m = mf.read(out)
+    print(f"built {len(m['graphs'])} plans ({m['runtime']['name']} {m['runtime']['version']}, {args.precision}) in {out}")
+    for name, e in m["graphs"].items():
+        w, a = e.get("weights_bytes") or 0, e.get("activation_bytes") or 0
+        print(f"  {name:12s} weights {w / 2**20:8.1f} MiB  activations {a / 2**20:8.1f} MiB  plan {e['plan_bytes'] / 2**20:8.1f} MiB")
+    mem = m["memory"]
+    print(f"  {'total':12s} weights {mem['weights_bytes'] / 2**20:8.1f} MiB  activations {mem['activation_bytes'] / 2**20:8.1f} MiB"
+          f"  (budget service.memory_budget_mb = {cfg.service.memory_budget_mb} MiB, KV cache not included)")
+    return 0
