@@ -93,3 +93,15 @@ def test_length_limit(tok):
     tok.code_prompt("你" * 10, max_tokens=13)
     with pytest.raises(TextError, match="14 tokens.*limit of 13"):
         tok.code_prompt("你" * 11, max_tokens=13)
+
+
+def test_random_checkpoint_tokenizer(tiny_ckpt):
+    """The tokenizer `chattts-appliance model random` writes loads and builds upstream's prompt."""
+    t = Tokenizer.from_dir(tiny_ckpt)
+    ids = [t.id_of(c) for c in CONTROL_TOKENS]
+    assert ids == list(range(t.vocab_size - 50, t.vocab_size))
+    p = t.code_prompt("你好[uv_break]", prompt="[speed_5]")
+    assert p[:3].tolist() == [t.id_of("[Stts]"), t.spk_emb_id, t.id_of("[speed_5]")]
+    assert p[-2:].tolist() == [t.id_of("[uv_break]"), t.id_of("[Ptts]")]
+    assert t.unk_id not in p
+    assert t.unknown_chars("你好😀") == ["😀"]
