@@ -1,0 +1,119 @@
+"""systemd units: `systemd-analyze verify` on each (ExecStart pointed at a stub executable in a
+temp dir, since /opt/chattts-appliance does not exist here), the directives the appliance
+relies on, the ones that break CUDA, and the ExecStart command lines against the real CLI."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from appliance.cli import build_parser
+
+UNIT_DIR = Path(__file__).resolve().parent.parent / "systemd"
+UNITS = ["chattts-appliance.service", "chattts-appliance.socket", "chattts-appliance-health.service",
+         "chattts-appliance-health.timer"]
+INSTALLED_BIN = "/opt/chattts-appliance/venv/bin/chattts-appliance"
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def _units(path: Path) -> dict:
+    """Parse a unit file (repeated keys kept as lists)."""
+    out: dict = {}
+    section = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            out.setdefault(section, {})
+            continue
+        k, v = line.split("=", 1)
+        out[section].setdefault(k, []).append(v)
+    return out
+
+
+def _stage(tmp_path: Path, names=UNITS, edit=None) -> list:
+    """Copy units to tmp_path with ExecStart's binary replaced by an executable stub there."""
+    stub = tmp_path / "bin" / "chattts-appliance"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    out = []
+    for n in names:
+        text = (UNIT_DIR / n).read_text().replace(INSTALLED_BIN, str(stub))
+        if edit:
+            text = edit(n, text)
+        (tmp_path / n).write_text(text)
+        out.append(str(tmp_path / n))
+    return out
+
+
+def _verify(paths: list) -> subprocess.CompletedProcess:
+    return subprocess.run([ANALYZE, "verify", "--man=no", *paths], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
+def test_units_verify_clean(tmp_path):
+    r = _verify(_stage(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == "", r.stderr          # systemd-analyze prints warnings (unknown keys...) here
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
+def test_verify_would_catch_a_broken_unit(tmp_path):
+    def breaks(name, text):
+        return text.replace("Type=notify", "Type=notifyy").replace("WatchdogSec=30", "WatchdogSecs=30")
+
+    r = _verify(_stage(tmp_path, ["chattts-appliance.service"], breaks))
+    assert "notifyy" in r.stderr and "WatchdogSecs" in r.stderr
+    (tmp_path / "b").mkdir()
+    r = _verify(_stage(tmp_path / "b", ["chattts-appliance.service"], lambda n, t: t.replace("/bin/kill", "/bin/nokill")))
+    assert r.returncode != 0 and "nokill" in r.stderr
+
+
+def test_service_directives():
+    u = _units(UNIT_DIR / "chattts-appliance.service")
+    s = {k: v[-1] for k, v in u["Service"].items()}
+    assert s["Type"] == "notify" and s["NotifyAccess"] == "main"
+    assert int(s["WatchdogSec"]) >= 10 and s["Restart"] == "on-failure"
+    assert s["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert set(s["SupplementaryGroups"].split()) >= {"audio", "video"}
+    for d in ("RuntimeDirectory", "StateDirectory", "CacheDirectory"):
+        assert s[d] == "chattts-appliance"
+    assert 60 <= int(s["TimeoutStartSec"]) <= 600
+    forbidden = {"PrivateDevices", "MemoryDenyWriteExecute", "ProtectClock", "DeviceAllow", "DevicePolicy",
+                 "SystemCallFilter", "DynamicUser"}
+    for name in UNITS:
+        keys = {k for sec in _units(UNIT_DIR / name).values() for k in sec}
+        assert not keys & forbidden, (name, keys & forbidden)
+    assert u["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_socket_path_matches_config_default():
+    from appliance.config import ServiceConfig
+
+    sock = _units(UNIT_DIR / "chattts-appliance.socket")["Socket"]
+    assert sock["ListenStream"] == [ServiceConfig().socket]
+    assert sock["Service"] == ["chattts-appliance.service"]
+
+
+def test_timer_runs_the_health_service():
+    t = _units(UNIT_DIR / "chattts-appliance-health.timer")
+    assert t["Timer"]["Unit"] == ["chattts-appliance-health.service"]
+    h = _units(UNIT_DIR / "chattts-appliance-health.service")
+    assert h["Service"]["Type"] == ["oneshot"]
+
+
+@pytest.mark.parametrize("unit", ["chattts-appliance.service", "chattts-appliance-health.service"])
+def test_exec_start_parses_with_the_cli(unit):
+    argv = shlex.split(_units(UNIT_DIR / unit)["Service"]["ExecStart"][0])
+    assert argv[0] == INSTALLED_BIN
+    args = build_parser().parse_args(argv[1:])
+    assert args.config == "/etc/chattts-appliance/config.yaml"
+    if args.cmd == "health":
+        assert args.socket == "/run/chattts-appliance/appliance.sock" and args.json
