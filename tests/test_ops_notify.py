@@ -1,4 +1,4 @@
-"""sd_notify, watchdog, socket activation and logging set-up (appliance.service.notify).
+"""sd_notify, watchdog and logging set-up (appliance.service.notify).
 
 Real datagram sockets (tests/fixtures_ops.py), both transports where systemd-python is installed.
 """
@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 
 import pytest
@@ -141,44 +137,6 @@ def test_watchdog_disabled_without_env(monkeypatch):
     wd.start()
     assert wd._thread is None
     wd.stop()
-
-
-_CHILD = r"""
-import os, sys
-os.dup2(int(os.environ.pop("TEST_SRC_FD")), 3)    # where systemd puts the first socket
-os.environ["LISTEN_PID"] = str(os.getpid())
-from appliance.service.notify import listen_socket
-s = listen_socket()
-assert "LISTEN_FDS" not in os.environ
-conn, _ = s.accept()
-conn.sendall(b"hello from fd %d" % s.fileno())
-conn.close()
-"""
-
-
-def test_listen_socket_from_socket_activation():
-    d = tempfile.mkdtemp(prefix="sda", dir="/tmp")
-    path = os.path.join(d, "a.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-    fd = srv.fileno()
-    env = {**os.environ, "LISTEN_FDS": "1", "TEST_SRC_FD": str(fd)}
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD], env=env, pass_fds=(fd,))
-    try:
-        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        c.settimeout(20)
-        c.connect(path)
-        assert c.recv(100) == b"hello from fd 3"
-        assert proc.wait(20) == 0
-    finally:
-        proc.kill()
-        srv.close()
-
-
-def test_listen_socket_absent_or_other_pid():
-    assert notify.listen_socket({}) is None
-    assert notify.listen_socket({"LISTEN_PID": "1", "LISTEN_FDS": "1"}) is None
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 
 from appliance.config import ThrottleConfig, config_from_dict
 from appliance.service.telemetry import Reading, Trip, parse_tegrastats

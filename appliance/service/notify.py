@@ -1,7 +1,8 @@
-"""systemd integration: sd_notify messages, the watchdog, socket activation, journald logging.
+"""systemd integration: sd_notify messages, the watchdog, journald logging.
 
 Everything here is a no-op outside systemd (no ``$NOTIFY_SOCKET``, no ``$WATCHDOG_USEC``), so
-the daemon calls it unconditionally.
+the daemon calls it unconditionally. (Socket activation is
+:func:`appliance.service.socket_server.inherited_socket`.)
 
 **sd_notify transport: libsystemd when importable, else a stdlib sender.** ``systemd-python``
 (``systemd.daemon.notify`` -> ``sd_pid_notify_with_fds(3)``) is the reference implementation of
@@ -20,7 +21,6 @@ Public API used by the daemon (see each docstring):
   ``extend_timeout()``, ``send()``; :func:`format_status` builds the ``STATUS=`` text.
 * :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
   heartbeat (:meth:`Watchdog.beat`) is fresh.
-* :func:`listen_socket` – the listening socket handed over by ``chattts-appliance.socket``.
 * :func:`setup_logging` – journald (structured fields) under systemd, stderr otherwise;
   :func:`log_fields` builds the ``extra=`` mapping for per-request fields.
 """
@@ -303,28 +303,6 @@ class Watchdog:
         self.tick()
         while not self._stop.wait(period):
             self.tick()
-
-
-def listen_socket(environ: Optional[dict] = None) -> Optional[socket.socket]:
-    """The listening UNIX stream socket passed by socket activation (``chattts-appliance.socket``),
-    or None when the service was started without it.
-
-    Protocol (``sd_listen_fds(3)``): ``$LISTEN_PID`` equals our pid and ``$LISTEN_FDS`` >= 1;
-    the first fd is 3. The variables are removed from ``os.environ`` so children do not
-    inherit them. Implemented with the stdlib on purpose: it is the same 6 lines in libsystemd.
-    """
-    env = os.environ if environ is None else environ
-    pid, nfds = env.get("LISTEN_PID"), env.get("LISTEN_FDS")
-    if not pid or not nfds or pid != str(os.getpid()):
-        return None
-    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        env.pop(k, None)
-    if int(nfds) < 1:
-        return None
-    if int(nfds) > 1:
-        log.warning("socket activation passed %s fds; using the first (fd 3)", nfds)
-    os.set_inheritable(3, False)
-    return socket.socket(fileno=3)
 
 
 # ---------------------------------------------------------------------------- logging
