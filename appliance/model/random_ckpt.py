@@ -11,7 +11,7 @@ Weights come from ``numpy.random.default_rng(seed)`` (platform-independent): lin
 weights normal(0, 0.02) in the GPT, 1/sqrt(fan_in) in the convolutional parts, norms at 1,
 weight-norm heads with row norms g in [1.5, 2.5] so audio logits have a spread of a few units
 (codes are not degenerate). The tiny preset rounds every tensor to the float16 grid (stored as
-float32, the official dtype) so that goldens can carry its weights in half the bytes, exactly.
+float32, the official dtype) so that goldens can carry its weights in half the bytes, exactly (buffers stay exact).
 Random weights speak noise.
 """
 
@@ -38,6 +38,7 @@ TINY_BASE_VOCAB = 462
 
 # Common CJK characters for the tiny vocabulary (the first ones that fit are used).
 _COMMON_CJK = (
+    "今天气很好我们去公园散步吧你是谁这个声音测试一二三四五六七八九十零百千万点"  # config/health sentences first
     "的一是不了人我在有他这中大来上个国到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于"
     "起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明其"
     "种声全工己话儿者向情部正名定女问力机给等几很业最间新什打便位因重被走电四第门相次东政海口使教西再平真听世气信北少关并内加化由却"
@@ -45,7 +46,7 @@ _COMMON_CJK = (
     "利受光王果亲界及今京务制解各任至清物台象记边共风战干接它许八特觉望直服毛林题建南度统色字请交爱让认算论百吃义科怎元社术结六功指"
     "思非流每青管夫连远资队跟带花快条院变联言权往展该领传近留红治决周保达办运武半候七必城父强步完革深区即求品士转量空甚众技轻程告江"
     "语英基派满式李息写呢识极令黄德收脸钱党倒未持取设始版双历越史商千片容研像找友孩站广改议形委早房音火际则首单据导影失拿网香似斯专"
-    "石若兵弟谁校读志飞观争究包组造落视济喜离虽坐集编宝谈府拉黑且随格尽剑讲布杀微怕母调局根曾准团段终乐切级克精哪官示冷今天气很公园散步吧"
+    "石若兵弟谁校读志飞观争究包组造落视济喜离虽坐集编宝谈府拉黑且随格尽剑讲布杀微怕母调局根曾准团段终乐切级克精哪官示冷"
 )
 _CJK_PUNCT = "，。！？、：；“”‘’（）《》…—"
 
@@ -138,8 +139,9 @@ def gpt_config(s: ModelShapes, vocab_size: int) -> dict:
 
 
 def _hann(n: int) -> np.ndarray:
-    """Periodic Hann window (torch.hann_window default)."""
-    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float32)
+    """Periodic Hann window computed in float32 (within 6e-8 of torch.hann_window)."""
+    k = np.arange(n, dtype=np.float32)
+    return (np.float32(0.5) - np.float32(0.5) * np.cos(k * np.float32(2 * np.pi / n))).astype(np.float32)
 
 
 def _mel_fb(n_freq: int, n_mels: int, sr: int = 24000) -> np.ndarray:
@@ -153,6 +155,9 @@ def _mel_fb(n_freq: int, n_mels: int, sr: int = 24000) -> np.ndarray:
     down = -slopes[:, :-2] / diff[:-1]
     up = slopes[:, 2:] / diff[1:]
     return np.maximum(0.0, np.minimum(down, up)).astype(np.float32)
+
+
+_BUFFERS = ("window", "mel_scale.fb")
 
 
 class _Gen:
@@ -263,8 +268,8 @@ def write_random_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int =
     progress = bar.update if bar is not None else (lambda n: None)
     files = _tensors(s, rng, vocab_size, progress)
     for name, tensors in files.items():
-        if size == "tiny":
-            tensors = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
+        if size == "tiny":  # weights on the float16 grid; buffers (windows, mel filterbanks) exact
+            tensors = {k: v if k.endswith(_BUFFERS) else v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
         try:
             save_file(tensors, str(asset / name), metadata={"format": "pt"})
         except OSError as e:

@@ -60,9 +60,12 @@ class Vocos(nn.Module):
         return mag * torch.cos(phase), mag * torch.sin(phase)
 
 
-def reference_istft(real: torch.Tensor, imag: torch.Tensor, n_fft: int = 1024, hop: int = 256) -> torch.Tensor:
+def reference_istft(real: torch.Tensor, imag: torch.Tensor, n_fft: int = 1024, hop: int = 256,
+                    window: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse STFT as vocos ``ISTFT(padding="center")``: (real, imag) ``[B, F, n_fft/2+1]`` ->
-    waveform ``[B, hop * (F - 1)]`` (float32). For tests and reference only."""
+    waveform ``[B, hop * (F - 1)]`` (float32). ``window``: the synthesis window ``[n_fft]``
+    (default ``torch.hann_window``; vocos uses its checkpoint buffer ``head.istft.window``).
+    For tests and reference only."""
     spec = torch.complex(real.float(), imag.float()).transpose(1, 2)  # [B, bins, F]
-    win = torch.hann_window(n_fft, device=real.device)
+    win = torch.hann_window(n_fft, device=real.device) if window is None else window.float()
     return torch.istft(spec, n_fft, hop, n_fft, win, center=True)
