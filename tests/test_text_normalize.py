@@ -43,6 +43,11 @@ def own():
     ("100 m/s", "one hundred meters per second", "en"),
     ("It is -5.5°C outside", "It is minus five point five degrees Celsius outside", "en"),
     ("version 3.11.2", "version three point eleven point two", "en"),
+    ("we sold 1,234 items", "we sold one thousand two hundred thirty four items", "en"),  # wetext drops "one"
+    ("It costs $1,234 or $1.", "It costs one thousand two hundred thirty four dollars or one dollar.", "en"),
+    ("1000 people", "one thousand people", "en"),
+    ("in the 1990s and 80s", "in the nineteen nineties and eighties", "en"),  # wetext: "ninety seconds"
+    ("共1,234,567人", "共一百二十三万四千五百六十七人", "zh"),
 ])
 def test_cases(norm, text, want, lang):
     r = norm(text)

@@ -15,6 +15,9 @@ and what we do before it:
   and eleven", ``+1 555 123 4567`` raises AssertionError): spelled digit by digit here;
 * en money with cents (``$12.50`` -> "twelve point five dollars"): "12 dollars and 50 cents";
 * en ``m/s`` read as "minutes per second": rewritten to "meters per second";
+* en ``1,234`` read as "thousand two hundred ..." (the "one" is LOST), ``1000`` as "ten
+  hundred", ``1990s`` as "... ninety seconds": numbers with thousands separators, round
+  thousands and decades are read by our own rules;
 * zh zero-padded dates (``2024年03月05日`` -> "零三月"): zeros stripped; zh thousands
   separators outside a unit (``一共1,000`` -> "一,零零零"): commas removed; zh mobile/landline
   numbers with spaces or dashes: spelled digit by digit;
@@ -222,8 +225,13 @@ _EN_PHONE_RES = (
 )
 _EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text|number)\b\s*:?\s*)(\+?\d[\d\s-]*\d|\d)(?![\d.,]\d)",
                          re.IGNORECASE)
-_EN_MONEY_RE = re.compile(r"([$€£])\s?(\d[\d,]*)\.(\d{2})(?!\d)")
-_MONEY_WORDS = {"$": ("dollars", "cents"), "€": ("euros", "cents"), "£": ("pounds", "pence")}
+_EN_MONEY_RE = re.compile(r"([$€£])\s?(\d[\d,]*)(?:\.(\d{2}))?(?!\d|\.\d)")
+# wetext reads "1990s" as "... ninety seconds"
+_EN_DECADE_RE = re.compile(r"(?<![\d,.])(1\d|20)?(\d)0s\b")
+_DECADES = "hundreds tens twenties thirties forties fifties sixties seventies eighties nineties".split()
+_MONEY_WORDS = {"$": ("dollar", "dollars", "cents"), "€": ("euro", "euros", "cents"), "£": ("pound", "pounds", "pence")}
+# wetext en drops the "one" of "1,234" ("thousand two hundred ...") and reads 1000 as "ten hundred"
+_EN_THOUSANDS_RE = re.compile(r"(?<![\d,.])(\d{1,3}(?:,\d{3})+|[1-9]000)(?:\.(\d+))?(?![\d,])")
 _ZH_PHONE_RES = (
     re.compile(r"(?<!\d)(?:\+?86[\s-]?)?1[3-9]\d[\s-]?\d{4}[\s-]?\d{4}(?!\d)"),
     re.compile(r"(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"),
@@ -254,13 +262,20 @@ def _rules_en(s: str) -> str:
         s = r.sub(lambda m: _spell_en(m.group()), s)
 
     def money(m: re.Match) -> str:
-        big, small = _MONEY_WORDS[m.group(1)]
+        one, many, small = _MONEY_WORDS[m.group(1)]
         whole = m.group(2)
-        if m.group(3) == "00":
+        big = one if whole == "1" else many
+        if not m.group(3) or m.group(3) == "00":
             return f"{whole} {big}"
         return f"{whole} {big} and {int(m.group(3))} {small}"
 
     s = _EN_MONEY_RE.sub(money, s)
+    s = _EN_DECADE_RE.sub(
+        lambda m: ("two thousands" if m.group(1) == "20" and m.group(2) == "0" else
+                   ((en_int(int(m.group(1))) + " ") if m.group(1) else "") + _DECADES[int(m.group(2))]), s)
+    s = _EN_THOUSANDS_RE.sub(
+        lambda m: " " + en_int(int(m.group(1).replace(",", "")))
+        + (" point " + en_digits(m.group(2)) if m.group(2) else "") + " ", s)
     s = re.sub(r"(\d)\s?m/s\b", r"\1 meters per second", s)
     return s
 
@@ -291,6 +306,7 @@ _SYMBOL_WORDS = {
            "#": " number ", "×": " times "},
 }
 _KEPT_PUNCT = set("，。、,.")
+_SENTENCE_CUT = re.compile(r"(?<=[。！？!?\n])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
 
 
@@ -440,8 +456,8 @@ class Normalizer:
 
     def _span(self, lang: str, s: str, report) -> str:
         s = _rules_zh(s) if lang == "zh" else _rules_en(s)
-        if _WETEXT_TRIGGER.search(s):
-            s = self._wetext(lang, s)
+        if _WETEXT_TRIGGER.search(s):  # wetext costs ~0.25 ms per character: only where needed
+            s = "".join(self._wetext(lang, x) if _WETEXT_TRIGGER.search(x) else x for x in _SENTENCE_CUT.split(s))
         if re.search(r"\d", s):
             s = verbalize_numbers(s, lang)
         # symbols that carry words
