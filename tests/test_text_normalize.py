@@ -46,6 +46,11 @@ def own():
     ("we sold 1,234 items", "we sold one thousand two hundred thirty four items", "en"),  # wetext drops "one"
     ("It costs $1,234 or $1.", "It costs one thousand two hundred thirty four dollars or one dollar.", "en"),
     ("1000 people", "one thousand people", "en"),
+    ("a $5m deal, $1.5bn and $2.5", "a five million dollars deal, one point five billion dollars and two dollars and fifty cents", "en"),
+    ("growth of 30%-40%", "growth of thirty to forty percent", "en"),
+    ("涨幅30%-40%", "涨幅百分之三十到百分之四十", "zh"),
+    ("the 100m race", "the one hundred meters race", "en"),
+    ("会议在2024.3.5举行", "会议在二零二四年三月五日举行", "zh"),
     ("in the 1990s and 80s", "in the nineteen nineties and eighties", "en"),  # wetext: "ninety seconds"
     ("共1,234,567人", "共一百二十三万四千五百六十七人", "zh"),
 ])

@@ -17,7 +17,9 @@ and what we do before it:
 * en ``m/s`` read as "minutes per second": rewritten to "meters per second";
 * en ``1,234`` read as "thousand two hundred ..." (the "one" is LOST), ``1000`` as "ten
   hundred", ``1990s`` as "... ninety seconds": numbers with thousands separators, round
-  thousands and decades are read by our own rules;
+  thousands and decades are read by our own rules; ``100m`` ("minutes") is meters, ``$5m``
+  five million dollars, ``30%-40%`` a range;
+* zh dotted dates (``2024.3.5``) become ``2024年3月5日`` first;
 * zh zero-padded dates (``2024年03月05日`` -> "零三月"): zeros stripped; zh thousands
   separators outside a unit (``一共1,000`` -> "一,零零零"): commas removed; zh mobile/landline
   numbers with spaces or dashes: spelled digit by digit;
@@ -225,7 +227,8 @@ _EN_PHONE_RES = (
 )
 _EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text|number)\b\s*:?\s*)(\+?\d[\d\s-]*\d|\d)(?![\d.,]\d)",
                          re.IGNORECASE)
-_EN_MONEY_RE = re.compile(r"([$€£])\s?(\d[\d,]*)(?:\.(\d{2}))?(?!\d|\.\d)")
+_EN_MONEY_RE = re.compile(r"([$€£])\s?(\d[\d,]*)(?:\.(\d{1,2}))?(?:\s?(k|K|m|M|bn|B)\b)?(?!\d|\.\d)")
+_SCALE = {"k": "thousand", "K": "thousand", "m": "million", "M": "million", "bn": "billion", "B": "billion"}
 # wetext reads "1990s" as "... ninety seconds"
 _EN_DECADE_RE = re.compile(r"(?<![\d,.])(1\d|20)?(\d)0s\b")
 _DECADES = "hundreds tens twenties thirties forties fifties sixties seventies eighties nineties".split()
@@ -255,8 +258,13 @@ def _version(m: re.Match, lang: str) -> str:
     return " " + " point ".join(en_int(int(p)) for p in parts) + " "
 
 
+_PCT_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?%\s?[-~～]\s?(\d+(?:\.\d+)?)\s?%")
+
+
 def _rules_en(s: str) -> str:
     s = _VERSION_RE.sub(lambda m: _version(m, "en"), s)
+    s = _PCT_RANGE_RE.sub(r"\1% to \2%", s)  # wetext: "30%-40%" -> "thirty forty percent"
+    s = re.sub(r"(?<![$€£\d.,])(\d+(?:\.\d+)?)\s?m\b(?!/)", r"\1 meters", s)  # wetext: "100m" -> minutes
     s = _EN_CALL_RE.sub(lambda m: m.group(1) + _spell_en(m.group(2)), s)
     for r in _EN_PHONE_RES:
         s = r.sub(lambda m: _spell_en(m.group()), s)
@@ -265,9 +273,13 @@ def _rules_en(s: str) -> str:
         one, many, small = _MONEY_WORDS[m.group(1)]
         whole = m.group(2)
         big = one if whole == "1" else many
-        if not m.group(3) or m.group(3) == "00":
+        if m.group(4):  # $5m, $1.5bn: "5 million dollars", "1.5 billion dollars"
+            num = whole + ("." + m.group(3) if m.group(3) else "")
+            return f"{num} {_SCALE[m.group(4)]} {many}"
+        if not m.group(3) or int(m.group(3)) == 0:
             return f"{whole} {big}"
-        return f"{whole} {big} and {int(m.group(3))} {small}"
+        cents = int(m.group(3)) * (10 if len(m.group(3)) == 1 else 1)
+        return f"{whole} {big} and {cents} {small}"
 
     s = _EN_MONEY_RE.sub(money, s)
     s = _EN_DECADE_RE.sub(
@@ -281,7 +293,10 @@ def _rules_en(s: str) -> str:
 
 
 def _rules_zh(s: str) -> str:
+    s = re.sub(r"(?<![\d.])(\d{4})[./](\d{1,2})[./](\d{1,2})(?![\d.])",
+               lambda m: f"{m.group(1)}年{int(m.group(2))}月{int(m.group(3))}日", s)  # 2024.3.5
     s = _VERSION_RE.sub(lambda m: _version(m, "zh"), s)
+    s = _PCT_RANGE_RE.sub(r"\1%到\2%", s)
     for r in _ZH_PHONE_RES:
         s = r.sub(lambda m: zh_digits(m.group(), yao=True), s)
     s = _ZH_DATE_RE.sub(lambda m: f"{m.group(1)}年{int(m.group(2))}月" + (f"{int(m.group(3))}日" if m.group(3) else ""), s)
