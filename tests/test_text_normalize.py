@@ -83,6 +83,11 @@ def test_emoji_and_other_scripts_reported(norm):
     assert r.text.startswith("Hello world")
 
 
+def test_invisible_characters_silent(norm):
+    r = norm("你\u200b好❤\ufe0f")
+    assert r.text == "你好" and r.unspeakable == ("❤",)
+
+
 def test_unknown_to_tokenizer_reported(tmp_path):
     tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path).parent)
     n = Normalizer(tok, use_wetext=False)

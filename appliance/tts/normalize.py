@@ -492,6 +492,8 @@ class Normalizer:
                 kept.append(" ")
             elif unicodedata.category(c).startswith("P"):
                 kept.append(" ")  # quotes, brackets ...: not spoken, not words
+            elif unicodedata.category(c) in ("Mn", "Me", "Cf", "Cc"):
+                continue  # zero-width / format characters, emoji variation selectors: invisible
             else:
                 report(c)  # emoji, symbols, other scripts
                 kept.append(" ")

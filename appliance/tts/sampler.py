@@ -96,7 +96,7 @@ class SamplingParams:
 
 # ---------------------------------------------------------------------------------------------
 # Stages. Each works in place on ``x`` of shape [R, V] float32 (R = rows·codebooks) and takes
-# per-row parameters as [R, 1] arrays; ``sort_idx`` / ``srt`` are [R, V] work buffers.
+# per-row parameters as [R, 1] arrays; ``alpha`` / ``srt`` / ``probs`` are [R, V] work buffers.
 # ---------------------------------------------------------------------------------------------
 
 def apply_repetition_penalty(x: np.ndarray, counts: np.ndarray, penalty: np.ndarray,
