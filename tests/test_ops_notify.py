@@ -169,6 +169,8 @@ def test_journal_logging_sends_structured_fields(restore_root_logging):
     assert fields["LOGGER"] == "appliance.test"
     assert (fields["REQUEST_ID"], fields["CHANNEL"], fields["TTFB_MS"], fields["RTF"]) == ("r1", "main", 312.5, 0.41)
     assert "SEED" not in fields
+    logging.getLogger("appliance.test").info("plain extra", extra={"request_id": "r9", "rtf": 0.5})
+    assert (sent[-1][1]["REQUEST_ID"], sent[-1][1]["RTF"]) == ("r9", 0.5)     # lower-case extras get aliases
 
 
 def test_stderr_logging_appends_fields(restore_root_logging, capsys):
@@ -176,6 +178,8 @@ def test_stderr_logging_appends_fields(restore_root_logging, capsys):
     logging.getLogger("appliance.test").warning("slow", extra=log_fields(request_id="r2", rtf=1.5))
     err = capsys.readouterr().err
     assert "WARNING appliance.test: slow [request_id=r2 rtf=1.5]" in err
+    logging.getLogger("appliance.test").info("x", extra={"ttfb_ms": 12})
+    assert "INFO appliance.test: x [ttfb_ms=12]" in capsys.readouterr().err
 
 
 def test_stderr_journal_logging_without_systemd_python(restore_root_logging, capsys, monkeypatch):

@@ -322,6 +322,19 @@ def log_fields(**fields: object) -> dict:
     return {k.upper(): v for k, v in fields.items() if v is not None}
 
 
+class _UpperFieldsFilter(logging.Filter):
+    """Gives every ``extra=`` field of a record an upper-case alias (``request_id`` ->
+    ``REQUEST_ID``), so fields logged by code that does not use :func:`log_fields` still
+    reach the journal (which drops lower-case field names) and the stderr suffix."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for k in [k for k in record.__dict__ if k not in _STD_ATTRS and not k.isupper()]:
+            up = k.upper()
+            if up.replace("_", "").isalnum() and up not in record.__dict__:
+                record.__dict__[up] = record.__dict__[k]
+        return True
+
+
 class _FieldsFormatter(logging.Formatter):
     """Appends the ``extra=`` fields (:func:`log_fields`) as ``key=value`` to the message."""
 
@@ -389,6 +402,7 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         mode = "stderr"
+    handler.addFilter(_UpperFieldsFilter())
     root.addHandler(handler)
     log.debug("logging to %s", mode)
     return mode

@@ -1,0 +1,223 @@
+"""Field health check: the reference sentence through the loaded engines, not played.
+
+:func:`run_health_check` synthesizes ``health.sentence`` with a fixed seed through
+``pipeline.prepare`` / ``pipeline.run`` (the PCM is discarded), and compares what it measured
+with the ``health`` section of config:
+
+* RTF (compute s per audio s) against ``health.max_rtf``;
+* TTFB (start of ``run`` to the first PCM chunk, ms) against ``health.max_ttfb_ms``;
+* decode steps per second against ``health.min_steps_per_s`` (0 = not checked);
+* memory (this process's RSS plus the runner's device memory when it reports it, MiB) against
+  ``health.max_memory_mib`` (default ``service.memory_budget_mb``);
+* a run longer than ``health.timeout_s`` is cancelled and unhealthy.
+
+Every failed comparison adds a reason (``"rtf 1.32 > max 1.00"``). An error from the pipeline
+(e.g. ``empty_result``) is unhealthy with its code as the reason.
+
+``chattts-appliance health`` (:func:`cli_main`) loads config and pipeline here, or asks a
+running daemon (``--socket PATH``, request ``{"type":"health"}``), prints a table or the
+:class:`~appliance.service.protocol.HealthReply` as JSON, and exits 0 healthy, 1 unhealthy,
+2 error (config, model or socket unusable), so a systemd timer or a fleet tool can act.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from ..config import Config, load_config
+from ..errors import ApplianceError, CancelledError, ConfigError
+from .protocol import HealthReply, Speak, parse_event, to_json
+from .telemetry import process_memory_mib
+
+log = logging.getLogger(__name__)
+
+EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
+HEALTH_SEED = 1234
+"""Sampling seed of the reference sentence (fixed, so runs are comparable)."""
+
+
+def _device_memory_mib(pipeline: Any) -> Optional[float]:
+    """Device memory the runner reports, MiB: ``runner.device_memory_bytes()`` when the backend
+    provides it (GPU backends), else None (CPU: RSS already counts it)."""
+    fn = getattr(getattr(pipeline, "runner", None), "device_memory_bytes", None)
+    if not callable(fn):
+        return None
+    try:
+        b = fn()
+    except Exception as e:  # noqa: BLE001 - a memory probe must not fail the check
+        log.warning("device memory probe failed: %s", e)
+        return None
+    return None if b is None else b / 2**20
+
+
+def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
+    """Run the reference sentence through ``pipeline`` without playing it and judge the numbers.
+
+    Must run on the thread that owns the pipeline (the daemon's worker thread; the pipeline
+    is not thread-safe).
+
+    Args:
+        pipeline: a :class:`~appliance.tts.pipeline.Pipeline` (``prepare``, ``run``, ``job.stats``).
+        cfg: configuration (``health``, ``service.memory_budget_mb``).
+
+    Returns:
+        :class:`HealthReply` with ``rtf``, ``ttfb_ms``, ``steps_per_s``, ``memory_mib`` (None when
+        the run failed) and the ``reasons`` it is unhealthy (empty when healthy).
+    """
+    h = cfg.health
+    cancel = threading.Event()
+    timer = threading.Timer(h.timeout_s, cancel.set)
+    timer.daemon = True
+    t0 = time.perf_counter()
+    try:
+        job = pipeline.prepare(Speak(text=h.sentence, id="health", seed=HEALTH_SEED))
+        timer.start()
+        samples = 0
+        for pcm in pipeline.run(job, cancel):
+            samples += int(getattr(pcm, "size", len(pcm)))
+    except CancelledError:
+        return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"])
+    except ApplianceError as e:
+        log.warning("health check failed: %s (%s)", e, e.code)
+        return HealthReply(healthy=False, reasons=[f"{e.code}: {e}"])
+    finally:
+        timer.cancel()
+    stats = job.stats
+    rss = process_memory_mib()
+    dev = _device_memory_mib(pipeline)
+    memory = None if rss is None and dev is None else (rss or 0.0) + (dev or 0.0)
+    reasons = []
+    if stats.rtf > h.max_rtf:
+        reasons.append(f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
+    if stats.ttfb_ms > h.max_ttfb_ms:
+        reasons.append(f"ttfb {stats.ttfb_ms:.0f} ms > max {h.max_ttfb_ms:.0f} ms")
+    if h.min_steps_per_s > 0 and stats.steps_per_s < h.min_steps_per_s:
+        reasons.append(f"steps/s {stats.steps_per_s:.1f} < min {h.min_steps_per_s:.1f}")
+    mem_limit = h.max_memory_mib if h.max_memory_mib is not None else float(cfg.service.memory_budget_mb)
+    if memory is not None and memory > mem_limit:
+        reasons.append(f"memory {memory:.0f} MiB > max {mem_limit:.0f} MiB")
+    reply = HealthReply(healthy=not reasons, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
+                        steps_per_s=round(stats.steps_per_s, 2),
+                        memory_mib=round(memory, 1) if memory is not None else None, reasons=reasons)
+    log.info("health %s: rtf %.3f, ttfb %.0f ms, %.1f steps/s, %.2f s audio in %.2f s, memory %s MiB%s",
+             "ok" if reply.healthy else "UNHEALTHY", stats.rtf, stats.ttfb_ms, stats.steps_per_s,
+             stats.audio_s, time.perf_counter() - t0, reply.memory_mib,
+             "" if reply.healthy else " (" + "; ".join(reasons) + ")",
+             extra={"health": reply.healthy, "rtf": stats.rtf, "ttfb_ms": stats.ttfb_ms})
+    return reply
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def ask_daemon(path: str, timeout_s: float) -> HealthReply:
+    """Send ``{"type":"health"}`` to the daemon's socket and return its :class:`HealthReply`.
+
+    Raises:
+        ConfigError: the socket cannot be reached, the daemon answered with an ``error`` event,
+            or nothing came within ``timeout_s``.
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(path)
+            s.sendall(b'{"type":"health"}\n')
+            buf = b""
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    ev = json.loads(line)
+                    if ev.get("type") == "health":
+                        return parse_event(ev)
+                    if ev.get("type") == "error":
+                        raise ConfigError(f"daemon at {path} refused the health check: {ev.get('code')}: {ev.get('message')}")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot ask the daemon at {path}: {e}; is chattts-appliance running?") from e
+    raise ConfigError(f"daemon at {path} sent no health reply within {timeout_s:g} s")
+
+
+def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
+    h = cfg.health if cfg is not None else None
+    limit_mem = None
+    if cfg is not None:
+        limit_mem = h.max_memory_mib if h.max_memory_mib is not None else cfg.service.memory_budget_mb
+
+    def fmt(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    rows = [("RTF", fmt(reply.rtf, ".3f"), f"<= {h.max_rtf:g}" if h else ""),
+            ("TTFB ms", fmt(reply.ttfb_ms, ".0f"), f"<= {h.max_ttfb_ms:g}" if h else ""),
+            ("steps/s", fmt(reply.steps_per_s, ".1f"), f">= {h.min_steps_per_s:g}" if h and h.min_steps_per_s else ""),
+            ("memory MiB", fmt(reply.memory_mib, ".0f"), f"<= {limit_mem:g}" if limit_mem else "")]
+    verdict = "healthy" if reply.healthy else "UNHEALTHY"
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is in the dev venv, maybe not on a box
+        print(f"{'metric':<12}{'value':>10}  limit")
+        for name, val, lim in rows:
+            print(f"{name:<12}{val:>10}  {lim}")
+        print(verdict)
+        for r in reply.reasons:
+            print(f"  - {r}")
+        return
+    t = Table(title=f"chattts-appliance health: {verdict}")
+    for col in ("metric", "value", "limit"):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    for row in rows:
+        t.add_row(*row)
+    con = Console(file=sys.stdout)
+    con.print(t)
+    for r in reply.reasons:
+        con.print(f"  - {r}", markup=False)
+
+
+def cli_main(args: Any) -> int:
+    """``chattts-appliance health [--config PATH] [--json] [--socket PATH]``.
+
+    Without ``--socket``: loads config and the pipeline here, warms up (if ``service.warmup``),
+    runs :func:`run_health_check`. With ``--socket``: asks the running daemon (config is read
+    only if the file exists, for the limits column). Prints a table, or one JSON line with
+    ``--json``. Returns 0 healthy, 1 unhealthy, 2 error (message on stderr).
+    """
+    try:
+        cfg: Optional[Config] = None
+        if args.socket:
+            if args.config and os.path.exists(args.config):
+                cfg = load_config(args.config)
+            timeout = (cfg.health.timeout_s if cfg is not None else 300.0) + 30.0
+            reply = ask_daemon(args.socket, timeout)
+        else:
+            cfg = load_config(args.config)
+            from ..tts.pipeline import Pipeline
+
+            pipeline = Pipeline.from_config(cfg)
+            try:
+                if cfg.service.warmup:
+                    pipeline.warmup()
+                reply = run_health_check(pipeline, cfg)
+            finally:
+                pipeline.close()
+    except ApplianceError as e:
+        print(f"chattts-appliance health: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        sys.stdout.write(to_json(reply).decode("utf-8"))
+    else:
+        _print_table(reply, cfg)
+    return EXIT_HEALTHY if reply.healthy else EXIT_UNHEALTHY
+
+
+__all__ = ["run_health_check", "ask_daemon", "cli_main", "EXIT_HEALTHY", "EXIT_UNHEALTHY", "EXIT_ERROR"]
