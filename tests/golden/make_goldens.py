@@ -1,11 +1,19 @@
 """Generate ``upstream_tiny.npz``: upstream ChatTTS 0.2.5 outputs on a random tiny checkpoint.
 
 Run where upstream installs (it needs torchaudio): the ``device`` machine's CPU, FP32,
-deterministic algorithms. Made with (filled in by the run, also stored in ``meta_json``):
+deterministic algorithms, 4 threads. The committed file was made on 2026-11-30T01:56:53Z with
+(also stored in ``meta_json``):
 
     chattts 0.2.5 (PyPI sdist, wheel built with pip wheel --no-deps), vocos 0.1.0,
-    torch 2.11.0 (+cu130 build, run on CPU), torchaudio 2.11.0, transformers 5.17.0,
-    Python 3.12, machine: the device tool's H200 host (x86-64), see meta_json.
+    vector_quantize_pytorch 1.32.0, encodec 0.1.1 (wheel from sdist),
+    torch 2.11.0+cu130 (run on CPU, CUDA_VISIBLE_DEVICES empty), torchaudio 2.11.0,
+    transformers 5.17.0, numpy 2.5.2, tokenizers 0.23.2, safetensors 0.8.0, Python 3.12.3,
+    machine: the device tool's H200 host, CPU "Intel(R) Xeon(R) Processor" (x86-64).
+
+Wheels carried there (``.whl/``, gitignored): chattts, vocos, encodec, vector_quantize_pytorch,
+einx, loguru, frozendict, torch-einops-utils, pybase16384 (cp312), cffi; the run was
+``pip install --no-deps --target /tmp/site .whl/*.whl; PYTHONPATH=/tmp/site python3
+tests/golden/make_goldens.py $OUT/upstream_tiny.npz``.
 
 Usage: ``python tests/golden/make_goldens.py OUT.npz [--steps 216] [--seed 0]``
 
