@@ -262,8 +262,11 @@ def write_random_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int =
     rng = np.random.default_rng(seed)
 
     bar = None
-    if show_progress:
+    try:
         from tqdm import tqdm
+    except ImportError:  # progress is cosmetic
+        show_progress = False
+    if show_progress:
         bar = tqdm(total=len(layout.gpt_keys(s)) + len(layout.embed_keys(s)) + 3 + 5, desc="random checkpoint", unit="tensor")
     progress = bar.update if bar is not None else (lambda n: None)
     files = _tensors(s, rng, vocab_size, progress)
