@@ -23,10 +23,10 @@ def golden():
     return g
 
 
-def ours(logits8, hist8, hist_len, **params):
+def ours(logits8, hist8, hist_len, exact=False, **params):
     """Run our Sampler on upstream's flattened rows: row r = slot r // 4, codebook r % 4."""
     n_slots = logits8.shape[0] // Q
-    smp = Sampler(n_slots)
+    smp = Sampler(n_slots, exact=exact)
     p = SamplingParams(**params)
     for s in range(n_slots):
         smp.start(s, p, 0)
@@ -50,6 +50,7 @@ def test_penalty_and_warpers_match_upstream(golden):
         base = dict(temperature=float(np.float32(temp)), repetition_penalty=float(np.float32(rp)))
         pen = ours(logits, hist, int(hl), top_p=None, top_k=None, **base)
         same(pen, golden[f"sampler_pen_{k}"])
-        out = ours(logits, hist, int(hl), top_p=float(np.float32(tp)), top_k=int(tk), **base)
-        same(out, golden[f"sampler_out_{k}"])
-        assert np.isneginf(out).any()  # the warpers did remove codes
+        for exact in (True, False):  # full sort, and the partial-sort fast path
+            out = ours(logits, hist, int(hl), exact=exact, top_p=float(np.float32(tp)), top_k=int(tk), **base)
+            same(out, golden[f"sampler_out_{k}"])
+            assert np.isneginf(out).any()  # the warpers did remove codes

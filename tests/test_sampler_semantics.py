@@ -210,3 +210,30 @@ def test_start_resets_and_bad_params():
         SamplingParams(top_p=1.5)
     with pytest.raises(ValueError):
         smp.process(np.arange(2), np.zeros((2, Q, V), np.float32), np.zeros(2))
+
+
+def test_fast_path_equals_exact_path():
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        b = int(rng.integers(1, 4))
+        ps = [SamplingParams(temperature=float(rng.uniform(0.2, 1.5)), top_p=float(rng.uniform(0.05, 1.0)),
+                             top_k=int(rng.integers(1, 60)), repetition_penalty=float(rng.uniform(1.0, 2.0)))
+              for _ in range(b)]
+        logits = (rng.standard_normal((b, Q, V)) * rng.uniform(0.5, 6)).astype(np.float32)
+        if trial % 5 == 0:  # ties at the k-th value force the exact fallback
+            logits[:, :, :40] = np.round(logits[:, :, :40])
+        outs = []
+        for exact in (False, True):
+            smp = Sampler(b, exact=exact)
+            for i, p in enumerate(ps):
+                smp.start(i, p, 0)
+            outs.append(smp)
+        hists = [rng.integers(0, 30, (int(rng.integers(0, 25)), Q)) for _ in range(b)]
+        res = []
+        for smp in outs:
+            for i, h in enumerate(hists):
+                for c in h:
+                    smp.record(i, c)
+            res.append(smp.process(np.arange(b), logits.copy(), np.full(b, 5)).copy())
+        np.testing.assert_array_equal(np.isneginf(res[0]), np.isneginf(res[1]))
+        np.testing.assert_allclose(res[0][np.isfinite(res[1])], res[1][np.isfinite(res[1])], rtol=1e-6)

@@ -99,22 +99,6 @@ class SamplingParams:
 # per-row parameters as [R, 1] arrays; ``alpha`` / ``srt`` / ``probs`` are [R, V] work buffers.
 # ---------------------------------------------------------------------------------------------
 
-def apply_repetition_penalty(x: np.ndarray, counts: np.ndarray, penalty: np.ndarray,
-                             alpha: np.ndarray) -> None:
-    """Upstream ``CustomRepetitionPenaltyLogitsProcessorRepeat`` in place.
-
-    Args:
-        x: scores ``float32[R, V]``.
-        counts: occurrences of each code in the window, ``float32[R, V]``.
-        penalty: ``float32[R, 1]``.
-        alpha: work buffer ``float32[R, V]``.
-    """
-    np.power(penalty, counts, out=alpha)
-    neg = x < 0
-    np.multiply(x, alpha, out=x, where=neg)
-    np.divide(x, alpha, out=x, where=~neg)
-
-
 def apply_top_p_top_k(x: np.ndarray, one_minus_p: np.ndarray, k_index: np.ndarray,
                       srt: np.ndarray, probs: np.ndarray, min_keep: int = MIN_KEEP) -> None:
     """HF ``TopPLogitsWarper`` then ``TopKLogitsWarper`` (both ``min_tokens_to_keep``) in place.
@@ -146,6 +130,65 @@ def apply_top_p_top_k(x: np.ndarray, one_minus_p: np.ndarray, k_index: np.ndarra
     x[x < thr] = -np.inf
 
 
+def apply_repetition_penalty_sparse(x: np.ndarray, hist: np.ndarray, counts_at: np.ndarray,
+                                    penalty: np.ndarray) -> None:
+    """Upstream ``CustomRepetitionPenaltyLogitsProcessorRepeat`` in place: ``alpha = penalty **
+    count``; negative scores times ``alpha``, others divided. Touches only the window's codes.
+
+    Args:
+        x: scores ``float32[R, V]``.
+        hist: ``int64[R, W]`` the window's codes (unused entries hold any code of the row's
+            window or 0: a repeated index is written twice with the same value).
+        counts_at: ``float32[R, W]`` the window count of each ``hist`` code.
+        penalty: ``float32[R, 1]``.
+    """
+    alpha = np.power(penalty, counts_at)
+    v = np.take_along_axis(x, hist, axis=1)
+    np.put_along_axis(x, hist, np.where(v < 0, v * alpha, v / alpha), axis=1)
+
+
+def apply_top_p_top_k_fast(x: np.ndarray, one_minus_p: np.ndarray, keep_k: np.ndarray,
+                           m: int, min_keep: int = MIN_KEEP) -> bool:
+    """:func:`apply_top_p_top_k` without the full sort, when every row has a top-K.
+
+    Only the ``m = max(keep_k)`` largest scores can survive top-K, so they are found with
+    ``argpartition`` and sorted alone; the ascending cumulative softmax at each of them is
+    ``1 - (mass of the larger ones)``. The result equals the full-sort path except when a
+    cumulative mass lies within float32 rounding (~1e-7) of ``1 - top_p``.
+
+    Args:
+        x: scores ``float32[R, V]`` (modified in place on success).
+        one_minus_p: ``float32[R, 1]`` (``-1`` = no top-P).
+        keep_k: ``int64[R, 1]``, ``max(top_k, min_keep)`` per row (<= ``m``).
+        m: ``max(keep_k)``.
+
+    Returns:
+        False (and ``x`` untouched) when a score ties with a row's ``k``-th largest: the caller
+        then uses the exact path (HF keeps every tie).
+    """
+    r, v = x.shape
+    part = np.sort(np.argpartition(x, v - m, axis=1)[:, v - m:], axis=1)  # ties: index order, as the full sort
+    vals = np.take_along_axis(x, part, axis=1)
+    o = np.argsort(vals, axis=1, kind="stable")
+    idx = np.take_along_axis(part, o, axis=1)       # [R, m] ascending
+    vals = np.take_along_axis(vals, o, axis=1)
+    pos = np.arange(m)[None, :]
+    kth = np.take_along_axis(vals, m - keep_k, axis=1)  # the k-th largest of each row
+    if ((x >= kth).sum(axis=1, keepdims=True) != keep_k).any():
+        return False
+    mx = vals[:, -1:]
+    z = np.exp(x - mx).sum(axis=1, keepdims=True, dtype=np.float32)
+    p = np.exp(vals - mx) / z
+    above = np.cumsum(p[:, ::-1], axis=1)[:, ::-1] - p  # mass strictly larger than each
+    cum = np.float32(1.0) - above
+    remove = cum <= one_minus_p
+    remove[:, m - min_keep:] = False
+    keep = ~remove & (pos >= m - keep_k)
+    x.fill(-np.inf)
+    np.put_along_axis(x, idx, np.where(keep, vals, -np.inf), axis=1)
+    return True
+
+
 def softmax_rows(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Row softmax of ``float32[R, V]`` (``-inf`` gives 0) into ``out``."""
     np.subtract(x, x.max(axis=1, keepdims=True), out=out)
@@ -169,23 +212,27 @@ class Sampler:
         max_batch: number of slots.
         num_vq: codebooks (4). num_tokens: codes per codebook incl. EOS (626).
         eos: EOS code (625). window: repetition-penalty window (16).
+        exact: always use the full-sort top-P (see :func:`apply_top_p_top_k_fast` for the
+            default path, which partial-sorts when every row has a top-K <= 64).
 
     Attributes:
         seeds: ``list[int]``, the seed each slot's generator was started with.
     """
 
     def __init__(self, max_batch: int, num_vq: int = NUM_VQ, num_tokens: int = NUM_AUDIO_TOKENS,
-                 eos: int = AUDIO_EOS, window: int = PENALTY_WINDOW) -> None:
+                 eos: int = AUDIO_EOS, window: int = PENALTY_WINDOW, exact: bool = False) -> None:
         if max_batch < 1:
             raise ValueError("a Sampler needs at least one slot")
         b, q, v = max_batch, num_vq, num_tokens
         self.max_batch, self.num_vq, self.vocab, self.eos, self.window = b, q, v, eos, window
+        self.exact = exact
         f32 = np.float32
         # per-slot parameters
         self._temp = np.ones((b, q, 1), f32)
         self._penalty = np.ones((b, q, 1), f32)
         self._one_minus_p = np.full((b, q, 1), -1.0, f32)
         self._k_index = np.zeros((b, q, 1), np.int64)
+        self._keep_k = np.full((b, q, 1), v, np.int64)
         self._min_new = np.zeros(b, np.int64)
         self._greedy = np.zeros(b, bool)
         # per-slot state: penalty window as a ring buffer plus running counts
@@ -196,7 +243,6 @@ class Sampler:
         self.seeds: list[int] = [0] * b
         # work buffers (the first n rows are used for n active slots)
         self._x = np.empty((b, q, v), f32)
-        self._alpha = np.empty((b * q, v), f32)
         self._srt = np.empty((b * q, v), f32)
         self._probs = np.empty((b * q, v), f32)
         self._u = np.empty((b, q), np.float64)
@@ -215,6 +261,7 @@ class Sampler:
         self._one_minus_p[slot] = -1.0 if params.top_p is None else np.float32(1.0 - params.top_p)
         k = self.vocab if params.top_k is None else min(max(params.top_k, MIN_KEEP), self.vocab)
         self._k_index[slot] = self.vocab - k
+        self._keep_k[slot] = k
         self._min_new[slot] = params.min_new_tokens
         self._greedy[slot] = params.greedy
         self._recorded[slot] = 0
@@ -249,9 +296,14 @@ class Sampler:
         r = n * self.num_vq
         pen = self._penalty[slots].reshape(-1, 1)
         if (pen != 1.0).any():
-            apply_repetition_penalty(x2, self._counts[slots].reshape(-1, self.vocab), pen, self._alpha[:r])
-        apply_top_p_top_k(x2, self._one_minus_p[slots].reshape(-1, 1), self._k_index[slots].reshape(-1, 1),
-                          self._srt[:r], self._probs[:r])
+            hist = self._hist[slots].reshape(r, -1)
+            counts_at = np.take_along_axis(self._counts[slots].reshape(r, -1), hist, axis=1)
+            apply_repetition_penalty_sparse(x2, hist, counts_at, pen)
+        omp = self._one_minus_p[slots].reshape(-1, 1)
+        keep_k = self._keep_k[slots].reshape(-1, 1)
+        m = int(keep_k.max())
+        if self.exact or m > 64 or not apply_top_p_top_k_fast(x2, omp, keep_k, m):
+            apply_top_p_top_k(x2, omp, self._k_index[slots].reshape(-1, 1), self._srt[:r], self._probs[:r])
         masked = np.asarray(steps) < self._min_new[slots]
         if masked.any():
             x[masked, :, self.eos] = -np.inf
