@@ -21,8 +21,13 @@ torch's ``multinomial`` with one global generator), so the same seed gives diffe
 upstream; and upstream's quirk that leaves flattened rows ``b*4+q >= 625`` unpenalized
 (batches over 156 rows) is not reproduced.
 
-The :class:`Sampler` keeps everything in arrays allocated once per batch: work buffers of
-``[B, 4, 626]``, the penalty window as a ring buffer ``[B, 4, 16]`` with running counts.
+The :class:`Sampler` keeps its state in arrays allocated once per batch: work buffers of
+``[B, 4, 626]``, the penalty window as a ring buffer ``[B, 4, 16]`` with running counts. The
+penalty touches only the window's codes; top-P/top-K partial-sort the ``top_k`` largest scores
+instead of sorting all 626 (:func:`apply_top_p_top_k_fast`, equal to the full sort except when a
+cumulative mass lies within float32 rounding of ``1 - top_p``; ``Sampler(exact=True)`` forces the
+full sort). Measured on the 2-core dev box (sample + record, per step): 0.16 ms at B=1,
+0.27 ms at B=3, 0.53 ms at B=8 (full sort: 0.40 / 1.18 / 3.38 ms).
 """
 
 from __future__ import annotations
