@@ -74,3 +74,20 @@ def test_random_texts_roundtrip(tok):
 def test_prompt_too_long(tok):
     with pytest.raises(TextError, match="no room"):
         split_text("你好", tok, 4, prompt="[speed_5][oral_2]")
+
+
+def test_text_path_on_random_checkpoint(tiny_ckpt):
+    """normalize -> split -> code_prompt with the tokenizer `model random` writes: every prompt
+    fits, no [UNK] reaches the model, and what was dropped is reported."""
+    from appliance.tts.normalize import Normalizer
+
+    t = Tokenizer.from_dir(tiny_ckpt)
+    norm = Normalizer(t)
+    text = ("今天天气很好，我们去公园散步吧！" * 6 + "我有3个苹果😀。[uv_break]你是谁？\n" + "一二三四五六七八九十" * 8)
+    r = norm(text)
+    assert "😀" in r.unspeakable and "苹" in r.unspeakable  # not in the tiny vocabulary
+    pieces = split_text(r.text, t, 24, prompt="[speed_5]")
+    assert squash("".join(pieces)) == squash(r.text)
+    for p in pieces:
+        ids = t.code_prompt(p, prompt="[speed_5]", max_tokens=24)
+        assert t.unk_id not in ids
