@@ -370,11 +370,11 @@ def _spans(seg: str, dominant: str) -> list[tuple[str, str]]:
             kinds[k] = lang
         i = j
     spans: list[tuple[str, str]] = []
-    for c, k in zip(seg, kinds):
-        if spans and spans[-1][0] == k:
-            spans[-1] = (k, spans[-1][1] + c)
-        else:
-            spans.append((k, c))
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or kinds[i] != kinds[start]:
+            spans.append((kinds[start], seg[start:i]))
+            start = i
     return spans
 
 
