@@ -64,6 +64,7 @@ def test_resolve_voice():
     np.testing.assert_array_equal(resolve_voice(" SEED:5 ", dim=16), random_speaker(5, 16))
     v = random_speaker(9)
     np.testing.assert_array_equal(resolve_voice(encode_speaker(v)), v)
+    assert resolve_voice("none") is None and resolve_voice(" None ") is None
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -25,6 +25,7 @@ import lzma
 import re
 from functools import lru_cache
 from importlib import resources
+from typing import Optional
 
 import numpy as np
 import pybase16384 as b14
@@ -154,16 +155,17 @@ def decode_speaker(s: str, dim: int = SPK_STAT_DIM) -> np.ndarray:
     return vec
 
 
-def resolve_voice(voice: str, dim: int = SPK_STAT_DIM) -> np.ndarray:
+def resolve_voice(voice: str, dim: int = SPK_STAT_DIM) -> Optional[np.ndarray]:
     """Turn a ``voice`` field into a speaker vector.
 
     Args:
-        voice: ``"seed:N"`` (N an integer, see :func:`random_speaker`) or an upstream speaker
-            string (see :func:`decode_speaker`).
+        voice: ``"seed:N"`` (N an integer, see :func:`random_speaker`), an upstream speaker
+            string (see :func:`decode_speaker`), or ``"none"``: no speaker vector (the prompt
+            then holds ``[empty_spk]``, as upstream with ``spk_emb=None``).
         dim: embedding width of the loaded model.
 
     Returns:
-        ``float32[dim]``.
+        ``float32[dim]``, or None for ``"none"``.
 
     Raises:
         SpeakerError: malformed seed or speaker string.
@@ -171,6 +173,8 @@ def resolve_voice(voice: str, dim: int = SPK_STAT_DIM) -> np.ndarray:
     if not isinstance(voice, str):
         raise SpeakerError(f"voice must be a string ('seed:N' or a speaker string), got {type(voice).__name__}")
     v = voice.strip()
+    if v.lower() == "none":
+        return None
     if v.lower().startswith("seed:"):
         m = _SEED_RE.fullmatch(v.lower().replace(" ", ""))
         if not m:
