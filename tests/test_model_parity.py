@@ -9,56 +9,17 @@ states and audio logits, greedy codes (>= 200 steps, free-running), Decoder mel 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-GOLDEN = Path(__file__).parent / "golden" / "upstream_tiny.npz"
+from tests.fixtures_model import GOLDEN
+
 EOS = 625
 RTOL = 1e-4  # relative to the largest magnitude of the reference array
 
 pytestmark = pytest.mark.skipif(not GOLDEN.is_file(), reason="golden file missing")
-
-
-@pytest.fixture(scope="module")
-def golden():
-    with np.load(GOLDEN) as z:
-        return {k: z[k] for k in z.files}
-
-
-@pytest.fixture(scope="module")
-def golden_ckpt(golden, tmp_path_factory) -> Path:
-    """Rebuild the tiny checkpoint (float32 safetensors + json/tokenizer files) from the npz."""
-    from safetensors.numpy import save_file
-
-    from appliance.model import layout
-
-    root = tmp_path_factory.mktemp("golden_ckpt")
-    asset = root / "asset"
-    meta = json.loads(golden["meta_json"].tobytes().decode("utf-8"))
-    files: dict[str, dict[str, np.ndarray]] = {}
-    for k, v in golden.items():
-        if k.startswith("w|"):
-            _, name, key = k.split("|", 2)
-            files.setdefault(name, {})[key] = v.astype(np.float32)
-        elif k.startswith("f|"):
-            p = asset / k[2:]
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(v.tobytes())
-    files[layout.GPT_FILE]["embed_tokens.weight"] = np.zeros(meta["embed_tokens_shape"], np.float32)
-    for name, tensors in files.items():
-        (asset / name).parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(asset / name))
-    return root
-
-
-@pytest.fixture(scope="module")
-def model(golden_ckpt):
-    from appliance.model.checkpoint import load_model
-
-    return load_model(golden_ckpt)
 
 
 def _close(name: str, ours: np.ndarray, ref: np.ndarray, rtol: float = RTOL) -> tuple[float, float]:
@@ -98,22 +59,25 @@ def test_tokenizer_matches_upstream_ids(golden, golden_ckpt):
 
 
 @torch.inference_mode()
-def test_prefill_hidden_and_logits(golden, model):
+def test_prefill_hidden_and_logits(golden, golden_model):
     ids = torch.from_numpy(golden["input_ids"])
-    emb = model.embed_prompt(ids, torch.from_numpy(golden["spk_emb"]))
-    model.gpt.setup_cache(1, 512, torch.float32, "cpu")
-    h = model.gpt.prefill(emb, 0)[0]
+    emb = golden_model.embed_prompt(ids, torch.from_numpy(golden["spk_emb"]))
+    golden_model.gpt.setup_cache(1, 512, torch.float32, "cpu")
+    h = golden_model.gpt.prefill(emb, 0)[0]
     _close("prefill hidden", h.numpy(), golden["prefill_hidden"])
-    _close("prefill logits", model.audio_logits(h[-1:])[0].numpy(), golden["prefill_logits"])
+    _close("prefill logits", golden_model.audio_logits(h[-1:])[0].numpy(), golden["prefill_logits"])
 
 
-def test_greedy_codes_hidden_logits(golden, golden_ckpt):
-    """Free-running greedy decode through the TorchRunner: identical codes for every step."""
+def run_greedy(golden, ckpt, device: str = "cpu", dtype: str = "float32", rtol: float = RTOL) -> dict:
+    """Free-running greedy decode through a TorchRunner, compared step by step with the goldens.
+
+    Fails at the first differing code, showing both top-1/top-2 gaps. Returns error statistics.
+    """
     from appliance.config import config_from_dict
     from appliance.runtime.torch_runner import TorchRunner
 
-    cfg = config_from_dict({"model": {"path": str(golden_ckpt), "backend": "torch", "device": "cpu", "threads": 1,
-                                      "max_batch": 1, "max_seq_len": 512, "max_prompt_tokens": 128}})
+    cfg = config_from_dict({"model": {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype,
+                                      "threads": 1, "max_batch": 1, "max_seq_len": 512, "max_prompt_tokens": 128}})
     r = TorchRunner(cfg)
     ref_codes, ref_hid = golden["codes"], golden["hiddens"]
     steps = {int(s): i for i, s in enumerate(golden["logit_steps"])}
@@ -122,9 +86,9 @@ def test_greedy_codes_hidden_logits(golden, golden_ckpt):
     codes = np.zeros_like(ref_codes)
     errs_h, errs_l = [], []
     for i in range(n):
-        errs_h.append(_close(f"hidden step {i}", hidden.reshape(-1), ref_hid[i])[1])
+        errs_h.append(_close(f"hidden step {i}", hidden.reshape(-1), ref_hid[i], rtol)[1])
         if i in steps:
-            errs_l.append(_close(f"logits step {i}", logits.reshape(4, -1), golden["step_logits"][steps[i]])[1])
+            errs_l.append(_close(f"logits step {i}", logits.reshape(4, -1), golden["step_logits"][steps[i]], rtol)[1])
         pen = _penalize(logits.reshape(4, -1), codes[:i])
         pen[:, EOS] = -np.inf
         codes[i] = pen.argmax(-1)
@@ -135,22 +99,30 @@ def test_greedy_codes_hidden_logits(golden, golden_ckpt):
                         f"{(top2[:, 1] - top2[:, 0]).tolist()}, upstream gap {golden['gap'][i].tolist()}")
         if i + 1 < n:
             logits, hidden = r.decode(np.array([0]), codes[i:i + 1], np.array([t + i]))
-    assert n >= 200
-    print(f"greedy: {n} identical steps; hidden max rel err {max(errs_h):.2e}, logits max rel err {max(errs_l):.2e}")
+    r.close()
+    return {"steps": n, "hidden_rel": max(errs_h), "logits_rel": max(errs_l)}
 
 
-def test_decoder_mel(golden, model):
+def test_greedy_codes_hidden_logits(golden, golden_ckpt):
+    """Free-running greedy decode through the TorchRunner: identical codes for every step."""
+    st = run_greedy(golden, golden_ckpt)
+    assert st["steps"] >= 200
+    print(f"greedy: {st['steps']} identical steps; hidden max rel err {st['hidden_rel']:.2e}, "
+          f"logits max rel err {st['logits_rel']:.2e}")
+
+
+def test_decoder_mel(golden, golden_model):
     with torch.inference_mode():
-        mel = model.decoder(torch.from_numpy(golden["hiddens"]).T.unsqueeze(0).contiguous())[0].numpy()
+        mel = golden_model.decoder(torch.from_numpy(golden["hiddens"]).T.unsqueeze(0).contiguous())[0].numpy()
     err = _close("decoder mel", mel, golden["mel"])
     print(f"mel: max abs err {err[0]:.2e}, rel {err[1]:.2e}")
 
 
-def test_vocos_waveform(golden, model):
+def test_vocos_waveform(golden, golden_model):
     from appliance.model.vocos import reference_istft
 
     with torch.inference_mode():
-        re, im = model.vocos(torch.from_numpy(golden["mel"]).unsqueeze(0))
+        re, im = golden_model.vocos(torch.from_numpy(golden["mel"]).unsqueeze(0))
         win = torch.from_numpy(golden["w|Vocos.safetensors|head.istft.window"].astype(np.float32))
         wav = reference_istft(re, im, window=win)[0].numpy()  # vocos inverts with its checkpoint window
     assert wav.shape == golden["wav"].shape == (512 * golden["codes"].shape[0] - 256,)
