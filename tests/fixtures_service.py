@@ -82,7 +82,7 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
     cfg: dict[str, dict] = {
         "model": {"path": str(tiny_ckpt), "backend": "torch", "device": "cpu", "dtype": "float32",
                   "threads": 1, "max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128},
-        "synthesis": {"max_new_tokens": 120, "voice": "seed:2"},
+        "synthesis": {"max_new_tokens": 200, "voice": "seed:2"},
         "audio": {"output": "wav", "wav_dir": str(tmp / "wav"), "latency_ms": 50.0},
         "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": False, "max_text_chars": 300},
     }
@@ -107,22 +107,18 @@ class DaemonProc:
     alsa: Optional[AlsaFile] = None
     returncode: Optional[int] = field(default=None)
 
-    def connect(self, timeout_s: float = 60.0) -> socket.socket:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout_s)
-        s.connect(str(self.socket))
-        return s
+    def connect(self, timeout_s: float = 60.0) -> Conn:
+        return Conn(self.socket, timeout_s)
 
     def request(self, obj: Any, timeout_s: float = 60.0, until: tuple = ("done", "error", "status")) -> list[dict]:
         """Send one line (a dict as JSON, or raw bytes without newline) and return the events up
         to the first whose type is in ``until`` (audio payloads stored under ``"_payload"``)."""
-        s = self.connect(timeout_s)
+        c = self.connect(timeout_s)
         try:
-            line = obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()
-            s.sendall(line + b"\n")
-            return read_events(s, until)
+            c.send(obj)
+            return c.events(until)
         finally:
-            s.close()
+            c.close()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -139,31 +135,64 @@ class DaemonProc:
         return self.returncode
 
 
-def read_events(s: socket.socket, until: tuple = ("done", "error", "status")) -> list[dict]:
-    """Read JSON-line events from ``s`` until one of type in ``until`` (or EOF)."""
-    buf = bytearray()
-    out: list[dict] = []
-    while True:
-        i = buf.find(b"\n")
-        if i < 0:
-            data = s.recv(65536)
-            if not data:
+class Conn:
+    """A test client connection that keeps its read buffer between calls."""
+
+    def __init__(self, path: Path, timeout_s: float = 60.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(str(path))
+        self.buf = bytearray()
+
+    def send(self, obj: Any) -> None:
+        """Send a dict as one JSON line, or raw bytes (a newline is added)."""
+        line = obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()
+        self.sock.sendall(line + b"\n")
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def events(self, until: tuple = ("done", "error", "status")) -> list[dict]:
+        """Events up to the first whose type is in ``until`` (or EOF); audio payloads are stored
+        under ``"_payload"``."""
+        out: list[dict] = []
+        while True:
+            i = self.buf.find(b"\n")
+            if i < 0:
+                if not self._fill():
+                    return out
+                continue
+            ev = json.loads(bytes(self.buf[:i]))
+            del self.buf[:i + 1]
+            if ev.get("type") == "audio":
+                while len(self.buf) < ev["bytes"]:
+                    if not self._fill():
+                        raise ConnectionError("EOF inside an audio payload")
+                ev["_payload"] = bytes(self.buf[:ev["bytes"]])
+                del self.buf[:ev["bytes"]]
+            out.append(ev)
+            if ev.get("type") in until:
                 return out
-            buf += data
-            continue
-        ev = json.loads(bytes(buf[:i]))
-        del buf[:i + 1]
-        if ev.get("type") == "audio":
-            while len(buf) < ev["bytes"]:
-                data = s.recv(65536)
-                if not data:
-                    raise ConnectionError("EOF inside an audio payload")
-                buf += data
-            ev["_payload"] = bytes(buf[:ev["bytes"]])
-            del buf[:ev["bytes"]]
-        out.append(ev)
-        if ev.get("type") in until:
-            return out
+
+    def events_until_ids(self, ids: set, kinds: tuple = ("done", "error")) -> tuple[list[dict], dict]:
+        """Read until every id in ``ids`` had an event of a type in ``kinds``; (all events, id -> that event)."""
+        evs: list[dict] = []
+        ends: dict = {}
+        while not ids <= set(ends):
+            new = self.events(kinds)
+            if not new:
+                raise ConnectionError(f"EOF before {ids - set(ends)} ended: {evs}")
+            evs += new
+            ends.update({e["id"]: e for e in new if e["type"] in kinds and e.get("id") in ids})
+        return evs, ends
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _wait_socket(d: DaemonProc, timeout_s: float) -> None:

@@ -3,7 +3,6 @@ a file (tests/asound); what was played is compared with the pipeline's own outpu
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -11,8 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.fixtures_service import (alsa_home, expected_pcm, launch_daemon, read_events, resample_like_daemon,
-                                    service_config, wait_played)
+from tests.fixtures_service import alsa_home, expected_pcm, launch_daemon, resample_like_daemon, service_config, wait_played
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +83,8 @@ def test_each_bad_request_gets_its_error_and_the_daemon_keeps_playing(dev_daemon
     s = dev_daemon.connect()
     try:   # all on one connection: an error never closes it
         for req, code in BAD:
-            line = req if isinstance(req, bytes) else json.dumps(req).encode()
-            s.sendall(line + b"\n")
-            (ev,) = read_events(s, ("error", "done"))
+            s.send(req)
+            (ev,) = s.events(("error", "done"))
             assert ev["type"] == "error" and ev["code"] == code, (req, ev)
             assert ev["message"]
     finally:
@@ -109,8 +106,8 @@ def test_garbage_and_abrupt_disconnect_do_not_hurt(dev_daemon, service_pipeline)
 def test_client_disconnecting_mid_request_does_not_lose_it(dev_daemon, service_pipeline):
     text, seed = "Nobody is listening anymore.", 13
     s = dev_daemon.connect()
-    s.sendall(json.dumps({"type": "speak", "text": text, "seed": seed, "id": "gone-1"}).encode() + b"\n")
-    (ev,) = read_events(s, ("accepted", "error"))
+    s.send({"type": "speak", "text": text, "seed": seed, "id": "gone-1"})
+    (ev,) = s.events(("accepted", "error"))
     assert ev["type"] == "accepted"
     s.close()
     want = resample_like_daemon(expected_pcm(service_pipeline, text, seed), _device_rate(dev_daemon))
@@ -119,34 +116,28 @@ def test_client_disconnecting_mid_request_does_not_lose_it(dev_daemon, service_p
 
 
 def test_cancel_queued_and_playing(dev_daemon):
-    long = {"max_new_tokens": 200}   # ~4 s of audio: still playing when the cancel arrives
+    long = {"max_new_tokens": 200}   # ~4 s of audio: still running or playing when the cancel arrives
     a = dev_daemon.connect()
-    a.sendall(json.dumps({"type": "speak", "text": "The first one plays for a while.", "seed": 1,
-                          "id": "c-a", "params": long}).encode() + b"\n")
-    a.sendall(json.dumps({"type": "speak", "text": "The second one waits.", "seed": 2, "id": "c-b",
-                          "params": long}).encode() + b"\n")
-    evs = []
-    while not any(e["type"] == "accepted" and e["id"] == "c-b" for e in evs):
-        evs += read_events(a, ("accepted",))
+    a.send({"type": "speak", "text": "The first one plays for a while.", "seed": 1, "id": "c-a", "params": long})
+    a.send({"type": "speak", "text": "The second one waits.", "seed": 2, "id": "c-b", "params": long})
+    evs, _ = a.events_until_ids({"c-a", "c-b"}, ("accepted",))
     b = dev_daemon.connect()
-    try:
-        b.sendall(b'{"type": "cancel", "id": "c-b"}\n')
-        evs = read_events(b, ("error",))
-        assert evs[-1]["code"] == "cancelled" and evs[-1]["id"] == "c-b"
-        b.sendall(b'{"type": "cancel", "id": "c-a"}\n')
-        evs = read_events(b, ("error",))
-        assert evs[-1]["code"] == "cancelled" and evs[-1]["id"] == "c-a"
-        b.sendall(b'{"type": "cancel", "id": "no-such-request"}\n')
-        (ev,) = read_events(b, ("error",))
+    try:   # cancelled from another connection: the canceller is told too
+        b.send({"type": "cancel", "id": "c-b"})
+        assert b.events(("error",))[-1] == {"type": "error", "code": "cancelled", "id": "c-b",
+                                            "message": "request c-b was cancelled"}
+        b.send({"type": "cancel", "id": "c-a"})
+        assert b.events(("error",))[-1]["code"] == "cancelled"
+        b.send({"type": "cancel", "id": "no-such-request"})
+        (ev,) = b.events(("error",))
         assert ev["code"] == "bad_request" and "no-such-request" in ev["message"]
     finally:
         b.close()
-    ends: dict = {}
-    while len(ends) < 2:   # the owner's connection: both end with 'cancelled', no 'done'
-        evs += read_events(a, ("done", "error"))
-        ends = {e["id"]: e for e in evs if e["type"] in ("done", "error")}
+    more, ends = a.events_until_ids({"c-a", "c-b"})
     a.close()
+    evs += more
     assert ends["c-a"]["code"] == "cancelled" and ends["c-b"]["code"] == "cancelled", evs
+    assert not any(e["type"] == "done" for e in evs)
     deadline = time.monotonic() + 5
     while _status(dev_daemon)["channels"]["main"]["buffered_ms"] > 0:   # c-a's unplayed audio is dropped
         assert time.monotonic() < deadline, _status(dev_daemon)
