@@ -1,21 +1,76 @@
 """Choose the inference backend once, at load, and say why.
 
 ``open_runner(cfg)`` returns a :class:`~appliance.runtime.runner.Runner`. ``model.backend``
-``auto`` picks, in order: ``tensorrt`` (plans built for this device and a GPU present),
-``torch`` on CUDA (torch importable and a GPU present), ``onnxruntime`` (exported graphs
-present), else ``torch`` on CPU. The choice and its reason are logged and stored in
-``runner.info.reason``.
+``auto`` picks, in order:
+
+1. ``tensorrt``: a GPU is present (``nvidia-smi`` or a Jetson board, no torch import) and
+   ``<engine_dir>/trt/<precision>/manifest.json`` exists for this GPU's compute capability;
+2. ``torch`` on CUDA: a GPU is present and torch is importable;
+3. ``onnxruntime``: exported graphs exist under ``<engine_dir>/onnx/`` (the default on a
+   machine without a GPU: the daemon then runs without torch);
+4. ``torch`` on CPU: nothing exported yet (the reason names the export command).
+
+The choice and its reason (e.g. ``auto: no GPU, exported graphs in ...: onnxruntime``) are
+logged once and stored in ``runner.info.reason``. An explicitly requested backend that cannot
+load raises; ``auto`` never silently falls back after a backend failed to load.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from pathlib import Path
 
 from ..config import Config
 from ..errors import ConfigError
+from . import manifest as mf
 from .runner import Runner
 
 log = logging.getLogger(__name__)
+
+
+def _trt_plans(cfg: Config, cc: str | None) -> Path | None:
+    """A ``trt/<precision>`` directory whose manifest targets compute capability ``cc``."""
+    base = cfg.resolve(cfg.model.engine_dir) / "trt"
+    for p in ("fp8", "int8", "fp16"):
+        d = base / p
+        if (d / mf.MANIFEST).is_file():
+            try:
+                m = mf.read(d)
+            except Exception:  # an unreadable manifest is reported by the runner if chosen explicitly
+                continue
+            if m.get("device", {}).get("compute_capability") in (cc, None):
+                return d
+    return None
+
+
+def choose_backend(cfg: Config) -> tuple[str, str]:
+    """(backend, reason) for ``cfg.model.backend`` (``auto`` resolved as in the module doc).
+
+    Raises:
+        ConfigError: ``auto`` finds nothing usable (no exported graphs and no torch).
+    """
+    requested = cfg.model.backend
+    if requested != "auto":
+        return requested, f"{requested} requested in config"
+    from .onnx_runner import find_export
+
+    cc = mf.device_facts().get("compute_capability")
+    if cc is not None:
+        plans = _trt_plans(cfg, cc)
+        if plans is not None and (importlib.util.find_spec("tensorrt") or importlib.util.find_spec("tensorrt_rtx")):
+            return "tensorrt", f"auto: GPU sm {cc} and plans built for it in {plans}"
+        if importlib.util.find_spec("torch") is not None:
+            return "torch", f"auto: GPU sm {cc}, no TensorRT plans for it: torch on CUDA"
+    exported = find_export(cfg)
+    if exported is not None and importlib.util.find_spec("onnxruntime") is not None:
+        why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
+        return "onnxruntime", f"auto: {why}, exported graphs in {exported}: onnxruntime"
+    if importlib.util.find_spec("torch") is not None:
+        return "torch", ("auto: no exported ONNX graphs (chattts-appliance engines export) and no GPU: torch on CPU")
+    raise ConfigError(
+        "model.backend=auto found no usable backend: export the ONNX graphs "
+        "(pip install 'chattts-appliance[torch]' then chattts-appliance engines export) or install torch")
 
 
 def open_runner(cfg: Config) -> Runner:
@@ -24,16 +79,24 @@ def open_runner(cfg: Config) -> Runner:
     Raises:
         ConfigError: the requested backend is not installed or not usable here.
         CheckpointError: the checkpoint is missing or malformed.
+        EngineMismatchError: engines exist but do not match the config, checkpoint or device.
     """
-    backend = cfg.model.backend
-    if backend in ("auto", "torch"):
+    backend, reason = choose_backend(cfg)
+    if backend == "torch":
         try:
             from .torch_runner import TorchRunner
         except ImportError as e:  # torch missing
-            raise ConfigError(f"model.backend={backend} needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
-        reason = "torch backend requested" if backend == "torch" else "auto: no other backend available yet"
-        runner = TorchRunner(cfg, reason=reason)
+            raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
+        runner: Runner = TorchRunner(cfg, reason=reason)
+    elif backend == "onnxruntime":
+        from .onnx_runner import OnnxRunner
+
+        runner = OnnxRunner(cfg, reason=reason)
+    elif backend == "tensorrt":
+        from .tensorrt_runner import TensorRTRunner
+
+        runner = TensorRTRunner(cfg, reason=reason)
     else:
-        raise ConfigError(f"model.backend={backend} is not available in this build")
+        raise ConfigError(f"model.backend={backend} is not a known backend")
     log.info("inference backend: %s (%s)", runner.info.backend, runner.info.reason)
     return runner

@@ -126,21 +126,34 @@ def set_target(config: Any, cc: str | None) -> None:
     Raises:
         ConfigError: the target is not one this TensorRT can build for.
     """
+    name = validate_target(cc)
+    if name is not None:
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(module().ComputeCapability, name), 0)
+
+
+def validate_target(cc: str | None) -> str | None:
+    """Check that this TensorRT can build for ``cc``; return TensorRT-RTX's ``SMxy`` name
+    (None: build for the local GPU).
+
+    Raises:
+        ConfigError: see :func:`set_target`.
+    """
     trt = module()
     if not is_rtx():
         if cc is not None:
             here = _local_cc()
             if here is not None and here != cc:
                 raise ConfigError(f"--target {cc}: TensorRT {version()} builds only for this GPU (compute capability {here}); build on the target device")
-        return
+        return None
     if cc is None:
-        return  # ComputeCapability.CURRENT, the default
+        return None  # ComputeCapability.CURRENT, the default
     name = "SM" + cc.replace(".", "")
     known = [n for n in dir(trt.ComputeCapability) if n.startswith("SM")]
     if name not in known:
-        raise ConfigError(f"--target {cc}: TensorRT-RTX {version()} builds for {', '.join(k[2:-1] + '.' + k[-1] for k in known)} only")
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(getattr(trt.ComputeCapability, name), 0)
+        raise ConfigError(f"--target {cc}: TensorRT-RTX {version()} builds for {', '.join(k[2:-1] + '.' + k[-1] for k in known)} only"
+                          " (Jetson: build on the device with JetPack's TensorRT)")
+    return name
 
 
 def _local_cc() -> str | None:

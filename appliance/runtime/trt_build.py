@@ -3,7 +3,7 @@
 Input: ``<engine_dir>/onnx/fp16/`` (``engines export --precision fp16``). Output:
 ``<engine_dir>/trt/<precision>/<graph>.plan`` plus ``manifest.json``, and the timing cache
 ``<engine_dir>/trt/timing.cache`` shared by every build on this machine (loaded before, saved
-after each graph).
+after each graph; classic TensorRT only: TensorRT-RTX 1.2+ ignores timing caches).
 
 Precision (strongly typed: it lives in the graph, :mod:`appliance.runtime.graph_precision`):
 ``fp16`` builds the fp16 graphs as they are; ``int8`` first rewrites their MatMul/Gemm weights
@@ -151,7 +151,7 @@ def build_all(engine_dir: str | Path, precision: str = "fp16", *, target: str | 
     """
     target = resolve_target(target)
     check_request(precision, target)
-    trtshim.module()  # TensorRT missing -> ConfigError before work
+    trtshim.validate_target(target)  # TensorRT missing or target impossible -> ConfigError before work
     engine_dir = Path(engine_dir)
     src = engine_dir / "onnx" / "fp16"
     exp = mf.read(src, "chattts-appliance engines export --precision fp16")
@@ -162,7 +162,8 @@ def build_all(engine_dir: str | Path, precision: str = "fp16", *, target: str | 
     elif out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    cache_path = engine_dir / "trt" / "timing.cache"
+    # TensorRT-RTX: timing caches are no-ops (deprecated in 1.2); it tunes at run time instead
+    cache_path = None if trtshim.is_rtx() else engine_dir / "trt" / "timing.cache"
     names = graphs or tuple(exp["graphs"])
     unknown = set(names) - set(exp["graphs"])
     if unknown:
@@ -196,7 +197,7 @@ def build_all(engine_dir: str | Path, precision: str = "fp16", *, target: str | 
         "shapes": exp["shapes"],
         "special": exp.get("special", {}),
         "kv": exp.get("kv", {}),
-        "build": {"workspace_mib": workspace_mib, "timing_cache": str(cache_path), "strongly_typed": trtshim.strongly_typed(),
+        "build": {"workspace_mib": workspace_mib, "timing_cache": str(cache_path) if cache_path else None, "strongly_typed": trtshim.strongly_typed(),
                   "flavor": trtshim.flavor(), "source": str(src), "quantization": None if precision == "fp16" else f"{precision} weight-only Q/DQ"},
         "memory": {"weights_bytes": sum(e["weights_bytes"] or 0 for e in entries.values()),
                    "activation_bytes": sum(e["activation_bytes"] or 0 for e in entries.values()),

@@ -1,0 +1,144 @@
+"""ONNX export + the ONNX Runtime runner against the PyTorch runner on the tiny checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from appliance.config import config_from_dict
+from appliance.errors import CapacityError, EngineError, EngineMismatchError
+
+LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(tiny_ckpt, tmp_path_factory):
+    """fp32 graphs of the tiny checkpoint (exported once for this module)."""
+    from appliance.model.export import export_all
+
+    root = tmp_path_factory.mktemp("engines")
+    export_all(tiny_ckpt, root, precision="fp32", **LIMITS, window_tokens=64)
+    return root
+
+
+def _cfg(tiny_ckpt, engine_dir, **model):
+    m = {"path": str(tiny_ckpt), "backend": "onnxruntime", "threads": 1, **LIMITS, "engine_dir": str(engine_dir)}
+    m.update(model)
+    return config_from_dict({"model": m}, base_dir=str(tiny_ckpt))
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_ckpt, onnx_dir):
+    from appliance.runtime.onnx_runner import OnnxRunner
+    from appliance.runtime.torch_runner import TorchRunner
+
+    cfg = _cfg(tiny_ckpt, onnx_dir)
+    ort_r = OnnxRunner(cfg, reason="test")
+    torch_r = TorchRunner(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backend="torch")), reason="ref")
+    yield ort_r, torch_r
+    ort_r.close()
+    torch_r.close()
+
+
+def test_manifest_written(onnx_dir):
+    m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
+    assert m["kind"] == "onnx" and m["precision"] == "fp32"
+    assert set(m["graphs"]) == {"gpt_prefill", "gpt_decode", "decoder", "vocos"}
+    assert len(m["checkpoint"]["sha256"]) == 64
+    dec_in = [t["name"] for t in m["graphs"]["gpt_decode"]["inputs"]]
+    assert dec_in[:4] == ["codes", "pos", "slots", "past"]
+    assert "k_cache.0" in dec_in and "v_cache.1" in dec_in
+    assert m["limits"] == {**LIMITS, "window_tokens": 64}
+
+
+def test_outputs_match_torch_and_greedy_codes_identical(runners):
+    o, t = runners
+    rng = np.random.default_rng(1)
+    spk = rng.standard_normal(o.info.hidden_size).astype(np.float32)
+    spk_id = int(o.manifest["special"]["spk_emb_id"])
+    pos = np.zeros(3, np.int64)
+    codes = np.zeros((3, 4), np.int64)
+    for slot, n in [(0, 17), (1, 5), (2, 40)]:
+        ids = rng.integers(0, 200, n)
+        ids[1] = spk_id
+        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.prefill(slot, ids, spk if slot != 1 else None)) for r in (o, t)]
+        np.testing.assert_allclose(la, lb, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(ha, hb, atol=1e-4, rtol=1e-4)
+        pos[slot] = n
+        codes[slot] = la.argmax(-1)
+    steps = 0
+    for step in range(60):
+        rows = np.array([0, 1, 2]) if step % 4 else np.array([2, 0])  # rows join/leave like channels
+        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.decode(rows, codes[rows], pos[rows])) for r in (o, t)]
+        np.testing.assert_allclose(la, lb, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(ha, hb, atol=1e-4, rtol=1e-4)
+        assert (la.argmax(-1) == lb.argmax(-1)).all(), f"greedy codes differ at step {step}"
+        codes[rows] = la.argmax(-1)
+        pos[rows] += 1
+        steps += 1
+    assert steps >= 50
+    h = rng.standard_normal((37, o.info.hidden_size)).astype(np.float32)
+    np.testing.assert_allclose(o.decoder(h), t.decoder(h), atol=1e-4, rtol=1e-4)
+    mel = rng.standard_normal((100, 51)).astype(np.float32)
+    for a, b in zip(o.vocos(mel), t.vocos(mel)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_capacity_errors(runners):
+    o, _ = runners
+    with pytest.raises(CapacityError, match="max_prompt_tokens"):
+        o.prefill(0, np.ones(129, np.int64), None)
+    with pytest.raises(CapacityError, match="slot 3"):
+        o.prefill(3, np.ones(4, np.int64), None)
+    with pytest.raises(CapacityError, match="max_seq_len"):
+        o.decode(np.array([0]), np.zeros((1, 4), np.int64), np.array([512]))
+    with pytest.raises(CapacityError, match="distinct"):
+        o.decode(np.array([1, 1]), np.zeros((2, 4), np.int64), np.array([3, 3]))
+    with pytest.raises(EngineError, match="audio code"):
+        o.decode(np.array([0]), np.full((1, 4), 626), np.array([3]))
+
+
+def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
+    from appliance.runtime.onnx_runner import OnnxRunner
+
+    with pytest.raises(EngineMismatchError, match=r"limits.max_batch is 3, expected 2.*rebuild with: chattts-appliance engines export"):
+        OnnxRunner(_cfg(tiny_ckpt, onnx_dir, max_batch=2, max_seq_len=512))
+    copy = onnx_dir.parent / "engines_other_ckpt"
+    shutil.copytree(onnx_dir, copy, dirs_exist_ok=True)
+    mpath = copy / "onnx" / "fp32" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["checkpoint"]["sha256"] = "0" * 64
+    m["checkpoint"]["files"] = {}
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(EngineMismatchError, match="checkpoint sha256 is 000000000000.*rebuild with"):
+        OnnxRunner(_cfg(tiny_ckpt, copy))
+
+
+def test_ort_failure_wrapped(tiny_ckpt, onnx_dir):
+    from appliance.runtime.onnx_runner import OnnxRunner
+
+    copy = onnx_dir.parent / "engines_broken"
+    shutil.copytree(onnx_dir, copy, dirs_exist_ok=True)
+    (copy / "onnx" / "fp32" / "vocos.onnx").write_bytes(b"not a model")
+    with pytest.raises(EngineError, match="onnxruntime loading vocos failed"):
+        OnnxRunner(_cfg(tiny_ckpt, copy))
+
+
+def test_auto_picks_onnxruntime_without_gpu(tiny_ckpt, onnx_dir, caplog):
+    from appliance.runtime import manifest as mf
+    from appliance.runtime.select import choose_backend, open_runner
+
+    if mf.device_facts().get("compute_capability"):
+        pytest.skip("a GPU is present: auto prefers TensorRT or torch on CUDA")
+    cfg = _cfg(tiny_ckpt, onnx_dir, backend="auto")
+    backend, reason = choose_backend(cfg)
+    assert backend == "onnxruntime" and "no GPU" in reason
+    caplog.set_level("INFO", logger="appliance.runtime.select")
+    r = open_runner(cfg)
+    assert r.info.backend == "onnxruntime" and "no GPU" in r.info.reason
+    assert any("inference backend: onnxruntime" in rec.getMessage() for rec in caplog.records)
+    r.close()
