@@ -187,3 +187,39 @@ def test_stderr_journal_logging_without_systemd_python(restore_root_logging, cap
     assert setup_logging(environ={"JOURNAL_STREAM": "8:123"}) == "stderr-journal"
     logging.getLogger("appliance.test").error("boom", extra=log_fields(channel="cabin"))
     assert "<3>appliance.test: boom [channel=cabin]" in capsys.readouterr().err
+
+
+def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):
+    from appliance.service.notify import SystemdBridge
+    from appliance.service.protocol import StatusReply
+
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    b = SystemdBridge(extend_s=0.3)
+    assert set(b.hooks()) == {"on_loading", "on_ready", "on_status", "on_heartbeat", "on_reload", "on_stopping"}
+    try:
+        b.on_loading("loading the model")
+        time.sleep(0.45)                                  # the keep-alive re-sends every 0.1 s
+        ext = notify_socket.with_key("EXTEND_TIMEOUT_USEC")
+        assert len(ext) >= 3 and all(m.fields["EXTEND_TIMEOUT_USEC"] == "300000" for m in ext)
+        assert ext[0].fields["STATUS"] == "loading the model"
+        b.on_heartbeat()
+        b.on_ready()
+        n_ext = len(notify_socket.with_key("EXTEND_TIMEOUT_USEC"))
+        b.on_status(StatusReply(state="ready", backend="torch-cpu",
+                                channels={"main": {"active": "r1", "queued": 2}, "cabin": {"active": None}},
+                                last_rtf=0.5, last_ttfb_ms=321.0, throttle="reduced_channels", temperature_c=61.24))
+        for _ in range(6):                                # a worker beating every 0.1 s
+            b.on_heartbeat()
+            time.sleep(0.1)
+        b.on_reload()
+        b.reloaded()
+        b.on_stopping()
+        assert notify_socket.wait_for("STOPPING", timeout=5)
+        assert len(notify_socket.with_key("EXTEND_TIMEOUT_USEC")) <= n_ext + 1   # stops once ready
+        assert notify_socket.wait_count("WATCHDOG", 2, timeout=5)
+        statuses = [m.fields["STATUS"] for m in notify_socket.with_key("STATUS")]
+        assert "ready; busy 1/2; rtf 0.50; ttfb 321 ms; 61.2C; throttle reduced_channels" in statuses
+        keys = [k for k in notify_socket.keys_in_order() if k not in ("WATCHDOG", "EXTEND_TIMEOUT_USEC")]
+        assert keys == ["READY", "STATUS", "RELOADING", "READY", "STOPPING"]
+    finally:
+        b.close()

@@ -21,6 +21,7 @@ Public API used by the daemon (see each docstring):
   ``extend_timeout()``, ``send()``; :func:`format_status` builds the ``STATUS=`` text.
 * :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
   heartbeat (:meth:`Watchdog.beat`) is fresh.
+* :class:`SystemdBridge` – the daemon's ``Hooks`` as sd_notify calls (``Hooks(**bridge.hooks())``).
 * :func:`setup_logging` – journald (structured fields) under systemd, stderr otherwise;
   :func:`log_fields` builds the ``extra=`` mapping for per-request fields.
 """
@@ -33,7 +34,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +304,96 @@ class Watchdog:
         self.tick()
         while not self._stop.wait(period):
             self.tick()
+
+
+class SystemdBridge:
+    """The daemon's hooks (:class:`appliance.service.daemon.Hooks`) turned into sd_notify messages.
+
+    Wiring (in ``daemon.build_hooks``)::
+
+        bridge = SystemdBridge()
+        return Hooks(**bridge.hooks())
+
+    * ``on_loading(text)``: ``EXTEND_TIMEOUT_USEC`` + ``STATUS=text``; a keep-alive thread
+      re-sends the extension every ``extend_s / 3`` until ready, so one slow stage (an engine
+      build) does not hit ``TimeoutStartSec``; after ``max_start_s`` it stops extending and
+      systemd's timeout applies (a hung start-up is still caught).
+    * ``on_ready()``: ``READY=1`` + ``STATUS=``; starts the :class:`Watchdog`.
+    * ``on_status(reply)``: ``STATUS=`` from a :class:`~appliance.service.protocol.StatusReply`
+      (:func:`format_status`: busy channels, last RTF/TTFB, temperature, throttle level).
+    * ``on_heartbeat()``: :meth:`Watchdog.beat` (from the worker thread).
+    * ``on_reload()``: ``RELOADING=1`` + ``MONOTONIC_USEC``; call :meth:`reloaded` when the new
+      config is in force (``READY=1``), or systemd waits for the reload until its timeout.
+    * ``on_stopping()``: ``STOPPING=1`` (the watchdog keeps pinging while the worker drains).
+
+    Args:
+        notifier: default ``Notifier()``.
+        watchdog: default ``Watchdog(notifier)`` (interval from ``$WATCHDOG_USEC``).
+        extend_s: each start-up extension, s.
+        max_start_s: stop extending after this long, s.
+    """
+
+    def __init__(self, notifier: Optional[Notifier] = None, watchdog: Optional[Watchdog] = None,
+                 extend_s: float = 90.0, max_start_s: float = 1800.0) -> None:
+        self.notifier = notifier or Notifier()
+        self.watchdog = watchdog or Watchdog(self.notifier)
+        self.extend_s = extend_s
+        self.max_start_s = max_start_s
+        self._starting = threading.Event()
+        self._ready = threading.Event()
+        self._extender: Optional[threading.Thread] = None
+        self._t0 = time.monotonic()
+
+    def hooks(self) -> dict:
+        """Keyword arguments for ``Hooks(...)``."""
+        return {"on_loading": self.on_loading, "on_ready": self.on_ready, "on_status": self.on_status,
+                "on_heartbeat": self.on_heartbeat, "on_reload": self.on_reload, "on_stopping": self.on_stopping}
+
+    def on_loading(self, text: str) -> None:
+        self.notifier.extend_timeout(self.extend_s, status=text)
+        if self._extender is None and self.notifier.enabled:
+            self._extender = threading.Thread(target=self._keep_extending, name="sd-extend", daemon=True)
+            self._extender.start()
+
+    def _keep_extending(self) -> None:
+        while not self._ready.wait(self.extend_s / 3):
+            if time.monotonic() - self._t0 > self.max_start_s:
+                log.error("start-up still not finished after %.0f s; no more EXTEND_TIMEOUT_USEC", self.max_start_s)
+                return
+            self.notifier.extend_timeout(self.extend_s)
+
+    def on_ready(self) -> None:
+        self._ready.set()
+        self.notifier.ready(format_status("ready"))
+        self.watchdog.start()
+
+    def on_status(self, reply: Any) -> None:
+        chans = getattr(reply, "channels", {}) or {}
+        busy = sum(1 for c in chans.values() if isinstance(c, dict) and c.get("active"))
+        self.notifier.status(format_status(
+            reply.state, busy=busy, channels=len(chans) or None, last_rtf=reply.last_rtf,
+            last_ttfb_ms=reply.last_ttfb_ms, temperature_c=reply.temperature_c, throttle=reply.throttle))
+
+    def on_heartbeat(self) -> None:
+        self.watchdog.beat("worker")
+
+    def on_reload(self) -> None:
+        self.notifier.reloading()
+
+    def reloaded(self, status: str = "ready (configuration reloaded)") -> None:
+        """``READY=1`` after a reload (see :meth:`on_reload`)."""
+        self.notifier.ready(status)
+
+    def on_stopping(self) -> None:
+        self._ready.set()
+        self.notifier.stopping("stopping: draining accepted requests")
+
+    def close(self) -> None:
+        """Stop the watchdog and extender threads (at exit)."""
+        self._ready.set()
+        self.watchdog.stop()
+        if self._extender is not None:
+            self._extender.join(timeout=2)
 
 
 # ---------------------------------------------------------------------------- logging
