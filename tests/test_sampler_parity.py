@@ -54,3 +54,23 @@ def test_penalty_and_warpers_match_upstream(golden):
             out = ours(logits, hist, int(hl), exact=exact, top_p=float(np.float32(tp)), top_k=int(tk), **base)
             same(out, golden[f"sampler_out_{k}"])
             assert np.isneginf(out).any()  # the warpers did remove codes
+
+
+def test_greedy_steps_match_upstream_generate(golden):
+    """Upstream's own GPT.generate (temperature 1, repetition penalty 1.05 over the last 16
+    codes, EOS masked, argmax): at the logged steps our greedy Sampler, fed the same raw logits
+    and the same code history, picks the same 4 codes."""
+    codes, steps, raw = golden["codes"], golden["logit_steps"], golden["step_logits"]
+    n = codes.shape[0]
+    p = SamplingParams(temperature=1.0, repetition_penalty=1.05, top_p=0.7, top_k=20,
+                       min_new_tokens=n, greedy=True)
+    checked = 0
+    for s, logits in zip(steps.tolist(), raw):
+        smp = Sampler(1)
+        smp.start(0, p, 0)
+        for t in range(s):
+            smp.record(0, codes[t])
+        got = smp.sample(np.array([0]), logits[None].astype(np.float32), np.array([s]))[0]
+        np.testing.assert_array_equal(got, codes[s], err_msg=f"step {s}")
+        checked += 1
+    assert checked == len(steps) >= 10
