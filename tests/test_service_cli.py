@@ -23,7 +23,13 @@ def _say(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 
 def test_wav_output_and_say_cli(tiny_ckpt, tmp_path, start_daemon, service_pipeline):
-    d = start_daemon(service_config(tiny_ckpt, tmp_path))          # audio.output: wav
+    cfg = service_config(tiny_ckpt, tmp_path)                       # audio.output: wav
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)       # a crashed daemon's socket file
+    (tmp_path / "run").mkdir()
+    stale.bind(cfg["service"]["socket"])
+    stale.close()
+    d = start_daemon(cfg)
+    assert "removing stale socket" in d.log()
     text, seed = "Written to a file.", 21
     want = expected_pcm(service_pipeline, text, seed)
 
@@ -50,6 +56,13 @@ def test_wav_output_and_say_cli(tiny_ckpt, tmp_path, start_daemon, service_pipel
     # an error event: exit 1, message on stderr
     r = _say("--socket", str(d.socket), "。。。")
     assert r.returncode == 1 and "bad_text" in r.stderr
+
+    # a second daemon on the same socket refuses to start, before loading the model, and
+    # leaves the first one's socket alone
+    r = subprocess.run([sys.executable, "-m", "appliance", "serve", "--config", str(d.config_path)], cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "another daemon is listening" in r.stderr
+    assert "pipeline loaded" not in r.stderr and d.socket.exists()
 
     # a path-like request id stays inside wav_dir
     evs = d.request({"type": "speak", "text": "Safe name.", "id": "../../escape"})

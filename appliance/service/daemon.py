@@ -56,7 +56,7 @@ from ..config import Config, load_config
 from ..errors import ApplianceError, BusyError, CancelledError, RequestError, TextError, UnknownChannelError
 from .protocol import (Cancel, ErrorEvent, HealthRequest, Speak, StatusReply, StatusRequest, error_event,
                        parse_line)
-from .socket_server import SocketServer, inherited_socket, listen_socket
+from .socket_server import SocketServer, check_socket_path, inherited_socket, listen_socket
 from .sound import AudioOutput
 from .worker import EventSink, Item, Worker
 
@@ -133,6 +133,8 @@ class Daemon:
             raise _StopDuringStart(signal.Signals(signum).name)
         prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
+                check_socket_path(self.cfg.resolve(self.cfg.service.socket))
             self._load()
         except _StopDuringStart as e:
             log.info("%s during start-up; exiting", e)

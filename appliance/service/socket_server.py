@@ -37,6 +37,36 @@ MAX_PENDING_BYTES = 64 * 1024 * 1024
 Handler = Callable[[bytes, Callable[[Any, Optional[bytes]], None]], Awaitable[None]]
 
 
+def check_socket_path(path: Path) -> None:
+    """Make ``path`` free for :func:`listen_socket`: remove a stale socket file (nobody answers).
+
+    Called once early (before the model loads, so a second daemon fails fast) and again at bind.
+
+    Raises:
+        ConfigError: ``path`` exists and is not a socket, or another process listens on it.
+    """
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"service.socket: {path} exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        log.info("removing stale socket %s", path)
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise ConfigError(f"service.socket: cannot probe existing socket {path}: {e}") from e
+    else:
+        raise ConfigError(f"service.socket: another daemon is listening on {path}; stop it or choose another path")
+    finally:
+        probe.close()
+
+
 def listen_socket(path: Path, mode: int, backlog: int = 64) -> socket.socket:
     """Bind and listen on a UNIX stream socket at ``path`` with file mode ``mode``.
 
@@ -45,26 +75,7 @@ def listen_socket(path: Path, mode: int, backlog: int = 64) -> socket.socket:
             it cannot be bound (too long, no permission) – the message says what to change.
     """
     path = Path(path)
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise ConfigError(f"service.socket: {path} exists and is not a socket; remove it or choose another path")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            log.info("removing stale socket %s", path)
-            path.unlink(missing_ok=True)
-        except OSError as e:
-            raise ConfigError(f"service.socket: cannot probe existing socket {path}: {e}") from e
-        else:
-            raise ConfigError(f"service.socket: another daemon is listening on {path}; stop it or choose another path")
-        finally:
-            probe.close()
+    check_socket_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

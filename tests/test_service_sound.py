@@ -1,0 +1,96 @@
+"""Sound output: WAV files, auto device choice, and a device that dies in the middle of a
+request (its pacer process is killed, so ALSA's file plugin gets EPIPE and PortAudio stops)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from appliance.service.wavout import read_wav, wav_path, write_wav
+from tests.fixtures_service import ROOT, alsa_home, expected_pcm, service_config
+
+
+def test_wav_round_trip_and_safe_names(tmp_path):
+    x = np.sin(np.arange(2400, dtype=np.float32) / 7) * 1.2      # clips above 1
+    p = write_wav(tmp_path / "a.wav", x, 24000)
+    y, rate = read_wav(p)
+    assert rate == 24000 and len(y) == len(x)
+    assert np.abs(y - np.clip(x, -1, 1)).max() <= 1 / 32767 + 1e-7
+    assert wav_path(tmp_path, "../../etc/passwd").parent == tmp_path
+    assert wav_path(tmp_path, ".hidden").name == "_hidden.wav"
+    assert wav_path(tmp_path, "abc-1.2_x").name == "abc-1.2_x.wav"
+
+
+_AUTO = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+         "from appliance.config import config_from_dict\n"
+         "from appliance.service.sound import AudioOutput\n"
+         "a = AudioOutput(config_from_dict({'audio': {'output': 'auto', 'wav_dir': sys.argv[1]}}))\n"
+         "a.start(); print('MODE', a.mode); a.close(1.0)\n")
+
+
+def _auto_mode(tmp_path: Path, env: dict) -> str:
+    r = subprocess.run([sys.executable, "-c", _AUTO, str(tmp_path / "wav")], cwd=str(ROOT), env={**os.environ, **env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_auto_picks_the_device_when_portaudio_lists_one(tmp_path):
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    out = _auto_mode(tmp_path, {"HOME": str(alsa.home)})
+    assert "MODE device" in out and "PortAudio lists 1 output device(s): 'default'" in out
+
+
+def test_auto_falls_back_to_wav_without_devices(tmp_path):
+    out = _auto_mode(tmp_path, {"HOME": str(tmp_path)})     # the system's ALSA config, no ~/.asoundrc
+    if "MODE device" in out:
+        pytest.skip("this machine has a real sound device")
+    assert "MODE wav" in out
+    assert "PortAudio lists no output device" in out and "writing one WAV file per request" in out
+
+
+def _pids_with(needle: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_device_dying_mid_request_completes_it_to_wav(tiny_ckpt, tmp_path, start_daemon, service_pipeline):
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    d = start_daemon(service_config(tiny_ckpt, tmp_path, audio={"output": "device"}), alsa=alsa)
+    text, seed = "The speaker is unplugged while I talk.", 31
+    want = expected_pcm(service_pipeline, text, seed)
+    assert len(want) > 24000, "need at least a second of audio to cut the device mid-way"
+    c = d.connect()
+    c.send({"type": "speak", "text": text, "seed": seed, "id": "unplugged"})
+    c.events(("started",))
+    time.sleep(0.3)                         # the request is being heard ...
+    pacers = _pids_with(str(alsa.raw))
+    assert pacers
+    for pid in pacers:                      # ... when the "card" goes away
+        os.kill(pid, signal.SIGKILL)
+    (done,) = [e for e in c.events(("done", "error")) if e["type"] in ("done", "error")]
+    c.close()
+    assert done["type"] == "done" and done["output"] == str(d.wav_dir / "unplugged.wav"), done
+    got, rate = read_wav(done["output"])
+    assert rate == 24000 and len(got) == len(want)           # the whole request, not the rest of it
+    assert np.abs(got - np.clip(want, -1, 1)).max() <= 1 / 32767 + 1e-6
+    (st,) = d.request({"type": "status"})
+    main = st["channels"]["main"]
+    assert main["ok"] is False and main["error"] and main["output"] == "wav (device failed)"
+    evs = d.request({"type": "speak", "text": "Next one goes to a file.", "seed": 32, "id": "after"})
+    assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("after.wav"), evs
+    assert "failed" in d.log()
