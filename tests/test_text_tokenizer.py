@@ -105,3 +105,13 @@ def test_random_checkpoint_tokenizer(tiny_ckpt):
     assert p[-2:].tolist() == [t.id_of("[uv_break]"), t.id_of("[Ptts]")]
     assert t.unk_id not in p
     assert t.unknown_chars("你好😀") == ["😀"]
+
+
+def test_prompt_ids_equal_upstream_tokenizer(golden, golden_ckpt):
+    """Our prompt + tokenizers-library encoding gives the ids upstream's BertTokenizerFast gave
+    for the golden's prompt (tests/golden/upstream_tiny.npz, made with chattts 0.2.5)."""
+    prompt_text = bytes(golden["text"]).decode("utf-8")
+    t = Tokenizer.from_dir(golden_ckpt)
+    body = prompt_text.removeprefix("[Stts][spk_emb][speed_5]").removesuffix("[Ptts]")
+    assert Tokenizer.prompt_text(body, prompt="[speed_5]") == prompt_text
+    np.testing.assert_array_equal(t.code_prompt(body, prompt="[speed_5]"), golden["input_ids"])
