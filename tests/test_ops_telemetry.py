@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from appliance.errors import ConfigError
-from appliance.service.telemetry import (Reading, SysfsSource, Trip, merge, open_telemetry, parse_tegrastats,
+from appliance.service.telemetry import (Reading, appliance_memory_mib, SysfsSource, Trip, merge, open_telemetry, parse_tegrastats,
                                          process_memory_mib)
 
 SAMPLES_FILE = Path("/work/shared/tegrastats-samples.txt")
@@ -178,6 +178,13 @@ def test_sysfs_reader(orin_tree):
     assert process_memory_mib(root=str(orin_tree)) == 200.0
 
 
+def test_appliance_memory_counts_gpu_memory():
+    assert appliance_memory_mib(Reading(t=0, nvmap_mib=600.0), rss_mib=300.0) == 900.0
+    assert appliance_memory_mib(Reading(t=0, gpu_mem_used_mib=1000.0), rss_mib=300.0) == 1300.0
+    assert appliance_memory_mib(None, rss_mib=300.0) == 300.0
+    assert appliance_memory_mib(Reading(t=0)) == pytest.approx(process_memory_mib(), rel=0.2)
+
+
 def test_process_memory_of_this_process():
     rss = process_memory_mib()
     assert rss is not None and 10 < rss < 100_000
@@ -245,3 +252,29 @@ def test_none_source():
     tel = open_telemetry("none")
     r = tel.read()
     assert tel.source_name == "none" and r.temps_c == {} and r.mem_total_mib is None
+
+
+def _nvml_gpu() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return n > 0
+    except Exception:  # noqa: BLE001 - no module, no driver, no GPU
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _nvml_gpu(), reason="needs nvidia-ml-py and an NVIDIA GPU (device tool)")
+def test_nvml_on_a_real_gpu():
+    # Measured on the device tool's H200 (2026-11-30): gpu 41 C, 82.8 W, slowdown trip 89 C.
+    tel = open_telemetry("auto", jtop_socket="/nonexistent/jtop.sock", tegrastats="")
+    try:
+        r = tel.read()
+        assert tel.source_name == "nvml" and r.source.startswith("nvml")
+        assert 5 < r.gpu_c < 120 and r.power_mw > 1000 and r.gpu_mem_total_mib > 1000
+        assert any(t.kind == "passive" and 50 < t.temp_c < 120 for t in tel.trips())
+    finally:
+        tel.close()

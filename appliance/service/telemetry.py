@@ -669,5 +669,24 @@ def process_memory_mib(pid: str = "self", root: str = "/") -> Optional[float]:
     return int(m.group(1)) / 1024.0 if m else None
 
 
-__all__ = ["Reading", "Trip", "Telemetry", "open_telemetry", "parse_tegrastats", "merge", "process_memory_mib",
+def appliance_memory_mib(reading: Optional[Reading] = None, rss_mib: Optional[float] = None) -> Optional[float]:
+    """Memory the appliance uses, for ``throttle.update(app_mem_mib=...)`` against
+    ``service.memory_budget_mb``, MiB: this process's RSS plus the GPU memory in ``reading``
+    (``nvmap_mib`` on Jetson, ``gpu_mem_used_mib`` from NVML). Those GPU figures are for the
+    whole device, so this assumes the appliance is the box's only GPU user (what an appliance is).
+
+    Args:
+        reading: the latest telemetry reading (None: RSS only).
+        rss_mib: RSS to use instead of reading ``/proc/self/status`` (tests).
+    """
+    rss = process_memory_mib() if rss_mib is None else rss_mib
+    gpu = None
+    if reading is not None:
+        gpu = reading.nvmap_mib if reading.nvmap_mib is not None else reading.gpu_mem_used_mib
+    if rss is None and gpu is None:
+        return None
+    return (rss or 0.0) + (gpu or 0.0)
+
+
+__all__ = ["appliance_memory_mib", "Reading", "Trip", "Telemetry", "open_telemetry", "parse_tegrastats", "merge", "process_memory_mib",
            "SysfsSource", "TegrastatsSource", "JtopSource", "NvmlSource", "Source", "find_tegrastats"]
