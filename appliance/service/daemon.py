@@ -32,10 +32,13 @@ systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
 
 * ``on_loading(text)`` – during start-up stages (send ``EXTEND_TIMEOUT_USEC`` + ``STATUS=``).
 * ``on_ready()`` – after warm-up, once the socket accepts (``READY=1``).
-* ``on_status(StatusReply)`` – at ready, after every finished request, at stop (``STATUS=``).
+* ``on_status(StatusReply)`` – at ready, after every finished request (from the worker or the
+  audio watcher thread), at stop (``STATUS=``).
 * ``on_heartbeat()`` – from the worker thread, at least every ``heartbeat_s`` while it is
   healthy; a hung synthesis stops it (``WATCHDOG=1``).
-* ``on_reload()`` – SIGHUP received (``RELOADING=1``; config reload itself is not done here yet).
+* ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded()`` once the reload is
+  over (``READY=1``). The config itself is not re-read yet: both fire back to back and the
+  log says to restart for changes.
 * ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
 * ``on_unfinished(items)`` – queued requests left at stop (spool them).
 """
@@ -78,6 +81,7 @@ class Hooks:
     on_status: Optional[Callable[[StatusReply], None]] = None
     on_heartbeat: Optional[Callable[[], None]] = None
     on_reload: Optional[Callable[[], None]] = None
+    on_reloaded: Optional[Callable[[], None]] = None
     on_stopping: Optional[Callable[[], None]] = None
     on_unfinished: Optional[Callable[[list], None]] = None
 
@@ -210,8 +214,9 @@ class Daemon:
                 self.worker.cancel(request_id=i)
 
     def _on_sighup(self) -> None:
-        log.info("SIGHUP: config reload is not implemented yet; restart the service to apply changes")
         _call(self.hooks.on_reload)
+        log.warning("SIGHUP: config reload is not implemented yet; restart the service to apply changes")
+        _call(self.hooks.on_reloaded)
 
     async def _shutdown(self) -> None:
         loop = asyncio.get_running_loop()
@@ -318,8 +323,13 @@ class Daemon:
 
 
 def build_hooks(cfg: Config) -> Hooks:
-    """The hooks ``serve`` runs with (systemd notify is wired here)."""
-    return Hooks()
+    """The hooks ``serve`` runs with: sd_notify through
+    :class:`~appliance.service.notify.SystemdBridge` (every call is a no-op outside systemd)."""
+    from .notify import SystemdBridge
+
+    bridge = SystemdBridge()
+    return Hooks(**bridge.hooks(),
+                 on_reloaded=lambda: bridge.reloaded("ready (config not re-read: restart to apply changes)"))
 
 
 def cli_main(args: Any) -> int:
