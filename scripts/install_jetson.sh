@@ -14,6 +14,10 @@
 #   --pip-no-deps      pip install --no-deps (no downloads; for CI under --prefix)
 #   --precision P      engine precision: fp16 (default) or int8 (weight-only). fp8 is refused:
 #                      Orin (sm_87) has no FP8.
+#   --onnx-dir DIR     ONNX graphs exported elsewhere: the DIR of `chattts-appliance engines
+#                      export --precision fp16 --out DIR` run on any machine with torch (or its
+#                      onnx/fp16 subdirectory); copied into the engine cache. Needed when this
+#                      box has no torch to export them itself.
 #   --skip-model       do not download the checkpoint when it is missing
 #   --skip-engines     do not build or check TensorRT engines
 #   --skip-health      do not run the health check
@@ -52,6 +56,7 @@ SKIP_ENGINES=0
 SKIP_HEALTH=0
 ENABLE=1
 PROBE_ROOT=""
+ONNX_DIR=""
 SERVICE_USER=chattts
 UNITS=(chattts-appliance.service chattts-appliance.socket chattts-appliance-health.service chattts-appliance-health.timer)
 
@@ -84,6 +89,7 @@ while [ $# -gt 0 ]; do
         --python) [ $# -ge 2 ] || die "$EXIT_USAGE" "--python needs an interpreter"; PYTHON=$2; shift ;;
         --pip-no-deps) PIP_NO_DEPS=1 ;;
         --precision) [ $# -ge 2 ] || die "$EXIT_USAGE" "--precision needs fp16 or int8"; PRECISION=$2; shift ;;
+        --onnx-dir) [ $# -ge 2 ] || die "$EXIT_USAGE" "--onnx-dir needs a directory"; ONNX_DIR=$(cd "$2" && pwd) || die "$EXIT_USAGE" "--onnx-dir $2 does not exist"; shift ;;
         --skip-model) SKIP_MODEL=1 ;;
         --skip-engines) SKIP_ENGINES=1 ;;
         --skip-health) SKIP_HEALTH=1 ;;
@@ -359,7 +365,20 @@ step_engines() {
         return
     fi
     [ "$DRY_RUN" -eq 1 ] && note "(the engines are rebuilt only if their manifest does not match)"
-    run "$CLI" engines export --config "$CONFIG" --precision fp16
+    local onnx="$ENGINE_DIR/onnx/fp16"
+    if [ -n "$ONNX_DIR" ]; then
+        local src="$ONNX_DIR"
+        [ -d "$ONNX_DIR/onnx/fp16" ] && src="$ONNX_DIR/onnx/fp16"
+        [ -f "$src/manifest.json" ] || die "$EXIT_USAGE" "--onnx-dir: no manifest.json in $src (export with --precision fp16)"
+        run mkdir -p "$onnx"
+        run cp -a "$src/." "$onnx/"
+    elif [ -f "$onnx/manifest.json" ]; then
+        note "ONNX graphs present in $onnx"
+    elif [ "$DRY_RUN" -eq 1 ] || "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+        run "$CLI" engines export --config "$CONFIG" --precision fp16
+    else
+        die "$EXIT_FAIL" "no ONNX graphs in $onnx and no torch in $VENV to export them: run 'chattts-appliance engines export --precision fp16 --out DIR' on a machine with torch and pass --onnx-dir DIR"
+    fi
     run "$CLI" engines build --config "$CONFIG" --precision "$PRECISION"
 }
 

@@ -70,6 +70,20 @@ def test_dry_run_on_a_jetpack6_board(tmp_path):
     assert "==> done" in r.stdout
 
 
+def test_dry_run_with_onnx_graphs_from_elsewhere(tmp_path):
+    root = _fake_jetson(tmp_path / "root", "# R36 (release), REVISION: 3.0, GCID: 36191598, BOARD: generic, EABI: aarch64")
+    graphs = tmp_path / "engines" / "onnx" / "fp16"
+    graphs.mkdir(parents=True)
+    (graphs / "manifest.json").write_text("{}")
+    r = _run("--dry-run", "--probe-root", root, "--onnx-dir", str(tmp_path / "engines"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(JetPack 6.0)" in r.stdout
+    assert f"+ cp -a {graphs}/. /var/cache/chattts-appliance/engines/onnx/fp16/" in r.stdout
+    assert "engines export" not in r.stdout and "engines build" in r.stdout
+    bad = _run("--dry-run", "--probe-root", root, "--onnx-dir", str(tmp_path / "root"))
+    assert bad.returncode == EXIT_USAGE and "no manifest.json" in bad.stderr
+
+
 @pytest.mark.parametrize("release, words", [
     ("# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64", ["JetPack 5.1.2", "Python 3.8", "JetPack 6"]),
     ("# R32 (release), REVISION: 7.4, GCID: 33514132, BOARD: t210ref, EABI: aarch64", ["L4T R32.7.4", "not supported"]),
