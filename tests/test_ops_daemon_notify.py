@@ -1,10 +1,7 @@
 """The real daemon (tiny checkpoint, WAV output) under a stand-in systemd: NOTIFY_SOCKET is a
 test datagram socket, WATCHDOG_USEC is set. Asserts the start-up sequence, READY, the watchdog
-cadence, STATUS after a request, RELOADING on SIGHUP, STOPPING and a clean exit on SIGTERM.
-
-Until ``daemon.build_hooks`` wires :class:`~appliance.service.notify.SystemdBridge` itself, the
-child process installs it (only when build_hooks returns no hooks), so this test exercises the
-same hooks the daemon calls."""
+cadence, STATUS after a request, RELOADING then READY on SIGHUP, STOPPING and a clean exit on
+SIGTERM (``daemon.build_hooks`` wires :class:`~appliance.service.notify.SystemdBridge`)."""
 
 from __future__ import annotations
 
@@ -22,18 +19,6 @@ import yaml
 from tests.fixtures_service import service_config
 
 ROOT = Path(__file__).resolve().parent.parent
-
-CHILD = r"""
-import sys
-import appliance.service.daemon as d
-from appliance.config import load_config
-from appliance.service.notify import SystemdBridge
-if d.build_hooks(load_config(sys.argv[-1])).on_ready is None:      # not wired yet
-    d.build_hooks = lambda cfg: d.Hooks(**SystemdBridge().hooks())
-from appliance.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
 
 def _speak(path: Path, text: str, timeout: float = 60.0) -> list:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -61,7 +46,7 @@ def test_daemon_under_notify_socket(tiny_ckpt, tmp_path, notify_socket):
     env.update(notify_socket.env, WATCHDOG_USEC="1000000", PYTHONUNBUFFERED="1")
     log = tmp_path / "daemon.log"
     with open(log, "wb") as logf:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, "-v", "serve", "--config", str(cfg_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "appliance", "-v", "serve", "--config", str(cfg_path)],
                                 cwd=str(ROOT), env=env, stdout=logf, stderr=subprocess.STDOUT)
     try:
         ready = notify_socket.wait_for("READY", timeout=120)
@@ -82,13 +67,16 @@ def test_daemon_under_notify_socket(tiny_ckpt, tmp_path, notify_socket):
             time.sleep(0.05)
 
         proc.send_signal(signal.SIGHUP)
-        assert notify_socket.wait_for("RELOADING", timeout=10).fields["MONOTONIC_USEC"].isdigit()
+        reload = notify_socket.wait_for("RELOADING", timeout=10)
+        assert reload.fields["MONOTONIC_USEC"].isdigit()
+        again = notify_socket.wait_count("READY", 2, timeout=10)[1]
+        assert again.t >= reload.t and again.fields["STATUS"].startswith("ready")
 
         proc.send_signal(signal.SIGTERM)
         stop = notify_socket.wait_for("STOPPING", timeout=10)
         assert proc.wait(60) == 0, log.read_text()[-3000:]
         order = [k for k in notify_socket.keys_in_order() if k not in ("WATCHDOG", "EXTEND_TIMEOUT_USEC")]
-        assert order[0] == "READY" and order.index("RELOADING") < order.index("STOPPING")
+        assert order[0] == "READY" and order.index("RELOADING") < len(order) - 1 - order[::-1].index("READY") < order.index("STOPPING")
         assert stop.t > ready.t
     finally:
         if proc.poll() is None:
