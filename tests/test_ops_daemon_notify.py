@@ -57,7 +57,7 @@ def test_daemon_under_notify_socket(tiny_ckpt, tmp_path, notify_socket):
 
         pings = notify_socket.wait_count("WATCHDOG", 4, timeout=10)
         gaps = [b.t - a.t for a, b in zip(pings, pings[1:])]
-        assert all(0.3 < g < 0.9 for g in gaps), gaps         # WATCHDOG_USEC/2 = 0.5 s
+        assert all(0.25 < g < 1.2 for g in gaps), gaps        # WATCHDOG_USEC/2 = 0.5 s, with slack
 
         events = _speak(Path(cfg["service"]["socket"]), "你好，今天天气很好。")
         assert events[-1]["type"] == "done", events

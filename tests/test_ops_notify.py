@@ -116,9 +116,9 @@ def test_watchdog_thread_cadence_and_hung_worker(notify_socket, monkeypatch):
             wd.beat()
             time.sleep(0.05)
         pings = notify_socket.with_key("WATCHDOG")
-        assert 4 <= len(pings) <= 7
+        assert 3 <= len(pings) <= 8                      # 1 s / 0.2 s, with scheduling slack
         gaps = [b.t - a.t for a, b in zip(pings, pings[1:])]
-        assert all(0.12 < g < 0.35 for g in gaps), gaps
+        assert all(0.1 < g < 0.6 for g in gaps), gaps
         # the worker hangs: no beats. Pings stop once its heartbeat is older than 0.4 s.
         hang = time.monotonic()
         time.sleep(1.2)
