@@ -191,3 +191,34 @@ def test_real_sample_readings_and_config_yaml_keys():
 def test_ladder_lower_is_worse_and_missing_thresholds():
     lad = Ladder("x", [None, 10.0, 5.0], 2.0, lower_is_worse=True)
     assert [lad.update(v) for v in (20, 10, 11, 12.1, 4, 6, 7.1, None)] == [0, 2, 2, 0, 3, 3, 2, 0]
+
+
+def test_monitor_on_a_fake_hot_board(tmp_path):
+    import threading
+
+    from appliance.config import Config
+    from appliance.service.telemetry import open_telemetry
+    from appliance.service.throttle import Monitor
+
+    z = tmp_path / "sys/class/thermal/thermal_zone0"
+    z.mkdir(parents=True)
+    (z / "type").write_text("tj-thermal\n")
+    (z / "temp").write_text("50000\n")
+    (z / "trip_point_0_type").write_text("passive\n")
+    (z / "trip_point_0_temp").write_text("90000\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    changed = threading.Event()
+    cfg = config_from_dict({"telemetry": {"interval_s": 0.1}, "throttle": {"min_dwell_s": 0}})
+    mon = Monitor(cfg, on_change=lambda ch: changed.set(), telemetry=open_telemetry("sysfs", 0.1, root=str(tmp_path)))
+    try:
+        assert mon.throttle.trip_c == 90.0
+        mon.start()
+        assert mon.level == "normal"
+        (z / "temp").write_text("86000\n")                    # 86C >= 90-8: queue_low_priority
+        assert changed.wait(5)
+        assert mon.level == "queue_low_priority" and mon.temperature_c == 86.0
+        assert mon.limits().run_priorities == {"alert", "normal"}
+        assert isinstance(Config().throttle, ThrottleConfig)
+    finally:
+        mon.close()

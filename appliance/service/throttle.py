@@ -276,3 +276,67 @@ class Throttle:
         if lvl is Level.QUEUE_LOW_PRIORITY:
             return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}))
         return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}))
+
+
+class Monitor:
+    """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
+    :class:`Throttle` together with the appliance's memory use
+    (:func:`~appliance.service.telemetry.appliance_memory_mib`).
+
+    Daemon use::
+
+        mon = Monitor(cfg, on_change=lambda ch: publish_status())
+        mon.start()
+        ...  mon.observe_rtf(done.rtf)          # after every finished request
+        ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
+        ...  mon.limits()                       # for the scheduler
+        mon.close()
+
+    Args:
+        cfg: the whole config (``telemetry``, ``throttle``, ``service``).
+        on_change: passed to :class:`Throttle`.
+        telemetry: an opened :class:`~appliance.service.telemetry.Telemetry` (default:
+            ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
+
+    Raises:
+        ConfigError: ``telemetry.source`` names a source this machine does not have.
+    """
+
+    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None) -> None:
+        from .telemetry import open_telemetry
+
+        self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
+        self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
+                                 len(cfg.service.channels), on_change=on_change)
+
+    def start(self) -> None:
+        """Take a first reading now, then sample every ``telemetry.interval_s`` on a thread."""
+        self.telemetry.start(self._on_reading)
+
+    def _on_reading(self, reading: Reading) -> None:
+        from .telemetry import appliance_memory_mib
+
+        self.throttle.update(reading, app_mem_mib=appliance_memory_mib(reading))
+
+    def observe_rtf(self, rtf: float) -> None:
+        """Record a finished request's RTF (used at the next reading)."""
+        self.throttle.observe_rtf(rtf)
+
+    @property
+    def level(self) -> str:
+        """Throttle level string for STATUS / MQTT (``normal`` ...)."""
+        return self.throttle.level.value
+
+    @property
+    def temperature_c(self) -> Optional[float]:
+        """The temperature the throttle uses (``tj`` or hottest sensor), C; None if unknown."""
+        r = self.telemetry.latest
+        return r.hot_c if r is not None else None
+
+    def limits(self) -> Limits:
+        """The scheduler's limits now."""
+        return self.throttle.limits()
+
+    def close(self) -> None:
+        """Stop sampling (and the tegrastats subprocess, if any)."""
+        self.telemetry.close()
