@@ -108,6 +108,7 @@ case "$PRECISION" in
 esac
 [ -f "$REPO/pyproject.toml" ] || die "$EXIT_USAGE" "--repo $REPO has no pyproject.toml"
 
+PREFIX=$(realpath -m "$PREFIX")    # absolute: the paths written into config and units
 P=${PREFIX%/}                      # "" when installing into /
 SYSTEM=0                           # 1: change the system (apt, user, systemctl)
 [ -z "$P" ] && SYSTEM=1
