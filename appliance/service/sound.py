@@ -142,6 +142,8 @@ class DeviceOutput:
         self._last_cb = 0.0
         self._stream = None
         self._closing = False
+        self._dead: Optional[str] = None    # set by PortAudio's finished callback
+        self._out_latency = self.latency_s  # what PortAudio granted, s
         self._last_open_attempt = 0.0
         self._owners: dict[object, list] = {}   # owner -> [on_failure, streaming: False (not yet) / True / None (ended)]
         self._watcher: Optional[threading.Thread] = None
@@ -172,6 +174,7 @@ class DeviceOutput:
             with self._lock:
                 self._last_cb = time.monotonic()
                 self._closing = False
+                self._dead = None
             stream.start()
         except AudioDeviceError as e:
             self.ok, self.error = False, str(e)
@@ -180,6 +183,7 @@ class DeviceOutput:
             self.ok, self.error = False, f"{e.__class__.__name__}: {e}"
             raise AudioDeviceError(f"cannot open sound device {self.query or 'default'!r}: {e}") from e
         self._stream, self.rate, self.name = stream, rate, dev["name"]
+        self._out_latency = float(stream.latency)
         self.ok, self.error = True, None
         log.info("sound device %r open: %d Hz float32 mono, latency %.0f ms (asked %.0f ms)",
                  self.name, rate, 1000 * stream.latency, 1000 * self.latency_s)
@@ -209,7 +213,7 @@ class DeviceOutput:
             while self.ok and self._fifo and time.monotonic() < deadline:
                 self._lock.wait(0.05)
             self._closing = True
-        time.sleep(self.latency_s if self.ok else 0)
+        time.sleep(self._out_latency if self.ok else 0)
         self._stop_watcher.set()
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
@@ -306,7 +310,7 @@ class DeviceOutput:
                 if c.pos == len(c.data):
                     fifo.popleft()
                     if c.on_played is not None:
-                        self._played.append((now + self.latency_s, c.on_played))
+                        self._played.append((now + self._out_latency, c.on_played))
             self._buffered -= n
             if n < frames and self._streaming > 0:
                 self.underruns += 1
@@ -317,9 +321,8 @@ class DeviceOutput:
 
     def _finished(self) -> None:  # PortAudio thread, stream became inactive
         with self._lock:
-            closing = self._closing
-        if not closing:
-            self._fail("the output stream stopped unexpectedly")
+            if not self._closing and self._dead is None:
+                self._dead = "the output stream stopped unexpectedly"   # the watcher handles it
 
     def _fail(self, reason: str) -> None:
         with self._lock:
@@ -367,8 +370,11 @@ class DeviceOutput:
                             self.name, self.underruns)
                 self._logged_underruns = self.underruns
             with self._lock:
+                dead = self._dead if self.ok and not self._closing else None
                 stalled = self.ok and not self._closing and time.monotonic() - self._last_cb > stall_s
-            if stalled:
+            if dead:
+                self._fail(dead)
+            elif stalled:
                 self._fail(f"no audio callback for {stall_s:.1f} s")
 
 
@@ -415,7 +421,9 @@ class RequestAudio:
         out = self._rs.resample_chunk(pcm) if self._rs is not None else pcm
         if len(out):
             dev.wait_room(lambda: self._aborted)
-            dev.enqueue(self, out)
+            with self._lock:          # an abort() in between must not leave orphan audio queued
+                if not self._aborted:
+                    dev.enqueue(self, out)
 
     def finish(self, on_done: Callable[[str], None]) -> None:
         """No more PCM; ``on_done(output)`` fires when it has been played or written."""
@@ -434,7 +442,10 @@ class RequestAudio:
             on_done(path)
             return
         tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True) if self._rs is not None else np.zeros(0, np.float32)
-        played = dev.enqueue(self, tail, on_played=self._played)
+        with self._lock:
+            if self._aborted:
+                return
+            played = dev.enqueue(self, tail, on_played=self._played)
         dev.end(self)
         if not played:  # the device failed in between: the fallback fired or fires on_done
             self._device_failed(dev.error or "device failed")
