@@ -94,11 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``chattts-appliance`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.DEBUG if args.verbose else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        # journald with structured fields under systemd, stderr otherwise
+        from .service.notify import setup_logging
+
+        setup_logging(args.verbose)
     key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
     module, func = _COMMANDS[key]
     try:
