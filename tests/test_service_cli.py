@@ -96,15 +96,20 @@ def test_socket_activation_uses_the_inherited_socket(tiny_ckpt, tmp_path, start_
     lst.bind(str(path))
     lst.listen(8)
     ino = os.stat(path).st_ino
-    cfg = service_config(tiny_ckpt, tmp_path, service={"socket": str(path)})
+    cfg = service_config(tiny_ckpt, tmp_path, service={"socket": str(path)}, stream={"sample_format": "int16"})
     fd = lst.fileno()
     # what systemd does: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID = the daemon's own pid
     wrapper = [sys.executable, "-c", f"import os, sys; os.dup2({fd}, 3); os.environ.update(LISTEN_FDS='1', "
                "LISTEN_PID=str(os.getpid())); os.execv(sys.argv[1], sys.argv[1:])"]
     d = start_daemon(cfg, argv_prefix=wrapper, pass_fds=(fd,))
     lst.close()
-    evs = d.request({"type": "speak", "text": "Activated.", "seed": 5})
+    evs = d.request({"type": "speak", "text": "Activated.", "seed": 5, "return_audio": True})
     assert evs[-1]["type"] == "done", evs
+    audio = [e for e in evs if e["type"] == "audio"]       # stream.sample_format: int16 payloads
+    assert audio and all(e["format"] == "int16" and e["rate"] == 24000 and len(e["_payload"]) == e["bytes"]
+                         for e in audio)
+    pcm = np.frombuffer(b"".join(e["_payload"] for e in audio), "<i2")
+    assert abs(len(pcm) - evs[-1]["audio_s"] * 24000) <= 13 and np.abs(pcm).max() > 0   # audio_s has 3 decimals
     assert os.stat(path).st_ino == ino          # the daemon did not bind a socket of its own
     assert "passed by systemd" in d.log()
 

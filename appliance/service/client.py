@@ -47,7 +47,8 @@ class Client:
     """A blocking connection to the daemon.
 
     Args:
-        path: socket path. timeout_s: per-read timeout, s.
+        path: socket path. timeout_s: overall deadline for connecting and reading, s
+            (``socket.timeout`` when it passes).
 
     Raises:
         Unreachable: no socket file, connection refused, or no permission (message says why).
@@ -55,6 +56,7 @@ class Client:
 
     def __init__(self, path: str | Path, timeout_s: float = 600.0) -> None:
         self.path = Path(path)
+        self.deadline = time.monotonic() + timeout_s
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout_s)
         try:
@@ -74,6 +76,13 @@ class Client:
         """Send one request (a JSON object) as one line."""
         self.sock.sendall(json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n")
 
+    def _recv(self, n: int) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("deadline passed")
+        self.sock.settimeout(left)
+        return self.sock.recv(n)
+
     def _read_line(self) -> Optional[bytes]:
         while True:
             i = self._buf.find(b"\n")
@@ -81,14 +90,14 @@ class Client:
                 line = bytes(self._buf[:i])
                 del self._buf[:i + 1]
                 return line
-            data = self.sock.recv(65536)
+            data = self._recv(65536)
             if not data:
                 return None
             self._buf += data
 
     def _read_exact(self, n: int) -> bytes:
         while len(self._buf) < n:
-            data = self.sock.recv(max(65536, n - len(self._buf)))
+            data = self._recv(max(65536, n - len(self._buf)))
             if not data:
                 raise ConnectionError("the daemon closed the connection inside an audio payload")
             self._buf += data

@@ -174,6 +174,7 @@ class Daemon:
             self.pipeline, self.audio,
             queue_len={c.name: c.queue_len for c in self.cfg.service.channels},
             heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
+            audio_format=self.cfg.stream.sample_format,
         )
         self.worker.start()
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import ApplianceError, BusyError, CancelledError, RequestError
 from .protocol import PRIORITIES, Accepted, AudioChunk, Done, ErrorEvent, Speak, Started, error_event
+from .wavout import to_int16
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,16 @@ class Worker:
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
+        audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``
+            (``stream.sample_format``; little-endian, mono, 24000 Hz).
     """
 
     def __init__(self, pipeline: Any, audio: Any, queue_len: dict[str, int], heartbeat_s: float = 1.0,
                  on_heartbeat: Optional[Callable[[], None]] = None,
-                 on_finished: Optional[Callable[[Item, Any], None]] = None) -> None:
+                 on_finished: Optional[Callable[[Item, Any], None]] = None,
+                 audio_format: str = "float32") -> None:
         self.pipeline = pipeline
+        self.audio_format = audio_format
         self.audio = audio
         self.queue_len = dict(queue_len)
         self.heartbeat_s = heartbeat_s
@@ -255,8 +260,11 @@ class Worker:
                     item.first_pcm_at = time.monotonic()
                 item.audio.write(pcm)
                 if item.speak.return_audio:
-                    data = pcm.astype("<f4").tobytes()
-                    item.sink(AudioChunk(id=item.id, bytes=len(data), rate=24000, format="float32"), data)
+                    if self.audio_format == "int16":
+                        data = to_int16(pcm).tobytes()
+                    else:
+                        data = pcm.astype("<f4").tobytes()
+                    item.sink(AudioChunk(id=item.id, bytes=len(data), rate=24000, format=self.audio_format), data)
                 self._beat()
             with self._cv:
                 cancelled = item.cancel.is_set()
