@@ -111,6 +111,9 @@ def test_socket_activation_uses_the_inherited_socket(tiny_ckpt, tmp_path, start_
     pcm = np.frombuffer(b"".join(e["_payload"] for e in audio), "<i2")
     assert abs(len(pcm) - evs[-1]["audio_s"] * 24000) <= 13 and np.abs(pcm).max() > 0   # audio_s has 3 decimals
     assert os.stat(path).st_ino == ino          # the daemon did not bind a socket of its own
+    (h,) = d.request({"type": "health"}, until=("health", "error"))
+    assert h["type"] == "health" and h["rtf"] > 0 and h["steps_per_s"] > 0, h
+    assert "health ok" in d.log() or "health UNHEALTHY" in d.log()     # health.at_start ran too
     assert "passed by systemd" in d.log()
 
 

@@ -41,6 +41,10 @@ systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
   log says to restart for changes.
 * ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
 * ``on_unfinished(items)`` – queued requests left at stop (spool them).
+
+Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
+in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
+before the next queued request and answers with a ``health`` event.
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ class Daemon:
         self._signals = 0
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self._socket_path: Optional[Path] = None
+        self.last_health: Any = None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -168,6 +173,9 @@ class Daemon:
             t1 = time.monotonic()
             self.pipeline.warmup()
             log.info("warm-up took %.1f s", time.monotonic() - t1)
+        if self.cfg.health.at_start:
+            _call(self.hooks.on_loading, "health check")
+            self._health_check()
         _call(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
         self.worker = Worker(
@@ -243,6 +251,16 @@ class Daemon:
             except OSError:
                 pass
 
+    def _health_check(self) -> Any:
+        """Run the field health check (on the thread that owns the pipeline); returns its
+        HealthReply and keeps it as :attr:`last_health`."""
+        from .health import run_health_check
+
+        self.last_health = run_health_check(self.pipeline, self.cfg)
+        if not self.last_health.healthy:
+            log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
+        return self.last_health
+
     def _on_finished(self, item: Item, event: Any) -> None:
         _call(self.hooks.on_status, self.status())
 
@@ -269,7 +287,9 @@ class Daemon:
             elif isinstance(req, Cancel):
                 self._cancel(req, sink)
             elif isinstance(req, HealthRequest):
-                raise RequestError("health requests are not served by the daemon yet; run `chattts-appliance health`")
+                if self.state != "ready" or self.worker is None:
+                    raise BusyError(f"the daemon is {self.state}; ask again later")
+                self.worker.run_task(self._health_check, sink)
             else:
                 raise RequestError(f"unsupported request {type(req).__name__}")
         except ApplianceError as e:

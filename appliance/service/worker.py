@@ -104,6 +104,7 @@ class Worker:
         self.failed = 0
         self._cv = threading.Condition()
         self._queue: list[Item] = []
+        self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
         self._active: dict[str, Item] = {}     # queued, running or playing, by id
         self._current: Optional[Item] = None
         self._stopping = False
@@ -144,6 +145,19 @@ class Worker:
             self._cv.notify_all()
         log.info("accepted %s on %s at queue position %d (%d chars)", item.id, item.channel, pos, len(item.speak.text))
         return pos
+
+    def run_task(self, fn: Callable[[], Any], sink: EventSink) -> None:
+        """Run ``fn()`` on the worker thread (it owns the pipeline) before the next queued request,
+        and send its return value (an event) to ``sink``; an exception becomes an ``error`` event.
+
+        Raises:
+            BusyError: the daemon is stopping.
+        """
+        with self._cv:
+            if self._stopping:
+                raise BusyError("the daemon is stopping; ask again after it restarts")
+            self._tasks.append((fn, sink))
+            self._cv.notify_all()
 
     def cancel(self, request_id: Optional[str] = None, channel: Optional[str] = None) -> list[Item]:
         """Cancel a queued, running or still-playing request by id, or all on ``channel``.
@@ -193,10 +207,13 @@ class Worker:
             self._stopping = True
             left = list(self._queue)
             self._queue.clear()
+            tasks, self._tasks = self._tasks, []
             for it in left:
                 self._active.pop(it.id, None)
                 it.state = "settled"
             self._cv.notify_all()
+        for _, sink in tasks:
+            sink(error_event(BusyError("the daemon is stopping; ask again after it restarts")), None)
         if self._thread is not None:
             self._thread.join(timeout_s)
         return left
@@ -228,15 +245,24 @@ class Worker:
         while True:
             with self._cv:
                 item = None
-                if self._queue and not self._stopping:
+                task = self._tasks.pop(0) if self._tasks and not self._stopping else None
+                if task is None and self._queue and not self._stopping:
                     item = self._queue.pop(0)
                     item.state = "running"
                     self._current = item
-                elif self._stopping:
+                elif task is None and self._stopping:
                     return
-                else:
+                elif task is None:
                     self._cv.wait(self.heartbeat_s)
             self._beat()
+            if task is not None:
+                fn, sink = task
+                try:
+                    sink(fn(), None)
+                except Exception as e:
+                    log.exception("worker task failed")
+                    sink(error_event(e), None)
+                self._beat(force=True)
             if item is not None:
                 try:
                     self._process(item)
