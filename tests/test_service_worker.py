@@ -1,7 +1,10 @@
 """The request queue of the worker (its thread not started, so the order stays observable):
-priority order, per-channel limits, duplicate ids, cancel of queued requests, stop."""
+priority order, per-channel limits, duplicate ids, cancel of queued requests, stop; and the
+daemon's thread-safe entry for inputs on other threads (MQTT later), run in process."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -54,3 +57,40 @@ def test_cancel_queued_by_id_and_channel_then_stop():
     assert [it.id for it in left] == ["m1"] and not w.busy
     with pytest.raises(BusyError, match="stopping"):
         w.submit(_item(evs, "late"))
+
+
+def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path):
+    """The entry an MQTT input will use: handle_line_threadsafe from a foreign thread, with its
+    own sink; the daemon runs in this (main) thread and is stopped through request_stop."""
+    import threading
+
+    from appliance.config import config_from_dict
+    from appliance.service.daemon import Daemon, Hooks
+    from tests.fixtures_service import service_config
+
+    cfg = config_from_dict(service_config(tiny_ckpt, tmp_path, health={"at_start": False}), str(tmp_path))
+    ready, events, errors = threading.Event(), [], []
+    d = Daemon(cfg, hooks=Hooks(on_ready=ready.set))
+    with pytest.raises(BusyError):
+        d.handle_line_threadsafe(b'{"text": "too early"}', lambda ev, payload=None: None)
+
+    def mqtt_like():
+        try:
+            assert ready.wait(60)
+            fut = d.handle_line_threadsafe(b'{"text": "from another thread", "id": "mq-1", "seed": 1}',
+                                           lambda ev, payload=None: events.append(ev))
+            fut.result(30)
+            d.handle_line_threadsafe(b'\xff not utf-8', lambda ev, payload=None: errors.append(ev)).result(30)
+            deadline = time.monotonic() + 30
+            while not any(e.type in ("done", "error") for e in events) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            d._loop.call_soon_threadsafe(d.request_stop)
+
+    t = threading.Thread(target=mqtt_like)
+    t.start()
+    assert d.run() == 0
+    t.join()
+    assert [e.type for e in events] == ["accepted", "started", "done"], events
+    assert events[-1].output == str(tmp_path / "wav" / "mq-1.wav")
+    assert [(e.type, e.code) for e in errors] == [("error", "bad_request")]

@@ -20,7 +20,9 @@ Threads and how events flow::
          Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
 
 The loop never runs synthesis; the worker never touches a socket. ``Daemon.handle_line`` and
-``Daemon.handle_request`` are transport-neutral (an MQTT input calls them with its own sink).
+``Daemon.handle_request`` are transport-neutral: another input (MQTT) passes its own sink (an
+:data:`~appliance.service.worker.EventSink`: thread-safe, non-blocking) and, from its own
+thread, calls ``Daemon.handle_line_threadsafe``.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default: an ``error`` ``cancelled`` event each;
@@ -275,6 +277,18 @@ class Daemon:
             sink(error_event(e), None)
             return
         await self.handle_request(req, sink)
+
+    def handle_line_threadsafe(self, line: bytes, sink: EventSink) -> concurrent.futures.Future:
+        """:meth:`handle_line` for inputs living on other threads (e.g. paho-mqtt's network
+        thread): schedules it on the event loop and returns at once.
+
+        Raises:
+            BusyError: the daemon is not serving (before ready or after stop).
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed() or self.state != "ready":
+            raise BusyError(f"the daemon is {self.state}; send the request again later")
+        return asyncio.run_coroutine_threadsafe(self.handle_line(line, sink), loop)
 
     async def handle_request(self, req: Any, sink: EventSink) -> None:
         """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest)."""
