@@ -19,6 +19,12 @@ Threads and how events flow::
                                                                  RequestAudio.write -> FIFO -> PortAudio
          Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
 
+``Pipeline.prepare`` runs on its own single thread (so bad text is answered at once, even while
+a long request synthesizes) concurrently with ``Pipeline.run`` on the worker thread: prepare
+must only read the tokenizer/normalizer, never the runner or decode state. ``done.ttfb_ms`` is
+measured here from accept to the first PCM chunk (queue wait included); the pipeline's own TTFB
+(run start to first chunk) is logged beside it.
+
 The loop never runs synthesis; the worker never touches a socket. ``Daemon.handle_line`` and
 ``Daemon.handle_request`` are transport-neutral: another input (MQTT) passes its own sink (an
 :data:`~appliance.service.worker.EventSink`: thread-safe, non-blocking) and, from its own
