@@ -533,9 +533,9 @@ class AudioOutput:
                 self.mode = "wav"
                 self.reason = "audio.output is auto and PortAudio lists no output device"
         if self.mode == "wav":
-            log.info("audio: writing one WAV file per request to %s (%s)", self.wav_dir, self.reason)
+            log.info("audio output: writing one WAV file per request to %s (%s)", self.wav_dir, self.reason)
             return
-        log.info("audio: playing on sound devices (%s)", self.reason)
+        log.info("audio output: playing on the sound device (%s)", self.reason)
         for ch in self.cfg.service.channels:
             q = self._device_query(ch.name)
             if q in self.devices:
@@ -545,7 +545,7 @@ class AudioOutput:
             try:
                 dev.open()
             except AudioDeviceError as e:
-                log.error("audio: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
+                log.error("audio output: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
         if a.on_device_error == "wait":
             log.warning("audio.on_device_error: wait is not implemented yet; a failed device completes requests to WAV")
 
