@@ -94,3 +94,37 @@ def test_device_dying_mid_request_completes_it_to_wav(tiny_ckpt, tmp_path, start
     evs = d.request({"type": "speak", "text": "Next one goes to a file.", "seed": 32, "id": "after"})
     assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("after.wav"), evs
     assert "failed" in d.log()
+
+
+_BACKPRESSURE = """
+import sys, time, threading
+import numpy as np
+from pathlib import Path
+import appliance.service.sound as sound
+sound.MAX_BUFFER_S = 0.5                       # a small FIFO so that the writer must wait
+dev = sound.DeviceOutput(None, 24000, 50.0)
+dev.open()
+beats = []
+ra = sound.RequestAudio("bp", Path(sys.argv[1]), dev, beat=lambda: beats.append(time.monotonic()))
+done = threading.Event()
+t0 = time.monotonic()
+for _ in range(10):                            # 10 x 0.25 s = 2.5 s of audio
+    ra.write(np.full(6000, 0.25, np.float32))
+t_write = time.monotonic() - t0
+ra.finish(lambda out: done.set())
+assert done.wait(10)
+dev.close(5)
+print("RESULT", round(t_write, 2), len(beats), dev.status()["underruns"])
+"""
+
+
+def test_device_fifo_back_pressure_keeps_the_heartbeat(tmp_path):
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw", rate=24000)
+    r = subprocess.run([sys.executable, "-c", _BACKPRESSURE, str(tmp_path / "bp.wav")], cwd=str(ROOT),
+                       env={**os.environ, "HOME": str(alsa.home)}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    t_write, beats, underruns = r.stdout.split("RESULT")[1].split()
+    assert float(t_write) >= 1.5            # the writer was held back by playback (2.5 s audio, 0.5 s FIFO)
+    assert int(beats) >= 10                 # ... and kept beating while it waited
+    played = alsa.read()
+    assert np.count_nonzero(played == np.float32(0.25)) == 10 * 6000     # every sample played once

@@ -266,12 +266,17 @@ class DeviceOutput:
             self._buffered += len(data)
             return True
 
-    def wait_room(self, aborted: Callable[[], bool]) -> None:
-        """Block while more than MAX_BUFFER_S of audio is queued (returns early on abort/failure)."""
+    def wait_room(self, aborted: Callable[[], bool], beat: Optional[Callable[[], None]] = None) -> None:
+        """Block while more than MAX_BUFFER_S of audio is queued (returns early on abort/failure);
+        ``beat()`` is called about every 0.1 s meanwhile (the waiting worker is alive)."""
         limit = int(MAX_BUFFER_S * max(self.rate, 1))
-        with self._lock:
-            while self.ok and self._buffered > limit and not aborted():
+        while True:
+            with self._lock:
+                if not (self.ok and self._buffered > limit and not aborted()):
+                    return
                 self._lock.wait(0.1)
+            if beat is not None:
+                beat()
 
     def drop(self, owner: object) -> int:
         """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
@@ -386,8 +391,10 @@ class RequestAudio:
     (the WAV path), from another thread; :meth:`abort` drops what is unplayed (cancel).
     """
 
-    def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput]) -> None:
+    def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
+                 beat: Optional[Callable[[], None]] = None) -> None:
         self.request_id = request_id
+        self.beat = beat
         self.wav_file = wav_file
         self.device = device
         self._lock = threading.Lock()
@@ -420,7 +427,7 @@ class RequestAudio:
             dev = self.device
         out = self._rs.resample_chunk(pcm) if self._rs is not None else pcm
         if len(out):
-            dev.wait_room(lambda: self._aborted)
+            dev.wait_room(lambda: self._aborted, self.beat)
             with self._lock:          # an abort() in between must not leave orphan audio queued
                 if not self._aborted:
                     dev.enqueue(self, out)
@@ -549,8 +556,9 @@ class AudioOutput:
         if a.on_device_error == "wait":
             log.warning("audio.on_device_error: wait is not implemented yet; a failed device completes requests to WAV")
 
-    def open(self, request_id: str, channel: str) -> RequestAudio:
-        """A :class:`RequestAudio` for one request on ``channel``.
+    def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None) -> RequestAudio:
+        """A :class:`RequestAudio` for one request on ``channel``; ``beat()`` is called while a
+        write waits for room in the device FIFO (keeps the worker's heartbeat going).
 
         Raises:
             AudioDeviceError: the WAV file cannot be created either.
@@ -559,7 +567,7 @@ class AudioOutput:
         if self.mode == "device":
             dev = self.devices.get(self._device_query(channel))
             if dev is not None and dev.ensure_open():
-                return RequestAudio(request_id, wav, dev)
+                return RequestAudio(request_id, wav, dev, beat)
             log.warning("request %s: sound device unusable (%s); writing %s",
                         request_id, dev.error if dev else "no device", wav)
         return RequestAudio(request_id, wav, None)

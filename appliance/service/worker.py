@@ -275,7 +275,7 @@ class Worker:
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s", item.id, item.channel)
         try:
-            item.audio = self.audio.open(item.id, item.channel)
+            item.audio = self.audio.open(item.id, item.channel, beat=self._beat)
             if item.cancel.is_set():
                 raise CancelledError(f"request {item.id} was cancelled")
             for pcm in self.pipeline.run(item.job, cancel=item.cancel):
