@@ -10,6 +10,14 @@ tables) and fed at the next position. Step 0 is the prefill of the prompt.
 one batched decode step for all of them: a sequence joins between steps (its prefill runs,
 then it decodes with the others) and leaves as soon as it ends, without stalling the rest.
 Slot, code and position arrays are allocated once; per step the loop only slices them.
+
+Optional device path (GPU runners, :class:`appliance.runtime.torch_cuda.CudaRunner`): when the
+runner has ``begin(slot, params, seed) -> codes [Q]`` and ``decode_many(slots, k) -> (codes
+[k, b, Q], hidden [k, b, D])``, sampling runs on the device: ``join`` samples the first codes with
+``begin`` and ``step`` runs ``k = device_chunk`` steps in one call (one host sync), then hands them
+out one step per ``step()`` call. A sequence that joins meanwhile starts with the next chunk (at
+most ``k - 1`` steps later); codes after a row's EOS are dropped. Without these methods the loop
+behaves exactly as before (host :class:`Sampler`).
 """
 
 from __future__ import annotations
@@ -65,7 +73,7 @@ class DecodeLoop:
     produced a code as ``(sequences, hidden [n, D])``. Finished sequences leave automatically.
     """
 
-    def __init__(self, runner: Runner, max_batch: int | None = None):
+    def __init__(self, runner: Runner, max_batch: int | None = None, device_chunk: int = 8):
         info = runner.info
         self.runner = runner
         self.max_batch = min(max_batch or info.max_batch, info.max_batch)
@@ -76,6 +84,10 @@ class DecodeLoop:
         self._codes = np.zeros((self.max_batch, NUM_VQ), np.int64)
         self._pos = np.zeros(self.max_batch, np.int64)
         self.sampler = Sampler(self.max_batch, num_vq=NUM_VQ, num_tokens=info.num_audio_tokens, eos=AUDIO_EOS)
+        # optional device path (see module doc)
+        self.device_sampling = callable(getattr(runner, "decode_many", None)) and callable(getattr(runner, "begin", None))
+        self.device_chunk = max(1, int(device_chunk))
+        self._chunk: Optional[tuple] = None  # (seqs, codes [k, b, Q], hidden [k, b, D], next step index)
 
     @property
     def free_slots(self) -> int:
@@ -104,8 +116,11 @@ class DecodeLoop:
             self._free.append(slot)
             raise
         seq.slot, seq.pos, seq.steps, seq.finished = slot, len(seq.ids), 0, False
-        self.sampler.start(slot, seq.params, seq.seed)
-        codes = self.sampler.sample(np.array([slot]), logits[None], np.array([0]))[0]
+        if self.device_sampling:
+            codes = self.runner.begin(slot, seq.params, seq.seed)
+        else:
+            self.sampler.start(slot, seq.params, seq.seed)
+            codes = self.sampler.sample(np.array([slot]), logits[None], np.array([0]))[0]
         self.active.append(seq)
         if self._accept(seq, codes):
             return np.array(hidden, np.float32, copy=True)
@@ -122,6 +137,8 @@ class DecodeLoop:
         b = len(self.active)
         if b == 0:
             return [], np.zeros((0, self.runner.info.hidden_size), np.float32)
+        if self.device_sampling:
+            return self._step_device()
         for i, s in enumerate(self.active):
             self._slots[i] = s.slot
             self._codes[i] = s.codes
@@ -145,6 +162,29 @@ class DecodeLoop:
 
     # ------------------------------------------------------------------ internals
 
+    def _step_device(self) -> tuple[list[Sequence], np.ndarray]:
+        """One step from the current device chunk (running ``decode_many`` when it is used up)."""
+        if self._chunk is not None and not any(s in self.active for s in self._chunk[0]):
+            self._chunk = None  # every row of the chunk has ended: start a new one with the joiners
+        if self._chunk is None:
+            seqs = list(self.active)
+            slots = np.fromiter((s.slot for s in seqs), np.int64, len(seqs))
+            left = max(s.params.max_new_tokens - s.steps for s in seqs)
+            codes, hidden = self.runner.decode_many(slots, max(1, min(self.device_chunk, left)))
+            self._chunk = (seqs, np.array(codes), np.array(hidden, np.float32), 0)
+        seqs, codes, hidden, j = self._chunk
+        self._chunk = None if j + 1 >= codes.shape[0] else (seqs, codes, hidden, j + 1)
+        produced: list[Sequence] = []
+        rows: list[int] = []
+        for i, s in enumerate(seqs):
+            if s.finished or s not in self.active:
+                continue
+            s.pos += 1
+            if self._accept(s, codes[j, i]):
+                produced.append(s)
+                rows.append(i)
+        return produced, np.array(hidden[j, rows], np.float32)
+
     def _accept(self, seq: Sequence, codes: np.ndarray) -> bool:
         """Record sampled codes; finish on EOS / length. True if the code is kept."""
         if (codes == AUDIO_EOS).any():
@@ -152,7 +192,8 @@ class DecodeLoop:
             return False
         seq.codes[:] = codes
         seq.steps += 1
-        self.sampler.record(seq.slot, codes)
+        if not self.device_sampling:
+            self.sampler.record(seq.slot, codes)
         if seq.steps >= seq.params.max_new_tokens or seq.pos + 1 >= self.max_seq_len:
             self._finish(seq, "max_tokens")
         return True
