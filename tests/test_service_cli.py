@@ -153,3 +153,19 @@ def test_bad_config_fails_before_loading_anything(tmp_path, bad):
     assert r.returncode == 2
     key = "audio.output" if "audio" in bad else "service.socket_mode"
     assert key in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sigterm_during_start_up_exits_0(tiny_ckpt, tmp_path, start_daemon):
+    import time
+
+    d = start_daemon(service_config(tiny_ckpt, tmp_path), wait=False)
+    deadline = time.monotonic() + 60
+    while "config " not in d.log():        # cli_main has parsed the config; the model loads next
+        assert d.proc.poll() is None and time.monotonic() < deadline, d.log()
+        time.sleep(0.02)
+    time.sleep(0.3)
+    d.proc.send_signal(signal.SIGTERM)
+    d.returncode = d.proc.wait(60)
+    assert d.returncode == 0, d.log()[-3000:]
+    assert "during start-up" in d.log() or "SIGTERM: stopping" in d.log()
+    assert not d.socket.exists()

@@ -134,6 +134,7 @@ class Daemon:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
         self._signals = 0
+        self._pending_signals: list[int] = []
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self._socket_path: Optional[Path] = None
         self.last_health: Any = None
@@ -148,20 +149,24 @@ class Daemon:
         """
         def early_stop(signum, frame):
             raise _StopDuringStart(signal.Signals(signum).name)
+
+        def remember(signum, frame):   # between start-up and the loop's own handlers
+            self._pending_signals.append(signum)
         prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
-                check_socket_path(self.cfg.resolve(self.cfg.service.socket))
-            self._load()
-        except _StopDuringStart as e:
-            log.info("%s during start-up; exiting", e)
-            return 0
+            try:
+                if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
+                    check_socket_path(self.cfg.resolve(self.cfg.service.socket))
+                self._load()
+            except _StopDuringStart as e:
+                log.info("%s during start-up; exiting", e)
+                return 0
+            for s in prev:
+                signal.signal(s, remember)
+            asyncio.run(self._serve())
         finally:
             for s, h in prev.items():
                 signal.signal(s, h)
-        try:
-            asyncio.run(self._serve())
-        finally:
             self._prep.shutdown(wait=False)
         log.info("stopped")
         return 0
@@ -211,6 +216,8 @@ class Daemon:
         log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
         _call(self.hooks.on_ready)
         _call(self.hooks.on_status, self.status())
+        for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
+            self.request_stop(s)
         await self._stop.wait()
         await self._shutdown()
 
