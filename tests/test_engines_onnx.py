@@ -50,7 +50,7 @@ def test_manifest_written(onnx_dir):
     assert set(m["graphs"]) == {"gpt_prefill", "gpt_decode", "decoder", "vocos"}
     assert len(m["checkpoint"]["sha256"]) == 64
     dec_in = [t["name"] for t in m["graphs"]["gpt_decode"]["inputs"]]
-    assert dec_in[:4] == ["codes", "pos", "slots", "past"]
+    assert dec_in[:3] == ["codes", "pos", "slots"]
     assert "k_cache.0" in dec_in and "v_cache.1" in dec_in
     assert m["limits"] == {**LIMITS, "window_tokens": 64}
 

@@ -9,19 +9,20 @@ M = ``max_batch``:
     in ``ids [1, T] int64``, ``spk_emb [1, D] float32``, ``spk_mask [1, T] bool`` (True where the
     L2-normalised speaker replaces the text embedding, upstream ``Speaker.apply``);
     out ``logits [1, Q, V] float32`` and ``hidden [1, D] float32`` of the last position,
-    ``k_new`` / ``v_new [L, H, T, hd]`` (graph dtype) for the runner to store at positions 0..T-1.
+    ``k_new`` / ``v_new [L, T, H, hd]`` (graph dtype) for the runner to store at positions 0..T-1.
     T in 1..``max_prompt_tokens``.
 
 ``gpt_decode`` (static KV cache that stays in place)
-    in ``codes [B, Q] int64``, ``pos [B] int64``, ``slots [B] int64``, ``past [P] uint8`` (only
-    its length P is used: the number of cache positions read, ``max(pos)``), and per layer
-    ``k_cache.i`` / ``v_cache.i [M, H, S, hd]`` (graph dtype), the runner's cache buffers bound
-    as they are (no copy in, nothing copied out);
+    in ``codes [B, Q] int64``, ``pos [B] int64``, ``slots [B] int64`` and per layer
+    ``k_cache.i`` / ``v_cache.i [P, M, H, hd]`` (graph dtype): the filled prefix of the runner's
+    position-major cache ``[S, M, H, hd]`` (``P = max(pos)``), bound by pointer (no copy in,
+    nothing copied out); only the filled part of the cache is read (DESIGN.md §2), never ``S``;
     out ``logits [B, Q, V] float32``, ``hidden [B, D] float32``, ``k_new`` / ``v_new [L, B, H, hd]``
-    that the runner writes at ``[slots, :, pos]`` (B x L x 2 x D values per step).
-    Row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` plus its own new key.
-    Each layer reads ``cache[:, :, :P]`` then gathers the rows: only the filled part of the
-    cache is read (DESIGN.md §2), never the whole ``S``.
+    that the runner writes at ``[pos[b], slots[b]]`` (B x L x 2 x D values per step).
+    Row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` plus its own new key;
+    the scores against the cache and against the new key are joined on the small ``[B, H, 1,
+    P+1]`` score tensor, so keys/values are never concatenated (measured: copies of the cache
+    were 60 % of a step with the first, concatenating graph; see :mod:`appliance.runtime.onnx_runner`).
 
 ``decoder``
     ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (ONNX Runtime: any T;
@@ -53,6 +54,7 @@ Errors: :class:`~appliance.errors.CheckpointError` (bad checkpoint),
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
@@ -92,8 +94,8 @@ class PrefillGraph(nn.Module):
         ks, vs = [], []
         for blk in gpt.layers:
             a, k, v = blk.self_attn.forward_causal(blk.input_layernorm(x), cos, sin)
-            ks.append(k[0])
-            vs.append(v[0])
+            ks.append(k[0].transpose(0, 1))  # [T, H, hd]: the cache's position-major layout
+            vs.append(v[0].transpose(0, 1))
             x = x + a
             x = x + blk.mlp(blk.post_attention_layernorm(x))
         h = gpt.norm(x)[:, -1]  # [1, D]
@@ -108,22 +110,28 @@ class DecodeGraph(nn.Module):
         super().__init__()
         self.gpt, self.embed = m.gpt, m.embed
 
-    def forward(self, codes: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, past: torch.Tensor,
+    def forward(self, codes: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]):
         gpt = self.gpt
         b = codes.shape[0]
-        p = past.shape[0]
+        p = k_cache[0].shape[0]  # positions read: the runner binds the cache prefix [:P]
         x = self.embed.embed_codes(codes).unsqueeze(1)  # [B, 1, D]
         cos, sin = gpt._rope(pos.unsqueeze(1), x.dtype)  # [B, 1, 1, hd]
         seen = torch.arange(p, device=codes.device).unsqueeze(0) < pos.unsqueeze(1)  # [B, P]
-        mask = torch.cat([seen, torch.ones(b, 1, dtype=torch.bool, device=codes.device)], 1).view(b, 1, 1, p + 1)
+        bias = torch.zeros(b, 1, 1, p, dtype=torch.float32, device=codes.device).masked_fill(
+            ~seen.view(b, 1, 1, p), float("-inf"))
+        scale = 1.0 / math.sqrt(gpt.shapes.head_dim)
         ks, vs = [], []
         for i, blk in enumerate(gpt.layers):
             att = blk.self_attn
             q, k, v = att._qkv(blk.input_layernorm(x), cos, sin)  # [B, H, 1, hd]
-            keys = torch.cat([k_cache[i][:, :, :p].index_select(0, slots), k], 2)  # [B, H, P+1, hd]
-            vals = torch.cat([v_cache[i][:, :, :p].index_select(0, slots), v], 2)
-            y = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            kp = k_cache[i].index_select(1, slots).permute(1, 2, 3, 0)  # [P, B, H, hd] -> [B, H, hd, P]
+            vp = v_cache[i].index_select(1, slots).permute(1, 2, 0, 3)  # -> [B, H, P, hd]
+            # scores against the cache and against the new key, joined on the small score tensor
+            s_past = (q @ kp).float() * scale + bias  # [B, H, 1, P]
+            s_new = (q * k).sum(-1, keepdim=True).float() * scale  # [B, H, 1, 1]
+            w = torch.softmax(torch.cat([s_past, s_new], -1), -1).to(x.dtype)
+            y = w[..., :p] @ vp + w[..., p:] * v  # [B, H, 1, hd]
             x = x + att._out(y)
             x = x + blk.mlp(blk.post_attention_layernorm(x))
             ks.append(k[:, :, 0])
@@ -179,7 +187,7 @@ def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens:
     Fm = Dim("F", min=2, max=2 * window_tokens)
     t0 = min(8, max_prompt_tokens)
     ids = torch.randint(0, s.num_text_tokens, (1, t0))
-    cache = [torch.zeros(max_batch, H, max_seq_len, hd, dtype=dtype) for _ in range(2 * L)]
+    cache = [torch.zeros(5, max_batch, H, hd, dtype=dtype) for _ in range(2 * L)]  # prefix [P, M, H, hd]
     b0 = min(2, max_batch)
     kin = [f"k_cache.{i}" for i in range(L)]
     vin = [f"v_cache.{i}" for i in range(L)]
@@ -197,13 +205,14 @@ def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens:
         "gpt_decode": dict(
             module=DecodeGraph(m),
             args=(torch.zeros(b0, s.num_vq, dtype=torch.int64), torch.full((b0,), 5, dtype=torch.int64),
-                  torch.arange(b0, dtype=torch.int64), torch.zeros(5, dtype=torch.uint8), cache[:L], cache[L:]),
-            dynamic=({0: B}, {0: B}, {0: B}, {0: P}, [None] * L, [None] * L),
-            inputs=["codes", "pos", "slots", "past"] + kin + vin,
+                  torch.arange(b0, dtype=torch.int64), cache[:L], cache[L:]),
+            dynamic=({0: B}, {0: B}, {0: B}, [{0: P}] * L, [{0: P}] * L),
+            inputs=["codes", "pos", "slots"] + kin + vin,
             outputs=["logits", "hidden", "k_new", "v_new"],
             profile={"codes": ([1, s.num_vq], [max_batch, s.num_vq], [max_batch, s.num_vq]),
                      "pos": ([1], [max_batch], [max_batch]), "slots": ([1], [max_batch], [max_batch]),
-                     "past": ([1], [opt_p], [max_seq_len - 1])},
+                     **{n: ([1, max_batch, H, hd], [opt_p, max_batch, H, hd], [max_seq_len - 1, max_batch, H, hd])
+                        for n in kin + vin}},
         ),
         "decoder": dict(
             module=DecoderGraph(m),

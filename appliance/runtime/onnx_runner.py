@@ -6,13 +6,18 @@ checks their manifest against the config and the checkpoint, and implements
 :class:`~appliance.runtime.runner.Runner`.
 
 KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
-the cache is two numpy arrays ``[L, M, H, S, hd]`` (M = ``max_batch`` slots, S =
-``max_seq_len``) allocated once; each layer's ``[M, H, S, hd]`` view is wrapped once in an
-``OrtValue`` that shares its memory and bound once to the decode graph through IO binding.
-A step reads only positions ``< max(pos)`` (the length of the ``past`` input), returns only
-the new keys/values ``[L, B, H, hd]``, and this runner writes them at ``[:, slots, :, pos]``
-(``B x 2 x L x D`` values: 120 KiB per row at full size, FP32). Nothing else is copied per
-step. ``bench/bench_engines.py`` measures ms/step at several cache fills.
+the cache is two numpy arrays ``[L, S, M, H, hd]`` (S = ``max_seq_len`` positions first,
+M = ``max_batch`` slots) allocated once. Positions first makes the filled part of every
+layer a contiguous prefix ``[:P]``, so each step binds (IO binding, a pointer and a shape, no
+copy) each layer's prefix ``[P, M, H, hd]`` with ``P = max(pos)``: only the filled positions
+are read. The graph returns only the new keys/values ``[L, B, H, hd]`` and this runner writes
+them at ``[:, pos, slots]`` (``B x 2 x L x D`` values: 120 KiB per row at full size, FP32).
+Nothing else is copied per step. Decision measured on this 2-core CPU (full size, fp32, B=1,
+1024 cached positions): the first graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered,
+keys/values concatenated with the new one) spent 59 of ~95 ms per step in Slice/Gather/
+Concat/Transpose copies; the prefix layout with scores joined on the small score tensor
+(see :class:`appliance.model.export.DecodeGraph`) removes the Slice over all slots and the
+K/V concatenation (numbers in ``bench/results/engines-*.json``).
 
 Precision directory: ``int8`` if it was exported (MatMulNBits weight-only, ~4x fewer weight
 bytes per step), else ``fp32``; the choice is logged. Threads: ``model.threads``
@@ -117,12 +122,10 @@ class OnnxRunner(Runner):
 
         # static KV cache (graph dtype), bound in place once per batch size
         kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32
-        self._k = np.zeros((L, M, H, S, hd), kv_dt)
-        self._v = np.zeros((L, M, H, S, hd), kv_dt)
-        kv_vals = [ort.OrtValue.ortvalue_from_numpy(self._k[i]) for i in range(L)] + \
-                  [ort.OrtValue.ortvalue_from_numpy(self._v[i]) for i in range(L)]
-        self._kv_vals = kv_vals  # keep the OrtValues (and the memory they view) alive
-        self._past = np.zeros(S, np.uint8)
+        self._kv_dt = kv_dt
+        self._k = np.zeros((L, S, M, H, hd), kv_dt)  # positions first: the filled part is a prefix
+        self._v = np.zeros((L, S, M, H, hd), kv_dt)
+        self._kv_shape = (M, H, hd)
         self._bind: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
         dec = self._sess["gpt_decode"]
         for b in range(1, M + 1):
@@ -134,9 +137,6 @@ class OnnxRunner(Runner):
             io = dec.io_binding()
             for name in ("codes", "pos", "slots"):
                 io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
-            for i in range(L):
-                io.bind_ortvalue_input(f"k_cache.{i}", kv_vals[i])
-                io.bind_ortvalue_input(f"v_cache.{i}", kv_vals[L + i])
             for name in ("logits", "hidden", "k_new", "v_new"):
                 io.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
             self._bind[b] = (io, bufs)
@@ -201,8 +201,8 @@ class OnnxRunner(Runner):
             spk = np.asarray(spk_emb, np.float32).reshape(1, self._D)
             mask = (ids == self._spk_id).reshape(1, t)
         logits, hidden, k_new, v_new = self._run("gpt_prefill", {"ids": ids.reshape(1, t), "spk_emb": spk, "spk_mask": mask})
-        self._k[:, slot, :, :t] = k_new
-        self._v[:, slot, :, :t] = v_new
+        self._k[:, :t, slot] = k_new  # [L, T, H, hd]
+        self._v[:, :t, slot] = v_new
         self._pf_logits[:] = logits[0]
         self._pf_hidden[:] = hidden[0]
         return self._pf_logits, self._pf_hidden
@@ -238,14 +238,20 @@ class OnnxRunner(Runner):
         bufs["pos"][:] = pos
         bufs["slots"][:] = slots
         p = max(1, int(pos.max()))
-        self._call("gpt_decode", lambda: io.bind_input("past", "cpu", 0, np.uint8, [p], self._past.ctypes.data))
+        shape = [p, *self._kv_shape]
+        def bind() -> None:
+            for i in range(self._L):
+                io.bind_input(f"k_cache.{i}", "cpu", 0, self._kv_dt, shape, self._k[i].ctypes.data)
+                io.bind_input(f"v_cache.{i}", "cpu", 0, self._kv_dt, shape, self._v[i].ctypes.data)
+
+        self._call("gpt_decode", bind)
         sess = self._sess.get("gpt_decode")
         if sess is None:
             raise EngineError("the onnxruntime runner is closed")
         self._call("gpt_decode", lambda: sess.run_with_iobinding(io))
-        # new keys/values: [L, B, H, hd] -> cache[:, slot, :, pos] (advanced indices first: [B, L, H, hd])
-        self._k[:, slots, :, pos] = bufs["k_new"].transpose(1, 0, 2, 3)
-        self._v[:, slots, :, pos] = bufs["v_new"].transpose(1, 0, 2, 3)
+        # new keys/values [L, B, H, hd] -> cache[:, pos[b], slots[b]] (adjacent advanced indices: [L, B, H, hd])
+        self._k[:, pos, slots] = bufs["k_new"]
+        self._v[:, pos, slots] = bufs["v_new"]
         return bufs["logits"], bufs["hidden"]
 
     def decoder(self, hidden: np.ndarray) -> np.ndarray:
@@ -275,4 +281,3 @@ class OnnxRunner(Runner):
         """Drop sessions, bindings and the KV cache (idempotent)."""
         self._bind = {}
         self._sess = {}
-        self._kv_vals = []

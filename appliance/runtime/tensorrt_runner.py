@@ -16,10 +16,13 @@ Design (same graphs as ONNX Runtime, :mod:`appliance.model.export`):
   call with ``set_input_shape``; every device buffer is allocated once at its profile maximum,
   host staging buffers come from one **pinned** pool allocated at start-up
   (:class:`_Cuda`: pycuda where installed, ``cuda-python`` otherwise);
-* KV cache: per layer ``k``/``v`` device buffers ``[M, H, S, hd]`` bound directly as the decode
-  graph's ``k_cache.i``/``v_cache.i`` inputs (in place, never copied); the step's ``k_new`` /
-  ``v_new [L, B, H, hd]`` are written into the cache with ``cudaMemcpy2DAsync`` on the same
-  stream (2 x L x B small copies per step: a custom scatter would be cheaper, not done);
+* KV cache: per layer ``k``/``v`` device buffers ``[S, M, H, hd]`` (positions first); the decode
+  graph's ``k_cache.i``/``v_cache.i`` inputs get the buffer's base address with the shape
+  ``[P, M, H, hd]`` (the filled prefix, in place, never copied); the step's ``k_new`` /
+  ``v_new [L, B, H, hd]`` rows are contiguous ``H x hd`` blocks at ``[pos[b], slots[b]]`` and are
+  written with one device-to-device copy each on the same stream (2 x L x B small copies per
+  step: a custom scatter kernel would be cheaper, not done); prefill's ``[L, T, H, hd]`` is one
+  strided 2-D copy per layer and K/V;
 * every CUDA status goes through :meth:`_Cuda.check` (one place) and becomes
   :class:`~appliance.errors.EngineError`;
 * Decoder/Vocos inputs longer than the profile are cut into overlapping windows whose
@@ -90,7 +93,7 @@ def plan_buffers(m: dict) -> dict[str, dict[str, dict[str, Any]]]:
     Shapes are the profile maxima for dynamic inputs; outputs' dynamic dims are resolved from
     the limits (B = max_batch, T = max_prompt_tokens, window = window_tokens). The decode
     graph's ``k_cache.i`` / ``v_cache.i`` are *not* planned here: they are the KV cache itself
-    (``kv`` key: ``[M, H, S, hd]`` per layer and K/V).
+    (``kv`` key: ``[S, M, H, hd]`` per layer and K/V, positions first).
 
     Raises:
         EngineError: a dtype or dimension the plan cannot resolve.
@@ -113,7 +116,7 @@ def plan_buffers(m: dict) -> dict[str, dict[str, dict[str, Any]]]:
             if -1 in shape:
                 if g == "gpt_prefill":
                     shape = {"logits": [1, s["num_vq"], s["num_audio_tokens"]], "hidden": [1, D],
-                             "k_new": [L, H, T, hd], "v_new": [L, H, T, hd]}[t["name"]]
+                             "k_new": [L, T, H, hd], "v_new": [L, T, H, hd]}[t["name"]]
                 elif g == "gpt_decode":
                     shape = {"logits": [M, s["num_vq"], s["num_audio_tokens"]], "hidden": [M, D],
                              "k_new": [L, M, H, hd], "v_new": [L, M, H, hd]}[t["name"]]
@@ -134,8 +137,8 @@ def plan_buffers(m: dict) -> dict[str, dict[str, dict[str, Any]]]:
                 p["nbytes"] = int(np.prod(p["shape"])) * np.dtype(dt).itemsize
         out[g] = plan
     kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32
-    out["kv"] = {f"{kv}_cache.{i}": {"shape": [M, H, S, hd], "dtype": np.dtype(kv_dt).name, "mode": "state",
-                                     "nbytes": M * H * S * hd * np.dtype(kv_dt).itemsize}
+    out["kv"] = {f"{kv}_cache.{i}": {"shape": [S, M, H, hd], "dtype": np.dtype(kv_dt).name, "mode": "state",
+                                     "nbytes": S * M * H * hd * np.dtype(kv_dt).itemsize}
                  for kv in ("k", "v") for i in range(L)}
     return out
 
@@ -338,18 +341,22 @@ class TensorRTRunner(Runner):
         return res
 
     def _scatter_kv(self, g: str, rows: list[tuple[int, int]], t: int, b: int) -> None:
-        """Copy ``k_new``/``v_new`` of graph ``g`` into the cache: rows (slot, first position), t positions each."""
+        """Copy ``k_new``/``v_new`` of graph ``g`` into the cache ``[S, M, H, hd]`` per layer.
+
+        ``rows``: (slot, first position) per row; prefill writes ``t`` positions of one row
+        (source ``[L, T, H, hd]``), decode one position per row (source ``[L, B, H, hd]``).
+        """
         s, el = self._s, self._el
-        H, S, L = s["n_heads"], self.info.max_seq_len, s["n_layers"]
-        hd = s["hidden"] // H
+        H, L, M = s["n_heads"], s["n_layers"], self.info.max_batch
+        blk = H * (s["hidden"] // H) * el  # one position of one slot: H x hd
         for kv in ("k", "v"):
             src0 = self._dev[g][f"{kv}_new"]
             for i in range(L):
+                base = self._kv[f"{kv}_cache.{i}"]
                 for r, (slot, p0) in enumerate(rows):
-                    # prefill: src [L, H, T, hd]; decode: src [L, B, H, hd] (t == 1)
-                    src = src0 + ((i * H * t) if g == "gpt_prefill" else (i * b + r) * H) * hd * el
-                    dst = self._kv[f"{kv}_cache.{i}"] + ((slot * H) * S + p0) * hd * el
-                    self.cuda.d2d_2d(dst, S * hd * el, src, t * hd * el, t * hd * el, H)
+                    src = src0 + ((i * t) if g == "gpt_prefill" else (i * b + r)) * blk
+                    dst = base + (p0 * M + slot) * blk
+                    self.cuda.d2d_2d(dst, M * blk, src, blk, blk, t)
 
     # ------------------------------------------------------------------ Runner
     def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -367,7 +374,7 @@ class TensorRTRunner(Runner):
         L, H, hd = self._s["n_layers"], self._s["n_heads"], D // self._s["n_heads"]
         r = self._execute("gpt_prefill", {"ids": ids, "spk_emb": spk, "spk_mask": mask},
                           {"logits": (1, self.info.num_vq, self.info.num_audio_tokens), "hidden": (1, D),
-                           "k_new": (L, H, t, hd), "v_new": (L, H, t, hd)})
+                           "k_new": (L, t, H, hd), "v_new": (L, t, H, hd)})
         self._scatter_kv("gpt_prefill", [(int(slot), 0)], t, 1)
         self.cuda.sync()
         return r["logits"][0], r["hidden"][0]
@@ -385,9 +392,9 @@ class TensorRTRunner(Runner):
         H = self._s["n_heads"]
         p = max(1, int(pos.max()))
         ctx = self._ctx["gpt_decode"]
-        if not ctx.set_input_shape("past", (p,)):
-            raise EngineError(f"gpt_decode: past length {p} is outside the engine's profile")
-        ctx.set_tensor_address("past", self._dev["gpt_decode"]["past"])
+        for name in self._kv:  # the filled prefix [P, M, H, hd] of each layer's cache, in place
+            if not ctx.set_input_shape(name, (p, self.info.max_batch, H, D // H)):
+                raise EngineError(f"gpt_decode: cache length {p} is outside the engine's profile")
         r = self._execute("gpt_decode", {"codes": np.asarray(codes, np.int64), "pos": pos, "slots": slots},
                           {"logits": (b, self.info.num_vq, self.info.num_audio_tokens), "hidden": (b, D),
                            "k_new": (L, b, H, D // H), "v_new": (L, b, H, D // H)}, extra=self._kv)
