@@ -42,7 +42,7 @@ from .speaker import resolve_voice
 from .split import split_text
 from .stream import WindowedVocoder
 from .tokenizer import Tokenizer
-from .tokens import SAMPLE_RATE, SAMPLES_PER_TOKEN
+from .tokens import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class Pipeline:
         self.runner = runner
         self.tokenizer = tokenizer
         self.normalizer = Normalizer(tokenizer)
+        self._prepare_lock = threading.Lock()
         self.loop = DecodeLoop(runner)
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
         self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
@@ -145,10 +146,18 @@ class Pipeline:
     def prepare(self, speak) -> Job:
         """Validate and pre-process a :class:`~appliance.service.protocol.Speak` (no model run).
 
+        Thread-safe with respect to :meth:`run`: it reads only the tokenizer, the normalizer
+        (serialized by a lock) and immutable runner info, so the service may call it on its own
+        thread while the worker synthesizes.
+
         Raises:
             TextError: empty, unspeakable or too long text.
             SpeakerError: malformed voice string.
         """
+        with self._prepare_lock:
+            return self._prepare(speak)
+
+    def _prepare(self, speak) -> Job:
         cfg = self.cfg
         text = speak.text
         if len(text) > cfg.service.max_text_chars:
@@ -162,7 +171,9 @@ class Pipeline:
             top_k=p.top_k if p.top_k is not None else s.top_k,
             repetition_penalty=p.repetition_penalty if p.repetition_penalty is not None else s.repetition_penalty,
             min_new_tokens=p.min_new_tokens if p.min_new_tokens is not None else s.min_new_tokens,
+            # synthesis.max_new_tokens is the box's hard limit (the vocoder buffers are sized by it)
             max_new_tokens=min(p.max_new_tokens if p.max_new_tokens is not None else s.max_new_tokens,
+                               s.max_new_tokens,
                                self.runner.info.max_seq_len - cfg.model.max_prompt_tokens - 1),
         )
         prompt = p.prompt if p.prompt is not None else s.prompt
@@ -229,9 +240,8 @@ class Pipeline:
                 self.loop.leave(seq, "left")
                 raise
             steps += seq.steps
-            if pending:
-                voc.push(np.concatenate(pending))
-            tail = voc.finish()
+            tail = voc.push(np.concatenate(pending)) if pending else np.zeros(0, np.float32)
+            tail = np.concatenate([tail, voc.finish()])
             if seq.steps == 0:
                 log.warning("request %s: sentence %d produced no audio (EOS at the first step)", job.id, k)
             if tail.size:
