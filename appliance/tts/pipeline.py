@@ -33,9 +33,10 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import CancelledError, ConfigError, EmptyResultError, TextError
+from ..errors import ConfigError, EmptyResultError, TextError
 from ..runtime.runner import Runner, RunnerInfo
-from .generate import DecodeLoop, Sequence
+from .batch import BatchEngine
+from .generate import DecodeLoop
 from .normalize import Normalizer
 from .sampler import SamplingParams
 from .speaker import resolve_voice
@@ -117,6 +118,8 @@ class Pipeline:
         self.loop = DecodeLoop(runner)
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
         self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
+        self.engine = BatchEngine(self.loop, self.vocoders, cfg.stream.first_chunk_tokens,
+                                  cfg.stream.chunk_tokens, job_stats=self._job_stats)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Pipeline":
@@ -197,68 +200,37 @@ class Pipeline:
 
         Chunks are cut every ``stream.chunk_tokens`` decode steps (the first after
         ``stream.first_chunk_tokens``) once the windowed Decoder/Vocos can produce them exactly.
+        This is the one-job use of :attr:`engine` (:class:`~appliance.tts.batch.BatchEngine`),
+        the same code path the scheduler drives for several jobs at once.
 
         Raises:
             CancelledError: ``cancel`` was set (checked every decode step).
             EmptyResultError: no sentence produced any audio code.
         """
-        t0 = time.perf_counter()
-        ttfb = None
-        samples = 0
-        steps = 0
-        voc = self.vocoders[0]
-        first = self.cfg.stream.first_chunk_tokens
-        every = self.cfg.stream.chunk_tokens
-        look = voc.lookahead_tokens
-        for k, ids in enumerate(job.prompts):
-            seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=job.params, seed=job.seed + k)
-            voc.reset()
-            pending: list[np.ndarray] = []
-            emitted_tokens = 0
-            h0 = self.loop.join(seq)
-            if h0 is not None:
-                pending.append(h0[None])
-            try:
-                while not seq.finished:
-                    if cancel is not None and cancel.is_set():
-                        raise CancelledError(f"request {job.id} cancelled")
-                    _, hidden = self.loop.step()
-                    if hidden.shape[0]:
-                        pending.append(hidden)
-                    n_have = seq.steps
-                    target = first if emitted_tokens == 0 and k == 0 else every
-                    if n_have - look - emitted_tokens >= target:
-                        pcm = voc.push(np.concatenate(pending))
-                        pending.clear()
-                        emitted_tokens = max(0, n_have - look)
-                        if pcm.size:
-                            if ttfb is None:
-                                ttfb = time.perf_counter() - t0
-                            samples += pcm.size
-                            yield pcm
-            except BaseException:
-                self.loop.leave(seq, "left")
-                raise
-            steps += seq.steps
-            tail = voc.push(np.concatenate(pending)) if pending else np.zeros(0, np.float32)
-            tail = np.concatenate([tail, voc.finish()])
-            if seq.steps == 0:
-                log.warning("request %s: sentence %d produced no audio (EOS at the first step)", job.id, k)
-            if tail.size:
-                if ttfb is None:
-                    ttfb = time.perf_counter() - t0
-                samples += tail.size
-                yield tail
-        wall = time.perf_counter() - t0
-        if samples == 0:
-            raise EmptyResultError(f"request {job.id}: the model produced no audio (end of sequence at the first step); try another seed or voice")
+        out: list[np.ndarray] = []
+        task = self.engine.add(job, out.append, cancel)
+        try:
+            while not task.finished:
+                self.engine.step()
+                while out:
+                    yield out.pop(0)
+            while out:
+                yield out.pop(0)
+        finally:
+            if not task.finished:
+                self.engine.remove(task, "cancelled")
+        if task.error is not None:
+            raise task.error
+
+    def _job_stats(self, job: Job, ttfb_s: float, wall_s: float, samples: int, steps: int) -> None:
+        """Fill ``job.stats`` when the engine finishes ``job`` (and log the timings)."""
         audio_s = samples / SAMPLE_RATE
         job.stats = JobStats(
-            ttfb_ms=1000.0 * (ttfb if ttfb is not None else wall),
-            rtf=wall / audio_s,
+            ttfb_ms=1000.0 * ttfb_s,
+            rtf=wall_s / audio_s,
             audio_s=audio_s,
             steps=steps,
-            steps_per_s=steps / wall if wall > 0 else 0.0,
+            steps_per_s=steps / wall_s if wall_s > 0 else 0.0,
             sentences=len(job.prompts),
         )
         log.info("request %s done: %.2f s audio, TTFB %.0f ms, RTF %.3f, %d steps (%.1f/s)",

@@ -1,0 +1,257 @@
+"""Several jobs synthesizing at once over ONE decode loop (continuous batching).
+
+:class:`BatchEngine` is the only synthesis code path: :meth:`Pipeline.run
+<appliance.tts.pipeline.Pipeline.run>` drives it for one job, the service's scheduler for up to
+``len(channels)`` jobs. Each call of :meth:`BatchEngine.step`:
+
+1. drops every task whose ``cancel`` event is set (its KV slot is freed at once);
+2. joins every task waiting for a slot: the prefill of its next sentence runs *between* decode
+   steps, so a job that arrives mid-way decodes with the others from the next step on;
+3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences; the hidden
+   state of each row goes to its own task;
+4. per task, pushes its hidden states through its own :class:`~appliance.tts.stream.WindowedVocoder`
+   (one per task slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first
+   chunk after ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
+   a sentence that ended is flushed and the task's next sentence joins at the next step (same
+   vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
+   without stalling the others.
+
+Same seed => same PCM alone or batched: every row has its own KV slot, its own sampler state and
+``numpy`` RNG (:class:`~appliance.tts.sampler.Sampler` is indexed by slot), its own vocoder; the
+runner's decode is row-wise (per-row attention over that row's own positions), so batch
+composition only changes floating-point rounding inside the batched matmuls (see
+``tests/test_channels_batch.py`` for the measured tolerance). Upstream ChatTTS batches only
+requests that start together (``GPT.generate`` over a padded batch); joining mid-way is ours
+(continuous batching as in Orca, Yu et al., OSDI 2022).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import BusyError, CancelledError, EmptyResultError
+from .generate import DecodeLoop, Sequence
+from .stream import WindowedVocoder
+
+log = logging.getLogger(__name__)
+
+PcmSink = Callable[[np.ndarray], None]
+"""``sink(pcm)``: receives float32 ``[n]`` PCM (mono, 24000 Hz) of one task, in order."""
+
+
+@dataclass(eq=False)
+class Task:
+    """One job inside the engine.
+
+    Attributes:
+        job: the :class:`~appliance.tts.pipeline.Job`. sink: where its PCM goes.
+        cancel: set (any thread) to remove the task at the next step.
+        chunk_scale: ``chunk_tokens`` is multiplied by this (throttle: fewer, larger chunks).
+        state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
+            ``failed`` or ``cancelled``.
+        error: the exception of a failed/cancelled task.
+        max_rows: most rows any decode step of this task had (> 1: it ran batched).
+        joined_at_step: the engine's step counter when its first sentence joined.
+    """
+
+    job: object
+    sink: PcmSink
+    cancel: Optional[threading.Event] = None
+    chunk_scale: int = 1
+    state: str = "joining"
+    error: Optional[BaseException] = None
+    voc: int = -1
+    k: int = 0
+    seq: Optional[Sequence] = None
+    pending: list = field(default_factory=list)
+    emitted: int = 0
+    samples: int = 0
+    steps: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+    ttfb: Optional[float] = None
+    max_rows: int = 0
+    joined_at_step: int = -1
+
+    @property
+    def finished(self) -> bool:
+        """True once done, failed or cancelled."""
+        return self.state in ("done", "failed", "cancelled")
+
+
+class BatchEngine:
+    """Continuous batching of whole jobs over one :class:`DecodeLoop` (see module docstring).
+
+    Args:
+        loop: the decode loop (owns the runner's KV slots and the per-slot samplers).
+        vocoders: one :class:`WindowedVocoder` per task slot (allocated once).
+        first_chunk_tokens, chunk_tokens: streaming chunk sizes in decode steps.
+        job_stats: ``(job, ttfb_s, wall_s, samples, steps) -> None`` fills ``job.stats``
+            (the pipeline's JobStats); None leaves jobs untouched.
+
+    Not thread-safe: one thread calls :meth:`add`, :meth:`step`, :meth:`remove`; only the tasks'
+    ``cancel`` events may be set from other threads.
+    """
+
+    def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], first_chunk_tokens: int,
+                 chunk_tokens: int, job_stats: Optional[Callable] = None) -> None:
+        self.loop = loop
+        self.vocoders = vocoders
+        self.first = max(1, int(first_chunk_tokens))
+        self.every = max(1, int(chunk_tokens))
+        self.job_stats = job_stats
+        self.capacity = min(loop.max_batch, len(vocoders))
+        self.tasks: list[Task] = []
+        self._free_voc = list(range(self.capacity - 1, -1, -1))
+        self._by_seq: dict[Sequence, Task] = {}
+        self.steps_run = 0
+        self.rows_hist: collections.Counter = collections.Counter()   # batch rows -> decode steps
+
+    @property
+    def free(self) -> int:
+        """Tasks that may still be added."""
+        return len(self._free_voc)
+
+    def add(self, job, sink: PcmSink, cancel: Optional[threading.Event] = None, chunk_scale: int = 1) -> Task:
+        """Register ``job``; its first sentence joins the batch at the next :meth:`step`.
+
+        Raises:
+            BusyError: all ``capacity`` task slots are taken.
+        """
+        if not self._free_voc:
+            raise BusyError(f"all {self.capacity} synthesis slots are busy")
+        t = Task(job=job, sink=sink, cancel=cancel, chunk_scale=max(1, int(chunk_scale)))
+        t.voc = self._free_voc.pop()
+        self.tasks.append(t)
+        return t
+
+    def remove(self, task: Task, reason: str = "cancelled", error: Optional[BaseException] = None) -> None:
+        """Take ``task`` out now (its KV slot and vocoder are free for the next join)."""
+        if task.finished and task not in self.tasks:
+            return
+        self._end(task, reason, error)
+
+    def step(self) -> list[Task]:
+        """Cancel, join, one batched decode step, stream out (see module docstring).
+
+        Returns:
+            the tasks that finished (done, failed or cancelled) during this call. Errors of one
+            task (bad prompt, empty result) fail that task only; a runner error in the batched
+            decode fails every task that was decoding.
+        """
+        ended: list[Task] = []
+        for t in list(self.tasks):
+            if t.cancel is not None and t.cancel.is_set():
+                self._end(t, "cancelled", CancelledError(f"request {t.job.id} cancelled"))
+                ended.append(t)
+        for t in list(self.tasks):
+            if t.state == "joining":
+                try:
+                    self._join(t)
+                except Exception as e:  # noqa: BLE001 - one task's failure must not stop the others
+                    self._end(t, "failed", e)
+                if t.finished:
+                    ended.append(t)
+        if not self.loop.active:
+            return ended
+        b = len(self.loop.active)
+        self.rows_hist[b] += 1
+        self.steps_run += 1
+        decoding = [self._by_seq[s] for s in self.loop.active]
+        for t in decoding:
+            t.max_rows = max(t.max_rows, b)
+        try:
+            seqs, hidden = self.loop.step()
+        except Exception as e:  # noqa: BLE001
+            log.error("batched decode step failed for %s: %s", ", ".join(t.job.id for t in decoding), e)
+            for t in decoding:
+                self._end(t, "failed", e)
+            return ended + decoding
+        for i, s in enumerate(seqs):
+            self._by_seq[s].pending.append(hidden[i:i + 1])
+        for t in decoding:
+            try:
+                self._advance(t)
+            except Exception as e:  # noqa: BLE001
+                self._end(t, "failed", e)
+            if t.finished:
+                ended.append(t)
+        return ended
+
+    # ------------------------------------------------------------------ internals
+
+    def _join(self, t: Task) -> None:
+        job = t.job
+        voc = self.vocoders[t.voc]
+        voc.reset()
+        seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k)
+        t.seq, t.pending, t.emitted = seq, [], 0
+        h0 = self.loop.join(seq)
+        if t.joined_at_step < 0:
+            t.joined_at_step = self.steps_run
+        self._by_seq[seq] = t
+        t.state = "decoding"
+        if h0 is not None:
+            t.pending.append(h0[None])
+        if seq.finished:
+            self._sentence_end(t)
+
+    def _advance(self, t: Task) -> None:
+        seq = t.seq
+        voc = self.vocoders[t.voc]
+        target = self.first if t.emitted == 0 and t.k == 0 else self.every * t.chunk_scale
+        if t.pending and seq.steps - voc.lookahead_tokens - t.emitted >= target:
+            pcm = voc.push(np.concatenate(t.pending))
+            t.pending.clear()
+            t.emitted = max(0, seq.steps - voc.lookahead_tokens)
+            self._out(t, pcm)
+        if seq.finished:
+            self._sentence_end(t)
+
+    def _sentence_end(self, t: Task) -> None:
+        seq, voc = t.seq, self.vocoders[t.voc]
+        tail = voc.push(np.concatenate(t.pending)) if t.pending else np.zeros(0, np.float32)
+        t.pending = []
+        tail = np.concatenate([tail, voc.finish()])
+        t.steps += seq.steps
+        if seq.steps == 0:
+            log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
+        self._by_seq.pop(seq, None)
+        t.seq = None
+        self._out(t, tail)
+        t.k += 1
+        if t.k < len(t.job.prompts):
+            t.state = "joining"
+            return
+        wall = time.perf_counter() - t.t0
+        if t.samples == 0:
+            self._end(t, "failed", EmptyResultError(
+                f"request {t.job.id}: the model produced no audio (end of sequence at the first step); try another seed or voice"))
+            return
+        if self.job_stats is not None:
+            self.job_stats(t.job, t.ttfb if t.ttfb is not None else wall, wall, t.samples, t.steps)
+        self._end(t, "done", None)
+
+    def _out(self, t: Task, pcm: np.ndarray) -> None:
+        if pcm.size:
+            if t.ttfb is None:
+                t.ttfb = time.perf_counter() - t.t0
+            t.samples += pcm.size
+            t.sink(pcm)
+
+    def _end(self, t: Task, state: str, error: Optional[BaseException]) -> None:
+        if t.seq is not None:
+            self.loop.leave(t.seq, "left")
+            self._by_seq.pop(t.seq, None)
+            t.seq = None
+        t.pending = []
+        t.state, t.error = state, error
+        if t in self.tasks:
+            self.tasks.remove(t)
+            self._free_voc.append(t.voc)
