@@ -123,10 +123,16 @@ class MQTTConfig:
     password: Optional[str] = _f(None, "Password.")
     tls: bool = _f(False, "Use TLS.")
     ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
-    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,status,event,availability}.")
+    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability}.")
     device_id: str = _f("appliance", "This box's id in topics.")
     keepalive_s: int = _f(30, "MQTT keepalive in seconds.", min=5, max=3600)
     max_payload_bytes: int = _f(65536, "Largest accepted command payload.", min=64, max=16 * 1024 * 1024)
+    client_id: Optional[str] = _f(None, "MQTT client id; None = chattts-<device_id>.")
+    clean_session: bool = _f(False, "False: the broker keeps subscriptions and queues QoS 1 commands while the daemon is disconnected (they are spoken after the reconnect).")
+    reconnect_min_s: int = _f(1, "First reconnect delay after losing the broker, s (doubles up to reconnect_max_s).", min=1, max=3600)
+    reconnect_max_s: int = _f(60, "Longest reconnect delay, s.", min=1, max=3600)
+    status_interval_s: float = _f(30.0, "Retained status is republished at least this often, s (and at once on change).", min=1.0, max=86400.0)
+    dedup_ids: int = _f(1024, "Recent say ids remembered to drop redelivered duplicates.", min=16, max=1 << 20)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,90 @@
+"""MQTT command payloads -> requests or error events, the de-dup LRU, topics, TLS config errors
+(no broker needed; the broker tests are in test_mqtt_daemon.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.config import config_from_dict
+from appliance.errors import ConfigError
+from appliance.service.mqtt import MQTTBridge, RecentIds, Topics, event_payload, parse_command
+from appliance.service.protocol import Cancel, Done, HealthRequest, Speak
+
+
+def test_plain_text_is_spoken_on_the_default_channel():
+    req, err = parse_command("say", "  Hello there [uv_break] again \n".encode(), 1024)
+    assert err is None and isinstance(req, Speak)
+    assert req.text == "Hello there [uv_break] again" and req.channel is None and len(req.id) == 12
+    req, err = parse_command("say", "[laugh] 你好".encode(), 1024)   # '[' is text, not JSON
+    assert err is None and req.text == "[laugh] 你好"
+
+
+def test_json_say_carries_every_field():
+    obj = {"text": "hi", "id": "r1", "channel": "cabin", "priority": "alert", "voice": "seed:3", "seed": 7,
+           "params": {"temperature": 0.5, "max_new_tokens": 40}}
+    req, err = parse_command("say", json.dumps(obj).encode(), 1024)
+    assert err is None
+    assert (req.id, req.channel, req.priority, req.voice, req.seed) == ("r1", "cabin", "alert", "seed:3", 7)
+    assert req.params.temperature == 0.5 and req.params.max_new_tokens == 40
+    req, err = parse_command("say", b'{"type": "speak", "text": "typed"}', 1024)
+    assert err is None and req.text == "typed" and req.id
+
+
+@pytest.mark.parametrize("payload, rid, needle", [
+    (b"\xff\xfe not utf-8", None, "not valid UTF-8"),
+    (b'{"text": "hi", "id": "x1"', None, "not valid JSON"),
+    (b"x" * 65, None, "mqtt.max_payload_bytes"),
+    (b'{"text": "hi", "id": "x2", "priority": "urgent"}', "x2", "priority"),
+    (b'{"text": "hi", "id": "x3", "colour": "red"}', "x3", "colour"),
+    (b'{"text": "hi", "id": "x4", "return_audio": true}', "x4", "return_audio"),
+    (b'{"type": "cancel", "id": "x5"}', "x5", "say topic takes speak"),
+    (b'{"id": "x6"}', "x6", "'text' is required"),
+])
+def test_bad_say_payloads_become_error_events_with_the_id_when_known(payload, rid, needle):
+    req, err = parse_command("say", payload, 64)
+    assert req is None
+    assert err.type == "error" and err.code == "bad_request" and err.id == rid and needle in err.message, err
+
+
+def test_cancel_and_health_payloads():
+    assert parse_command("cancel", b" r7 ", 64) == (Cancel(id="r7"), None)
+    assert parse_command("cancel", b'{"channel": "main"}', 64) == (Cancel(channel="main"), None)
+    assert parse_command("cancel", b"", 64)[1].code == "bad_request"
+    assert parse_command("cancel", b"{}", 64)[1].code == "bad_request"
+    assert parse_command("health", b"", 64) == (HealthRequest(), None)
+    assert parse_command("health", b"x" * 65, 64)[1].code == "bad_request"
+    assert parse_command("shout", b"hi", 64)[1].code == "bad_request"
+
+
+def test_event_payload_is_the_socket_json_without_newline():
+    ev = Done(id="a", channel="main", ttfb_ms=1.0, rtf=0.5, audio_s=1.0, steps=47, steps_per_s=90.0)
+    p = event_payload(ev)
+    assert not p.endswith(b"\n") and json.loads(p)["type"] == "done" and json.loads(p)["id"] == "a"
+
+
+def test_recent_ids_lru_and_refusal():
+    r = RecentIds(16)
+    assert r.add("a") and not r.add("a")          # second copy is a duplicate
+    r.refused("a")                                 # refused before accept: forgotten, may retry
+    assert "a" not in r and r.add("a")
+    r.accepted("a")
+    r.refused("a")                                 # an error after accept (cancel, failure) keeps it
+    assert "a" in r and not r.add("a")
+    for i in range(40):
+        r.add(f"id{i}")
+    assert len(r) == 16 and "a" not in r and "id39" in r and "id23" not in r
+
+
+def test_topics_follow_prefix_and_device_id(tmp_path):
+    cfg = config_from_dict({"mqtt": {"topic_prefix": "home/tts/", "device_id": "car1"}}, tmp_path)
+    t = Topics.from_config(cfg)
+    assert (t.of("say"), t.event, t.status, t.availability) == (
+        "home/tts/car1/say", "home/tts/car1/event", "home/tts/car1/status", "home/tts/car1/availability")
+
+
+def test_missing_ca_file_is_a_config_error_naming_the_key(tmp_path):
+    cfg = config_from_dict({"mqtt": {"enabled": True, "tls": True, "ca_file": "nope/ca.pem"}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"mqtt\.ca_file: .*nope/ca\.pem does not exist"):
+        MQTTBridge(cfg, lambda line, sink: None, lambda: None)
