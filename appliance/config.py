@@ -85,6 +85,7 @@ class AudioConfig:
     sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
     wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
+    same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
     on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
 
 

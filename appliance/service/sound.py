@@ -11,9 +11,14 @@ Data path per request (all PCM float32 mono)::
                                                                          a dead device
 
 * :class:`DeviceOutput` owns ONE ``sounddevice.OutputStream`` (callback mode) for one device,
-  opened at start and kept running (silence when idle). The FIFO holds numpy chunks tagged
-  with their request, so a cancel drops exactly that request's unplayed audio and two requests
-  never interleave (the worker writes one request at a time).
+  opened at start and kept running (silence when idle). Each request is a *voice* with its own
+  FIFO of chunks, so a cancel drops exactly that request's unplayed audio. Voices belong to a
+  *lane*: the voices of one lane play one after the other, in the order they began (requests
+  of one channel never overlap). ``audio.same_device: mix`` makes each channel its own lane and
+  the callback sums the lanes' current voices (hard-clipped to [-1, 1] when two or more sound
+  at once; a lone voice is copied unchanged); ``serialize`` puts every channel of the device in
+  one lane, so a second channel's request waits until the first one has played out. Samples of
+  two requests are never interleaved.
 * :class:`AudioOutput` decides where audio goes (``audio.output``: ``device``, ``wav`` or
   ``auto`` = device if PortAudio lists an output device, else WAV; the log says which and why),
   maps channels to devices (``channels[].device`` or ``audio.device``, matched as a
@@ -105,10 +110,23 @@ def find_output_device(query: Optional[str]) -> dict:
 
 
 class _Chunk:
-    __slots__ = ("owner", "data", "pos", "on_played")
+    __slots__ = ("data", "pos", "on_played")
 
-    def __init__(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]]):
-        self.owner, self.data, self.pos, self.on_played = owner, data, 0, on_played
+    def __init__(self, data: np.ndarray, on_played: Optional[Callable[[], None]]):
+        self.data, self.pos, self.on_played = data, 0, on_played
+
+
+class _Voice:
+    """One request on a device: its chunks, its lane, whether it is still being written."""
+
+    __slots__ = ("lane", "chunks", "buffered", "writing", "on_failure")
+
+    def __init__(self, lane: object, on_failure: Callable[[str], None]):
+        self.lane = lane
+        self.chunks: collections.deque[_Chunk] = collections.deque()
+        self.buffered = 0                # samples not yet played
+        self.writing: Optional[bool] = False   # False: no audio yet; True: streaming; None: ended
+        self.on_failure = on_failure
 
 
 class DeviceOutput:
@@ -118,26 +136,31 @@ class DeviceOutput:
         query: device name substring (None = PortAudio's default output).
         sample_rate: stream rate in Hz; None = the device's default rate.
         latency_ms: requested output latency (PortAudio buffer), ms.
+        mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
+            the module docstring.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.
     """
 
-    def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float) -> None:
+    def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
+                 mode: str = "mix") -> None:
         self.query = query
+        self.mode = mode
         self.want_rate = sample_rate
         self.latency_s = latency_ms / 1000.0
         self.name = query or "default"
         self.rate: int = sample_rate or 0
         self.ok = False
         self.error: Optional[str] = "not opened"
-        self.underruns = 0          # FIFO ran dry while a request was mid-stream
+        self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
         self.xruns = 0              # PortAudio reported output underflow
+        self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
         self._lock = threading.Condition()
-        self._fifo: collections.deque[_Chunk] = collections.deque()
-        self._buffered = 0          # samples in the FIFO
-        self._streaming = 0         # requests begun but not finished writing
+        self._voices: dict[object, _Voice] = {}   # begin order
+        self._buffered = 0          # samples queued over all voices
+        self._mixbuf = np.zeros(0, np.float32)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._stream = None
@@ -145,7 +168,6 @@ class DeviceOutput:
         self._dead: Optional[str] = None    # set by PortAudio's finished callback
         self._out_latency = self.latency_s  # what PortAudio granted, s
         self._last_open_attempt = 0.0
-        self._owners: dict[object, list] = {}   # owner -> [on_failure, streaming: False (not yet) / True / None (ended)]
         self._watcher: Optional[threading.Thread] = None
         self._stop_watcher = threading.Event()
 
@@ -210,7 +232,7 @@ class DeviceOutput:
         """Play what is queued (up to ``drain_timeout_s``), fire pending callbacks, close the stream."""
         deadline = time.monotonic() + drain_timeout_s
         with self._lock:
-            while self.ok and self._fifo and time.monotonic() < deadline:
+            while self.ok and self._buffered > 0 and time.monotonic() < deadline:
                 self._lock.wait(0.05)
             self._closing = True
         time.sleep(self._out_latency if self.ok else 0)
@@ -231,48 +253,70 @@ class DeviceOutput:
 
     # ------------------------------------------------------------------ feeding
 
-    def begin(self, owner: object, on_failure: Callable[[str], None]) -> None:
-        """Register a request (underruns count from its first :meth:`enqueue` until :meth:`end`);
+    def begin(self, owner: object, on_failure: Callable[[str], None], lane: object = None) -> None:
+        """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
+        mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
         ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`."""
         with self._lock:
-            self._owners[owner] = [on_failure, False]
+            self._voices[owner] = _Voice(None if self.mode == "serialize" else lane, on_failure)
 
     def end(self, owner: object) -> None:
         """The request wrote its last chunk (it stays registered for failures until played)."""
         with self._lock:
-            entry = self._owners.get(owner)
-            if entry is not None and entry[1] is True:
-                self._streaming -= 1
-            if entry is not None:
-                entry[1] = None       # finished writing
+            v = self._voices.get(owner)
+            if v is not None:
+                v.writing = None
 
     def forget(self, owner: object) -> None:
         """The request was played or aborted: no more failure notifications for it."""
-        self.end(owner)
         with self._lock:
-            self._owners.pop(owner, None)
+            v = self._voices.pop(owner, None)
+            if v is not None:
+                self._buffered -= v.buffered
+                self._lock.notify_all()
 
     def enqueue(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]] = None) -> bool:
-        """Append float32 ``[n]`` samples at :attr:`rate`; ``on_played`` fires (watcher thread)
-        about one latency after the last sample left the FIFO. False if the device has failed."""
+        """Append float32 ``[n]`` samples at :attr:`rate` to ``owner``'s voice; ``on_played``
+        fires (watcher thread) about one latency after its last sample was played. False if the
+        device has failed or ``owner`` is not registered."""
         with self._lock:
-            if not self.ok:
+            v = self._voices.get(owner)
+            if not self.ok or v is None:
                 return False
-            entry = self._owners.get(owner)
-            if entry is not None and entry[1] is False and len(data):
-                entry[1] = True       # first audio: from now on a dry FIFO is an underrun
-                self._streaming += 1
-            self._fifo.append(_Chunk(owner, np.ascontiguousarray(data, dtype=np.float32), on_played))
+            if v.writing is False and len(data):
+                v.writing = True      # first audio: from now on a dry voice is an underrun
+            v.chunks.append(_Chunk(np.ascontiguousarray(data, dtype=np.float32), on_played))
+            v.buffered += len(data)
             self._buffered += len(data)
             return True
 
-    def wait_room(self, aborted: Callable[[], bool], beat: Optional[Callable[[], None]] = None) -> None:
-        """Block while more than MAX_BUFFER_S of audio is queued (returns early on abort/failure);
-        ``beat()`` is called about every 0.1 s meanwhile (the waiting worker is alive)."""
+    def _sounding(self) -> list[_Voice]:
+        """The voice that plays now in each lane: the first begun one that is not played out
+        (ended and empty; such a voice stays registered for failures until :meth:`forget`);
+        lock held."""
+        seen: dict[object, _Voice] = {}
+        for v in self._voices.values():
+            if v.writing is None and not v.chunks:
+                continue
+            if v.lane not in seen:
+                seen[v.lane] = v
+        return list(seen.values())
+
+    def wait_room(self, aborted: Callable[[], bool], beat: Optional[Callable[[], None]] = None,
+                  owner: object = None) -> None:
+        """Block while ``owner``'s voice is sounding and holds more than MAX_BUFFER_S of audio
+        (returns early on abort/failure); ``beat()`` is called about every 0.1 s meanwhile.
+        A voice that waits behind another in its lane is never held back (holding it would
+        stall the synthesis the sounding voice needs)."""
         limit = int(MAX_BUFFER_S * max(self.rate, 1))
         while True:
             with self._lock:
-                if not (self.ok and self._buffered > limit and not aborted()):
+                v = self._voices.get(owner) if owner is not None else None
+                if v is None:
+                    full = self._buffered > limit
+                else:
+                    full = v.buffered > limit and any(x is v for x in self._sounding())
+                if not (self.ok and full and not aborted()):
                     return
                 self._lock.wait(0.1)
             if beat is not None:
@@ -281,17 +325,22 @@ class DeviceOutput:
     def drop(self, owner: object) -> int:
         """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
         with self._lock:
-            keep = collections.deque(c for c in self._fifo if c.owner is not owner)
-            dropped = sum(len(c.data) - c.pos for c in self._fifo if c.owner is owner)
-            self._fifo = keep
+            v = self._voices.get(owner)
+            if v is None:
+                return 0
+            dropped = v.buffered
+            v.chunks.clear()
+            v.buffered = 0
             self._buffered -= dropped
+            self._lock.notify_all()
             return dropped
 
     def status(self) -> dict:
         """Device state for StatusReply: name, rate (Hz), ok, error, underruns, xruns, buffered_ms."""
         return {
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
-            "underruns": self.underruns, "xruns": self.xruns,
+            "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "voices": len(self._voices),
             "buffered_ms": round(1000.0 * self._buffered / self.rate, 1) if self.rate else 0.0,
         }
 
@@ -299,30 +348,51 @@ class DeviceOutput:
 
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
         out = outdata[:, 0]
-        n = 0
         now = time.monotonic()
+        sounding = 0
+        dry = False
         with self._lock:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            fifo = self._fifo
-            while n < frames and fifo:
-                c = fifo[0]
-                take = min(frames - n, len(c.data) - c.pos)
-                out[n:n + take] = c.data[c.pos:c.pos + take]
-                c.pos += take
-                n += take
-                if c.pos == len(c.data):
-                    fifo.popleft()
-                    if c.on_played is not None:
-                        self._played.append((now + self._out_latency, c.on_played))
-            self._buffered -= n
-            if n < frames and self._streaming > 0:
+            if len(self._mixbuf) < frames:
+                self._mixbuf = np.zeros(frames, np.float32)
+            played = 0
+            for v in self._sounding():
+                if not v.chunks:
+                    dry = dry or v.writing is True
+                    continue
+                dst = out if sounding == 0 else self._mixbuf
+                n = 0
+                while n < frames and v.chunks:
+                    c = v.chunks[0]
+                    take = min(frames - n, len(c.data) - c.pos)
+                    dst[n:n + take] = c.data[c.pos:c.pos + take]
+                    c.pos += take
+                    n += take
+                    if c.pos == len(c.data):
+                        v.chunks.popleft()
+                        if c.on_played is not None:
+                            self._played.append((now + self._out_latency, c.on_played))
+                if n < frames:
+                    dst[n:frames] = 0.0
+                    dry = dry or v.writing is True
+                if sounding > 0:
+                    out[:frames] += self._mixbuf[:frames]
+                sounding += 1
+                v.buffered -= n
+                played += n
+            self._buffered -= played
+            if dry:
                 self.underruns += 1
-            if n:
+            if sounding > 1:
+                self.mixed_blocks += 1
+            if played:
                 self._lock.notify_all()
-        if n < frames:
-            out[n:] = 0.0
+        if sounding == 0:
+            out[:] = 0.0
+        elif sounding > 1:
+            np.clip(out, -1.0, 1.0, out=out)
 
     def _finished(self) -> None:  # PortAudio thread, stream became inactive
         with self._lock:
@@ -334,12 +404,10 @@ class DeviceOutput:
             if not self.ok:
                 return
             self.ok, self.error = False, reason
-            self._fifo.clear()
             self._buffered = 0
             self._played.clear()
-            listeners = [entry[0] for entry in self._owners.values()]
-            self._owners.clear()
-            self._streaming = 0
+            listeners = [v.on_failure for v in self._voices.values()]
+            self._voices.clear()
             self._lock.notify_all()
         log.error("sound device %r failed: %s; requests go to WAV until it is back", self.name, reason)
         stream, self._stream = self._stream, None
@@ -392,7 +460,7 @@ class RequestAudio:
     """
 
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
-                 beat: Optional[Callable[[], None]] = None) -> None:
+                 beat: Optional[Callable[[], None]] = None, lane: object = None) -> None:
         self.request_id = request_id
         self.beat = beat
         self.wav_file = wav_file
@@ -408,7 +476,7 @@ class RequestAudio:
             if device.rate != PIPELINE_RATE:
                 import soxr
                 self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-            device.begin(self, self._device_failed)
+            device.begin(self, self._device_failed, lane)
             self.output = f"device:{device.name}"
         else:
             self._wav = WavWriter(wav_file, PIPELINE_RATE)
@@ -427,7 +495,7 @@ class RequestAudio:
             dev = self.device
         out = self._rs.resample_chunk(pcm) if self._rs is not None else pcm
         if len(out):
-            dev.wait_room(lambda: self._aborted, self.beat)
+            dev.wait_room(lambda: self._aborted, self.beat, owner=self)
             with self._lock:          # an abort() in between must not leave orphan audio queued
                 if not self._aborted:
                     dev.enqueue(self, out)
@@ -547,7 +615,7 @@ class AudioOutput:
             q = self._device_query(ch.name)
             if q in self.devices:
                 continue
-            dev = DeviceOutput(q, a.sample_rate, a.latency_ms)
+            dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=getattr(a, "same_device", "mix"))
             self.devices[q] = dev
             try:
                 dev.open()
@@ -567,7 +635,7 @@ class AudioOutput:
         if self.mode == "device":
             dev = self.devices.get(self._device_query(channel))
             if dev is not None and dev.ensure_open():
-                return RequestAudio(request_id, wav, dev, beat)
+                return RequestAudio(request_id, wav, dev, beat, lane=channel)
             log.warning("request %s: sound device unusable (%s); writing %s",
                         request_id, dev.error if dev else "no device", wav)
         return RequestAudio(request_id, wav, None)
