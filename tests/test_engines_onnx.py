@@ -142,3 +142,33 @@ def test_auto_picks_onnxruntime_without_gpu(tiny_ckpt, onnx_dir, caplog):
     assert r.info.backend == "onnxruntime" and "no GPU" in r.info.reason
     assert any("inference backend: onnxruntime" in rec.getMessage() for rec in caplog.records)
     r.close()
+
+
+def test_tensorrt_decode_graph_matches(tiny_ckpt, runners, tmp_path):
+    """The static-cache decode graph that TensorRT builds (fp16 export) computes the same step;
+    checked in fp32 with ONNX Runtime since TensorRT cannot run here."""
+    import onnxruntime as ort
+    import torch
+
+    from appliance.model import export as ex
+    from appliance.model.checkpoint import load_model
+
+    o, _ = runners
+    spec = ex._specs(load_model(tiny_ckpt), 3, 512, 128, 64, torch.float32, static_cache=True)["gpt_decode"]
+    path = tmp_path / "gpt_decode_static.onnx"
+    ex.export_graph("gpt_decode", spec, path)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for slot, n in [(0, 9), (2, 14)]:
+        o.prefill(slot, rng.integers(0, 200, n), None)
+    slots, pos = np.array([2, 0]), np.array([14, 9])
+    codes = rng.integers(0, 626, (2, 4))
+    L = o._L
+    feeds = {"codes": codes, "pos": pos, "slots": slots, "past": np.zeros(14, np.uint8)}
+    feeds.update({f"k_cache.{i}": o._k[i] for i in range(L)})
+    feeds.update({f"v_cache.{i}": o._v[i] for i in range(L)})
+    logits, hidden, k_new, _ = sess.run(None, feeds)
+    la, ha = (x.copy() for x in o.decode(slots, codes, pos))
+    np.testing.assert_allclose(logits, la, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(hidden, ha, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(k_new, o._k[:, pos, slots], atol=1e-5)

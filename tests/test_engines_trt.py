@@ -42,8 +42,8 @@ def test_fp16_build_of_every_graph_and_manifest(fp16_plans):
         assert (out / e["file"]).stat().st_size == e["plan_bytes"] > 0
         assert e["weights_bytes"] > 0 and e["activation_bytes"] > 0, name
     dec = {t["name"]: t for t in m["graphs"]["gpt_decode"]["inputs"]}
-    assert dec["k_cache.0"]["dtype"] == "half" and dec["k_cache.0"]["shape"] == [-1, 3, 4, 16]
-    assert m["graphs"]["gpt_decode"]["profile"]["k_cache.0"][2] == [511, 3, 4, 16]
+    assert dec["k_cache.0"]["dtype"] == "half" and dec["k_cache.0"]["shape"] == [512, 3, 4, 16]
+    assert dec["past"]["shape"] == [-1] and m["graphs"]["gpt_decode"]["profile"]["past"][2] == [511]
     outs = {t["name"]: t["dtype"] for t in m["graphs"]["gpt_decode"]["outputs"]}
     assert outs["logits"] == "float" and outs["k_new"] == "half"
     assert m["build"]["strongly_typed"] is True and m["build"]["workspace_mib"] == 256
@@ -146,7 +146,7 @@ def test_buffer_plan_from_manifest(fp16_plans):
     _, out = fp16_plans
     plan = plan_buffers(json.loads((out / "manifest.json").read_text()))
     assert plan["gpt_decode"]["codes"] == {"shape": [3, 4], "mode": "input", "dtype": "int64", "nbytes": 96}
-    assert "past" not in plan["gpt_decode"]
+    assert plan["gpt_decode"]["past"]["shape"] == [511]
     assert plan["gpt_decode"]["logits"]["shape"] == [3, 4, 626] and plan["gpt_decode"]["logits"]["dtype"] == "float32"
     assert plan["gpt_decode"]["k_new"]["shape"] == [2, 3, 4, 16] and plan["gpt_decode"]["k_new"]["dtype"] == "float16"
     assert plan["gpt_prefill"]["ids"]["shape"] == [1, 128]

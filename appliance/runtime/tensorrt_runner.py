@@ -16,9 +16,9 @@ Design (same graphs as ONNX Runtime, :mod:`appliance.model.export`):
   call with ``set_input_shape``; every device buffer is allocated once at its profile maximum,
   host staging buffers come from one **pinned** pool allocated at start-up
   (:class:`_Cuda`: pycuda where installed, ``cuda-python`` otherwise);
-* KV cache: per layer ``k``/``v`` device buffers ``[S, M, H, hd]`` (positions first); the decode
-  graph's ``k_cache.i``/``v_cache.i`` inputs get the buffer's base address with the shape
-  ``[P, M, H, hd]`` (the filled prefix, in place, never copied); the step's ``k_new`` /
+* KV cache: per layer ``k``/``v`` device buffers ``[S, M, H, hd]`` (positions first) bound as the
+  decode graph's static ``k_cache.i``/``v_cache.i`` inputs (in place, never copied); the length
+  of the ``past`` input says how many positions the graph reads; the step's ``k_new`` /
   ``v_new [L, B, H, hd]`` rows are contiguous ``H x hd`` blocks at ``[pos[b], slots[b]]`` and are
   written with one device-to-device copy each on the same stream (2 x L x B small copies per
   step: a custom scatter kernel would be cheaper, not done); prefill's ``[L, T, H, hd]`` is one
@@ -392,9 +392,9 @@ class TensorRTRunner(Runner):
         H = self._s["n_heads"]
         p = max(1, int(pos.max()))
         ctx = self._ctx["gpt_decode"]
-        for name in self._kv:  # the filled prefix [P, M, H, hd] of each layer's cache, in place
-            if not ctx.set_input_shape(name, (p, self.info.max_batch, H, D // H)):
-                raise EngineError(f"gpt_decode: cache length {p} is outside the engine's profile")
+        if not ctx.set_input_shape("past", (p,)):  # the graph reads cache positions [:P]
+            raise EngineError(f"gpt_decode: cache length {p} is outside the engine's profile")
+        ctx.set_tensor_address("past", self._dev["gpt_decode"]["past"])
         r = self._execute("gpt_decode", {"codes": np.asarray(codes, np.int64), "pos": pos, "slots": slots},
                           {"logits": (b, self.info.num_vq, self.info.num_audio_tokens), "hidden": (b, D),
                            "k_new": (L, b, H, D // H), "v_new": (L, b, H, D // H)}, extra=self._kv)
