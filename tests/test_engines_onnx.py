@@ -191,3 +191,27 @@ def test_pipeline_on_onnxruntime_speaks_like_torch(tiny_ckpt, onnx_dir):
     a, b = audio["onnxruntime"], audio["torch"]
     assert a.size > 0 and a.shape == b.shape
     np.testing.assert_allclose(a, b, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, runners, tmp_path):
+    """int8 (MatMulNBits) graphs: chosen over fp32 when present, logits close to fp32."""
+    import onnx
+
+    from appliance.model.export import export_all
+    from appliance.runtime.onnx_runner import OnnxRunner, find_export
+
+    shutil.copytree(onnx_dir / "onnx" / "fp32", tmp_path / "onnx" / "fp32")
+    d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)
+    g = onnx.load(str(d / "gpt_decode.onnx"), load_external_data=False)
+    assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 7  # 7 linears per layer
+    cfg = _cfg(tiny_ckpt, tmp_path)
+    assert find_export(cfg) == d
+    q = OnnxRunner(cfg)
+    o, _ = runners
+    assert q.info.precision == "int8" and q.info.weight_bytes < o.info.weight_bytes
+    ids = np.arange(5, 25)
+    la = q.prefill(0, ids, None)[0].copy()
+    lb = o.prefill(0, ids, None)[0].copy()
+    assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.99
+    q.close()
