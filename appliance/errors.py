@@ -77,6 +77,13 @@ class CancelledError(ApplianceError):
     code = "cancelled"
 
 
+class PreemptedError(CancelledError):
+    """An ``alert`` on the same channel interrupted the request and the channel's
+    ``on_preempt`` is ``drop``."""
+
+    code = "preempted"
+
+
 class EmptyResultError(ApplianceError):
     """The model produced no audio code before end-of-sequence (reported, never retried in a
     loop)."""

@@ -29,7 +29,8 @@ def test_queue_orders_by_priority_fifo_within_one():
     assert positions == {"b1": 0, "n1": 0, "a1": 0, "n2": 2, "a2": 1}
     assert [e.queue_position for e in evs] == [0, 0, 0, 2, 1] and all(e.type == "accepted" for e in evs)
     assert [it.id for it in w._queue] == ["a1", "a2", "n1", "n2", "b1"]
-    assert w.status()["main"] == {"queued": 5, "active": None}
+    st = w.status()["main"]
+    assert st["queued"] == 5 and st["active"] is None and st["playing"] == []
 
 
 def test_limits_and_duplicate_ids():

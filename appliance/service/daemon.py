@@ -14,7 +14,8 @@ Threads and how events flow::
          parse_line / limits / channel
          await prepare(speak) ---------> Pipeline.prepare
          Worker.submit -> sink(Accepted)
-                                                                 pipeline.run(job)
+                                                                 BatchEngine.step()
+                                                                 (all channels, one batch)
          Connection.send <-- call_soon_threadsafe ------------- sink(Started / AudioChunk)
                                                                  RequestAudio.write -> FIFO -> PortAudio
          Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
@@ -138,6 +139,7 @@ class Daemon:
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self._socket_path: Optional[Path] = None
         self.last_health: Any = None
+        self.throttle: Any = None  # throttle.Monitor (telemetry -> level -> scheduler limits)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -191,13 +193,33 @@ class Daemon:
             self._health_check()
         _call(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
+        self.throttle = self._open_throttle()
         self.worker = Worker(
             self.pipeline, self.audio,
             queue_len={c.name: c.queue_len for c in self.cfg.service.channels},
             heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
             audio_format=self.cfg.stream.sample_format,
+            on_preempt={c.name: c.on_preempt for c in self.cfg.service.channels},
+            memory_budget_mb=self.cfg.service.memory_budget_mb, throttle=self.throttle,
         )
         self.worker.start()
+
+    def _open_throttle(self) -> Any:
+        """Start the throttle monitor; None (logged) if telemetry cannot be opened."""
+        from .throttle import Monitor
+
+        try:
+            mon = Monitor(self.cfg, on_change=self._on_throttle)
+            mon.start()
+        except ApplianceError as e:
+            log.warning("throttle off: %s", e)
+            return None
+        return mon
+
+    def _on_throttle(self, change: Any) -> None:
+        if self.worker is not None:
+            self.worker.poke()
+        _call(self.hooks.on_status, self.status())
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -258,6 +280,8 @@ class Daemon:
         if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
             log.warning("drain timed out after %.0f s", DRAIN_TIMEOUT_S)
         await loop.run_in_executor(None, self.audio.close)
+        if self.throttle is not None:
+            self.throttle.close()
         _call(self.hooks.on_status, self.status())
         await self.server.close()
         if self._socket_path is not None:
@@ -367,6 +391,8 @@ class Daemon:
             state=self.state, backend=getattr(info, "backend", "") or "", channels=chans,
             last_rtf=self.worker.last_rtf if self.worker else None,
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
+            throttle=self.throttle.level if self.throttle is not None else "normal",
+            temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
         )
 
 

@@ -7,7 +7,7 @@ JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
-:class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
+:class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
 :class:`HealthReply`.
 
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
@@ -119,12 +119,28 @@ class HealthRequest:
 
 @dataclass(frozen=True)
 class Accepted:
-    """The request is queued; ``queue_position`` 0 means it starts next."""
+    """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
+    cannot start at once although its channel is free (memory budget, throttle), else None."""
 
     id: str
     channel: str
     queue_position: int = 0
+    waiting: Optional[str] = None
     type: str = "accepted"
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """An ``alert`` (id ``by``) interrupted this request on its channel: its synthesis stopped and
+    its unplayed audio was dropped. ``action``: ``resume`` (it is queued again and will start from
+    the beginning after the alert; ``started`` follows again) or ``drop`` (an ``error`` event with
+    code ``preempted`` follows)."""
+
+    id: str
+    channel: str
+    by: str
+    action: str
+    type: str = "preempted"
 
 
 @dataclass(frozen=True)
@@ -217,7 +233,7 @@ class HealthReply:
 
 REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
 EVENT_TYPES: dict[str, type] = {
-    "accepted": Accepted, "started": Started, "audio": AudioChunk, "done": Done,
+    "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
     "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
 }
 
