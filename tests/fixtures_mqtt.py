@@ -1,8 +1,9 @@
 """Fixtures: mqtt (see conftest.py). A real ``mosquitto`` broker and a real paho client.
 
 * :func:`start_broker` / :class:`Broker` – ``/usr/sbin/mosquitto`` on a free 127.0.0.1 port
-  with a minimal config (anonymous, persistence off unless asked); :meth:`Broker.restart` kills
-  it and starts it again on the same port (for reconnect tests).
+  with a minimal config (anonymous, persistence off unless asked; optional TLS from
+  :func:`make_tls_files` and users); :meth:`Broker.restart` stops it and starts it again on
+  the same port (for reconnect tests).
 * fixture ``mqtt_broker`` – one broker for the whole test session.
 * fixture ``mqtt_broker_factory`` – brokers of one test (stopped at teardown), e.g. to restart.
 * :class:`Listener` – a paho client subscribed to ``<base>/#`` that records every message and
@@ -86,16 +87,54 @@ class Broker:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def start_broker(tmp: Path, port: Optional[int] = None, persistence: bool = False, extra: str = "") -> Broker:
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throw-away CA and a server certificate for 127.0.0.1 (PEM files)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files(tmp: Path) -> TlsFiles:
+    """Create a CA and a server cert/key (EC P-256, SAN ``IP:127.0.0.1``) with ``openssl``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+        "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", "server.key", "-out", "server.csr")
+    (tmp / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-extfile", "san.ext", "-out", "server.pem")
+    return TlsFiles(ca=tmp / "ca.pem", cert=tmp / "server.pem", key=tmp / "server.key")
+
+
+def start_broker(tmp: Path, port: Optional[int] = None, persistence: bool = False,
+                 tls: Optional[TlsFiles] = None, users: Optional[dict] = None) -> Broker:
     """Write a minimal ``mosquitto.conf`` in ``tmp`` and start a broker on it.
 
     Args:
         persistence: keep sessions and queued QoS 1 messages across a clean restart (in ``tmp``).
-        extra: more config lines (e.g. a TLS listener).
+        tls: serve TLS only, with these files.
+        users: ``{name: password}``; anonymous clients are then refused.
     """
     tmp.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    lines = [f"listener {port} 127.0.0.1", "allow_anonymous true"]
+    lines = [f"listener {port} 127.0.0.1"]
+    if tls is not None:
+        lines += [f"cafile {tls.ca}", f"certfile {tls.cert}", f"keyfile {tls.key}"]
+    if users:
+        pw = tmp / "passwd"
+        pw.write_text("")
+        for name, password in users.items():
+            subprocess.run(["mosquitto_passwd", "-b", str(pw), name, password], check=True, capture_output=True)
+        lines += ["allow_anonymous false", f"password_file {pw}"]
+    else:
+        lines += ["allow_anonymous true"]
     if persistence:
         lines += ["persistence true", f"persistence_location {tmp}/", "autosave_interval 1"]
     else:
@@ -103,7 +142,7 @@ def start_broker(tmp: Path, port: Optional[int] = None, persistence: bool = Fals
     if os.geteuid() == 0:
         lines.append("user root")     # else mosquitto drops to 'mosquitto', who cannot write tmp
     conf = tmp / "mosquitto.conf"
-    conf.write_text("\n".join(lines) + "\n" + extra)
+    conf.write_text("\n".join(lines) + "\n")
     return Broker(port=port, conf=conf, log_path=tmp / "mosquitto.log").start()
 
 
@@ -161,7 +200,8 @@ class Listener:
             subscription across a broker restart (with broker persistence).
     """
 
-    def __init__(self, broker: Broker, base: str, client_id: Optional[str] = None, clean_session: bool = True) -> None:
+    def __init__(self, broker: Broker, base: str, client_id: Optional[str] = None, clean_session: bool = True,
+                 ca: Optional[Path] = None, username: Optional[str] = None, password: Optional[str] = None) -> None:
         import paho.mqtt.client as paho
 
         self.base = base
@@ -171,6 +211,10 @@ class Listener:
         self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{uuid.uuid4().hex[:10]}",
                              clean_session=clean_session)
         self.c.reconnect_delay_set(1, 1)
+        if ca is not None:
+            self.c.tls_set(ca_certs=str(ca))
+        if username is not None:
+            self.c.username_pw_set(username, password)
         self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(f"{base}/#", qos=1)
         self.c.on_subscribe = lambda c, u, mid, rcs, p: self.subscribed.set()
         self.c.on_message = self._on_message
@@ -216,10 +260,12 @@ class Listener:
             evs = [m.json() for m in self.msgs if m.leaf == "event"]
         return [e for e in evs if rid is None or e.get("id") == rid]
 
-    def wait_event(self, rid: Optional[str], types: tuple = ("done", "error"), timeout_s: float = 60.0) -> dict:
-        """The first ``event`` with id ``rid`` whose type is in ``types``."""
+    def wait_event(self, rid: Optional[str], types: tuple = ("done", "error"), timeout_s: float = 60.0,
+                   after: float = 0.0) -> dict:
+        """The first ``event`` with id ``rid`` whose type is in ``types`` (received at or after
+        ``after``, a ``time.monotonic()`` value)."""
         def pred(m: Msg) -> bool:
-            if m.leaf != "event":
+            if m.leaf != "event" or m.at < after:
                 return False
             e = m.json()
             return e.get("id") == rid and e.get("type") in types

@@ -140,6 +140,7 @@ class Daemon:
         self._socket_path: Optional[Path] = None
         self.last_health: Any = None
         self.throttle: Any = None  # throttle.Monitor (telemetry -> level -> scheduler limits)
+        self.mqtt: Any = None      # MQTTBridge when mqtt.enabled (built in _load, started at ready)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -175,6 +176,9 @@ class Daemon:
 
     def _load(self) -> None:
         t0 = time.monotonic()
+        if self.cfg.mqtt.enabled:      # built first: a bad mqtt.ca_file fails before the model loads
+            from .mqtt import MQTTBridge
+            self.mqtt = MQTTBridge(self.cfg, self.handle_line_threadsafe, self.status)
         _call(self.hooks.on_loading, "loading the model")
         if self.pipeline_factory is not None:
             self.pipeline = self.pipeline_factory(self.cfg)
@@ -236,6 +240,8 @@ class Daemon:
         await self.server.start()
         self.state = "ready"
         log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
+        if self.mqtt is not None:
+            self.mqtt.start()
         _call(self.hooks.on_ready)
         _call(self.hooks.on_status, self.status())
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
@@ -283,6 +289,8 @@ class Daemon:
         if self.throttle is not None:
             self.throttle.close()
         _call(self.hooks.on_status, self.status())
+        if self.mqtt is not None:      # after the drain: the last events, then 'offline'
+            await loop.run_in_executor(None, self.mqtt.stop)
         await self.server.close()
         if self._socket_path is not None:
             try:

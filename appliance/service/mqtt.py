@@ -47,7 +47,8 @@ when the broker is down, paho reconnects with exponential backoff between
 while the broker is away; their events (QoS 1) wait in paho's queue (at most
 :data:`MAX_QUEUED` messages) and are sent after the reconnect. With ``mqtt.clean_session: false``
 (default) the broker also keeps this client's subscriptions and queues commands sent while the
-connection was down.
+connection was down. QoS 1 is at-least-once: around a reconnect a subscriber may get an ``event``
+twice (same JSON); treat ``(id, type)`` as the key.
 
 Threads: paho's network thread runs ``on_connect`` / ``on_message``; the worker, audio and event
 loop threads call the sink (``publish`` is thread-safe and never blocks); one ``mqtt-status``
@@ -266,11 +267,11 @@ class MQTTBridge:
         self._last_sig: Any = None
         self._last_status_at = 0.0
         self._status_lock = threading.Lock()
+        self._failures = 0          # failed connection attempts since the last success
 
-        client_id = self.m.client_id or f"chattts-{self.m.device_id}"
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+        self.client_id = self.m.client_id or f"chattts-{self.m.device_id}"
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
                                   clean_session=self.m.clean_session, protocol=paho.MQTTv311)
-        self.client.enable_logger(logging.getLogger(__name__ + ".paho"))
         self.client.suppress_exceptions = True
         if self.m.username is not None:
             self.client.username_pw_set(self.m.username, self.m.password)
@@ -290,6 +291,7 @@ class MQTTBridge:
         self.client.max_queued_messages_set(MAX_QUEUED)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
+        self.client.on_connect_fail = self._on_connect_fail
         self.client.on_message = self._on_message
 
     # ------------------------------------------------------------------ life cycle
@@ -297,7 +299,7 @@ class MQTTBridge:
     def start(self) -> None:
         """Begin connecting (non-blocking) and start paho's network thread and the status thread."""
         log.info("mqtt: connecting to %s:%d%s as %s, topics %s/#", self.m.host, self.m.port,
-                 " (TLS)" if self.m.tls else "", self.client._client_id.decode(), self.topics.base)
+                 " (TLS)" if self.m.tls else "", self.client_id, self.topics.base)
         self.client.connect_async(self.m.host, self.m.port, keepalive=self.m.keepalive_s)
         self.client.loop_start()
         self._status_thread = threading.Thread(target=self._status_loop, name="mqtt-status", daemon=True)
@@ -331,6 +333,7 @@ class MQTTBridge:
             return
         log.info("mqtt: connected to %s:%d (session present: %s)", self.m.host, self.m.port,
                  getattr(flags, "session_present", "?"))
+        self._failures = 0
         client.subscribe([(self.topics.of(k), 1) for k in COMMANDS])
         client.publish(self.topics.availability, b"online", qos=1, retain=True)
         self.connected.set()
@@ -342,6 +345,14 @@ class MQTTBridge:
             return
         log.warning("mqtt: lost the broker %s:%d (%s); reconnecting with backoff %g-%g s",
                     self.m.host, self.m.port, reason_code, self.m.reconnect_min_s, self.m.reconnect_max_s)
+
+    def _on_connect_fail(self, client, userdata) -> None:
+        self._failures += 1
+        if self._failures == 1:
+            log.warning("mqtt: cannot reach the broker %s:%d; retrying with backoff %g-%g s (logged once per outage)",
+                        self.m.host, self.m.port, self.m.reconnect_min_s, self.m.reconnect_max_s)
+        else:
+            log.debug("mqtt: connection attempt %d to %s:%d failed", self._failures, self.m.host, self.m.port)
 
     def _on_message(self, client, userdata, msg) -> None:
         try:
