@@ -220,7 +220,7 @@ def _kernels_per_step(torch, r, b, L):
     try:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CUDA]) as p:
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as p:
             r._body(b, L)
             torch.cuda.synchronize()
         return sum(1 for e in p.events() if e.device_type.name == "CUDA")
@@ -273,7 +273,7 @@ def section_ours(rep, args, torch, env, dtype="float16"):
     res = {"precision": r.info.precision, "load_s": load_s, "graphs": r.seam.cuda, "buckets": r.buckets,
            "captures": len(r.seam.captures), "weight_mib": r.info.weight_bytes / 2**20,
            "step_weight_mib": r.step_weight_bytes / 2**20,
-           "kv_mib": r.kv.numel() * r.kv.element_size() / 2**20}
+           "kv_mib": r.kv_bytes / 2**20}
     if dev == "cuda":
         res["mem_after_load_mib"] = torch.cuda.memory_allocated() / 2**20
         res["peak_load_mib"] = torch.cuda.max_memory_allocated() / 2**20

@@ -60,7 +60,6 @@ def torch_pinned_allocator(nbytes: int) -> np.ndarray:
     """CUDA page-locked host memory as ``uint8 [nbytes]`` (plain memory without CUDA)."""
     t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     a = t.numpy()
-    a.flags.writeable = True
     torch_pinned_allocator._keep.append(t)  # the numpy view does not own the storage
     return a
 
@@ -159,10 +158,9 @@ def fuse_weights(model, quant: Optional[str], dtype: torch.dtype, device=None) -
 
 
 def _rms(x: torch.Tensor, norm) -> torch.Tensor:
-    # HF LlamaRMSNorm numerics: float32 statistics, weight multiplied in the model dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return norm.weight * h.to(x.dtype)
+    # HF LlamaRMSNorm numerics: normalised in float32, cast, then times the weight in the model
+    # dtype. F.rms_norm is one fused kernel on CUDA where torch has one (else the same ops).
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps).to(x.dtype)
 
 
 def _rotate(x, cos, sin):
@@ -314,6 +312,7 @@ class GraphSeam:
         self.graphs: dict = {}
         self.captures: dict = {}
         self._pool = None
+        self._stream = None  # ONE warm-up stream: cuBLAS keeps a workspace per stream (tens of MiB each)
 
     def get(self, key, fn: Callable[[], None], before_capture: Callable[[], None] = lambda: None) -> Callable[[], None]:
         """The replay callable for ``key`` (captured on first use)."""
@@ -324,7 +323,9 @@ class GraphSeam:
         if not self.cuda:
             self.graphs[key] = fn
             return fn
-        s = torch.cuda.Stream()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        s = self._stream
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(self.warmup):
@@ -407,10 +408,13 @@ class CudaRunner(TorchRunner):
         S, Lmax, H, hd, D, Q, V = mc.max_batch, mc.max_seq_len, s.n_heads, s.head_dim, s.hidden, s.num_vq, s.num_audio_tokens
         dev, dt = self.device, self.dtype
         # ---- static state, allocated once
-        self.kv = torch.zeros(s.n_layers, 2, S, H, Lmax, hd, dtype=dt, device=dev)
+        # one K and one V tensor per layer (not views of one big tensor: a compiled step then
+        # updates them in place, as gpt-fast's per-layer caches, instead of copying a base)
+        self.kc = [torch.zeros(S, H, Lmax, hd, dtype=dt, device=dev) for _ in range(s.n_layers)]
+        self.vc = [torch.zeros(S, H, Lmax, hd, dtype=dt, device=dev) for _ in range(s.n_layers)]
+        self.kv_bytes = sum(t.numel() * t.element_size() for t in self.kc + self.vc)
         g = self.model.gpt
-        g.k_cache = [self.kv[i, 0] for i in range(s.n_layers)]
-        g.v_cache = [self.kv[i, 1] for i in range(s.n_layers)]
+        g.k_cache, g.v_cache = self.kc, self.vc
         g.max_batch, g.max_seq = S, Lmax
         e = self.model.embed
         self.code_table = torch.cat([t.weight for t in e.emb_code], 0).contiguous()  # [Q*V, D]
@@ -465,7 +469,7 @@ class CudaRunner(TorchRunner):
         self.info = RunnerInfo(
             backend=f"torch-{self.device.type}", precision=precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=min(mc.max_prompt_tokens, Lmax - 1),
-            weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * s.n_layers * D * self.kv.element_size(),
+            weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * s.n_layers * D * self.kc[0].element_size(),
             reason=reason, decoder_rf=2 + 6 * s.dec_layers + 1, vocos_rf=3 * (1 + s.voc_layers), max_window_tokens=0)
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):
@@ -474,7 +478,7 @@ class CudaRunner(TorchRunner):
             self._reset_state()
         log.info("cuda runner: %s %s%s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s",
                  self.device, precision, " compiled" if compile else "", S, Lmax, weight_bytes / 2**20,
-                 self.kv.numel() * self.kv.element_size() / 2**20, self.seam.cuda, self.buckets)
+                 self.kv_bytes / 2**20, self.seam.cuda, self.buckets)
 
     # ------------------------------------------------------------------ the step
     def _step_body(self, b: int, L: int) -> None:
@@ -485,15 +489,15 @@ class CudaRunner(TorchRunner):
         H, hd = s.n_heads, s.head_dim
         codes, pos, rows = self.codes_in[sl], self.pos[sl], self._ar[sl]
         x = self.code_table[(codes + self.code_off).view(-1)].view(b, s.num_vq, -1).sum(1)  # [b, D]
-        cos = self.model.gpt.rope_cos[pos].to(dt)[:, None]  # [b, 1, hd]
-        sin = self.model.gpt.rope_sin[pos].to(dt)[:, None]
+        cos = self.model.gpt.rope_cos[pos].to(dt)[:, None, None]  # [b, 1, 1, hd]
+        sin = self.model.gpt.rope_sin[pos].to(dt)[:, None, None]
         mask = torch.zeros(b, 1, 1, L, dtype=dt, device=x.device).masked_fill_(
             (self._kpos[:L][None] > pos[:, None]).view(b, 1, 1, L), float("-inf"))
         for i, lw in enumerate(self.layers):
             qkv = lw["qkv"](_rms(x, lw["ln1"])).view(b, 3, H, hd)
-            q = _rotate(qkv[:, 0], cos, sin)
-            k = _rotate(qkv[:, 1], cos, sin)
-            kc, vc = self.kv[i, 0], self.kv[i, 1]
+            qk = _rotate(qkv[:, :2], cos, sin)  # q and k rotated together: [b, 2, H, hd]
+            q, k = qk[:, 0], qk[:, 1]
+            kc, vc = self.kc[i], self.vc[i]
             kc[rows, :, pos] = k
             vc[rows, :, pos] = qkv[:, 2]
             y = F.scaled_dot_product_attention(q[:, :, None], kc[sl, :, :L], vc[sl, :, :L], attn_mask=mask)
@@ -553,8 +557,8 @@ class CudaRunner(TorchRunner):
         rest = sorted((s for s in range(S) if s not in slots), key=lambda s: self.row_of[s])
         order = list(slots) + rest  # new row j holds slot order[j]
         src = torch.tensor([self.row_of[s] for s in order], device=self.device)
-        for i in range(self.kv.shape[0]):
-            self.kv[i].copy_(self.kv[i].index_select(1, src))
+        for t in self.kc + self.vc:
+            t.copy_(t.index_select(0, src))
         for tns in self.sampler.state() + [self.codes_in, self.pos, self.last_logits]:
             tns.copy_(tns.index_select(0, src))
         self.pos_host[:] = self.pos_host[src.cpu().numpy()]
