@@ -73,6 +73,18 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
         "(pip install 'chattts-appliance[torch]' then chattts-appliance engines export) or install torch")
 
 
+def _torch_runner(cfg: Config, reason: str) -> Runner:
+    """TorchRunner on the CPU; on a CUDA GPU the fast path (CudaRunner: CUDA graphs, on-device
+    sampling; appliance.runtime.torch_cuda). Added by the GPU helper (issue 4)."""
+    from .torch_runner import TorchRunner, pick_device
+
+    if pick_device(cfg.model.device).type == "cuda":
+        from .torch_cuda import CudaRunner
+
+        return CudaRunner(cfg, reason=reason)
+    return TorchRunner(cfg, reason=reason)
+
+
 def open_runner(cfg: Config) -> Runner:
     """Load the configured backend and return its runner.
 
@@ -87,7 +99,7 @@ def open_runner(cfg: Config) -> Runner:
             from .torch_runner import TorchRunner
         except ImportError as e:  # torch missing
             raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
-        runner: Runner = TorchRunner(cfg, reason=reason)
+        runner: Runner = _torch_runner(cfg, reason)
     elif backend == "onnxruntime":
         from .onnx_runner import OnnxRunner
 
