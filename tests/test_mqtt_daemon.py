@@ -4,6 +4,7 @@ cancel, health, last will on SIGKILL, broker restart mid-session."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 import uuid
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from appliance.service.protocol import Speak, SynthParams
-from tests.fixtures_mqtt import Listener, make_tls_files, mqtt_section
+from tests.fixtures_mqtt import Listener, free_port, make_tls_files, mqtt_section
 from tests.fixtures_service import alsa_home, launch_daemon, resample_like_daemon, service_config, wait_played
 
 STEPS = 60
@@ -244,6 +245,8 @@ def test_broker_restart_mid_session(tiny_ckpt, tmp_path, mqtt_broker_factory, se
 def test_tls_and_credentials(tiny_ckpt, tmp_path, mqtt_broker_factory):
     """A TLS-only broker that refuses anonymous clients: the daemon connects with mqtt.tls,
     mqtt.ca_file and a user/password and serves a say; a wrong password is logged, not fatal."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test CA (apt-get install openssl)")
     tls = make_tls_files(tmp_path / "tls")
     broker = mqtt_broker_factory(tls=tls, users={"box": "s3cret"})
     good = {"tls": True, "ca_file": str(tls.ca), "username": "box", "password": "s3cret"}
@@ -267,3 +270,30 @@ def test_tls_and_credentials(tiny_ckpt, tmp_path, mqtt_broker_factory):
         rcs = (d.stop(), bad.stop())
         lst.close()
     assert rcs == (0, 0), d.log()[-3000:] + bad.log()[-3000:]
+
+
+def test_broker_down_at_start_then_up(tiny_ckpt, tmp_path, mqtt_broker_factory):
+    """The daemon starts without a broker (the socket serves), connects once one appears, and a
+    say sent then plays; it stops promptly either way."""
+    port = free_port()
+    cfg = service_config(tiny_ckpt, tmp_path, health={"at_start": False}, synthesis={"max_new_tokens": STEPS},
+                         mqtt={"enabled": True, "host": "127.0.0.1", "port": port, "topic_prefix": "test",
+                               "device_id": _rid("late"), "reconnect_min_s": 1, "reconnect_max_s": 1})
+    d = launch_daemon(tmp_path / "d", cfg)
+    try:
+        assert d.request({"type": "status"})[0]["state"] == "ready"
+        time.sleep(1.5)
+        assert "cannot reach the broker" in d.log()
+        broker = mqtt_broker_factory(port=port)
+        lst = Listener(broker, _base(cfg))
+        try:
+            _online(lst, timeout_s=20)
+            rid = _rid("late")
+            lst.publish("say", {"text": "The broker came late.", "id": rid, "seed": 2})
+            assert lst.wait_event(rid)["type"] == "done"
+        finally:
+            lst.close()
+    finally:
+        t0 = time.monotonic()
+        rc = d.stop()
+    assert rc == 0 and time.monotonic() - t0 < 15, d.log()[-3000:]
