@@ -403,7 +403,7 @@ def section_upstream(rep, args, torch):
     res["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     res["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
     rep.put("upstream", res)
-    del chat
+    chat = None  # free it before the next section
     gc.collect()
     torch.cuda.empty_cache()
     return res
@@ -433,9 +433,7 @@ def section_fidelity(rep, args, torch, rep_key="fidelity"):
         pl, _ = r.prefill(0, prompt, spk)
         pl = pl.copy()
         c0 = r.begin(0, greedy, 0)
-        codes, logits = [c0.copy()], []
-        # plain per-step path, to see the raw logits at every step (greedy with the penalty on the host side
-        # would be the same; the device sampler's greedy codes come from decode_many below)
+        codes = [c0.copy()]  # greedy codes from the device sampler (penalty included), decode_many path
         left = n - 1
         while left > 0:
             c, _ = r.decode_many(np.array([0]), min(16, left))

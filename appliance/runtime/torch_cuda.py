@@ -34,7 +34,6 @@ else is in the batch. Same seed on the host sampler gives other codes (other ran
 from __future__ import annotations
 
 import logging
-import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -256,7 +255,6 @@ class DeviceSampler:
     def process(self, logits: torch.Tensor, sl: slice) -> torch.Tensor:
         """Scores before the draw: ``logits float32 [b, Q, V]`` for rows ``sl`` -> ``[b, Q, V]``
         (temperature, penalty, top-P, top-K, EOS mask; ``-inf`` = removed)."""
-        V = self.vocab
         x = logits / self.temp[sl]
         alpha = torch.pow(self.penalty[sl], self.counts[sl])
         x = torch.where(x < 0, x * alpha, x / alpha)
