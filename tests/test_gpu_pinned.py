@@ -67,3 +67,22 @@ def test_runner_pool_is_not_reallocated_over_requests(tiny_config):
         while not s.finished:
             loop.step()
     assert r.pool.allocations == 1 and r.pool.raw.ctypes.data == raw
+
+
+def test_decoder_vocos_use_pinned_buffers(tiny_config):
+    from appliance.runtime.torch_cuda import CudaRunner
+    from appliance.runtime.torch_runner import TorchRunner
+
+    r, ref = CudaRunner(tiny_config, buckets=[512]), TorchRunner(tiny_config)
+    rng = np.random.default_rng(1)
+    for t in (5, 40, 17):
+        h = rng.standard_normal((t, r.info.hidden_size)).astype(np.float32)
+        mel = r.decoder(h)
+        assert np.shares_memory(mel, r.pool.raw) and mel.shape == (100, 2 * t)
+        np.testing.assert_allclose(mel, ref.decoder(h), rtol=1e-5, atol=1e-5)
+        re, im = r.vocos(mel.copy())
+        want = ref.vocos(mel.copy())
+        assert np.shares_memory(re, r.pool.raw) and re.shape == (2 * t, 513)
+        np.testing.assert_allclose(re, want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(im, want[1], rtol=1e-4, atol=1e-5)
+    assert r.pool.allocations == 1

@@ -436,9 +436,15 @@ class CudaRunner(TorchRunner):
         self.t = torch.zeros(1, dtype=torch.int64, device=dev)
         self._ar = torch.arange(S, device=dev)
         self._kpos = torch.arange(Lmax, device=dev)
+        nf = s.n_fft // 2 + 1
         self.pool = PinnedPool({"codes": ((self.max_chunk, S, Q), "int64"), "hidden": ((self.max_chunk, S, D), "float32"),
-                                "logits": ((S, Q, V), "float32"), "hid1": ((S, D), "float32")},
+                                "logits": ((S, Q, V), "float32"), "hid1": ((S, D), "float32"),
+                                # Decoder / Vocos windows up to max_seq_len tokens (2 mel frames each)
+                                "dec_in": ((Lmax, D), "float32"), "mel": ((s.n_mels, 2 * Lmax), "float32"),
+                                "voc_in": ((s.n_mels, 2 * Lmax), "float32"),
+                                "re": ((2 * Lmax, nf), "float32"), "im": ((2 * Lmax, nf), "float32")},
                                allocator=torch_pinned_allocator if cuda else None)
+        self._pt = {k: torch.from_numpy(self.pool[k]) for k in ("dec_in", "mel", "voc_in", "re", "im")}
         self._h_codes = torch.from_numpy(self.pool["codes"])
         self._h_hidden = torch.from_numpy(self.pool["hidden"])
         self._h_logits = torch.from_numpy(self.pool["logits"])
@@ -655,6 +661,42 @@ class CudaRunner(TorchRunner):
             self._sync()
         self.pos_host[:b] = pos + 1
         return self.pool["logits"][:b], self.pool["hid1"][:b]
+
+    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+        """GPT hidden ``[T, D]`` -> mel ``[100, 2T]`` float32, through pinned start-up buffers (a view,
+        valid until the next call); windows longer than ``max_seq_len`` take the plain path."""
+        hidden = np.asarray(hidden, np.float32)
+        t = hidden.shape[0] if hidden.ndim == 2 else 0
+        if t == 0 or t > self.info.max_seq_len or hidden.shape[1] != self.shapes.hidden:
+            return super().decoder(hidden)
+        try:
+            with torch.inference_mode():
+                self.pool["dec_in"][:t] = hidden
+                x = self._pt["dec_in"][:t].to(self.device, non_blocking=True).to(self.dtype).T.unsqueeze(0)  # [1, D, T]
+                self._pt["mel"][:, :2 * t].copy_(self.model.decoder(x)[0].float(), non_blocking=True)
+                self._sync()
+        except RuntimeError as e:
+            raise EngineError(f"torch decoder failed: {e}") from e
+        return self.pool["mel"][:, :2 * t]
+
+    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """mel ``[100, F]`` -> (real ``[F, 513]``, imag ``[F, 513]``) float32 views of pinned buffers
+        (valid until the next call); longer windows take the plain path."""
+        mel = np.asarray(mel, np.float32)
+        f = mel.shape[1] if mel.ndim == 2 else 0
+        if f == 0 or f > 2 * self.info.max_seq_len or mel.shape[0] != self.shapes.n_mels:
+            return super().vocos(mel)
+        try:
+            with torch.inference_mode():
+                self.pool["voc_in"][:, :f] = mel
+                x = self._pt["voc_in"][:, :f].to(self.device, non_blocking=True).to(self.dtype).unsqueeze(0)
+                re, im = self.model.vocos(x)
+                self._pt["re"][:f].copy_(re[0].float(), non_blocking=True)
+                self._pt["im"][:f].copy_(im[0].float(), non_blocking=True)
+                self._sync()
+        except RuntimeError as e:
+            raise EngineError(f"torch vocos failed: {e}") from e
+        return self.pool["re"][:f], self.pool["im"][:f]
 
     def _sync(self) -> None:
         if self._event is not None:
