@@ -213,7 +213,9 @@ class Worker:
             pos = sum(1 for q in same if q.rank <= item.rank)
             waiting = None
             if item.channel not in self._running and pos == 0:
-                waiting = self._why_waiting(item, len(self._running))
+                ahead = set(self._running) | {q.channel for q in self._queue
+                                              if q.channel != item.channel and q.rank <= item.rank}
+                waiting = self._why_waiting(item, len(ahead))
             item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
             self._insert(item)
             self._active[item.id] = item

@@ -1,0 +1,140 @@
+"""The scheduler in process, with the real pipeline (tiny checkpoint), real WAV output and the
+real throttle policy: memory-budget admission (queue with a reason, refuse when even one channel
+does not fit), throttle limits holding back low priorities, RTF fed back to the throttle."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from appliance.config import config_from_dict
+from appliance.errors import CapacityError
+from appliance.service.protocol import Speak, SynthParams
+from appliance.service.sound import AudioOutput
+from appliance.service.throttle import Level, Throttle
+from appliance.service.worker import Item, Worker
+from appliance.tts.pipeline import Pipeline
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_ckpt, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sched")
+    return config_from_dict({
+        "model": {"path": str(tiny_ckpt), "backend": "torch", "device": "cpu", "threads": 1,
+                  "max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128},
+        "synthesis": {"max_new_tokens": 60},
+        "audio": {"output": "wav", "wav_dir": str(tmp / "wav")},
+        "service": {"channels": [{"name": "a"}, {"name": "b"}, {"name": "c"}]},
+        "throttle": {"min_dwell_s": 0.0},
+    }, base_dir=str(tmp))
+
+
+@pytest.fixture(scope="module")
+def pipe(cfg):
+    p = Pipeline.from_config(cfg)
+    yield p
+    p.close()
+
+
+class Events:
+    """A thread-safe sink that records (time, event) per request id."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.evs: list = []
+
+    def sink(self, ev, payload=None):
+        with self.lock:
+            self.evs.append((time.monotonic(), ev))
+
+    def of(self, rid):
+        with self.lock:
+            return [e for _, e in self.evs if getattr(e, "id", None) == rid]
+
+    def when(self, rid, kind):
+        with self.lock:
+            return next(t for t, e in self.evs if getattr(e, "id", None) == rid and e.type == kind)
+
+    def wait_end(self, ids, timeout_s=30.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(any(e.type in ("done", "error") for e in self.of(i)) for i in ids):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"not all of {ids} ended: {self.evs}")
+
+
+def _worker(pipe, cfg, **kw) -> Worker:
+    audio = AudioOutput(cfg)
+    audio.start()
+    return Worker(pipe, audio, queue_len={"a": 4, "b": 4, "c": 4}, **kw)
+
+
+def _item(pipe, ev: Events, rid, channel, priority="normal", seed=1, steps=50):
+    sp = Speak(text="你好。", id=rid, channel=channel, priority=priority, seed=seed,
+               params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
+    return Item(speak=sp, job=pipe.prepare(sp), channel=channel, sink=ev.sink)
+
+
+def test_memory_budget_queues_with_a_reason_and_refuses_when_nothing_fits(pipe, cfg):
+    info = pipe.info
+    kv = info.kv_bytes_per_token * info.max_seq_len
+    one = (info.weight_bytes + 1.5 * kv) / MIB                  # room for ONE synthesizing channel
+    w = _worker(pipe, cfg, memory_budget_mb=one)
+    assert w.mem_channels == 1 and "service.memory_budget_mb" in w.mem_text
+    ev = Events()
+    w.submit(_item(pipe, ev, "m1", "a", steps=60))
+    w.submit(_item(pipe, ev, "m2", "b", steps=20))
+    (acc,) = [e for e in ev.of("m2") if e.type == "accepted"]
+    assert acc.waiting and "memory budget" in acc.waiting and "fit 1 channel" in acc.waiting
+    w.start()
+    try:
+        ev.wait_end({"m1", "m2"})
+    finally:
+        w.stop(10)
+    assert [e.type for e in ev.of("m1")] == ["accepted", "started", "done"]
+    assert [e.type for e in ev.of("m2")] == ["accepted", "started", "done"]
+    assert ev.when("m2", "started") >= ev.when("m1", "done")     # never two KV caches at once
+
+    w0 = _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + 0.5 * kv) / MIB)
+    with pytest.raises(CapacityError, match="memory_budget_mb"):
+        w0.submit(_item(pipe, Events(), "x", "a"))
+
+
+def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
+    th = Throttle(dataclasses.replace(cfg.throttle), memory_budget_mb=1500, channels=3)
+    w = _worker(pipe, cfg, throttle=th)
+    th.on_change = lambda change: w.poke()
+    assert th.update(app_mem_mib=1.2 * 1500) is Level.ALERTS_ONLY          # over the budget: alerts only
+    ev = Events()
+    w.submit(_item(pipe, ev, "n1", "a", steps=20))
+    w.submit(_item(pipe, ev, "bg", "c", priority="background", steps=20))
+    (acc,) = [e for e in ev.of("n1") if e.type == "accepted"]
+    assert acc.waiting == "throttle level alerts_only: normal requests wait"
+    w.start()
+    try:
+        w.submit(_item(pipe, ev, "al", "b", priority="alert", steps=20))
+        ev.wait_end({"al"})
+        time.sleep(0.2)
+        st = w.status()
+        assert st["a"]["queued"] == 1 and "alerts_only" in st["a"]["waiting"]
+        assert [e.type for e in ev.of("n1")] == ["accepted"]
+        assert th._rtf is not None                                  # the alert's RTF was observed
+        assert th.update(app_mem_mib=0.0) is Level.QUEUE_LOW_PRIORITY   # one level down: normal may run
+        ev.wait_end({"n1"})
+        time.sleep(0.2)
+        assert [e.type for e in ev.of("bg")] == ["accepted"]          # background still waits
+        assert "background requests wait" in w.status()["c"]["waiting"]
+        th.update(app_mem_mib=0.0)
+        th.update(app_mem_mib=0.0)
+        assert th.level is Level.NORMAL
+        ev.wait_end({"bg"})
+    finally:
+        w.stop(10)
+    assert [e.type for e in ev.of("n1")] == ["accepted", "started", "done"]
+    assert [e.type for e in ev.of("bg")] == ["accepted", "started", "done"]
