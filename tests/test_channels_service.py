@@ -193,3 +193,48 @@ def test_cancel_stops_playback_within_one_window_and_queue_full_is_busy(three, s
     got = speech(files["cabin"].read())
     assert len(got) < len(want) - 4 * DEFAULT_RATE / 4 and len(got) > 0
     assert_close(got, want[:len(got)], "cabin: the cancelled prefix")
+
+
+def test_device_gone_then_back_playback_resumes(three, service_pipeline):
+    """The rear "card" goes away while idle (its pacer dies: EPIPE): status and log say so, a
+    request meanwhile completes to WAV (not lost); once the device can be opened again
+    (sound.REOPEN_INTERVAL_S later) the next request plays on it."""
+    import os
+    import signal
+
+    from appliance.service.sound import REOPEN_INTERVAL_S
+
+    d, files = three
+    raw = str(files["rear"].raw)
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, raw)]
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    t_gone = time.monotonic()
+    deadline = t_gone + 10
+    while time.monotonic() < deadline:
+        (st,) = d.request({"type": "status"})
+        if st["channels"]["rear"]["ok"] is False:
+            break
+        time.sleep(0.1)
+    assert st["channels"]["rear"]["ok"] is False and st["channels"]["rear"]["error"]
+    assert st["channels"]["front"]["ok"] is True                  # the other devices are unaffected
+    evs = d.request({"type": "speak", "text": "Meanwhile.", "seed": 80, "id": "gone", "channel": "rear"})
+    assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("gone.wav"), evs
+    time.sleep(max(0.0, REOPEN_INTERVAL_S + 0.5 - (time.monotonic() - t_gone)))
+    before = heard(files["rear"])
+    p = dict(min_new_tokens=40, max_new_tokens=40)
+    evs = d.request({"type": "speak", "text": "I am back.", "seed": 81, "id": "back", "channel": "rear", "params": p})
+    assert evs[-1]["type"] == "done" and evs[-1]["output"] == "device:tts_rear", evs
+    want = speech(expected(service_pipeline, "I am back.", 81, **p))
+    got = wait_len(files["rear"], before + len(want), timeout_s=10)[before:]
+    assert_close(got, want, "rear after the device came back")
+    assert "sound device 'tts_rear' failed" in d.log() and "is back" in d.log()
+
+
+def _cmdline_has(pid: str, needle: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return needle in f.read().decode(errors="replace")
+    except OSError:
+        return False
