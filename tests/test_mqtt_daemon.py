@@ -1,6 +1,7 @@
 """The real daemon (subprocess, tiny checkpoint) with MQTT on a real mosquitto: say over MQTT
 plays on the ALSA file device, events / status / availability topics, de-dup, bad payloads,
-cancel, health, last will on SIGKILL, broker restart mid-session."""
+cancel, health, retained commands, last will on SIGKILL, broker restart mid-session, broker down
+at start, TLS + credentials."""
 
 from __future__ import annotations
 
@@ -185,9 +186,15 @@ def test_health_over_mqtt(mq):
 def test_last_will_offline_when_the_daemon_is_killed(tiny_ckpt, tmp_path, mqtt_broker):
     cfg = _config(tiny_ckpt, tmp_path, mqtt_broker, mqtt={"keepalive_s": 5})
     lst = Listener(mqtt_broker, _base(cfg))
+    stale = _rid("retained")       # a retained say waiting on the broker is not spoken at connect
+    lst.c.publish(f"{_base(cfg)}/say", f'{{"text": "Stale.", "id": "{stale}"}}', qos=1, retain=True).wait_for_publish(10)
     d = launch_daemon(tmp_path / "d", cfg)
     try:
         _online(lst)
+        ev = lst.wait_event(stale, timeout_s=10)
+        assert ev["type"] == "error" and ev["code"] == "bad_request" and "retained" in ev["message"], ev
+        assert [e["type"] for e in lst.events(stale)] == ["error"]
+        lst.c.publish(f"{_base(cfg)}/say", b"", qos=1, retain=True).wait_for_publish(10)    # clear it
         t0 = time.monotonic()
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait(10)

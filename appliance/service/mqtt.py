@@ -28,6 +28,13 @@ topic          direction QoS/ret  payload
                                   last will (broker publishes it when the daemon dies)
 ============== ========= ======== =================================================================
 
+Retained commands: a command published with retain=true is handled once when it is published
+(live delivery clears the flag) and refused with an ``error`` event when the broker replays it
+at a later (re)connect, so it is never spoken again at every reconnect.
+
+Only requests that came over MQTT have their events on ``event``; socket clients get theirs on
+the socket.
+
 Refusals: a command payload over ``mqtt.max_payload_bytes``, not UTF-8, starting with ``{`` but
 not a valid JSON object, with an unknown field / bad value, ``return_audio`` (not available over
 MQTT), or one the daemon refuses (unknown channel, empty text, busy, ...) gets one ``error``
@@ -356,15 +363,22 @@ class MQTTBridge:
 
     def _on_message(self, client, userdata, msg) -> None:
         try:
-            self._command(msg.topic, bytes(msg.payload))
+            self._command(msg.topic, bytes(msg.payload), bool(msg.retain))
         except Exception:   # never let an exception reach paho's network thread
             log.exception("mqtt: message on %s failed", msg.topic)
 
     # ------------------------------------------------------------------ commands and events
 
-    def _command(self, topic: str, payload: bytes) -> None:
+    def _command(self, topic: str, payload: bytes, retained: bool = False) -> None:
         kind = topic.rsplit("/", 1)[-1]
         req, err = parse_command(kind, payload, self.m.max_payload_bytes)
+        if retained:    # replayed by the broker at (re)subscribe: would speak again at every connect
+            rid = getattr(req, "id", None) or (err.id if err is not None else None)
+            log.warning("mqtt: ignored a retained %s message on %s", kind, topic)
+            self.sink(ErrorEvent(code=RequestError.code, id=rid, message=(
+                f"retained {kind} message ignored: the broker replays it at every connect; publish commands "
+                f"with retain=false and clear it with an empty retained message on {topic}")), None)
+            return
         if err is not None:
             log.info("mqtt: bad %s payload (%d bytes): %s", kind, len(payload), err.message)
             self.sink(err, None)
