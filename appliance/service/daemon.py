@@ -4,7 +4,8 @@ Start-up order: :func:`~appliance.config.load_config` (every key validated befor
 heavy) -> ``Pipeline.from_config`` (weights, tokenizer) -> ``pipeline.warmup()`` (if
 ``service.warmup``) -> audio outputs opened (:class:`~appliance.service.sound.AudioOutput`) ->
 worker thread started -> UNIX socket listening (an inherited systemd socket if there is one)
--> ``on_ready``.
+-> MQTT bridge connecting (if ``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the
+model loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
 
 Threads and how events flow::
 
@@ -34,7 +35,8 @@ thread, calls ``Daemon.handle_line_threadsafe``.
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default: an ``error`` ``cancelled`` event each;
 a spool can take them instead) -> the running request finishes and plays out (drain) -> audio
-streams closed -> connections flushed and closed -> socket file removed -> exit status 0.
+streams closed -> MQTT: last status, ``offline``, disconnect -> connections flushed and closed
+-> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
 systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
