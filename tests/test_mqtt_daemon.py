@@ -55,7 +55,7 @@ def mq(tiny_ckpt, tmp_path_factory, mqtt_broker):
     """(daemon on the ALSA file device with MQTT enabled, a Listener on its topics)."""
     tmp = tmp_path_factory.mktemp("mqtt_dev")
     alsa = alsa_home(tmp / "home", tmp / "played.raw")
-    cfg = _config(tiny_ckpt, tmp, mqtt_broker, audio={"output": "device"})
+    cfg = _config(tiny_ckpt, tmp, mqtt_broker, mqtt={"status_interval_s": 1.0}, audio={"output": "device"})
     lst = Listener(mqtt_broker, _base(cfg))
     d = launch_daemon(tmp / "d", cfg, alsa=alsa)
     _online(lst)
@@ -109,6 +109,15 @@ def test_availability_and_status_are_retained(mq, mqtt_broker):
         assert s["last_rtf"] > 0 and s["last_ttfb_ms"] > 0 and s["throttle"]
     finally:
         late.close()
+
+
+def test_status_is_republished_periodically_when_idle(mq):
+    d, lst = mq
+    t0 = time.monotonic()
+    first = lst.wait(lambda m: m.leaf == "status" and m.at >= t0, 5, "a status")
+    second = lst.wait(lambda m: m.leaf == "status" and m.at >= first.at + 0.5, 5, "the next status")
+    assert 0.5 <= second.at - first.at <= 2.5          # mqtt.status_interval_s = 1 s
+    assert second.json()["state"] == "ready"
 
 
 def test_same_id_twice_speaks_once(mq):
