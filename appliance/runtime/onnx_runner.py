@@ -12,15 +12,27 @@ layer a contiguous prefix ``[:P]``, so each step binds (IO binding, a pointer an
 copy) each layer's prefix ``[P, M, H, hd]`` with ``P = max(pos)``: only the filled positions
 are read. The graph returns only the new keys/values ``[L, B, H, hd]`` and this runner writes
 them at ``[:, pos, slots]`` (``B x 2 x L x D`` values: 120 KiB per row at full size, FP32).
-Nothing else is copied per step. Decision measured on this 2-core CPU (full size, fp32, B=1,
-1024 cached positions): the first graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered,
-keys/values concatenated with the new one) spent 59 of ~95 ms per step in Slice/Gather/
-Concat/Transpose copies; the prefix layout with scores joined on the small score tensor
-(see :class:`appliance.model.export.DecodeGraph`) removes the Slice over all slots and the
-K/V concatenation (numbers in ``bench/results/engines-*.json``).
+Nothing else is copied per step (the host-side write of the new rows: ~0.02 ms at B=3).
 
-Precision directory: ``int8`` if it was exported (MatMulNBits weight-only, ~4x fewer weight
-bytes per step), else ``fp32``; the choice is logged. Threads: ``model.threads``
+Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026-11-30,
+``bench/results/engines-2026-11-30-cpu-2core.json``; min of 30 steps, GPT step only):
+
+* DESIGN.md §2's naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
+  positions, 54.2 ms at 512.
+* first in-place graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered, K/V
+  concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's
+  profiler put 59 of ~95 ms of a 1024-position step in Slice/Gather/Concat/Transpose copies.
+* this graph (position-major prefix bound by pointer, scores joined on the small score tensor,
+  :class:`appliance.model.export.DecodeGraph`): fp32 27.8 ms at 32, 31.2 ms at 512 (B=1),
+  37.3 ms at B=3 / 512; **int8 (MatMulNBits) 12.2 ms at 32, 15.5 ms at 512 (B=1), 21.6 ms
+  at B=3 / 512**, i.e. faster than real time (21.3 ms of audio per step) for one channel and
+  about real time for three. Hence int8 is preferred when exported.
+
+Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
+int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
+the choice is logged. Memory caveat: the prefill and decode graphs each hold a copy of the
+GPT weights (fp32 0.75 GiB each, int8 0.22 GiB each); sharing them needs one graph for both
+(not done). Threads: ``model.threads``
 (0 = all cores) intra-op, 1 inter-op, sequential execution.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
