@@ -8,25 +8,25 @@ published as the same JSON objects the socket sends (without the trailing newlin
 
 Topics, all under ``<mqtt.topic_prefix>/<mqtt.device_id>/``:
 
-============== ========= ======== =================================================================
-topic          direction QoS/ret  payload
-============== ========= ======== =================================================================
-``say``        in        1        a ``speak`` object ``{"text", "id", "channel", "priority",
-                                  "voice", "seed", "params"}`` (``"type"`` optional); a payload
-                                  that does not start with ``{`` is plain UTF-8 text spoken on the
-                                  default channel (``[uv_break]hi`` is text, not JSON)
-``cancel``     in        1        ``{"id": ...}`` or ``{"channel": ...}``; plain text = a request id
-``health``     in        1        anything (ignored): run the field health check; the ``health``
-                                  reply goes to ``event``
-``event``      out       1        ``accepted`` / ``started`` / ``done`` / ``error`` (and ``health``)
-                                  objects, exactly as on the socket; ``id`` = the request id
-``status``     out       1, ret.  :class:`~appliance.service.protocol.StatusReply` JSON; published
-                                  at connect, on change (polled every 0.5 s; ``buffered_ms`` and
-                                  ``temperature_c`` alone do not count) and every
-                                  ``mqtt.status_interval_s``
-``availability`` out     1, ret.  ``online`` after connect; ``offline`` at a clean stop and as the
-                                  last will (broker publishes it when the daemon dies)
-============== ========= ======== =================================================================
+================ ========= ======== ===============================================================
+topic            direction QoS/ret  payload
+================ ========= ======== ===============================================================
+``say``          in        1        a ``speak`` object ``{"text", "id", "channel", "priority",
+                                    "voice", "seed", "params"}`` (``"type"`` optional); a payload
+                                    that does not start with ``{`` is plain UTF-8 text spoken on
+                                    the default channel (``[uv_break]hi`` is text, not JSON)
+``cancel``       in        1        ``{"id": ...}`` or ``{"channel": ...}``; plain text = an id
+``health``       in        1        anything (ignored): run the field health check; the
+                                    ``health`` reply goes to ``event``
+``event``        out       1        ``accepted`` / ``started`` / ``preempted`` / ``done`` /
+                                    ``error`` (and ``health``) objects, exactly as on the socket
+``status``       out       1, ret.  :class:`~appliance.service.protocol.StatusReply` JSON; at
+                                    connect, on change (polled every 0.5 s; ``buffered_ms`` and
+                                    ``temperature_c`` alone do not count) and every
+                                    ``mqtt.status_interval_s``
+``availability`` out       1, ret.  ``online`` after connect; ``offline`` at a clean stop and as
+                                    the last will (the broker sends it when the daemon dies)
+================ ========= ======== ===============================================================
 
 Retained commands: a command published with retain=true is handled once when it is published
 (live delivery clears the flag) and refused with an ``error`` event when the broker replays it
@@ -55,7 +55,8 @@ while the broker is away; their events (QoS 1) wait in paho's queue (at most
 :data:`MAX_QUEUED` messages) and are sent after the reconnect. With ``mqtt.clean_session: false``
 (default) the broker also keeps this client's subscriptions and queues commands sent while the
 connection was down. QoS 1 is at-least-once: around a reconnect a subscriber may get an ``event``
-twice (same JSON); treat ``(id, type)`` as the key.
+twice (identical JSON, e.g. ``started`` of one id twice in a row; a request resumed after a
+preemption also has a second ``started``, after its ``preempted``).
 
 Threads: paho's network thread runs ``on_connect`` / ``on_message``; the worker, audio and event
 loop threads call the sink (``publish`` is thread-safe and never blocks); one ``mqtt-status``
