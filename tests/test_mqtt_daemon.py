@@ -193,9 +193,12 @@ def test_health_over_mqtt(mq):
 
 
 def test_last_will_offline_when_the_daemon_is_killed(tiny_ckpt, tmp_path, mqtt_broker):
+    """SIGKILL -> the broker publishes the last will ``offline`` (retained); a say sent while the
+    daemon is dead waits in its persistent session and is spoken when it is back (same client
+    id); a retained say found at connect is refused, not spoken."""
     cfg = _config(tiny_ckpt, tmp_path, mqtt_broker, mqtt={"keepalive_s": 5})
     lst = Listener(mqtt_broker, _base(cfg))
-    stale = _rid("retained")       # a retained say waiting on the broker is not spoken at connect
+    stale = _rid("retained")
     lst.c.publish(f"{_base(cfg)}/say", f'{{"text": "Stale.", "id": "{stale}"}}', qos=1, retain=True).wait_for_publish(10)
     d = launch_daemon(tmp_path / "d", cfg)
     try:
@@ -209,16 +212,24 @@ def test_last_will_offline_when_the_daemon_is_killed(tiny_ckpt, tmp_path, mqtt_b
         d.proc.wait(10)
         off = lst.wait(lambda m: m.leaf == "availability" and m.at >= t0, 15, "last will")
         assert off.payload == b"offline"
+        late = Listener(mqtt_broker, _base(cfg))
+        try:
+            av = late.wait(lambda m: m.leaf == "availability", 10, "retained availability")
+            assert av.retain and av.payload == b"offline"
+        finally:
+            late.close()
+        queued = _rid("while-dead")
+        lst.publish("say", {"text": "Sent while the daemon was down.", "id": queued, "seed": 3})
+        t1 = time.monotonic()
+        d = launch_daemon(tmp_path / "d2", cfg)         # systemd's restart: same config, same client id
+        _online(lst, after=t1)
+        done = lst.wait_event(queued, timeout_s=30)
+        assert done["type"] == "done", done
+        assert "session present: True" in d.log()
     finally:
         if d.proc.poll() is None:
-            d.proc.kill()
+            assert d.stop() == 0, d.log()[-3000:]
         lst.close()
-    late = Listener(mqtt_broker, _base(cfg))
-    try:
-        av = late.wait(lambda m: m.leaf == "availability", 10, "retained availability")
-        assert av.retain and av.payload == b"offline"
-    finally:
-        late.close()
 
 
 def test_broker_restart_mid_session(tiny_ckpt, tmp_path, mqtt_broker_factory, service_pipeline):

@@ -46,7 +46,9 @@ silently** (logged at INFO, counted in :attr:`MQTTBridge.duplicates`): the first
 produces the request's one ``accepted`` ... ``done``/``error`` sequence on ``event``, and a
 second terminal event for the same id would break that rule. An id the daemon *refused* before
 accepting it (busy, unknown channel, ...) is forgotten at once, so the sender may retry with the
-same id. A ``say`` without an id gets a fresh one and cannot be de-duplicated: send ids.
+same id. A ``say`` without an id gets a fresh one and cannot be de-duplicated: send ids. The LRU
+lives in memory: after a daemon restart a message the broker redelivers (one that was received
+but not acknowledged before a crash) is spoken again.
 
 Connection: ``connect_async`` + paho's own network thread (``loop_start``); the daemon starts even
 when the broker is down, paho reconnects with exponential backoff between
