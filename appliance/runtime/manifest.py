@@ -78,7 +78,8 @@ def checkpoint_sha256(ckpt_dir: str | os.PathLike) -> str:
         h.update(rel.encode() + b"\0" + file_sha256(f).encode() + b"\n")
         n += 1
     if n == 0:
-        raise EngineError(f"{ckpt_dir} holds none of {', '.join(CHECKPOINT_FILES)}: not a ChatTTS checkpoint")
+        raise EngineError(f"{ckpt_dir} holds none of {', '.join(CHECKPOINT_FILES)}: not a ChatTTS checkpoint "
+                          "(set model.path or --checkpoint; get one with: chattts-appliance model fetch DIR)")
     return h.hexdigest()
 
 
