@@ -116,7 +116,7 @@ def test_status_is_republished_periodically_when_idle(mq):
     t0 = time.monotonic()
     first = lst.wait(lambda m: m.leaf == "status" and m.at >= t0, 5, "a status")
     second = lst.wait(lambda m: m.leaf == "status" and m.at >= first.at + 0.5, 5, "the next status")
-    assert 0.5 <= second.at - first.at <= 2.5          # mqtt.status_interval_s = 1 s
+    assert 0.5 <= second.at - first.at <= 4.0          # mqtt.status_interval_s = 1 s (slack for load)
     assert second.json()["state"] == "ready"
 
 
