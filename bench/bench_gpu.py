@@ -174,12 +174,42 @@ def _time_steps(torch, r, dev, b, prompt, k=16, reps=12):
             "bucket": L, "pos": top, "chunk": k}
 
 
-def _run_channels(r, prompts, spk, steps, chunk_first=12, chunk=24):
-    """n channels decoded together to the end: (ttfb_s of channel 0, wall_s, audio_s per channel)."""
+class _Timers:
+    """Wraps runner methods on the instance to sum their wall time (s) until the first PCM."""
+
+    NAMES = ("prefill", "begin", "decode_many", "decoder", "vocos")
+
+    def __init__(self, r):
+        self.r, self.t, self.n, self.on = r, dict.fromkeys(self.NAMES, 0.0), dict.fromkeys(self.NAMES, 0), True
+        for name in self.NAMES:
+            fn = getattr(r, name)
+
+            def wrap(*a, _fn=fn, _name=name, **k):
+                t = time.perf_counter()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    if self.on:
+                        self.t[_name] += time.perf_counter() - t
+                        self.n[_name] += 1
+            setattr(r, name, wrap)
+
+    def remove(self):
+        for name in self.NAMES:
+            delattr(self.r, name)
+
+
+def _run_channels(r, prompts, spk, steps, chunk_first=12, chunk=24, breakdown=None):
+    """n channels decoded together to the end: (ttfb_s of channel 0, wall_s, audio_s per channel).
+
+    ``chunk_first`` is ``stream.first_chunk_tokens`` (decode steps past the lookahead in the first
+    push). With ``breakdown`` (a dict) the wall time of each runner call before the first PCM and
+    the host ISTFT/bookkeeping rest are written into it (ms)."""
     from appliance.tts.generate import DecodeLoop, Sequence
     from appliance.tts.sampler import SamplingParams
     from appliance.tts.stream import WindowedVocoder
 
+    tm = _Timers(r) if breakdown is not None else None
     loop = DecodeLoop(r, device_chunk=8)
     n = len(prompts)
     vocs = [WindowedVocoder(r, steps + 8) for _ in range(n)]
@@ -208,11 +238,20 @@ def _run_channels(r, prompts, spk, steps, chunk_first=12, chunk=24):
                 samples[i] += pcm.size
                 if pcm.size and ttfb is None and i == 0:
                     ttfb = time.perf_counter() - t0
+                    if tm is not None:
+                        tm.on = False
+                        breakdown.update({f"{k}_ms": v * 1e3 for k, v in tm.t.items()})
+                        breakdown.update({f"{k}_calls": v for k, v in tm.n.items()})
+                        breakdown["ttfb_ms"] = ttfb * 1e3
+                        breakdown["steps_at_first_pcm"] = s.steps
+                        breakdown["rest_ms"] = ttfb * 1e3 - sum(v * 1e3 for v in tm.t.values())
     for i in range(n):
         if pending[i]:
             samples[i] += vocs[i].push(np.concatenate(pending[i])).size
         samples[i] += vocs[i].finish().size
     wall = time.perf_counter() - t0
+    if tm is not None:
+        tm.remove()
     return ttfb if ttfb is not None else wall, wall, [x / 24000 for x in samples], [s.steps for s in seqs]
 
 
@@ -252,44 +291,161 @@ def _sampler_ms(torch, r, b):
     return ev0.elapsed_time(ev1) / 50
 
 
-def section_ours(rep, args, torch, env, dtype="float16"):
+def _mem_segments(torch):
+    """Allocated / reserved MiB per (stream, memory pool) from the caching allocator's snapshot:
+    the default-stream pool, the warm-up stream's (cuBLAS workspace), the graph pool."""
+    out = {}
+    try:
+        for seg in torch.cuda.memory_snapshot():
+            key = f"stream {seg.get('stream')} pool {tuple(seg.get('segment_pool_id', (0, 0)))}"
+            e = out.setdefault(key, {"reserved_mib": 0.0, "allocated_mib": 0.0, "segments": 0, "big_blocks_mib": []})
+            e["reserved_mib"] += seg["total_size"] / 2**20
+            e["allocated_mib"] += seg["allocated_size"] / 2**20
+            e["segments"] += 1
+            for b in seg.get("blocks", []):
+                if b.get("state") == "active_allocated" and b["size"] >= 4 << 20:
+                    e["big_blocks_mib"].append(round(b["size"] / 2**20, 2))
+        for e in out.values():
+            e["big_blocks_mib"] = sorted(e["big_blocks_mib"], reverse=True)[:24]
+    except Exception as e:  # diagnostics only
+        out["error"] = repr(e)
+    return out
+
+
+def _greedy_codes(r, prompt, spk, n):
+    from appliance.tts.sampler import SamplingParams
+
+    p = SamplingParams(greedy=True, min_new_tokens=n, max_new_tokens=n)
+    pl, _ = r.prefill(0, prompt, spk)
+    pl = pl.copy()
+    codes = [r.begin(0, p, 0).copy()]
+    while len(codes) < n:
+        c, _ = r.decode_many(np.array([0]), min(16, n - len(codes)))
+        codes.extend(c[:, 0].copy())
+    return pl, np.array(codes)
+
+
+def _logits_along(r, prompt, spk, codes):
+    lg, _ = r.prefill(0, prompt, spk)
+    out = [lg.copy()]
+    for i in range(len(codes) - 1):
+        lg, _ = r.decode(np.array([0]), codes[i:i + 1], np.array([len(prompt) + i]))
+        out.append(lg[0].copy())
+    return np.array(out)
+
+
+def fp32_reference(args, torch, prompt):
+    """FP32 (TF32 off) greedy codes (device sampler, penalty on) and the logits along them."""
+    from appliance.runtime.torch_cuda import CudaRunner
+    from appliance.tts.speaker import resolve_voice
+
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    r = CudaRunner(_cfg(args.ckpt, args.device, "float32", max_batch=1, max_seq=512), buckets=[512])
+    spk = resolve_voice("seed:2", r.info.hidden_size)
+    _, codes = _greedy_codes(r, prompt, spk, args.greedy_steps)
+    logits = _logits_along(r, prompt, spk, codes)
+    r.close()
+    del r
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return {"codes": codes, "logits": logits, "spk": spk}
+
+
+def _fidelity_vs(r, ref, prompt):
+    """Greedy codes and logits of runner ``r`` against the FP32 reference (same prompt/voice)."""
+    _, codes = _greedy_codes(r, prompt, ref["spk"], len(ref["codes"]))
+    lg = _logits_along(r, prompt, ref["spk"], ref["codes"])
+    l32 = ref["logits"]
+    rel = [float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(lg, l32)]
+    same = (codes == ref["codes"]).all(axis=1)
+    first = None if same.all() else int(np.argmin(same))
+    out = {"greedy_steps": int(len(same)), "greedy_identical_steps": int(len(same)) if first is None else first,
+           "first_divergence": first, "logits_rel_l2_max": max(rel), "prefill_logits_rel_l2": rel[0]}
+    if first is not None:
+        srt = np.sort(l32[first], -1)
+        out["fp32_gap_at_divergence"] = (srt[:, -1] - srt[:, -2]).tolist()
+        out["fp32_logit_absmax"] = float(np.abs(l32).max())
+    return out
+
+
+def _ttfb(r, tok, spk, chunk_first, n=5):
+    """Median TTFB (ms) over n runs and the breakdown of the median run."""
+    runs = []
+    for _ in range(n):
+        bd = {}
+        _run_channels(r, _prompts(tok, 1), spk, 90, chunk_first=chunk_first, breakdown=bd)
+        runs.append(bd)
+    runs.sort(key=lambda d: d.get("ttfb_ms", 1e9))
+    med = runs[len(runs) // 2]
+    return {"ttfb_ms": med.get("ttfb_ms"), "all_ms": [d.get("ttfb_ms") for d in runs], "breakdown": med}
+
+
+def section_ours(rep, args, torch, env, dtype="float16", compile=None, key=None, max_seq=2048, buckets=None,
+                 capture_batches=None, fidelity_ref=None):
     from appliance.runtime.torch_cuda import CudaRunner
     from appliance.tts.speaker import resolve_voice
     from appliance.tts.tokenizer import Tokenizer
 
     dev = args.device
+    key = key or f"ours_{dtype}"
     if dev == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
+    kw = dict(compile=compile or False, buckets=buckets, capture_batches=capture_batches)
+    cfg = _cfg(args.ckpt, dev, dtype, max_seq=max_seq)
     try:
-        r = CudaRunner(_cfg(args.ckpt, dev, dtype))
+        r = CudaRunner(cfg, **kw)
     except Exception as e:  # keep going with eager steps so the section still gives numbers
-        rep.error("ours_graph_capture", e)
+        if compile:
+            raise
+        rep.error(f"{key}_graph_capture", e)
         GRAPHS["on"] = False
-        r = CudaRunner(_cfg(args.ckpt, dev, dtype), graphs=False)
+        r = CudaRunner(cfg, graphs=False, **kw)
     _sync(torch, dev)
     load_s = time.perf_counter() - t
-    res = {"precision": r.info.precision, "load_s": load_s, "graphs": r.seam.cuda, "buckets": r.buckets,
+    res = {"precision": r.info.precision, "compile": r.compiled, "load_s": load_s, "graphs": r.seam.cuda,
+           "buckets": r.buckets, "max_seq_len": max_seq,
            "captures": len(r.seam.captures), "weight_mib": r.info.weight_bytes / 2**20,
            "step_weight_mib": r.step_weight_bytes / 2**20,
            "kv_mib": r.kv_bytes / 2**20}
     if dev == "cuda":
+        res["mem_before_capture_mib"] = r.mem_before_capture / 2**20
         res["mem_after_load_mib"] = torch.cuda.memory_allocated() / 2**20
         res["peak_load_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        res["reserved_after_load_mib"] = torch.cuda.memory_reserved() / 2**20
+        res["mem_segments_after_load"] = _mem_segments(torch)
+    rep.put(key, res)
+    print(f"[{key}] loaded in {load_s:.1f} s: {({k: v for k, v in res.items() if 'segments' not in k})}", flush=True)
     tok = Tokenizer.from_dir(Path(args.ckpt) / "asset" / "tokenizer")
     spk = resolve_voice("seed:2", r.info.hidden_size)
     prompt = _prompts(tok, 1)[0]
     res["prompt_tokens"] = int(len(prompt))
     for b in (1, 3):
         res[f"b{b}"] = _time_steps(torch, r, dev, b, prompt)
-        print(f"[ours {dtype}] B={b}: {res[f'b{b}']}", flush=True)
-        rep.put(f"ours_{dtype}", res)
+        print(f"[{key}] B={b}: {res[f'b{b}']}", flush=True)
+        rep.put(key, res)
+    if fidelity_ref is not None:
+        try:
+            res["fidelity_vs_fp32"] = _fidelity_vs(r, fidelity_ref, prompt)
+            print(f"[{key}] fidelity: {res['fidelity_vs_fp32']}", flush=True)
+        except Exception as e:
+            rep.error(f"{key}_fidelity", e)
+        rep.put(key, res)
     # TTFB (20-char sentence) and RTF with 1 / 3 channels, peak memory with three channels
     _run_channels(r, _prompts(tok, 1), spk, 80)  # warm-up: decoder/vocos kernels, cuDNN plans
-    ttfbs = [_run_channels(r, _prompts(tok, 1), spk, 90)[0] * 1e3 for _ in range(5)]
-    res["ttfb_ms"] = statistics.median(ttfbs)
-    res["ttfb_all_ms"] = ttfbs
+    tt = _ttfb(r, tok, spk, 12)
+    res["ttfb_ms"], res["ttfb_all_ms"], res["ttfb_breakdown"] = tt["ttfb_ms"], tt["all_ms"], tt["breakdown"]
+    print(f"[{key}] TTFB (first chunk 12): {tt}", flush=True)
+    rep.put(key, res)
+    for fc in args.first_chunks:
+        tt = _ttfb(r, tok, spk, fc, n=3)
+        res[f"ttfb_first_chunk_{fc}"] = tt
+        print(f"[{key}] TTFB (first chunk {fc}): {tt['ttfb_ms']}", flush=True)
     res["lookahead_tokens"] = (r.info.decoder_rf + r.info.vocos_rf + 3) // 2 + 1
     steps = args.rtf_steps
     for n in (1, 3):
@@ -301,15 +457,15 @@ def section_ours(rep, args, torch, env, dtype="float16"):
         if dev == "cuda":
             res[f"peak_{n}ch_mib"] = torch.cuda.max_memory_allocated() / 2**20
             res[f"peak_reserved_{n}ch_mib"] = torch.cuda.max_memory_reserved() / 2**20
-        print(f"[ours {dtype}] {n} channel(s): RTF {res[f'rtf_{n}ch']:.4f} {res[f'rtf_{n}ch_detail']}", flush=True)
-        rep.put(f"ours_{dtype}", res)
+        print(f"[{key}] {n} channel(s): RTF {res[f'rtf_{n}ch']:.4f} {res[f'rtf_{n}ch_detail']}", flush=True)
+        rep.put(key, res)
     if dev == "cuda":
         res["peak_overall_mib"] = max(res["peak_load_mib"], res["peak_3ch_mib"])
         bw = env.get("copy_bw_gbps")
         res["floor_ms"] = r.step_weight_bytes / (bw * 1e9) * 1e3 if bw else None
         if res["floor_ms"]:
             res["ratio_to_floor_b1"] = res["b1"]["ms_per_step"] / res["floor_ms"]
-        res["kernels_per_step_b1"] = _kernels_per_step(torch, r, 1, 256)
+        res["kernels_per_step_b1"] = _kernels_per_step(torch, r, 1, r.buckets[0])
         res["sampler_ms_b1"] = _sampler_ms(torch, r, 1)
         res["sampler_ms_b3"] = _sampler_ms(torch, r, 3)
         # attention span: replay at the smallest and the largest bucket (B=1)
@@ -325,7 +481,8 @@ def section_ours(rep, args, torch, env, dtype="float16"):
             ev1.synchronize()
             spans[str(L)] = ev0.elapsed_time(ev1) / 20
         res["replay_ms_by_span_b1"] = spans
-    rep.put(f"ours_{dtype}", res)
+        res["mem_segments_end"] = _mem_segments(torch)
+    rep.put(key, res)
     r.close()
     del r
     gc.collect()
@@ -505,23 +662,23 @@ def section_fidelity(rep, args, torch, rep_key="fidelity"):
 
 # --------------------------------------------------------------------------------------- compiled
 
-def section_compiled(rep, args, torch):
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.tts.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_dir(Path(args.ckpt) / "asset" / "tokenizer")
-    prompt = _prompts(tok, 1)[0]
-    t = time.perf_counter()
-    r = CudaRunner(_cfg(args.ckpt, args.device, "float16", max_seq=512), compile=True, buckets=[512],
-                   capture_batches=[1, 3])
-    res = {"compile_and_capture_s": time.perf_counter() - t}
-    rep.put("compiled", res)
-    for b in (1, 3):
-        res[f"b{b}"] = _time_steps(torch, r, args.device, b, prompt, reps=6)
-        print(f"[compiled] B={b}: {res[f'b{b}']}", flush=True)
-        rep.put("compiled", res)
-    r.close()
-    return res
+def section_compiled(rep, args, torch, env, ref):
+    """The step body through ``torch.compile`` (each mode of ``--compile-modes``), captured in our
+    graphs for B=1 and B=3 over one attention bucket (``--compiled-max-seq``): the same
+    measurements as ``ours`` plus fidelity against FP32."""
+    out = {}
+    for mode in args.compile_modes:
+        if args.budget_s and rep.elapsed() > args.budget_s:
+            rep.data["errors"][f"compiled_{mode}"] = f"skipped: {rep.elapsed():.0f} s elapsed > budget"
+            continue
+        L = args.compiled_max_seq
+        try:
+            out[mode] = section_ours(rep, args, torch, env, "float16", compile=mode, key=f"compiled_{mode}",
+                                     max_seq=L, buckets=[L], capture_batches=[1, 3], fidelity_ref=ref)
+        except Exception as e:
+            rep.error(f"compiled_{mode}", e)
+        records(rep, args, env)
+    return out
 
 
 # --------------------------------------------------------------------------------------- records
@@ -541,6 +698,8 @@ def records(rep, args, env):
                      "peak_mem_mib": peak, "baseline_ms_per_step": base, "notes": notes})
 
     o = s.get("ours_float16")
+    if isinstance(up, dict) and not up and args.upstream_from:
+        up = args.upstream_from
     if isinstance(o, dict) and "b1" in o:
         for b in (1, 3):
             if f"b{b}" not in o:
@@ -555,7 +714,8 @@ def records(rep, args, env):
         if f"b{b}" in up:
             rec("upstream-chattts", "fp32", b, up[f"b{b}"]["ms_per_step"], rtf=up.get(f"rtf_{b}ch"),
                 ttfb=up.get("ttfb_ms") if b == 1 else None, peak=up.get("peak_mib"), base=up[f"b{b}"]["ms_per_step"],
-                notes="chattts 0.2.5 eager FP32 as shipped, same random weights, same process")
+                notes="chattts 0.2.5 eager FP32 as shipped, same random weights, same process"
+                + (f" (NOT re-run: reused from the run of {up['reused_from']})" if up.get("reused_from") else ""))
     f = s.get("fidelity", {})
     for name in ("fp32", "bf16", "int8", "fp8"):
         e = f.get(name)
@@ -563,11 +723,17 @@ def records(rep, args, env):
             for b in (1, 3):
                 rec("torch-cuda", name, b, e.get(f"ms_b{b}"), base=up.get(f"b{b}", {}).get("ms_per_step"),
                     notes=f"fidelity vs fp32: {json.dumps({k: v for k, v in e.items() if 'ms' not in k})}")
-    c = s.get("compiled", {})
-    for b in (1, 3):
-        if f"b{b}" in c:
-            rec("torch-cuda", "fp16", b, c[f"b{b}"]["ms_per_step"], base=up.get(f"b{b}", {}).get("ms_per_step"),
-                notes=f"torch.compile (inductor) step inside our CUDA graph; replay {c[f'b{b}'].get('replay_ms')} ms")
+    for key, c in s.items():
+        if not key.startswith("compiled_") or not isinstance(c, dict):
+            continue
+        for b in (1, 3):
+            if f"b{b}" in c:
+                rec("torch-cuda-compiled", "fp16", b, c[f"b{b}"]["ms_per_step"], rtf=c.get(f"rtf_{b}ch"),
+                    ttfb=c.get("ttfb_ms") if b == 1 else None, peak=c.get(f"peak_{b}ch_mib"),
+                    base=up.get(f"b{b}", {}).get("ms_per_step"),
+                    notes=f"torch.compile mode {key[9:]} of the step body inside our CUDA graph (KV {c.get('max_seq_len')} "
+                          f"positions); replay {c[f'b{b}'].get('replay_ms')} ms; compile+capture {c.get('load_s')} s; "
+                          f"fidelity vs fp32 {json.dumps(c.get('fidelity_vs_fp32'))}")
     rep.data["records"] = recs
     rep.save()
     return recs
@@ -600,8 +766,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rtf-steps", type=int, default=235, help="decode steps per channel for RTF (235 = 5 s audio)")
     ap.add_argument("--greedy-steps", type=int, default=210)
     ap.add_argument("--budget-s", type=float, default=420.0, help="skip later sections past this many seconds")
-    ap.add_argument("--sections", default="ours,upstream,fidelity,compiled")
+    ap.add_argument("--sections", default="ours,compiled,upstream,fidelity")
+    ap.add_argument("--compile-modes", default="default,max-autotune-no-cudagraphs")
+    ap.add_argument("--compiled-max-seq", type=int, default=512, help="KV length (one bucket) of the compiled runners")
+    ap.add_argument("--first-chunks", default="4,1", help="extra stream.first_chunk_tokens values for TTFB")
+    ap.add_argument("--upstream-json", default=None, help="reuse upstream numbers (a raw bench_gpu.json) in records")
     a = ap.parse_args(argv)
+    a.compile_modes = [m for m in a.compile_modes.split(",") if m]
+    a.first_chunks = [int(x) for x in a.first_chunks.split(",") if x]
+    a.upstream_from = None
+    if a.upstream_json:
+        raw = json.loads(Path(a.upstream_json).read_text())
+        runs = [v for v in raw.values() if isinstance(v, dict)] if "sections" not in raw else [raw]
+        for run in runs:
+            if isinstance(run.get("sections", {}).get("upstream"), dict) and "b1" in run["sections"]["upstream"]:
+                a.upstream_from = dict(run["sections"]["upstream"], reused_from=run["sections"]["env"]["date"])
+                break
     logging.basicConfig(level=logging.WARNING)
     import torch
 
@@ -616,10 +796,23 @@ def main(argv=None) -> int:
         print(f"[ckpt] random {a.size} checkpoint written to {a.ckpt} in {time.perf_counter() - t:.1f} s", flush=True)
     env = section_env(rep, a, torch)
     want = a.sections.split(",")
-    for name, fn in (("ours", lambda: section_ours(rep, a, torch, env)),
+    if a.upstream_from:
+        rep.data["upstream_reused"] = a.upstream_from
+    ref = {}
+
+    def reference():
+        if "codes" not in ref:
+            from appliance.tts.tokenizer import Tokenizer
+
+            t = time.perf_counter()
+            ref.update(fp32_reference(a, torch, _prompts(Tokenizer.from_dir(Path(a.ckpt) / "asset" / "tokenizer"), 1)[0]))
+            rep.put("fp32_reference", {"steps": len(ref["codes"]), "s": time.perf_counter() - t})
+        return ref
+
+    for name, fn in (("ours", lambda: section_ours(rep, a, torch, env, fidelity_ref=reference())),
+                     ("compiled", lambda: section_compiled(rep, a, torch, env, reference())),
                      ("upstream", lambda: section_upstream(rep, a, torch)),
-                     ("fidelity", lambda: section_fidelity(rep, a, torch)),
-                     ("compiled", lambda: section_compiled(rep, a, torch))):
+                     ("fidelity", lambda: section_fidelity(rep, a, torch))):
         if name not in want or (name == "upstream" and a.no_upstream) or (name == "compiled" and a.no_compile):
             continue
         if a.budget_s and rep.elapsed() > a.budget_s:

@@ -123,3 +123,42 @@ def test_decode_many_clips_at_cache_end(tiny_config):
     from appliance.errors import CapacityError
     with pytest.raises(CapacityError):
         r.decode_many(np.array([0]), 1)
+
+
+def test_compile_mode_and_quant_validation(tiny_config):
+    from dataclasses import replace
+
+    from appliance.errors import ConfigError
+
+    for bad in ("reduce-overhead", "max-autotune", "fast"):  # modes with inductor's own CUDA graphs, or unknown
+        with pytest.raises(ConfigError, match="compile mode"):
+            CudaRunner(tiny_config, compile=bad)
+    with pytest.raises(ConfigError, match="quantization"):
+        CudaRunner(tiny_config, quant="int4")
+    cfg = replace(tiny_config, model=replace(tiny_config.model, quant="int8", max_batch=1, max_seq_len=64))
+    r = CudaRunner(cfg, buckets=[64])  # model.quant from the config
+    assert r.info.precision == "int8" and r.compiled is None
+    r = CudaRunner(replace(cfg, model=replace(cfg.model, quant="none")), buckets=[64])
+    assert r.info.precision == "fp32"
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_cpu(tiny_config):
+    """torch.compile of the step body (inductor C++ on the CPU; ~30 s cold) gives the eager step's codes."""
+    from dataclasses import replace
+
+    cfg = replace(tiny_config, model=replace(tiny_config.model, max_seq_len=64, max_batch=2))
+    e, c = CudaRunner(cfg, buckets=[64], capture_batches=[2]), CudaRunner(cfg, buckets=[64], capture_batches=[2],
+                                                                            compile=True)
+    assert c.compiled == "default" and e.compiled is None
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 400, n) for n in (6, 9)]
+    outs = []
+    for r in (e, c):
+        for s, ids in enumerate(prompts):
+            r.prefill(s, ids, None)
+            r.begin(s, SamplingParams(min_new_tokens=40, max_new_tokens=40, temperature=0.7), 10 + s)
+        outs.append(np.concatenate([r.decode_many(np.array([0, 1]), 8)[0].copy() for _ in range(3)]))
+        outs.append(r.decode(np.array([1, 0]), outs[-1][-1], np.array([9 + 24, 6 + 24]))[0].copy())
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_allclose(outs[1], outs[3], rtol=1e-4, atol=1e-4)

@@ -81,7 +81,7 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
     if pick_device(cfg.model.device).type == "cuda":
         from .torch_cuda import CudaRunner
 
-        return CudaRunner(cfg, reason=reason)
+        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant)
     return TorchRunner(cfg, reason=reason)
 
 

@@ -53,6 +53,9 @@ from .torch_runner import TorchRunner, _DTYPES
 log = logging.getLogger(__name__)
 
 QUANT_MODES = (None, "int8", "fp8")
+# CudaRunner(compile=...) -> torch.compile mode ("default" = inductor's default; None = not compiled)
+COMPILE_MODES = {False: None, True: "default", "none": None, "default": "default",
+                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
 
 
 def torch_pinned_allocator(nbytes: int) -> np.ndarray:
@@ -360,7 +363,10 @@ class CudaRunner(TorchRunner):
         reason: why this backend was chosen.
         quant: None, ``int8`` or ``fp8`` (weight-only; fp8 needs sm >= 8.9 on CUDA).
         graphs: capture CUDA graphs (default: on CUDA).
-        compile: ``torch.compile`` the step body (inductor fusion) before capturing it.
+        compile: ``torch.compile`` the step body (inductor fusion) before capturing it into our own
+            CUDA graph: ``True``/``"default"`` (inductor default mode) or an inductor mode name such
+            as ``"max-autotune-no-cudagraphs"`` (Triton GEMV templates, autotuned at start-up; slow
+            start). Each captured ``(b, L)`` is one compilation (static shapes).
         buckets: attention spans to capture (default :func:`kv_buckets`).
         max_chunk: most steps one :meth:`decode_many` runs (device ring size).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
@@ -371,10 +377,17 @@ class CudaRunner(TorchRunner):
     """
 
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
-                 compile: bool = False, buckets: Optional[list[int]] = None, max_chunk: int = 16,
+                 compile: bool | str = False, buckets: Optional[list[int]] = None, max_chunk: int = 16,
                  capture_batches: Optional[list[int]] = None):
         from .torch_runner import pick_device
 
+        if quant is None:
+            quant = getattr(cfg.model, "quant", None)
+        if quant == "none":
+            quant = None
+        mode = COMPILE_MODES.get(compile, compile) if isinstance(compile, (bool, str)) else compile
+        if mode not in COMPILE_MODES.values():
+            raise ConfigError(f"compile mode {compile!r}: use one of {sorted(set(COMPILE_MODES.values()) - {None})}")
         if quant not in QUANT_MODES:
             raise ConfigError(f"quantization {quant!r}: use one of int8, fp8 or none")
         mc = cfg.model
@@ -454,16 +467,19 @@ class CudaRunner(TorchRunner):
         self.buckets = sorted(set(buckets or kv_buckets(Lmax)))
         if self.buckets[-1] < Lmax:
             self.buckets.append(Lmax)
-        self.seam = GraphSeam(cuda=cuda if graphs is None else bool(graphs and cuda), warmup=3 if compile else 2)
+        self.seam = GraphSeam(cuda=cuda if graphs is None else bool(graphs and cuda), warmup=3 if mode else 2)
         self._body = self._step_body
-        if compile:
+        if mode is not None:
             import torch._dynamo as dyn
 
             for k in ("cache_size_limit", "recompile_limit"):
                 if hasattr(dyn.config, k):
                     setattr(dyn.config, k, max(getattr(dyn.config, k), 64))
-            self._body = torch.compile(self._step_body, dynamic=False)
-        self.compiled = bool(compile)
+            # our own graph captures the compiled step: inductor must not add its own CUDA graphs
+            self._body = torch.compile(self._step_body, dynamic=False, fullgraph=True,
+                                       mode=None if mode == "default" else mode)
+        self.compiled = mode
+        self.mem_before_capture = torch.cuda.memory_allocated(self.device) if cuda else 0
         self._event = torch.cuda.Event() if cuda else None
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters()) + \
             sum(b.numel() * b.element_size() for n, b in self.model.named_buffers() if "rope" not in n)
@@ -481,7 +497,7 @@ class CudaRunner(TorchRunner):
                     self._graph(b, L)
             self._reset_state()
         log.info("cuda runner: %s %s%s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s",
-                 self.device, precision, " compiled" if compile else "", S, Lmax, weight_bytes / 2**20,
+                 self.device, precision, f" compiled ({mode})" if mode else "", S, Lmax, weight_bytes / 2**20,
                  self.kv_bytes / 2**20, self.seam.cuda, self.buckets)
 
     # ------------------------------------------------------------------ the step
