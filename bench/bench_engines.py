@@ -91,8 +91,8 @@ def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
         slots, pos = np.arange(3), np.full(3, 100)
         t0 = time.perf_counter()
         for _ in range(100):
-            r._k[:, pos, slots] = bufs["k_new"]
-            r._v[:, pos, slots] = bufs["v_new"]
+            r._k[:, pos, slots] = bufs["k_new"][:, :, 0]
+            r._v[:, pos, slots] = bufs["v_new"][:, :, 0]
         out["kv_write_ms_b3"] = (time.perf_counter() - t0) * 1e3 / 100
     h = rng.standard_normal((47 + 80, r.info.hidden_size)).astype(np.float32)  # 1 s + receptive-field context
     mel = rng.standard_normal((100, 94 + 60)).astype(np.float32)

@@ -47,10 +47,11 @@ def runners(tiny_ckpt, onnx_dir):
 def test_manifest_written(onnx_dir):
     m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
     assert m["kind"] == "onnx" and m["precision"] == "fp32"
-    assert set(m["graphs"]) == {"gpt_prefill", "gpt_decode", "decoder", "vocos"}
+    assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
     assert len(m["checkpoint"]["sha256"]) == 64
-    dec_in = [t["name"] for t in m["graphs"]["gpt_decode"]["inputs"]]
-    assert dec_in[:3] == ["codes", "pos", "slots"]
+    assert (onnx_dir / "onnx" / "fp32" / m["embed"]["file"]).is_file()
+    dec_in = [t["name"] for t in m["graphs"]["gpt"]["inputs"]]
+    assert dec_in[:3] == ["emb", "pos", "slots"]
     assert "k_cache.0" in dec_in and "v_cache.1" in dec_in
     assert m["limits"] == {**LIMITS, "window_tokens": 64}
 
@@ -144,9 +145,9 @@ def test_auto_picks_onnxruntime_without_gpu(tiny_ckpt, onnx_dir, caplog):
     r.close()
 
 
-def test_tensorrt_decode_graph_matches(tiny_ckpt, runners, tmp_path):
-    """The static-cache decode graph that TensorRT builds (fp16 export) computes the same step;
-    checked in fp32 with ONNX Runtime since TensorRT cannot run here."""
+def test_tensorrt_gpt_graph_matches(tiny_ckpt, runners, tmp_path):
+    """The static-cache gpt graph that TensorRT builds (fp16 export) computes the same prefill and
+    decode step; checked in fp32 with ONNX Runtime since TensorRT cannot run here."""
     import onnxruntime as ort
     import torch
 
@@ -154,24 +155,33 @@ def test_tensorrt_decode_graph_matches(tiny_ckpt, runners, tmp_path):
     from appliance.model.checkpoint import load_model
 
     o, _ = runners
-    spec = ex._specs(load_model(tiny_ckpt), 3, 512, 128, 64, torch.float32, static_cache=True)["gpt_decode"]
-    path = tmp_path / "gpt_decode_static.onnx"
-    ex.export_graph("gpt_decode", spec, path)
+    spec = ex._specs(load_model(tiny_ckpt), 3, 512, 128, 64, torch.float32, static_cache=True)["gpt"]
+    path = tmp_path / "gpt_static.onnx"
+    ex.export_graph("gpt", spec, path)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    L = o._L
+
+    def run(emb, pos, slots, p):
+        feeds = {"emb": emb, "pos": pos, "slots": slots, "past": np.zeros(p, np.uint8)}
+        feeds.update({f"k_cache.{i}": o._k[i] for i in range(L)})
+        feeds.update({f"v_cache.{i}": o._v[i] for i in range(L)})
+        return sess.run(None, feeds)
+
     rng = np.random.default_rng(3)
     for slot, n in [(0, 9), (2, 14)]:
-        o.prefill(slot, rng.integers(0, 200, n), None)
+        ids = rng.integers(0, 200, n)
+        logits, hidden, k_new, _ = run(o._emb_text[ids][None], np.zeros(1, np.int64), np.array([slot]), 1)
+        la, ha = (x.copy() for x in o.prefill(slot, ids, None))
+        np.testing.assert_allclose(logits[0], la, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(k_new[:, 0], o._k[:, :n, slot], atol=1e-5)
     slots, pos = np.array([2, 0]), np.array([14, 9])
     codes = rng.integers(0, 626, (2, 4))
-    L = o._L
-    feeds = {"codes": codes, "pos": pos, "slots": slots, "past": np.zeros(14, np.uint8)}
-    feeds.update({f"k_cache.{i}": o._k[i] for i in range(L)})
-    feeds.update({f"v_cache.{i}": o._v[i] for i in range(L)})
-    logits, hidden, k_new, _ = sess.run(None, feeds)
+    emb = o._emb_code[np.arange(4)[None], codes].sum(1)[:, None].astype(np.float32)
+    logits, hidden, k_new, _ = run(emb, pos, slots, 14)
     la, ha = (x.copy() for x in o.decode(slots, codes, pos))
     np.testing.assert_allclose(logits, la, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(hidden, ha, atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(k_new, o._k[:, pos, slots], atol=1e-5)
+    np.testing.assert_allclose(k_new[:, :, 0], o._k[:, pos, slots], atol=1e-5)
 
 
 def test_pipeline_on_onnxruntime_speaks_like_torch(tiny_ckpt, onnx_dir):
@@ -203,7 +213,7 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
 
     shutil.copytree(onnx_dir / "onnx" / "fp32", tmp_path / "onnx" / "fp32")
     d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)
-    g = onnx.load(str(d / "gpt_decode.onnx"), load_external_data=False)
+    g = onnx.load(str(d / "gpt.onnx"), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 7  # 7 linears per layer
     cfg = _cfg(tiny_ckpt, tmp_path)
     assert find_export(cfg) == d

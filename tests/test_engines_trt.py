@@ -35,16 +35,19 @@ def test_fp16_build_of_every_graph_and_manifest(fp16_plans):
     assert m["kind"] == "tensorrt" and m["precision"] == "fp16"
     assert m["runtime"] == {"name": trtshim.flavor(), "version": trtshim.version()}
     assert m["device"]["compute_capability"] == "8.9"
-    assert set(m["graphs"]) == {"gpt_prefill", "gpt_decode", "decoder", "vocos"}
+    assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
+    assert (out / m["embed"]["file"]).is_file()  # host-side embeddings travel with the plans
     onnx_m = json.loads((root / "onnx" / "fp16" / "manifest.json").read_text())
     assert m["checkpoint"]["sha256"] == onnx_m["checkpoint"]["sha256"]
     for name, e in m["graphs"].items():
         assert (out / e["file"]).stat().st_size == e["plan_bytes"] > 0
         assert e["weights_bytes"] > 0 and e["activation_bytes"] > 0, name
-    dec = {t["name"]: t for t in m["graphs"]["gpt_decode"]["inputs"]}
+    dec = {t["name"]: t for t in m["graphs"]["gpt"]["inputs"]}
     assert dec["k_cache.0"]["dtype"] == "half" and dec["k_cache.0"]["shape"] == [512, 3, 4, 16]
-    assert dec["past"]["shape"] == [-1] and m["graphs"]["gpt_decode"]["profile"]["past"][2] == [511]
-    outs = {t["name"]: t["dtype"] for t in m["graphs"]["gpt_decode"]["outputs"]}
+    decode_p, prefill_p = m["graphs"]["gpt"]["profiles"]
+    assert dec["past"]["shape"] == [-1] and decode_p["past"][2] == [511]
+    assert decode_p["emb"][2] == [3, 1, 64] and prefill_p["emb"][2] == [1, 128, 64]
+    outs = {t["name"]: t["dtype"] for t in m["graphs"]["gpt"]["outputs"]}
     assert outs["logits"] == "float" and outs["k_new"] == "half"
     assert m["build"]["strongly_typed"] is True and m["build"]["workspace_mib"] == 256
     if trtshim.is_rtx():  # timing caches are no-ops in TensorRT-RTX (deprecated since 1.2)
@@ -60,13 +63,13 @@ def test_int8_weight_only_build(fp16_plans):
     from appliance.runtime.trt_build import build_all
 
     root, _ = fp16_plans
-    out = build_all(root, "int8", target="8.6", workspace_mib=256, graphs=("gpt_decode",))  # sm 8.6: no FP8
+    out = build_all(root, "int8", target="8.6", workspace_mib=256, graphs=("gpt",))  # sm 8.6: no FP8
     m = json.loads((out / "manifest.json").read_text())
-    e = m["graphs"]["gpt_decode"]
+    e = m["graphs"]["gpt"]
     assert e["quantized_weights"] >= 2 * 7  # 7 linear weights per layer, 2 layers, + heads
-    g = onnx.load(str(out / "gpt_decode.int8.onnx"), load_external_data=False)
+    g = onnx.load(str(out / "gpt.int8.onnx"), load_external_data=False)
     assert sum(n.op_type == "DequantizeLinear" for n in g.graph.node) == e["quantized_weights"]
-    fp16 = json.loads((root / "trt" / "fp16" / "manifest.json").read_text())["graphs"]["gpt_decode"]
+    fp16 = json.loads((root / "trt" / "fp16" / "manifest.json").read_text())["graphs"]["gpt"]
     assert e["weights_bytes"] < fp16["weights_bytes"]
 
 
@@ -111,7 +114,7 @@ def test_cli_build_reports_memory_and_refuses_fp8_for_orin(fp16_plans, capsys, t
     assert rc == 0
     assert "decoder" in out and "weights" in out and "budget service.memory_budget_mb = 1500 MiB" in out
     m = json.loads((root / "trt" / "fp16" / "manifest.json").read_text())
-    assert set(m["graphs"]) == {"gpt_prefill", "gpt_decode", "decoder", "vocos"}  # a subset rebuild keeps the rest
+    assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}  # a subset rebuild keeps the rest
 
 
 def _trt_cfg(tiny_ckpt, engine_dir, **model):
@@ -145,15 +148,16 @@ def test_buffer_plan_from_manifest(fp16_plans):
 
     _, out = fp16_plans
     plan = plan_buffers(json.loads((out / "manifest.json").read_text()))
-    assert plan["gpt_decode"]["codes"] == {"shape": [3, 4], "mode": "input", "dtype": "int64", "nbytes": 96}
-    assert plan["gpt_decode"]["past"]["shape"] == [511]
-    assert plan["gpt_decode"]["logits"]["shape"] == [3, 4, 626] and plan["gpt_decode"]["logits"]["dtype"] == "float32"
-    assert plan["gpt_decode"]["k_new"]["shape"] == [2, 3, 4, 16] and plan["gpt_decode"]["k_new"]["dtype"] == "float16"
-    assert plan["gpt_prefill"]["ids"]["shape"] == [1, 128]
+    g = plan["gpt"]
+    assert g["pos"] == {"shape": [3], "mode": "input", "dtype": "int64", "nbytes": 24}
+    assert g["emb"]["shape"] == [3, 128, 64] and g["emb"]["dtype"] == "float32"  # max over both profiles
+    assert g["past"]["shape"] == [511]
+    assert g["logits"]["shape"] == [3, 4, 626] and g["logits"]["dtype"] == "float32"
+    assert g["k_new"]["shape"] == [2, 3, 128, 4, 16] and g["k_new"]["dtype"] == "float16"
     assert plan["decoder"]["mel"]["shape"] == [100, 128] and plan["vocos"]["real"]["shape"] == [128, 513]
     assert len(plan["kv"]) == 4 and plan["kv"]["k_cache.0"]["shape"] == [512, 3, 4, 16]
     assert plan["kv"]["k_cache.0"]["nbytes"] == 512 * 3 * 4 * 16 * 2
-    assert not any(n.startswith("k_cache") for n in plan["gpt_decode"])
+    assert not any(n.startswith("k_cache") for n in g)
 
 
 def test_runner_without_cuda_says_what_to_install(tiny_ckpt, fp16_plans):

@@ -1,32 +1,31 @@
-"""ONNX export of the four engine graphs (``chattts-appliance engines export``).
+"""ONNX export of the engine graphs (``chattts-appliance engines export``).
 
 Graphs (``torch.onnx.export(..., dynamo=True, opset_version=18)``), one file each under
 ``<engine_dir>/onnx/<precision>/`` with a ``manifest.json`` (:mod:`appliance.runtime.manifest`).
 D = hidden, L = layers, H = heads, hd = head dim, Q = 4, V = 626, S = ``max_seq_len``,
 M = ``max_batch``:
 
-``gpt_prefill``
-    in ``ids [1, T] int64``, ``spk_emb [1, D] float32``, ``spk_mask [1, T] bool`` (True where the
-    L2-normalised speaker replaces the text embedding, upstream ``Speaker.apply``);
-    out ``logits [1, Q, V] float32`` and ``hidden [1, D] float32`` of the last position,
-    ``k_new`` / ``v_new [L, T, H, hd]`` (graph dtype) for the runner to store at positions 0..T-1.
-    T in 1..``max_prompt_tokens``.
-
-``gpt_decode`` (static KV cache that stays in place)
-    in ``codes [B, Q] int64``, ``pos [B] int64``, ``slots [B] int64`` and per layer
-    ``k_cache.i`` / ``v_cache.i [P, M, H, hd]`` (graph dtype): the filled prefix of the runner's
-    position-major cache ``[S, M, H, hd]`` (``P = max(pos)``), bound by pointer (no copy in,
-    nothing copied out); only the filled part of the cache is read (DESIGN.md §2), never ``S``;
-    out ``logits [B, Q, V] float32``, ``hidden [B, D] float32``, ``k_new`` / ``v_new [L, B, H, hd]``
-    that the runner writes at ``[pos[b], slots[b]]`` (B x L x 2 x D values per step).
+``gpt`` (prefill and decode step in one graph, so the GPT weights exist once)
+    in ``emb [B, T, D] float32`` (the input embeddings of T new tokens per row, computed on the
+    host from ``embed.safetensors``: text rows for a prompt, with the L2-normalised speaker at
+    ``[spk_emb]`` positions as upstream ``Speaker.apply``; the sum of the 4 code rows for a
+    decode step), ``pos [B] int64`` (position of each row's first new token), ``slots [B] int64``
+    and per layer ``k_cache.i`` / ``v_cache.i [P, M, H, hd]`` (graph dtype): the filled prefix of
+    the runner's position-major cache ``[S, M, H, hd]`` (P >= max(pos), >= 1), bound by pointer
+    (no copy in, nothing copied out); only the filled part of the cache is read (DESIGN.md §2);
+    out ``logits [B, Q, V] float32`` and ``hidden [B, D] float32`` of each row's last new token,
+    ``k_new`` / ``v_new [L, B, T, H, hd]`` that the runner writes at ``[pos[b] + j, slots[b]]``.
+    Prefill is B=1, T=prompt, pos=0; a decode step is T=1 (B x L x 2 x D values written).
+    New token j of row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` and to new
+    tokens ``<= j``; the scores against the cache and against the new keys are joined on the
+    score tensor, so keys/values are never concatenated (measured: copies of the cache were 60 %
+    of a step with the first, concatenating graph; see :mod:`appliance.runtime.onnx_runner`).
     The fp16 export (TensorRT's input) binds the whole cache ``k_cache.i [S, M, H, hd]`` instead,
     with an input ``past [P] uint8`` whose length is P, slices ``[:P]`` in the graph and uses the
-    standard attention pattern that TensorRT fuses (builder-reported activations: 18 MiB,
-    against 555 MiB for the ONNX Runtime form below, full size, B <= 3, S = 2048).
-    Row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` plus its own new key;
-    the scores against the cache and against the new key are joined on the small ``[B, H, 1,
-    P+1]`` score tensor, so keys/values are never concatenated (measured: copies of the cache
-    were 60 % of a step with the first, concatenating graph; see :mod:`appliance.runtime.onnx_runner`).
+    standard attention pattern that TensorRT fuses (builder-reported activations of the decode
+    graph: 18 MiB, against 555 MiB for the ONNX Runtime form, full size, B <= 3, S = 2048). It
+    carries two optimization profiles: 0 = decode (B 1..M, T = 1), 1 = prefill (B = 1,
+    T 1..``max_prompt_tokens``).
 
 ``decoder``
     ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (ONNX Runtime: any T;
@@ -75,41 +74,17 @@ from .checkpoint import ChatTTSModel, load_model
 
 log = logging.getLogger(__name__)
 
-GRAPHS = ("gpt_prefill", "gpt_decode", "decoder", "vocos")
+GRAPHS = ("gpt", "decoder", "vocos")
+#: Host-side embedding tables written beside the graphs (float32): ``emb_text [N, D]``, ``emb_code [Q, V, D]``.
+EMBED_FILE = "embed.safetensors"
 OPSET = 18
 #: Default longest Decoder window in tokens (Vocos: twice that in mel frames) for TensorRT profiles.
 WINDOW_TOKENS = 256
 
 
-class PrefillGraph(nn.Module):
-    """Prompt -> last logits/hidden and the prompt's keys/values (see module doc)."""
-
-    def __init__(self, m: ChatTTSModel):
-        super().__init__()
-        self.gpt, self.embed = m.gpt, m.embed
-
-    def forward(self, ids: torch.Tensor, spk_emb: torch.Tensor, spk_mask: torch.Tensor):
-        gpt = self.gpt
-        emb = self.embed.embed_text(ids)  # [1, T, D]
-        spk = F.normalize(spk_emb, p=2.0, dim=-1, eps=1e-12).to(emb.dtype)  # [1, D]
-        x = torch.where(spk_mask.unsqueeze(-1), spk.unsqueeze(1), emb)
-        t = ids.shape[1]
-        pos = torch.arange(t, device=ids.device).unsqueeze(0)
-        cos, sin = gpt._rope(pos, x.dtype)
-        ks, vs = [], []
-        for blk in gpt.layers:
-            a, k, v = blk.self_attn.forward_causal(blk.input_layernorm(x), cos, sin)
-            ks.append(k[0].transpose(0, 1))  # [T, H, hd]: the cache's position-major layout
-            vs.append(v[0].transpose(0, 1))
-            x = x + a
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-        h = gpt.norm(x)[:, -1]  # [1, D]
-        logits = self.embed.audio_logits(h)  # [1, Q, V]
-        return logits.float(), h.float(), torch.stack(ks), torch.stack(vs)
-
-
-class DecodeGraph(nn.Module):
-    """One decode step over the in-place static KV cache (see module doc).
+class GptGraph(nn.Module):
+    """T new tokens per row over the in-place static KV cache: prefill (B=1, T=prompt) and
+    decode step (T=1) in one graph, so the GPT weights exist once (see module doc).
 
     ``static=False`` (ONNX Runtime): ``k_cache.i [P, M, H, hd]`` is the bound prefix.
     ``static=True`` (TensorRT): ``k_cache.i [S, M, H, hd]`` is the whole buffer and an extra
@@ -121,46 +96,54 @@ class DecodeGraph(nn.Module):
         self.gpt, self.embed = m.gpt, m.embed
         self.static = static
 
-    def forward(self, codes: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+    def forward(self, emb: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                 k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], past: torch.Tensor | None = None):
         gpt = self.gpt
-        b = codes.shape[0]
+        b, t = emb.shape[0], emb.shape[1]
         if self.static:
             p = past.shape[0]
             k_cache = [k[:p] for k in k_cache]
             v_cache = [v[:p] for v in v_cache]
         else:
             p = k_cache[0].shape[0]  # positions read: the runner binds the cache prefix [:P]
-        x = self.embed.embed_codes(codes).unsqueeze(1)  # [B, 1, D]
-        cos, sin = gpt._rope(pos.unsqueeze(1), x.dtype)  # [B, 1, 1, hd]
-        seen = torch.arange(p, device=codes.device).unsqueeze(0) < pos.unsqueeze(1)  # [B, P]
-        bias = torch.zeros(b, 1, 1, p, dtype=torch.float32, device=codes.device).masked_fill(
-            ~seen.view(b, 1, 1, p), float("-inf"))
+        dt = gpt.norm.weight.dtype
+        x = emb.to(dt)  # [B, T, D]
+        dev = emb.device
+        steps = torch.arange(t, device=dev)
+        cos, sin = gpt._rope(pos.unsqueeze(1) + steps.unsqueeze(0), dt)  # [B, 1, T, hd]
+        seen = (torch.arange(p, device=dev).unsqueeze(0) < pos.unsqueeze(1)).view(b, 1, 1, p)  # cached rows < pos
+        causal = (steps.unsqueeze(0) <= steps.unsqueeze(1)).view(1, 1, t, t)  # new token j sees new tokens <= j
         scale = 1.0 / math.sqrt(gpt.shapes.head_dim)
-        mask = torch.cat([seen, torch.ones(b, 1, dtype=torch.bool, device=codes.device)], 1).view(b, 1, 1, p + 1)
+        if self.static:
+            mask = torch.cat([seen.expand(b, 1, t, p), causal.expand(b, 1, t, t)], -1)  # [B, 1, T, P+T]
+        else:
+            neg = torch.tensor(float("-inf"), device=dev)
+            zero = torch.tensor(0.0, device=dev)
+            bias_past = torch.where(seen, zero, neg)  # [B, 1, 1, P]
+            bias_new = torch.where(causal, zero, neg)  # [1, 1, T, T]
         ks, vs = [], []
         for i, blk in enumerate(gpt.layers):
             att = blk.self_attn
-            q, k, v = att._qkv(blk.input_layernorm(x), cos, sin)  # [B, H, 1, hd]
+            q, k, v = att._qkv(blk.input_layernorm(x), cos, sin)  # [B, H, T, hd]
             if self.static:
                 # TensorRT: the standard attention pattern, which its compiler fuses (measured:
                 # the split-score form below made TensorRT-RTX reserve 555 MiB of activations)
-                keys = torch.cat([k_cache[i].index_select(1, slots).permute(1, 2, 0, 3), k], 2)  # [B, H, P+1, hd]
+                keys = torch.cat([k_cache[i].index_select(1, slots).permute(1, 2, 0, 3), k], 2)  # [B, H, P+T, hd]
                 vals = torch.cat([v_cache[i].index_select(1, slots).permute(1, 2, 0, 3), v], 2)
                 y = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
             else:
                 kp = k_cache[i].index_select(1, slots).permute(1, 2, 3, 0)  # [P, B, H, hd] -> [B, H, hd, P]
                 vp = v_cache[i].index_select(1, slots).permute(1, 2, 0, 3)  # -> [B, H, P, hd]
-                # scores against the cache and against the new key, joined on the small score tensor
-                s_past = (q @ kp).float() * scale + bias  # [B, H, 1, P]
-                s_new = (q * k).sum(-1, keepdim=True).float() * scale  # [B, H, 1, 1]
-                w = torch.softmax(torch.cat([s_past, s_new], -1), -1).to(x.dtype)
-                y = w[..., :p] @ vp + w[..., p:] * v  # [B, H, 1, hd]
+                # scores against the cache and against the new keys, joined on the score tensor
+                s_past = (q @ kp).float() * scale + bias_past  # [B, H, T, P]
+                s_new = (q @ k.transpose(2, 3)).float() * scale + bias_new  # [B, H, T, T]
+                w = torch.softmax(torch.cat([s_past, s_new], -1), -1).to(dt)
+                y = w[..., :p] @ vp + w[..., p:] @ v  # [B, H, T, hd]
             x = x + att._out(y)
             x = x + blk.mlp(blk.post_attention_layernorm(x))
-            ks.append(k[:, :, 0])
-            vs.append(v[:, :, 0])
-        h = gpt.norm(x)[:, 0]  # [B, D]
+            ks.append(k.transpose(1, 2))  # [B, T, H, hd]: the cache's position-major layout
+            vs.append(v.transpose(1, 2))
+        h = gpt.norm(x)[:, -1]  # [B, D] of the last new token
         logits = self.embed.audio_logits(h)
         return logits.float(), h.float(), torch.stack(ks), torch.stack(vs)
 
@@ -200,17 +183,16 @@ def _dtype(precision: str) -> torch.dtype:
 
 def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens: int, window_tokens: int,
            dtype: torch.dtype, static_cache: bool = False) -> dict[str, dict[str, Any]]:
-    """Per graph: module, example args, dynamic shapes, input/output names, profile."""
+    """Per graph: module, example args, dynamic shapes, input/output names, TensorRT profiles."""
     s = m.shapes
     D, L, H, hd = s.hidden, s.n_layers, s.n_heads, s.head_dim
     Dim = torch.export.Dim
-    T = Dim("T", min=2, max=max_prompt_tokens)
+    T = Dim("T", min=1, max=max_prompt_tokens)
     B = Dim("B", min=1, max=max_batch)
     P = Dim("P", min=2, max=max_seq_len - 1)
     W = Dim("W", min=2, max=window_tokens)
     Fm = Dim("F", min=2, max=2 * window_tokens)
-    t0 = min(8, max_prompt_tokens)
-    ids = torch.randint(0, s.num_text_tokens, (1, t0))
+    opt_t = min(64, max_prompt_tokens)
     cache = [torch.zeros(5, max_batch, H, hd, dtype=dtype) for _ in range(2 * L)]  # prefix [P, M, H, hd]
     full = [torch.zeros(max_seq_len, max_batch, H, hd, dtype=dtype) for _ in range(2 * L)] if static_cache else []
     b0 = min(2, max_batch)
@@ -218,36 +200,27 @@ def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens:
     vin = [f"v_cache.{i}" for i in range(L)]
     opt_p = min(256, max_seq_len - 1)
     return {
-        "gpt_prefill": dict(
-            module=PrefillGraph(m),
-            args=(ids, torch.randn(1, D), ids == ids[0, 0]),
-            dynamic=({1: T}, None, {1: T}),
-            inputs=["ids", "spk_emb", "spk_mask"],
+        "gpt": dict(
+            module=GptGraph(m, static=True),
+            args=(torch.randn(b0, 3, D), torch.full((b0,), 5, dtype=torch.int64), torch.arange(b0, dtype=torch.int64),
+                  full[:L], full[L:], torch.zeros(5, dtype=torch.uint8)),
+            dynamic=({0: B, 1: T}, {0: B}, {0: B}, [None] * L, [None] * L, {0: P}),
+            inputs=["emb", "pos", "slots"] + kin + vin + ["past"],
             outputs=["logits", "hidden", "k_new", "v_new"],
-            profile={"ids": ([1, 1], [1, min(64, max_prompt_tokens)], [1, max_prompt_tokens]),
-                     "spk_mask": ([1, 1], [1, min(64, max_prompt_tokens)], [1, max_prompt_tokens])},
-        ),
-        "gpt_decode": dict(
-            module=DecodeGraph(m, static=True),
-            args=(torch.zeros(b0, s.num_vq, dtype=torch.int64), torch.full((b0,), 5, dtype=torch.int64),
-                  torch.arange(b0, dtype=torch.int64), full[:L], full[L:], torch.zeros(5, dtype=torch.uint8)),
-            dynamic=({0: B}, {0: B}, {0: B}, [None] * L, [None] * L, {0: P}),
-            inputs=["codes", "pos", "slots"] + kin + vin + ["past"],
-            outputs=["logits", "hidden", "k_new", "v_new"],
-            profile={"codes": ([1, s.num_vq], [max_batch, s.num_vq], [max_batch, s.num_vq]),
-                     "pos": ([1], [max_batch], [max_batch]), "slots": ([1], [max_batch], [max_batch]),
-                     "past": ([1], [opt_p], [max_seq_len - 1])},
+            profiles=[  # 0: decode step (T = 1), 1: prefill (B = 1)
+                {"emb": ([1, 1, D], [max_batch, 1, D], [max_batch, 1, D]), "pos": ([1], [max_batch], [max_batch]),
+                 "slots": ([1], [max_batch], [max_batch]), "past": ([1], [opt_p], [max_seq_len - 1])},
+                {"emb": ([1, 1, D], [1, opt_t, D], [1, max_prompt_tokens, D]), "pos": ([1], [1], [1]),
+                 "slots": ([1], [1], [1]), "past": ([1], [1], [max_seq_len - 1])},
+            ],
         ) if static_cache else dict(
-            module=DecodeGraph(m),
-            args=(torch.zeros(b0, s.num_vq, dtype=torch.int64), torch.full((b0,), 5, dtype=torch.int64),
-                  torch.arange(b0, dtype=torch.int64), cache[:L], cache[L:]),
-            dynamic=({0: B}, {0: B}, {0: B}, [{0: P}] * L, [{0: P}] * L),
-            inputs=["codes", "pos", "slots"] + kin + vin,
+            module=GptGraph(m),
+            args=(torch.randn(b0, 3, D), torch.full((b0,), 5, dtype=torch.int64), torch.arange(b0, dtype=torch.int64),
+                  cache[:L], cache[L:]),
+            dynamic=({0: B, 1: T}, {0: B}, {0: B}, [{0: P}] * L, [{0: P}] * L),
+            inputs=["emb", "pos", "slots"] + kin + vin,
             outputs=["logits", "hidden", "k_new", "v_new"],
-            profile={"codes": ([1, s.num_vq], [max_batch, s.num_vq], [max_batch, s.num_vq]),
-                     "pos": ([1], [max_batch], [max_batch]), "slots": ([1], [max_batch], [max_batch]),
-                     **{n: ([1, max_batch, H, hd], [opt_p, max_batch, H, hd], [max_seq_len - 1, max_batch, H, hd])
-                        for n in kin + vin}},
+            profiles=[],  # ONNX Runtime only
         ),
         "decoder": dict(
             module=DecoderGraph(m),
@@ -255,7 +228,7 @@ def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens:
             dynamic=({0: W},),
             inputs=["hidden"],
             outputs=["mel"],
-            profile={"hidden": ([1, D], [min(128, window_tokens), D], [window_tokens, D])},
+            profiles=[{"hidden": ([1, D], [min(128, window_tokens), D], [window_tokens, D])}],
         ),
         "vocos": dict(
             module=VocosGraph(m),
@@ -263,7 +236,7 @@ def _specs(m: ChatTTSModel, max_batch: int, max_seq_len: int, max_prompt_tokens:
             dynamic=({1: Fm},),
             inputs=["mel"],
             outputs=["real", "imag"],
-            profile={"mel": ([s.n_mels, 1], [s.n_mels, min(256, 2 * window_tokens)], [s.n_mels, 2 * window_tokens])},
+            profiles=[{"mel": ([s.n_mels, 1], [s.n_mels, min(256, 2 * window_tokens)], [s.n_mels, 2 * window_tokens])}],
         ),
     }
 
@@ -345,9 +318,15 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
             matmul_nbits(f, f, bits=8)
         ins, outs = _io(f)
         entries[name] = {"file": f.name, "inputs": ins, "outputs": outs,
-                         "profile": {k: list(v) for k, v in specs[name]["profile"].items()},
+                         "profiles": [{k: [list(x) for x in v] for k, v in pr.items()} for pr in specs[name]["profiles"]],
                          "export_s": round(time.perf_counter() - t0, 2)}
         log.info("exported %s in %.1f s", name, time.perf_counter() - t0)
+    from safetensors.torch import save_file
+
+    with torch.no_grad():  # host-side embeddings (float32): the graphs take embeddings as input
+        save_file({"emb_text": m.embed.emb_text.weight.float().contiguous(),
+                   "emb_code": torch.stack([e.weight.float() for e in m.embed.emb_code]).contiguous()},
+                  str(out / EMBED_FILE))
     kv_el = 2 if dtype == torch.float16 else 4
     mf.write(out, {
         "kind": "onnx",
@@ -359,6 +338,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
                    "window_tokens": window_tokens},
         "shapes": {k: getattr(s, k) for k in s.__dataclass_fields__},
         "special": {"spk_emb_id": m.spk_emb_id},
+        "embed": {"file": EMBED_FILE, "sha256": mf.file_sha256(out / EMBED_FILE)},
         "kv": {"dtype": "float16" if kv_el == 2 else "float32", "bytes_per_token": 2 * s.n_layers * s.hidden * kv_el},
         "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix", "quantization": "MatMulNBits-8" if precision == "int8" else None},
         "graphs": entries,

@@ -70,6 +70,39 @@ def find_export(cfg: Config) -> Path | None:
     return None
 
 
+def load_embeddings(d: Path, m: dict, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The host-side embedding tables written by the export: ``emb_text [N, D]``,
+    ``emb_code [Q, V, D]`` (float32).
+
+    Raises:
+        EngineError: the file is missing or malformed (says how to rebuild).
+    """
+    from safetensors.numpy import load_file
+
+    f = d / m.get("embed", {}).get("file", "embed.safetensors")
+    try:
+        t = load_file(str(f))
+        return t["emb_text"], t["emb_code"]
+    except (OSError, KeyError, ValueError) as e:
+        raise EngineError(f"cannot read the embedding tables {f}: {e}" + (f"; rebuild with: {hint}" if hint else "")) from e
+
+
+def embed_prompt(emb_text: np.ndarray, ids: np.ndarray, spk_emb: np.ndarray | None, spk_id: int) -> np.ndarray:
+    """Prompt embeddings ``[T, D]`` float32: text rows, with the L2-normalised speaker vector at
+    every ``[spk_emb]`` position (upstream ``Speaker.apply``: ``F.normalize(eps=1e-12)``).
+
+    Raises:
+        EngineError: ``spk_emb`` is not ``[D]``.
+    """
+    emb = emb_text[ids]
+    if spk_emb is not None:
+        if np.shape(spk_emb) != (emb_text.shape[1],):
+            raise EngineError(f"spk_emb must have shape [{emb_text.shape[1]}], got {list(np.shape(spk_emb))}")
+        spk = np.asarray(spk_emb, np.float32)
+        emb[ids == spk_id] = spk / max(float(np.linalg.norm(spk)), 1e-12)
+    return emb
+
+
 class OnnxRunner(Runner):
     """ONNX Runtime runner (see module doc and :class:`~appliance.runtime.runner.Runner`).
 
@@ -105,7 +138,7 @@ class OnnxRunner(Runner):
             "kind": "onnx",
             "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
                        "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
-            "graphs": ("gpt_prefill", "gpt_decode", "decoder", "vocos"),
+            "graphs": ("gpt", "decoder", "vocos"),
         }
         ckpt = cfg.resolve(mc.path)
         if mf.checkpoint_files(ckpt):
@@ -138,22 +171,25 @@ class OnnxRunner(Runner):
         self._k = np.zeros((L, S, M, H, hd), kv_dt)  # positions first: the filled part is a prefix
         self._v = np.zeros((L, S, M, H, hd), kv_dt)
         self._kv_shape = (M, H, hd)
+        self._emb_text, self._emb_code = load_embeddings(d, m, hint)  # host side: the graph takes embeddings
+        # per decode batch size: I/O buffers allocated once and bound once (IO binding)
         self._bind: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
-        dec = self._sess["gpt_decode"]
+        gpt = self._sess["gpt"]
         for b in range(1, M + 1):
             bufs = {
-                "codes": np.zeros((b, self._Q), np.int64), "pos": np.zeros(b, np.int64), "slots": np.zeros(b, np.int64),
+                "emb": np.zeros((b, 1, D), np.float32), "pos": np.zeros(b, np.int64), "slots": np.zeros(b, np.int64),
                 "logits": np.zeros((b, self._Q, self._V), np.float32), "hidden": np.zeros((b, D), np.float32),
-                "k_new": np.zeros((L, b, H, hd), kv_dt), "v_new": np.zeros((L, b, H, hd), kv_dt),
+                "k_new": np.zeros((L, b, 1, H, hd), kv_dt), "v_new": np.zeros((L, b, 1, H, hd), kv_dt),
             }
-            io = dec.io_binding()
-            for name in ("codes", "pos", "slots"):
+            io = gpt.io_binding()
+            for name in ("emb", "pos", "slots"):
                 io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
             for name in ("logits", "hidden", "k_new", "v_new"):
                 io.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(bufs[name]))
             self._bind[b] = (io, bufs)
         self._pf_logits = np.zeros((self._Q, self._V), np.float32)
         self._pf_hidden = np.zeros(D, np.float32)
+        self._pf_pos = np.zeros(1, np.int64)
 
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".onnx", ".data"))
         max_prompt = int(m["limits"]["max_prompt_tokens"])
@@ -204,20 +240,36 @@ class OnnxRunner(Runner):
                                 f"(model.max_prompt_tokens): split the text")
         if ids.min() < 0 or ids.max() >= self._n_text:
             raise EngineError(f"text id out of range [0, {self._n_text}): {int(ids.min())}..{int(ids.max())}")
-        if spk_emb is None:
-            spk = np.zeros((1, self._D), np.float32)
-            mask = np.zeros((1, t), bool)
-        else:
-            if np.shape(spk_emb) != (self._D,):
-                raise EngineError(f"spk_emb must have shape [{self._D}], got {list(np.shape(spk_emb))}")
-            spk = np.asarray(spk_emb, np.float32).reshape(1, self._D)
-            mask = (ids == self._spk_id).reshape(1, t)
-        logits, hidden, k_new, v_new = self._run("gpt_prefill", {"ids": ids.reshape(1, t), "spk_emb": spk, "spk_mask": mask})
-        self._k[:, :t, slot] = k_new  # [L, T, H, hd]
-        self._v[:, :t, slot] = v_new
+        emb = embed_prompt(self._emb_text, ids, spk_emb, self._spk_id)[None]  # [1, T, D]
+        sess = self._sess.get("gpt")
+        if sess is None:
+            raise EngineError("the onnxruntime runner is closed")
+        io = sess.io_binding()
+        slots = np.array([slot], np.int64)
+
+        def run() -> list[np.ndarray]:
+            io.bind_cpu_input("emb", emb)
+            io.bind_cpu_input("pos", self._pf_pos)
+            io.bind_cpu_input("slots", slots)
+            self._bind_cache(io, 1)  # position 0, masked (pos = 0): the prompt sees only itself
+            for name in ("logits", "hidden", "k_new", "v_new"):
+                io.bind_output(name, "cpu")
+            sess.run_with_iobinding(io)
+            return io.copy_outputs_to_cpu()
+
+        logits, hidden, k_new, v_new = self._call("gpt (prefill)", run)
+        self._k[:, :t, slot] = k_new[:, 0]  # [L, T, H, hd]
+        self._v[:, :t, slot] = v_new[:, 0]
         self._pf_logits[:] = logits[0]
         self._pf_hidden[:] = hidden[0]
         return self._pf_logits, self._pf_hidden
+
+    def _bind_cache(self, io: Any, p: int) -> None:
+        """Bind each layer's cache prefix ``[:p]`` (pointer + shape, no copy)."""
+        shape = [p, *self._kv_shape]
+        for i in range(self._L):
+            io.bind_input(f"k_cache.{i}", "cpu", 0, self._kv_dt, shape, self._k[i].ctypes.data)
+            io.bind_input(f"v_cache.{i}", "cpu", 0, self._kv_dt, shape, self._v[i].ctypes.data)
 
     def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step for rows ``slots [B]``: ``codes [B, Q]`` are written at ``pos [B]``.
@@ -246,24 +298,20 @@ class OnnxRunner(Runner):
         if codes.min() < 0 or codes.max() >= self._V:
             raise EngineError(f"audio code out of range [0, {self._V}): {codes.tolist()}")
         io, bufs = self._bind[b]
-        bufs["codes"][:] = codes
+        e = bufs["emb"][:, 0]
+        np.take(self._emb_code[0], codes[:, 0], axis=0, out=e)  # sum of the Q code embeddings
+        for q in range(1, self._Q):
+            e += self._emb_code[q][codes[:, q]]
         bufs["pos"][:] = pos
         bufs["slots"][:] = slots
-        p = max(1, int(pos.max()))
-        shape = [p, *self._kv_shape]
-        def bind() -> None:
-            for i in range(self._L):
-                io.bind_input(f"k_cache.{i}", "cpu", 0, self._kv_dt, shape, self._k[i].ctypes.data)
-                io.bind_input(f"v_cache.{i}", "cpu", 0, self._kv_dt, shape, self._v[i].ctypes.data)
-
-        self._call("gpt_decode", bind)
-        sess = self._sess.get("gpt_decode")
+        sess = self._sess.get("gpt")
         if sess is None:
             raise EngineError("the onnxruntime runner is closed")
-        self._call("gpt_decode", lambda: sess.run_with_iobinding(io))
-        # new keys/values [L, B, H, hd] -> cache[:, pos[b], slots[b]] (adjacent advanced indices: [L, B, H, hd])
-        self._k[:, pos, slots] = bufs["k_new"]
-        self._v[:, pos, slots] = bufs["v_new"]
+        self._call("gpt (decode)", lambda: self._bind_cache(io, max(1, int(pos.max()))))
+        self._call("gpt (decode)", lambda: sess.run_with_iobinding(io))
+        # new keys/values [L, B, 1, H, hd] -> cache[:, pos[b], slots[b]] (adjacent advanced indices: [L, B, H, hd])
+        self._k[:, pos, slots] = bufs["k_new"][:, :, 0]
+        self._v[:, pos, slots] = bufs["v_new"][:, :, 0]
         return bufs["logits"], bufs["hidden"]
 
     def decoder(self, hidden: np.ndarray) -> np.ndarray:

@@ -78,7 +78,7 @@ def load_manifest(cfg: Config, plan_dir: Path) -> dict:
         "device": {k: facts.get(k) for k in ("compute_capability", "board", "l4t")},
         "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
                    "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
-        "graphs": ("gpt_prefill", "gpt_decode", "decoder", "vocos"),
+        "graphs": ("gpt", "decoder", "vocos"),
     }
     ckpt = cfg.resolve(mc.path)
     if mf.checkpoint_files(ckpt):
@@ -105,21 +105,21 @@ def plan_buffers(m: dict) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for g, e in m["graphs"].items():
         plan: dict[str, dict[str, Any]] = {}
-        prof = e.get("profile", {})
+        prof: dict[str, list[int]] = {}  # elementwise maximum over the profiles
+        for pr in e.get("profiles", []):
+            for n, (_, _, mx) in pr.items():
+                prof[n] = [max(a, b) for a, b in zip(prof.get(n, mx), mx)]
         for t in e["inputs"]:
             if t["name"].startswith(("k_cache.", "v_cache.")):
                 continue
-            shape = list(prof[t["name"]][2]) if t["name"] in prof else list(t["shape"])
+            shape = list(prof[t["name"]]) if t["name"] in prof else list(t["shape"])
             plan[t["name"]] = {"shape": shape, "mode": "input"}
         for t in e["outputs"]:
             shape = list(t["shape"])
             if -1 in shape:
-                if g == "gpt_prefill":
-                    shape = {"logits": [1, s["num_vq"], s["num_audio_tokens"]], "hidden": [1, D],
-                             "k_new": [L, T, H, hd], "v_new": [L, T, H, hd]}[t["name"]]
-                elif g == "gpt_decode":
+                if g == "gpt":  # decode: B = M, T = 1; prefill: B = 1, T = max_prompt_tokens
                     shape = {"logits": [M, s["num_vq"], s["num_audio_tokens"]], "hidden": [M, D],
-                             "k_new": [L, M, H, hd], "v_new": [L, M, H, hd]}[t["name"]]
+                             "k_new": [L, M, T, H, hd], "v_new": [L, M, T, H, hd]}[t["name"]]
                 elif g == "decoder":
                     shape = [s["n_mels"], 2 * W]
                 elif g == "vocos":
@@ -294,6 +294,13 @@ class TensorRTRunner(Runner):
             if names != want:
                 raise EngineError(f"{e['file']}: engine tensors {sorted(names)} differ from its manifest {sorted(want)}")
             self._eng[g], self._ctx[g] = eng, eng.create_execution_context()
+        # the gpt engine has two profiles: 0 = decode step (context "gpt"), 1 = prefill
+        self._ctx["gpt_prefill"] = self._eng["gpt"].create_execution_context()
+        if not self._ctx["gpt_prefill"].set_optimization_profile_async(1, self.cuda.handle):
+            raise EngineError(f"{d}: the gpt plan has no prefill profile (1); rebuild it")
+        from .onnx_runner import load_embeddings
+
+        self._emb_text, self._emb_code = load_embeddings(d, m)
         # device buffers (profile maxima) and the pinned host pool, allocated once
         self._dev: dict[str, dict[str, int]] = {}
         self._host: dict[str, dict[str, np.ndarray]] = {}
@@ -318,8 +325,8 @@ class TensorRTRunner(Runner):
 
     # ------------------------------------------------------------------ execution
     def _execute(self, g: str, feeds: dict[str, np.ndarray], outs: dict[str, tuple[int, ...]],
-                 extra: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-        ctx, dev, host = self._ctx[g], self._dev[g], self._host[g]
+                 extra: dict[str, int] | None = None, ctx_name: str | None = None) -> dict[str, np.ndarray]:
+        ctx, dev, host = self._ctx[ctx_name or g], self._dev[g], self._host[g]
         for name, arr in feeds.items():
             h = host[name].reshape(-1)[: arr.size].reshape(arr.shape)
             np.copyto(h, arr, casting="unsafe")
@@ -340,66 +347,64 @@ class TensorRTRunner(Runner):
             res[name] = h
         return res
 
-    def _scatter_kv(self, g: str, rows: list[tuple[int, int]], t: int, b: int) -> None:
-        """Copy ``k_new``/``v_new`` of graph ``g`` into the cache ``[S, M, H, hd]`` per layer.
-
-        ``rows``: (slot, first position) per row; prefill writes ``t`` positions of one row
-        (source ``[L, T, H, hd]``), decode one position per row (source ``[L, B, H, hd]``).
-        """
+    def _scatter_kv(self, rows: list[tuple[int, int]], t: int) -> None:
+        """Copy the gpt engine's ``k_new``/``v_new [L, B, T, H, hd]`` into the cache ``[S, M, H, hd]``
+        per layer: row r (slot, first position) gets ``t`` positions (one strided 2-D copy)."""
         s, el = self._s, self._el
         H, L, M = s["n_heads"], s["n_layers"], self.info.max_batch
+        b = len(rows)
         blk = H * (s["hidden"] // H) * el  # one position of one slot: H x hd
         for kv in ("k", "v"):
-            src0 = self._dev[g][f"{kv}_new"]
+            src0 = self._dev["gpt"][f"{kv}_new"]
             for i in range(L):
                 base = self._kv[f"{kv}_cache.{i}"]
                 for r, (slot, p0) in enumerate(rows):
-                    src = src0 + ((i * t) if g == "gpt_prefill" else (i * b + r)) * blk
+                    src = src0 + (i * b + r) * t * blk
                     dst = base + (p0 * M + slot) * blk
                     self.cuda.d2d_2d(dst, M * blk, src, blk, blk, t)
+
+    def _gpt(self, ctx_name: str, emb: np.ndarray, pos: np.ndarray, slots: np.ndarray, p: int) -> dict[str, np.ndarray]:
+        b, t = emb.shape[0], emb.shape[1]
+        L, D, H = self._s["n_layers"], self.info.hidden_size, self._s["n_heads"]
+        ctx = self._ctx[ctx_name]
+        if not ctx.set_input_shape("past", (p,)):  # the graph reads cache positions [:P]
+            raise EngineError(f"gpt: cache length {p} is outside the engine's profile")
+        ctx.set_tensor_address("past", self._dev["gpt"]["past"])
+        r = self._execute("gpt", {"emb": emb, "pos": pos, "slots": slots},
+                          {"logits": (b, self.info.num_vq, self.info.num_audio_tokens), "hidden": (b, D),
+                           "k_new": (L, b, t, H, D // H), "v_new": (L, b, t, H, D // H)}, extra=self._kv, ctx_name=ctx_name)
+        self._scatter_kv([(int(sl), int(q)) for sl, q in zip(slots, pos)], t)
+        self.cuda.sync()
+        return r
 
     # ------------------------------------------------------------------ Runner
     def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Runner.prefill`. Raises CapacityError / EngineError."""
+        from .onnx_runner import embed_prompt
+
         if not 0 <= int(slot) < self.info.max_batch:
             raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
-        ids = np.asarray(ids, np.int64).reshape(1, -1)
-        t = ids.shape[1]
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        t = ids.shape[0]
         if not 1 <= t <= self.info.max_prompt_tokens:
             raise CapacityError(f"prompt of {t} tokens: the plan takes 1..{self.info.max_prompt_tokens} (model.max_prompt_tokens): split the text")
-        D = self.info.hidden_size
-        spk = np.zeros((1, D), np.float32) if spk_emb is None else np.asarray(spk_emb, np.float32).reshape(1, D)
         spk_id = int(self.manifest.get("special", {}).get("spk_emb_id", -1))
-        mask = np.zeros((1, t), bool) if spk_emb is None else (ids == spk_id)
-        L, H, hd = self._s["n_layers"], self._s["n_heads"], D // self._s["n_heads"]
-        r = self._execute("gpt_prefill", {"ids": ids, "spk_emb": spk, "spk_mask": mask},
-                          {"logits": (1, self.info.num_vq, self.info.num_audio_tokens), "hidden": (1, D),
-                           "k_new": (L, t, H, hd), "v_new": (L, t, H, hd)})
-        self._scatter_kv("gpt_prefill", [(int(slot), 0)], t, 1)
-        self.cuda.sync()
+        emb = embed_prompt(self._emb_text, ids, spk_emb, spk_id)[None]
+        r = self._gpt("gpt_prefill", emb, np.zeros(1, np.int64), np.array([slot], np.int64), 1)
         return r["logits"][0], r["hidden"][0]
 
     def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Runner.decode`. Raises CapacityError / EngineError."""
         slots = np.asarray(slots, np.int64).reshape(-1)
         pos = np.asarray(pos, np.int64).reshape(-1)
+        codes = np.asarray(codes, np.int64)
         b = slots.shape[0]
         if not 1 <= b <= self.info.max_batch or len(set(slots.tolist())) != b or slots.min() < 0 or slots.max() >= self.info.max_batch:
             raise CapacityError(f"decode slots {slots.tolist()} must be 1..{self.info.max_batch} distinct slots")
         if pos.min() < 1 or pos.max() >= self.info.max_seq_len:
             raise CapacityError(f"position {int(pos.max())} outside 1..{self.info.max_seq_len - 1} (model.max_seq_len)")
-        L, D = self._s["n_layers"], self.info.hidden_size
-        H = self._s["n_heads"]
-        p = max(1, int(pos.max()))
-        ctx = self._ctx["gpt_decode"]
-        if not ctx.set_input_shape("past", (p,)):  # the graph reads cache positions [:P]
-            raise EngineError(f"gpt_decode: cache length {p} is outside the engine's profile")
-        ctx.set_tensor_address("past", self._dev["gpt_decode"]["past"])
-        r = self._execute("gpt_decode", {"codes": np.asarray(codes, np.int64), "pos": pos, "slots": slots},
-                          {"logits": (b, self.info.num_vq, self.info.num_audio_tokens), "hidden": (b, D),
-                           "k_new": (L, b, H, D // H), "v_new": (L, b, H, D // H)}, extra=self._kv)
-        self._scatter_kv("gpt_decode", [(int(s), int(q)) for s, q in zip(slots, pos)], 1, b)
-        self.cuda.sync()
+        emb = self._emb_code[np.arange(self.info.num_vq)[None, :], codes].sum(1)[:, None]  # [B, 1, D]
+        r = self._gpt("gpt", emb.astype(np.float32), pos, slots, max(1, int(pos.max())))
         return r["logits"], r["hidden"]
 
     def decoder(self, hidden: np.ndarray) -> np.ndarray:

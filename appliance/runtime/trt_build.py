@@ -69,13 +69,14 @@ def _dtype_name(dt: Any) -> str:
     return str(getattr(dt, "name", dt)).lower()
 
 
-def build_graph(onnx_path: Path, plan_path: Path, profile: dict[str, list], *, precision: str, target: str | None,
+def build_graph(onnx_path: Path, plan_path: Path, profiles: list[dict[str, list]], *, precision: str, target: str | None,
                 workspace_mib: int, timing_cache: Path | None,
                 on_phase: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Parse ``onnx_path`` and build one plan to ``plan_path``.
 
     Returns the manifest entry: ``file``, ``inputs`` / ``outputs`` (name, shape, dtype),
-    ``profile``, ``weights_bytes``, ``activation_bytes`` (builder report), ``plan_bytes``,
+    ``profiles`` (optimization profiles in order: min/opt/max per dynamic input),
+    ``weights_bytes``, ``activation_bytes`` (builder report), ``plan_bytes``,
     ``build_s``.
 
     Raises:
@@ -97,14 +98,15 @@ def build_graph(onnx_path: Path, plan_path: Path, profile: dict[str, list], *, p
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
     outputs = [network.get_output(i) for i in range(network.num_outputs)]
     if any(-1 in tuple(t.shape) for t in inputs):
-        prof = builder.create_optimization_profile()
-        for t in inputs:
-            if -1 in tuple(t.shape):
-                if t.name not in profile:
-                    raise EngineError(f"{onnx_path.name}: input {t.name} has dynamic shape {tuple(t.shape)} but no profile in the export manifest")
-                mn, opt, mx = (tuple(x) for x in profile[t.name])
-                prof.set_shape(t.name, mn, opt, mx)
-        config.add_optimization_profile(prof)
+        for profile in profiles:
+            prof = builder.create_optimization_profile()
+            for t in inputs:
+                if -1 in tuple(t.shape):
+                    if t.name not in profile:
+                        raise EngineError(f"{onnx_path.name}: input {t.name} has dynamic shape {tuple(t.shape)} but no profile in the export manifest")
+                    mn, opt, mx = (tuple(x) for x in profile[t.name])
+                    prof.set_shape(t.name, mn, opt, mx)
+            config.add_optimization_profile(prof)
     cache = None
     if timing_cache is not None:
         blob = timing_cache.read_bytes() if timing_cache.is_file() else b""
@@ -129,7 +131,7 @@ def build_graph(onnx_path: Path, plan_path: Path, profile: dict[str, list], *, p
         "file": plan_path.name,
         "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for t in inputs],
         "outputs": [{"name": t.name, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for t in outputs],
-        "profile": profile,
+        "profiles": profiles,
         "weights_bytes": mem.get("weights_bytes"),
         "activation_bytes": mem.get("activation_bytes"),
         "plan_bytes": plan_path.stat().st_size,
@@ -179,12 +181,15 @@ def build_all(engine_dir: str | Path, precision: str = "fp16", *, target: str | 
             n_q = qdq_weights(onnx_path, q_path, precision)
             onnx_path = q_path
         cb = (lambda ph, i, n, name=name: progress(name, ph, i, n)) if progress else None
-        entry = build_graph(onnx_path, out / f"{name}.plan", e["profile"], precision=precision, target=target,
+        entry = build_graph(onnx_path, out / f"{name}.plan", e["profiles"], precision=precision, target=target,
                             workspace_mib=workspace_mib, timing_cache=cache_path, on_phase=cb)
         entry["quantized_weights"] = n_q
         entries[name] = entry
         log.info("built %s (%s): weights %s B, activations %s B, %.1f s", name, precision,
                  entry["weights_bytes"], entry["activation_bytes"], entry["build_s"])
+    emb_file = exp.get("embed", {}).get("file")
+    if emb_file:  # the host-side embedding tables travel with the plans
+        shutil.copy2(src / emb_file, out / emb_file)
     facts = dict(mf.device_facts())
     facts["compute_capability"] = target
     mf.write(out, {
@@ -196,6 +201,7 @@ def build_all(engine_dir: str | Path, precision: str = "fp16", *, target: str | 
         "limits": exp["limits"],
         "shapes": exp["shapes"],
         "special": exp.get("special", {}),
+        "embed": exp.get("embed", {}),
         "kv": exp.get("kv", {}),
         "build": {"workspace_mib": workspace_mib, "timing_cache": str(cache_path) if cache_path else None, "strongly_typed": trtshim.strongly_typed(),
                   "flavor": trtshim.flavor(), "source": str(src), "quantization": None if precision == "fp16" else f"{precision} weight-only Q/DQ"},
