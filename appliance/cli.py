@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default=None, help="compute capability to build for, e.g. 8.7 (default: this GPU)")
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
-    b.add_argument("--graphs", default=None, help="comma-separated subset: gpt_prefill,gpt_decode,decoder,vocos")
+    b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
     return p
 
 

@@ -1,6 +1,6 @@
 """The ONNX Runtime backend (CPU): the default where there is no GPU; needs no torch.
 
-Loads the graphs that ``chattts-appliance engines export`` wrote to
+Loads the graphs (``gpt``, ``decoder``, ``vocos``) that ``chattts-appliance engines export`` wrote to
 ``<model.engine_dir>/onnx/<precision>/`` (see :mod:`appliance.model.export` for their I/O),
 checks their manifest against the config and the checkpoint, and implements
 :class:`~appliance.runtime.runner.Runner`.
@@ -30,9 +30,9 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
 
 Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
 int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
-the choice is logged. Memory caveat: the prefill and decode graphs each hold a copy of the
-GPT weights (fp32 0.75 GiB each, int8 0.22 GiB each); sharing them needs one graph for both
-(not done). Threads: ``model.threads``
+the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
+GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
+fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
 (0 = all cores) intra-op, 1 inter-op, sequential execution.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
