@@ -412,7 +412,7 @@ class Worker:
                 if self._stopping and not self._running and not self._queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
-                start = [] if self._stopping else self._admit()
+                start = [] if self._stopping or task is not None else self._admit()   # the task needs a slot
                 if task is None and not start and not self._running:
                     self._cv.wait(self.heartbeat_s)
                     idle = True
@@ -438,7 +438,11 @@ class Worker:
                 for it in ended:
                     del self._running[it.channel]
             for it in ended:
-                self._complete(it)
+                try:
+                    self._complete(it)
+                except Exception as e:  # noqa: BLE001 - a bug here must not stop the other channels
+                    log.exception("request %s: completion failed", it.id)
+                    self._fail(it, e)
 
     def _start(self, item: Item) -> None:
         item.sink(Started(id=item.id, channel=item.channel), None)
