@@ -31,7 +31,9 @@ Data path per request (all PCM float32 mono)::
   logged, never fatal. A device that fails to open, stops calling back, or stops with an
   error is logged and shown in :meth:`AudioOutput.status`; a request that was going to it
   completes into a WAV file (``audio.on_device_error: wav``) holding its whole audio. The
-  device is re-opened (at most every :data:`REOPEN_INTERVAL_S`) when a later request begins.
+  device is re-opened (at most every :data:`REOPEN_INTERVAL_S`, the first time that long after
+  the failure) by a background thread of :class:`AudioOutput` or when a later request begins;
+  playback resumes on it from the next request.
 
 The ``sounddevice`` import is lazy: without PortAudio, ``auto`` means WAV.
 """
@@ -168,6 +170,7 @@ class DeviceOutput:
         self._dead: Optional[str] = None    # set by PortAudio's finished callback
         self._out_latency = self.latency_s  # what PortAudio granted, s
         self._last_open_attempt = 0.0
+        self._open_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stop_watcher = threading.Event()
 
@@ -216,17 +219,18 @@ class DeviceOutput:
 
     def ensure_open(self) -> bool:
         """True if the device is usable; re-opens a failed one at most every REOPEN_INTERVAL_S."""
-        if self.ok:
-            return True
-        if time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
-            return False
-        try:
-            self.open()
-            log.info("sound device %r is back", self.name)
-            return True
-        except AudioDeviceError as e:
-            log.warning("sound device still unusable: %s", e)
-            return False
+        with self._open_lock:      # the worker and AudioOutput's re-open thread may both ask
+            if self.ok:
+                return True
+            if time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
+                return False
+            try:
+                self.open()
+                log.info("sound device %r is back", self.name)
+                return True
+            except AudioDeviceError as e:
+                log.warning("sound device still unusable: %s", e)
+                return False
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Play what is queued (up to ``drain_timeout_s``), fire pending callbacks, close the stream."""
@@ -404,6 +408,7 @@ class DeviceOutput:
             if not self.ok:
                 return
             self.ok, self.error = False, reason
+            self._last_open_attempt = time.monotonic()    # first re-open REOPEN_INTERVAL_S from now
             self._buffered = 0
             self._played.clear()
             listeners = [v.on_failure for v in self._voices.values()]
@@ -584,6 +589,8 @@ class AudioOutput:
         self.mode = "wav"
         self.reason = ""
         self.devices: dict[Optional[str], DeviceOutput] = {}
+        self._stop_reopen = threading.Event()
+        self._reopen: Optional[threading.Thread] = None
 
     def _device_query(self, channel: str) -> Optional[str]:
         for ch in self.cfg.service.channels:
@@ -621,6 +628,8 @@ class AudioOutput:
                 dev.open()
             except AudioDeviceError as e:
                 log.error("audio output: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
+        self._reopen = threading.Thread(target=self._reopen_failed, name="sound-reopen", daemon=True)
+        self._reopen.start()
         if a.on_device_error == "wait":
             log.warning("audio.on_device_error: wait is not implemented yet; a failed device completes requests to WAV")
 
@@ -650,7 +659,19 @@ class AudioOutput:
             st.update(dev.status())
         return st
 
+    def _reopen_failed(self) -> None:
+        """Try failed devices again every REOPEN_INTERVAL_S, so that status shows a returned
+        device (and it plays) without waiting for the next request."""
+        while not self._stop_reopen.wait(REOPEN_INTERVAL_S / 2):
+            for dev in list(self.devices.values()):
+                if not dev.ok:
+                    dev.ensure_open()
+
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Drain and close every device stream."""
+        self._stop_reopen.set()
+        if self._reopen is not None:
+            self._reopen.join(timeout=5.0)
+            self._reopen = None
         for dev in self.devices.values():
             dev.close(drain_timeout_s)
