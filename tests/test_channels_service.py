@@ -244,3 +244,43 @@ def _cmdline_has(pid: str, needle: str) -> bool:
             return needle in f.read().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_device_gone_request_waits_and_plays_when_it_returns(tiny_ckpt, tmp_path, start_daemon, service_pipeline):
+    """``audio.on_device_error: wait``: a request for a device that is down is held (status says
+    so), not written to WAV; when the device is back it plays there, whole, and only then ``done``."""
+    import os
+    import signal
+
+    files = alsa_channels(tmp_path / "home", {"front": tmp_path / "front.raw"})
+    cfg = _cfg(tiny_ckpt, tmp_path)
+    cfg["service"]["channels"] = cfg["service"]["channels"][:1]
+    cfg["audio"]["on_device_error"] = "wait"
+    d = start_daemon(cfg, alsa=files["front"])
+    raw = str(files["front"].raw)
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, raw)]:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        (st,) = d.request({"type": "status"})
+        if st["channels"]["front"]["ok"] is False:
+            break
+        time.sleep(0.05)
+    assert st["channels"]["front"]["output"] == "waiting for the device", st
+    before = heard(files["front"])
+    p = dict(min_new_tokens=40, max_new_tokens=40)
+    c = d.connect()
+    c.send({"type": "speak", "text": "Hold me.", "seed": 90, "id": "held", "channel": "front", "params": p})
+    assert c.events(("started",))[-1]["type"] == "started"
+    time.sleep(0.5)
+    (st,) = d.request({"type": "status"})
+    if st["channels"]["front"]["ok"] is False:          # still down: the request is held, not lost
+        assert st["channels"]["front"]["waiting_for_device"] == 1, st
+    (done,) = [e for e in c.events(("done", "error")) if e["type"] in ("done", "error")]
+    c.close()
+    assert done["type"] == "done" and done["output"] == "device:tts_front", done
+    assert not (d.wav_dir / "held.wav").exists()
+    want = speech(expected(service_pipeline, "Hold me.", 90, **p))
+    got = wait_len(files["front"], before + len(want), timeout_s=10)[before:]
+    assert_close(got, want, "front after the device came back")
+    assert "waits for the device" in d.log() and "playing it from the start" in d.log()

@@ -33,7 +33,10 @@ Data path per request (all PCM float32 mono)::
   completes into a WAV file (``audio.on_device_error: wav``) holding its whole audio. The
   device is re-opened (at most every :data:`REOPEN_INTERVAL_S`, the first time that long after
   the failure) by a background thread of :class:`AudioOutput` or when a later request begins;
-  playback resumes on it from the next request.
+  playback resumes on it from the next request. With ``audio.on_device_error: wait`` a request
+  whose device fails (or is down when it begins) is held instead, status shows
+  ``waiting_for_device``, and it plays on the device from its start when the device is back
+  (completed to WAV at shutdown if it never is).
 
 The ``sounddevice`` import is lazy: without PortAudio, ``auto`` means WAV.
 """
@@ -457,35 +460,65 @@ class DeviceOutput:
 
 
 class RequestAudio:
-    """Where one request's PCM goes: a device (with WAV fallback) or a WAV file.
+    """Where one request's PCM goes: a device (with WAV fallback, or waiting for it) or a WAV file.
 
     :meth:`write` takes float32 ``[n]`` at 24000 Hz from the worker thread; :meth:`finish`
     calls ``on_done(output)`` once the audio has been played (``device:<name>``) or written
     (the WAV path), from another thread; :meth:`abort` drops what is unplayed (cancel).
+
+    When the device fails: with ``on_device_error="wav"`` everything so far and the rest go to
+    ``wav_file``; with ``"wait"`` the request keeps its PCM, ``on_wait(self)`` registers it with
+    :class:`AudioOutput`, and :meth:`replay` plays it on the device again *from the start* once
+    the device is back (``on_done`` fires after that; :meth:`to_wav` completes it to the file
+    instead, e.g. at shutdown). ``wait_from_start=True`` creates it already waiting (the device
+    was down when the request began).
     """
 
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
-                 beat: Optional[Callable[[], None]] = None, lane: object = None) -> None:
+                 beat: Optional[Callable[[], None]] = None, lane: object = None,
+                 on_device_error: str = "wav", on_wait: Optional[Callable[["RequestAudio"], None]] = None,
+                 wait_from_start: bool = False) -> None:
         self.request_id = request_id
         self.beat = beat
         self.wav_file = wav_file
         self.device = device
+        self.lane = lane
+        self.policy = on_device_error
+        self.on_wait = on_wait
         self._lock = threading.Lock()
-        self._pcm: list[np.ndarray] = []       # whole 24 kHz PCM, kept for the WAV fallback
+        self._pcm: list[np.ndarray] = []       # whole 24 kHz PCM, kept for the WAV fallback / replay
         self._wav: Optional[WavWriter] = None
         self._rs = None
+        self._gen = 0                          # bumped by replay(): writes resampled before it are dropped
         self._aborted = False
+        self._finished = False
+        self.waiting = False                   # device failed, policy wait: held until replay()
         self._on_done: Optional[Callable[[str], None]] = None
         self.output = ""
         if device is not None:
-            if device.rate != PIPELINE_RATE:
-                import soxr
-                self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-            device.begin(self, self._device_failed, lane)
             self.output = f"device:{device.name}"
+            if wait_from_start:
+                self.waiting = True
+                if on_wait is not None:
+                    on_wait(self)
+            else:
+                self._bind(device)
         else:
             self._wav = WavWriter(wav_file, PIPELINE_RATE)
             self.output = str(wav_file)
+
+    def _bind(self, device: DeviceOutput) -> None:
+        """New resampler and a voice on ``device`` (lock held or not yet shared)."""
+        self._rs = None
+        if device.rate != PIPELINE_RATE:
+            import soxr
+            self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
+        device.begin(self, self._device_failed, self.lane)
+
+    def _resample(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
+        if self._rs is None:
+            return pcm
+        return self._rs.resample_chunk(pcm, last=last)
 
     def write(self, pcm: np.ndarray) -> None:
         """Queue float32 ``[n]`` samples at 24000 Hz (blocks only under back-pressure)."""
@@ -497,12 +530,14 @@ class RequestAudio:
                 self._wav.write(pcm)
                 return
             self._pcm.append(pcm)
-            dev = self.device
-        out = self._rs.resample_chunk(pcm) if self._rs is not None else pcm
+            if self.waiting:
+                return
+            dev, gen = self.device, self._gen
+            out = self._resample(pcm)
         if len(out):
             dev.wait_room(lambda: self._aborted, self.beat, owner=self)
-            with self._lock:          # an abort() in between must not leave orphan audio queued
-                if not self._aborted:
+            with self._lock:          # an abort() or replay() in between must not leave orphan audio queued
+                if not self._aborted and not self.waiting and gen == self._gen:
                     dev.enqueue(self, out)
 
     def finish(self, on_done: Callable[[str], None]) -> None:
@@ -510,22 +545,22 @@ class RequestAudio:
         with self._lock:
             if self._aborted:
                 return
+            self._finished = True
             if self._wav is not None:
                 path = str(self._wav.close())
                 self.output = path
                 fire = True
             else:
                 self._on_done = on_done
-                dev = self.device
                 fire = False
+                if self.waiting:
+                    return            # replay() or to_wav() completes it
+                dev = self.device
+                tail = self._resample(np.zeros(0, np.float32), last=True)
+                played = dev.enqueue(self, tail, on_played=self._played)
         if fire:
             on_done(path)
             return
-        tail = self._rs.resample_chunk(np.zeros(0, np.float32), last=True) if self._rs is not None else np.zeros(0, np.float32)
-        with self._lock:
-            if self._aborted:
-                return
-            played = dev.enqueue(self, tail, on_played=self._played)
         dev.end(self)
         if not played:  # the device failed in between: the fallback fired or fires on_done
             self._device_failed(dev.error or "device failed")
@@ -547,6 +582,37 @@ class RequestAudio:
             except OSError:
                 pass
 
+    def replay(self) -> bool:
+        """The device is back: play everything so far from the start (and the rest as it comes).
+        Returns False if the request no longer waits (aborted, already completed)."""
+        with self._lock:
+            if self._aborted or not self.waiting:
+                return False
+            dev = self.device
+            self.waiting = False
+            self._gen += 1
+            self._bind(dev)
+            out = self._resample(np.concatenate(self._pcm) if self._pcm else np.zeros(0, np.float32))
+            ok = dev.enqueue(self, out) if len(out) else True
+            if self._finished and ok:
+                tail = self._resample(np.zeros(0, np.float32), last=True)
+                ok = dev.enqueue(self, tail, on_played=self._played)
+            finished = self._finished
+        log.info("request %s: sound device %r is back; playing it from the start", self.request_id, dev.name)
+        if finished:
+            dev.end(self)
+        if not ok:
+            self._device_failed(dev.error or "device failed")
+        return True
+
+    def to_wav(self) -> None:
+        """Complete a waiting request into its WAV file now (shutdown)."""
+        with self._lock:
+            if self._aborted or not self.waiting:
+                return
+            self.waiting = False
+        self._device_failed("the daemon stops while the device is unusable", force_wav=True)
+
     def _played(self) -> None:
         self.device.forget(self)
         with self._lock:
@@ -555,8 +621,19 @@ class RequestAudio:
         if cb is not None and not aborted:
             cb(self.output)
 
-    def _device_failed(self, reason: str) -> None:
-        """Switch to WAV: everything so far goes into the file; on_done fires now if finished."""
+    def _device_failed(self, reason: str, force_wav: bool = False) -> None:
+        """Wait for the device (policy ``wait``) or switch to WAV: everything so far goes into
+        the file; on_done fires now if finished."""
+        if self.policy == "wait" and not force_wav:
+            with self._lock:
+                if self._aborted or self.waiting or self._wav is not None:
+                    return
+                self.waiting = True
+            log.warning("request %s: sound device failed (%s); it waits for the device (audio.on_device_error: wait)",
+                        self.request_id, reason)
+            if self.on_wait is not None:
+                self.on_wait(self)
+            return
         with self._lock:
             if self._aborted or self._wav is not None or (self.output and not self.output.startswith("device:")):
                 return
@@ -591,6 +668,8 @@ class AudioOutput:
         self.devices: dict[Optional[str], DeviceOutput] = {}
         self._stop_reopen = threading.Event()
         self._reopen: Optional[threading.Thread] = None
+        self._waiting: list[RequestAudio] = []        # on_device_error: wait, until replayed
+        self._wlock = threading.Lock()
 
     def _device_query(self, channel: str) -> Optional[str]:
         for ch in self.cfg.service.channels:
@@ -630,8 +709,6 @@ class AudioOutput:
                 log.error("audio output: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
         self._reopen = threading.Thread(target=self._reopen_failed, name="sound-reopen", daemon=True)
         self._reopen.start()
-        if a.on_device_error == "wait":
-            log.warning("audio.on_device_error: wait is not implemented yet; a failed device completes requests to WAV")
 
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None) -> RequestAudio:
         """A :class:`RequestAudio` for one request on ``channel``; ``beat()`` is called while a
@@ -641,10 +718,17 @@ class AudioOutput:
             AudioDeviceError: the WAV file cannot be created either.
         """
         wav = wav_path(self.wav_dir, request_id)
+        policy = self.cfg.audio.on_device_error
         if self.mode == "device":
             dev = self.devices.get(self._device_query(channel))
             if dev is not None and dev.ensure_open():
-                return RequestAudio(request_id, wav, dev, beat, lane=channel)
+                return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
+                                    on_wait=self._hold)
+            if dev is not None and policy == "wait":
+                log.warning("request %s: sound device %r unusable (%s); it waits for the device "
+                            "(audio.on_device_error: wait)", request_id, dev.name, dev.error)
+                return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
+                                    on_wait=self._hold, wait_from_start=True)
             log.warning("request %s: sound device unusable (%s); writing %s",
                         request_id, dev.error if dev else "no device", wav)
         return RequestAudio(request_id, wav, None)
@@ -654,18 +738,31 @@ class AudioOutput:
         if self.mode == "wav":
             return {"output": "wav", "wav_dir": str(self.wav_dir)}
         dev = self.devices.get(self._device_query(channel))
-        st = {"output": "device" if dev is not None and dev.ok else "wav (device failed)"}
+        failed = "waiting for the device" if self.cfg.audio.on_device_error == "wait" else "wav (device failed)"
+        st = {"output": "device" if dev is not None and dev.ok else failed}
+        with self._wlock:
+            st["waiting_for_device"] = sum(1 for ra in self._waiting if ra.lane == channel)
         if dev is not None:
             st.update(dev.status())
         return st
 
+    def _hold(self, ra: RequestAudio) -> None:
+        with self._wlock:
+            self._waiting.append(ra)
+
     def _reopen_failed(self) -> None:
         """Try failed devices again every REOPEN_INTERVAL_S, so that status shows a returned
-        device (and it plays) without waiting for the next request."""
-        while not self._stop_reopen.wait(REOPEN_INTERVAL_S / 2):
+        device (and it plays) without waiting for the next request; replay the requests that
+        wait for a device that is back."""
+        while not self._stop_reopen.wait(min(1.0, REOPEN_INTERVAL_S / 2)):
             for dev in list(self.devices.values()):
                 if not dev.ok:
                     dev.ensure_open()
+            with self._wlock:
+                ready = [ra for ra in self._waiting if ra.device.ok]
+                self._waiting = [ra for ra in self._waiting if not ra.device.ok]
+            for ra in ready:
+                ra.replay()
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Drain and close every device stream."""
@@ -673,5 +770,9 @@ class AudioOutput:
         if self._reopen is not None:
             self._reopen.join(timeout=5.0)
             self._reopen = None
+        with self._wlock:
+            waiting, self._waiting = self._waiting, []
+        for ra in waiting:
+            ra.to_wav()
         for dev in self.devices.values():
             dev.close(drain_timeout_s)
