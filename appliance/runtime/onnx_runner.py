@@ -22,11 +22,13 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
 * first in-place graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered, K/V
   concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's
   profiler put 59 of ~95 ms of a 1024-position step in Slice/Gather/Concat/Transpose copies.
-* this graph (position-major prefix bound by pointer, scores joined on the small score tensor,
-  :class:`appliance.model.export.DecodeGraph`): fp32 27.8 ms at 32, 31.2 ms at 512 (B=1),
-  37.3 ms at B=3 / 512; **int8 (MatMulNBits) 12.2 ms at 32, 15.5 ms at 512 (B=1), 21.6 ms
-  at B=3 / 512**, i.e. faster than real time (21.3 ms of audio per step) for one channel and
-  about real time for three. Hence int8 is preferred when exported.
+* this graph (position-major prefix bound by pointer, scores joined on the score tensor,
+  :class:`appliance.model.export.GptGraph`), min over 30-40 steps in three runs: fp32
+  24.9-27.8 ms at 32, 31.2-35.3 ms at 512 (B=1), 37.3-38.4 ms at B=3 / 512; **int8
+  (MatMulNBits) 12.2-13.9 ms at 32, 15.5-18.9 ms at 512 (B=1), 21.5-22.3 ms at B=3 / 512**,
+  i.e. faster than real time (21.3 ms of audio per step) for one channel and about real time
+  for three. Our torch CPU runner in the same runs: 62-65 ms at B=1. Hence int8 is preferred
+  when exported. Peak RSS with 3 x 2048 fp32 KV slots: int8 0.76 GiB, fp32 1.3 GiB.
 
 Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
 int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
