@@ -73,7 +73,8 @@ def cli_build(args) -> int:
     d = Path(args.dir) if args.dir else cfg.resolve(cfg.model.engine_dir)
     ws = args.workspace_mib if getattr(args, "workspace_mib", None) else min(1024, cfg.service.memory_budget_mb)
     graphs = tuple(g.strip() for g in args.graphs.split(",")) if getattr(args, "graphs", None) else None
-    bar = _bar(len(graphs) if graphs else 4, f"build {args.precision}")
+    n = len(graphs) if graphs else 3  # gpt, decoder, vocos
+    bar = _bar(n, f"build {args.precision}")
     seen: list[str] = []
 
     def on_phase(graph: str, phase: str, i: int, n: int) -> None:
