@@ -267,6 +267,34 @@ def _kernels_per_step(torch, r, b, L):
         return f"n/a ({e})"
 
 
+def _kernel_table(torch, r, b, L, top=14):
+    """CUDA kernels of one step (the step body run outside the graph, same kernels): count, sum of
+    kernel durations (us) and the top kernels by total time. Sum << graph replay time means the
+    gaps between graph nodes bound the step; sum ~ replay means the kernels themselves do."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.inference_mode():
+            r._body(b, L)  # warm
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                r._body(b, L)
+                torch.cuda.synchronize()
+        agg = {}
+        for e in p.events():
+            if e.device_type.name != "CUDA":
+                continue
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            a = agg.setdefault(e.name[:90], [0, 0.0])
+            a[0] += 1
+            a[1] += us
+        rows = sorted(agg.items(), key=lambda kv: -kv[1][1])
+        return {"kernels": sum(v[0] for v in agg.values()), "kernel_us_sum": sum(v[1] for v in agg.values()),
+                "top": [{"name": k, "n": v[0], "us": round(v[1], 1)} for k, v in rows[:top]]}
+    except Exception as e:  # profiler unavailable: not essential
+        return f"n/a ({e!r})"
+
+
 def _sampler_ms(torch, r, b):
     """Graph replay time of the device sampler alone for b rows (ms)."""
     s = r.sampler
@@ -466,6 +494,9 @@ def section_ours(rep, args, torch, env, dtype="float16", compile=None, key=None,
         if res["floor_ms"]:
             res["ratio_to_floor_b1"] = res["b1"]["ms_per_step"] / res["floor_ms"]
         res["kernels_per_step_b1"] = _kernels_per_step(torch, r, 1, r.buckets[0])
+        for b in (1, 3):
+            res[f"kernel_table_b{b}"] = _kernel_table(torch, r, b, r.buckets[0])
+        rep.put(key, res)
         res["sampler_ms_b1"] = _sampler_ms(torch, r, 1)
         res["sampler_ms_b3"] = _sampler_ms(torch, r, 3)
         # attention span: replay at the smallest and the largest bucket (B=1)

@@ -78,7 +78,7 @@ def test_graph_replay_equals_eager(golden_ckpt, golden):
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32")
     e = _runner(golden_ckpt, "float32", graphs=False)
-    assert g.seam.cuda and not e.seam.cuda and len(g.seam.graphs) == 6
+    assert g.seam.cuda and not e.seam.cuda and len(g.seam.graphs) == 6 + len(g.prefill_buckets) + 3
     rng = np.random.default_rng(0)
     ids = golden["input_ids"]
     for s in range(3):
@@ -104,6 +104,26 @@ def test_graph_replay_equals_eager(golden_ckpt, golden):
     assert same > 0.95, f"sampled codes graph vs eager agree on {same:.1%} only"
 
 
+def test_captured_prefill_equals_eager_prefill(golden_ckpt, golden):
+    """Prefill and first draw as captured graphs (prompt padded to a bucket) == the eager
+    TorchRunner prefill + eager draw, then the same decode logits."""
+    from appliance.tts.sampler import SamplingParams
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = _runner(golden_ckpt, "float32")
+    e = _runner(golden_ckpt, "float32", prefill_graphs=False)
+    ids = golden["input_ids"]
+    for n in (5, 32, 33, len(ids)):
+        a, b = g.prefill(2, ids[:n], golden["spk_emb"]), e.prefill(2, ids[:n], golden["spk_emb"])
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-4, atol=1e-4)
+        p = SamplingParams(temperature=0.8)
+        np.testing.assert_array_equal(g.begin(2, p, 5), e.begin(2, p, 5))
+        c = np.array([[1, 2, 3, 4]])
+        a, b = g.decode(np.array([2]), c, np.array([n])), e.decode(np.array([2]), c, np.array([n]))
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-4, atol=1e-4)
+
+
 def test_compiled_graph_equals_graph(golden_ckpt, golden):
     """torch.compile of the step body captured in our CUDA graph == the plain captured step."""
     from appliance.tts.sampler import SamplingParams
@@ -111,7 +131,7 @@ def test_compiled_graph_equals_graph(golden_ckpt, golden):
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32", buckets=[256], max_seq=256, capture_batches=[3])
     c = _runner(golden_ckpt, "float32", buckets=[256], max_seq=256, capture_batches=[3], compile="default")
-    assert c.seam.cuda and c.compiled == "default" and len(c.seam.graphs) == 1
+    assert c.seam.cuda and c.compiled == "default" and (3, 256) in c.seam.graphs
     ids = golden["input_ids"]
     rng = np.random.default_rng(0)
     for r in (g, c):

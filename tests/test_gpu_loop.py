@@ -20,7 +20,10 @@ def runners(tiny_config):
 def test_buckets_and_captures(runners):
     r, _ = runners
     assert kv_buckets(2048) == [256, 512, 1024, 2048] and kv_buckets(300, 128) == [128, 256, 300]
-    assert r.seam.captures == {(b, L): 1 for b in (1, 2, 3) for L in (64, 512)}
+    steps = {k: v for k, v in r.seam.captures.items() if isinstance(k[1], int) and isinstance(k[0], int)}
+    assert steps == {(b, L): 1 for b in (1, 2, 3) for L in (64, 512)}
+    assert r.prefill_buckets == [32, 64, 128] and r.seam.captures[("prefill", 128)] == 1
+    assert all(r.seam.captures[("begin", row)] == 1 for row in range(3))
     assert not r.seam.cuda and r._bucket(64) == 64 and r._bucket(65) == 512
 
 
@@ -162,3 +165,24 @@ def test_compiled_step_equals_eager_cpu(tiny_config):
         outs.append(r.decode(np.array([1, 0]), outs[-1][-1], np.array([9 + 24, 6 + 24]))[0].copy())
     np.testing.assert_array_equal(outs[0], outs[2])
     np.testing.assert_allclose(outs[1], outs[3], rtol=1e-4, atol=1e-4)
+
+
+def test_padded_prefill_equals_torch_runner(runners, tiny_config):
+    """The bucketed (padded) prefill gives TorchRunner's logits/hidden at bucket edges, and the
+    decode steps after it (which overwrite the padding's K/V) too; begin draws the same codes
+    as the eager first draw."""
+    r, ref = runners
+    plain = CudaRunner(tiny_config, buckets=[64, 512], prefill_graphs=False)
+    rng = np.random.default_rng(6)
+    for n in (1, 31, 32, 33, 128):
+        ids = rng.integers(0, 400, n)
+        a, b = r.prefill(1, ids, None), ref.prefill(1, ids, None)
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a[1], b[1], rtol=1e-5, atol=1e-5)
+        codes = rng.integers(0, 625, (1, 4))
+        got, want = r.decode(np.array([1]), codes, np.array([n])), ref.decode(np.array([1]), codes, np.array([n]))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+        for x in (r, plain):
+            x.prefill(0, ids, None)
+        p = SamplingParams(temperature=0.9)
+        np.testing.assert_array_equal(r.begin(0, p, 11), plain.begin(0, p, 11))

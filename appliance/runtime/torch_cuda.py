@@ -370,6 +370,10 @@ class CudaRunner(TorchRunner):
         buckets: attention spans to capture (default :func:`kv_buckets`).
         max_chunk: most steps one :meth:`decode_many` runs (device ring size).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
+        prefill_graphs: run the prefill and the first draw (:meth:`begin`) as captured graphs too
+            (prompt padded to a length bucket; False = the eager :class:`TorchRunner` prefill).
+        prefill_buckets: prompt-length buckets (default powers of two from 32, then
+            ``max_prompt_tokens``).
 
     Raises:
         CheckpointError, CapacityError: as :class:`TorchRunner`.
@@ -378,7 +382,8 @@ class CudaRunner(TorchRunner):
 
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
                  compile: bool | str = False, buckets: Optional[list[int]] = None, max_chunk: int = 16,
-                 capture_batches: Optional[list[int]] = None):
+                 capture_batches: Optional[list[int]] = None, prefill_graphs: bool = True,
+                 prefill_buckets: Optional[list[int]] = None):
         from .torch_runner import pick_device
 
         if quant is None:
@@ -449,9 +454,19 @@ class CudaRunner(TorchRunner):
         self.t = torch.zeros(1, dtype=torch.int64, device=dev)
         self._ar = torch.arange(S, device=dev)
         self._kpos = torch.arange(Lmax, device=dev)
+        # captured prefill: the prompt embedding padded to a length bucket, its row and last index
+        Tmax = min(mc.max_prompt_tokens, Lmax - 1)
+        self.prefill_buckets = sorted({t for t in (prefill_buckets or kv_buckets(Tmax, 32)) if t <= Tmax} | {Tmax})
+        self.pf_emb = torch.zeros(Tmax, D, dtype=dt, device=dev)
+        self.pf_row = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.pf_last = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.pf_hidden = torch.zeros(1, D, device=dev)
+        self.first_codes = torch.zeros(Q, dtype=torch.int64, device=dev)
         nf = s.n_fft // 2 + 1
         self.pool = PinnedPool({"codes": ((self.max_chunk, S, Q), "int64"), "hidden": ((self.max_chunk, S, D), "float32"),
                                 "logits": ((S, Q, V), "float32"), "hid1": ((S, D), "float32"),
+                                "pf_logits": ((Q, V), "float32"), "pf_hidden": ((D,), "float32"),
+                                "first": ((Q,), "int64"),
                                 # Decoder / Vocos windows up to max_seq_len tokens (2 mel frames each)
                                 "dec_in": ((Lmax, D), "float32"), "mel": ((s.n_mels, 2 * Lmax), "float32"),
                                 "voc_in": ((s.n_mels, 2 * Lmax), "float32"),
@@ -491,10 +506,16 @@ class CudaRunner(TorchRunner):
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=min(mc.max_prompt_tokens, Lmax - 1),
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * s.n_layers * D * self.kc[0].element_size(),
             reason=reason, decoder_rf=2 + 6 * s.dec_layers + 1, vocos_rf=3 * (1 + s.voc_layers), max_window_tokens=0)
+        self._pf_graphs = bool(prefill_graphs)
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):
                 for L in self.buckets:
                     self._graph(b, L)
+            if self._pf_graphs:
+                for T in self.prefill_buckets:
+                    self._prefill_graph(T)
+                for row in range(S):
+                    self._begin_graph(row)
             self._reset_state()
         log.info("cuda runner: %s %s%s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s",
                  self.device, precision, f" compiled ({mode})" if mode else "", S, Lmax, weight_bytes / 2**20,
@@ -555,6 +576,64 @@ class CudaRunner(TorchRunner):
             for x, y in zip(small, saved):
                 x.copy_(y)
 
+    def _prefill_body(self, T: int) -> None:
+        """Prompt of ``T`` (bucket) positions from ``pf_emb`` into row ``pf_row``: K/V at positions
+        ``0..T-1`` and, for the position ``pf_last``, the final hidden ``pf_hidden [1, D]`` and the
+        logits in ``last_logits[pf_row]``. Positions past the real prompt are zero embeddings: causal
+        attention keeps them out of the real positions, and the K/V they leave behind lie at
+        positions that decode steps overwrite before they read them (and are finite)."""
+        dt, s = self.dtype, self.shapes
+        H, hd = s.n_heads, s.head_dim
+        x = self.pf_emb[:T]  # [T, D]
+        cos = self.model.gpt.rope_cos[:T].to(dt)[:, None, None]  # [T, 1, 1, hd]
+        sin = self.model.gpt.rope_sin[:T].to(dt)[:, None, None]
+        for i, lw in enumerate(self.layers):
+            qkv = lw["qkv"](_rms(x, lw["ln1"])).view(T, 3, H, hd)
+            qk = _rotate(qkv[:, :2], cos, sin).permute(1, 2, 0, 3)  # [2, H, T, hd]
+            v = qkv[:, 2].transpose(0, 1)  # [H, T, hd]
+            self.kc[i][:, :, :T].index_copy_(0, self.pf_row, qk[1:2])
+            self.vc[i][:, :, :T].index_copy_(0, self.pf_row, v[None])
+            y = F.scaled_dot_product_attention(qk[0:1], qk[1:2], v[None], is_causal=True)  # [1, H, T, hd]
+            x = x + lw["o"](y[0].transpose(0, 1).reshape(T, H * hd))
+            gu = lw["gu"](_rms(x, lw["ln2"]))
+            f = gu.shape[-1] // 2
+            x = x + lw["down"](F.silu(gu[:, :f]) * gu[:, f:])
+        h = _rms(x.index_select(0, self.pf_last), self.model.gpt.norm)  # [1, D]
+        logits = F.linear(h, self.head).view(1, s.num_vq, -1).float()
+        self.last_logits.index_copy_(0, self.pf_row, logits)
+        self.pf_hidden.copy_(h.float())
+
+    def _prefill_graph(self, T: int) -> Callable[[], None]:
+        """The replayable prefill for bucket ``T``; its warm-up writes row 0's K/V (harmless: a
+        prefill rewrites them) and ``last_logits[0]`` (restored)."""
+        saved = self.last_logits.clone()
+        try:
+            return self.seam.get(("prefill", T), lambda: self._prefill_body(T), lambda: self.pf_row.zero_())
+        finally:
+            self.last_logits.copy_(saved)
+
+    def _begin_body(self, row: int) -> None:
+        sl = slice(row, row + 1)
+        codes = self.sampler.sample(self.last_logits[sl], sl)
+        self.codes_in[sl] = codes
+        self.first_codes.copy_(codes[0])
+
+    def _begin_graph(self, row: int) -> Callable[[], None]:
+        """The replayable first draw (from ``last_logits``) for physical ``row``; sampler state restored."""
+        small = self.sampler.state() + [self.codes_in]
+        saved = [x.clone() for x in small]
+        try:
+            return self.seam.get(("begin", row), lambda: self._begin_body(row))
+        finally:
+            for x, y in zip(small, saved):
+                x.copy_(y)
+
+    def _prefill_bucket(self, t: int) -> int:
+        for T in self.prefill_buckets:
+            if T >= t:
+                return T
+        raise CapacityError(f"prompt of {t} tokens exceeds model.max_prompt_tokens {self.prefill_buckets[-1]}: split the text")
+
     def _reset_state(self) -> None:
         for tns in self.sampler.state() + [self.codes_in, self.pos, self.t, self.codes_ring, self.hid_ring]:
             tns.zero_()
@@ -587,13 +666,48 @@ class CudaRunner(TorchRunner):
 
     # ------------------------------------------------------------------ Runner
     def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """As :meth:`TorchRunner.prefill`; also keeps the last logits on device for :meth:`begin`."""
+        """As :meth:`TorchRunner.prefill` (same checks and errors); also keeps the last logits on
+        the device for :meth:`begin`. With ``prefill_graphs`` the embedded prompt is padded to a
+        length bucket and the 20 layers run as one captured graph (:meth:`_prefill_body`); the
+        returned arrays are views of the pinned pool (valid until the next prefill)."""
         self._check_slot(slot)
         row = self.row_of[int(slot)]
-        logits, hidden = super().prefill(row, ids, spk_emb)
-        self.last_logits[row] = torch.from_numpy(logits).to(self.device)
-        self.pos_host[row] = len(np.asarray(ids).reshape(-1))
-        return logits, hidden
+        if not self._pf_graphs:
+            logits, hidden = super().prefill(row, ids, spk_emb)
+            self.last_logits[row] = torch.from_numpy(logits).to(self.device)
+            self.pos_host[row] = len(np.asarray(ids).reshape(-1))
+            return logits, hidden
+        ids = np.asarray(ids).reshape(-1)
+        t = ids.shape[0]
+        if t == 0:
+            raise CapacityError("empty prompt: prefill needs at least one token")
+        if t > self.info.max_prompt_tokens:
+            raise CapacityError(
+                f"prompt of {t} tokens exceeds model.max_prompt_tokens {self.info.max_prompt_tokens}: split the text")
+        if ids.min() < 0 or ids.max() >= self.shapes.num_text_tokens:
+            raise EngineError(f"text id out of range [0, {self.shapes.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
+        if spk_emb is not None and np.shape(spk_emb) != (self.shapes.hidden,):
+            raise EngineError(f"spk_emb must have shape [{self.shapes.hidden}], got {list(np.shape(spk_emb))}")
+        T = self._prefill_bucket(t)
+        try:
+            with torch.inference_mode():
+                m = self.model
+                spk = None if spk_emb is None else self._t(spk_emb, torch.float32)
+                emb = m.embed_prompt(self._t(ids), spk)[0]  # [t, D]
+                run = self._prefill_graph(T)  # (captured at start-up; a lazy capture resets pf_row)
+                self.pf_emb[:t] = emb
+                self.pf_emb[t:T] = 0
+                self.pf_row.fill_(row)
+                self.pf_last.fill_(t - 1)
+                run()
+                pt = torch.from_numpy(self.pool["pf_logits"])
+                pt.copy_(self.last_logits[row], non_blocking=True)
+                torch.from_numpy(self.pool["pf_hidden"]).copy_(self.pf_hidden[0], non_blocking=True)
+                self._sync()
+        except RuntimeError as e:
+            raise EngineError(f"torch prefill failed: {e}") from e
+        self.pos_host[row] = t
+        return self.pool["pf_logits"], self.pool["pf_hidden"]
 
     def begin(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
         """Start device sampling for ``slot`` after its :meth:`prefill`: configure the row, sample
@@ -607,10 +721,15 @@ class CudaRunner(TorchRunner):
         sl = slice(row, row + 1)
         with torch.inference_mode():
             self.sampler.configure(row, params, seed)
-            codes = self.sampler.sample(self.last_logits[sl], sl)
-            self.codes_in[sl] = codes
             self.pos[row] = int(self.pos_host[row])
-            return codes[0].cpu().numpy().copy()
+            if not self._pf_graphs:
+                codes = self.sampler.sample(self.last_logits[sl], sl)
+                self.codes_in[sl] = codes
+                return codes[0].cpu().numpy().copy()
+            self._begin_graph(row)()  # captured at start-up for every row
+            torch.from_numpy(self.pool["first"]).copy_(self.first_codes, non_blocking=True)
+            self._sync()
+            return self.pool["first"].copy()
 
     def decode_many(self, slots: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``k`` decode steps with on-device sampling for the logical ``slots [b]``, one host sync.
