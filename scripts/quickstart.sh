@@ -5,9 +5,11 @@
 #   2. creates .venv and installs chattts-appliance with the [torch] extra,
 #   3. uses the real checkpoint in models/chattts if it is there, else writes a RANDOM one
 #      (random weights speak noise: the pipeline is real, the voice is not),
-#   4. starts the daemon on a UNIX socket in out/, sends one sentence with `chattts-appliance say`,
+#   4. exports the model to ONNX (int8 weight-only) so the daemon runs on ONNX Runtime, the CPU
+#      default (no torch at run time; on a machine with a GPU, backend auto picks the GPU path),
+#   5. starts the daemon on a UNIX socket in out/, sends one sentence with `chattts-appliance say`,
 #      and plays it on the sound device, or writes out/<request-id>.wav when there is none,
-#   5. stops the daemon.
+#   6. stops the daemon.
 #
 # Options: --full   generate the full-size random checkpoint (1.2 GB, slow on a CPU) instead of tiny
 #          --text T the sentence to speak
@@ -68,12 +70,18 @@ else
 WARN
 fi
 
+ENGINES=engines/build/quickstart-$(basename "$CKPT")
 cat > out/quickstart.yaml <<YAML
-model: {path: ../$CKPT, backend: auto}
+model: {path: ../$CKPT, backend: auto, engine_dir: ../$ENGINES}
 synthesis: {max_new_tokens: $MAXTOK, seed: 7}
 audio: {output: auto, wav_dir: .}
 service: {socket: quickstart.sock}
 YAML
+
+if [ ! -f "$ENGINES/onnx/int8/manifest.json" ]; then
+  say "exporting ONNX graphs (int8 weight-only) to $ENGINES"
+  "$CLI" engines export --config out/quickstart.yaml --precision int8
+fi
 
 say "starting the daemon (log: out/daemon.log)"
 "$CLI" serve --config out/quickstart.yaml >out/daemon.log 2>&1 &
