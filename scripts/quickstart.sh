@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SIZE=tiny
-TEXT="你好，我是车载语音助手。The time is 9:30, and it is 21 degrees outside."
+TEXT="你好，今天天气很好，我们去公园散步吧。The time is 9:30, and it is 21 degrees outside."
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) SIZE=full ;;

@@ -130,6 +130,8 @@ def matmul_nbits(src: str | Path, dst: str | Path, bits: int = 8, block_size: in
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    # the quantizer logs one INFO line per graph node; keep its warnings only
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     try:
         model = onnx.load(str(src), load_external_data=True)
         q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
