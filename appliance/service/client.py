@@ -135,7 +135,13 @@ def speak(path: str | Path, request: dict, timeout_s: float = 600.0) -> Iterator
 def _human(ev: dict) -> str:
     t = ev.get("type")
     if t == "accepted":
-        return f"accepted  {ev['id']} on {ev['channel']}, queue position {ev['queue_position']}"
+        s = f"accepted  {ev['id']} on {ev['channel']}, queue position {ev['queue_position']}"
+        if ev.get("waiting"):
+            s += f" (waiting: {ev['waiting']})"
+        return s
+    if t == "preempted":
+        then = "it will start again after the alert" if ev.get("action") == "resume" else "it is dropped"
+        return f"preempted {ev['id']} by alert {ev.get('by')}: {then}"
     if t == "started":
         return f"started   {ev['id']}"
     if t == "done":
