@@ -153,6 +153,16 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def find_built(engine_dir: str | os.PathLike, kind: str, precisions: tuple[str, ...]) -> Path | None:
+    """The first ``<engine_dir>/<kind>/<precision>`` (in the order of ``precisions``) holding a
+    manifest, e.g. ``kind="onnx"`` or ``"trt"``; None when nothing is built."""
+    base = Path(engine_dir) / kind
+    for p in precisions:
+        if (base / p / MANIFEST).is_file():
+            return base / p
+    return None
+
+
 def write(directory: str | os.PathLike, manifest: dict) -> Path:
     """Write ``manifest`` (adds ``format`` and ``created``) as ``<directory>/manifest.json``."""
     d = Path(directory)

@@ -65,11 +65,7 @@ PRECISIONS = ("int8", "fp32")
 
 def find_export(cfg: Config) -> Path | None:
     """The first ``<engine_dir>/onnx/<precision>`` (order :data:`PRECISIONS`) holding a manifest."""
-    base = cfg.resolve(cfg.model.engine_dir) / "onnx"
-    for p in PRECISIONS:
-        if (base / p / mf.MANIFEST).is_file():
-            return base / p
-    return None
+    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "onnx", PRECISIONS)
 
 
 def load_embeddings(d: Path, m: dict, hint: str = "") -> tuple[np.ndarray, np.ndarray]:

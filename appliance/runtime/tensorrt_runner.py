@@ -53,11 +53,7 @@ _NP = {"float": np.float32, "half": np.float16, "int64": np.int64, "int32": np.i
 
 def find_plans(cfg: Config) -> Path | None:
     """First ``<engine_dir>/trt/<precision>`` (order fp8, int8, fp16) holding a manifest."""
-    base = cfg.resolve(cfg.model.engine_dir) / "trt"
-    for p in PRECISIONS:
-        if (base / p / mf.MANIFEST).is_file():
-            return base / p
-    return None
+    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "trt", PRECISIONS)
 
 
 def load_manifest(cfg: Config, plan_dir: Path) -> dict:
