@@ -4,22 +4,29 @@ Run through the device tool in ONE call (see bench/RESULTS.md for the command). 
 written to ``OUT/bench_gpu.json`` as soon as it is done (a timeout still leaves data):
 
 1. ``env``: versions, GPU, device-to-device copy bandwidth (bytes read + written / time).
-2. ``ours``: CudaRunner FP16 (graphs): ms per decode step at B=1 and B=3 (``decode_many`` wall
-   per step incl. the host sync and copies, and graph replay alone by CUDA events), TTFB for a
-   20-character sentence (prefill -> first exact PCM of the windowed Decoder/Vocos), RTF per
-   channel with 1 and 3 channels, peak GPU memory (allocated and reserved), the weight-read
-   floor and our ratio to it, what a step is made of (kernels per step, sampler alone,
-   attention span).
-3. ``upstream``: ``chattts`` 0.2.5 on the same checkpoint, FP32 eager as shipped: ms per step
+2. ``ours``: CudaRunner FP16 with plain CUDA graphs (what ``runtime/select.py`` builds): ms per
+   decode step at B=1 and B=3 (``decode_many`` wall per step incl. the host sync and copies, and
+   graph replay alone by CUDA events), fidelity against FP32 (greedy codes for
+   ``--greedy-steps``, logits along the FP32 path), TTFB for a 20-character sentence (prefill ->
+   first exact PCM of the windowed Decoder/Vocos) with the time of each runner call before it and
+   for several ``stream.first_chunk_tokens`` (``--first-chunks``), RTF per channel with 1 and 3
+   channels, peak GPU memory (allocated and reserved) and the allocator's segments per stream/pool,
+   the weight-read floor and our ratio to it, what a step is made of (kernels per step and the
+   top kernels by time, sampler alone, attention span).
+3. ``compiled``: the same for the step body through ``torch.compile`` (each of
+   ``--compile-modes``) captured in our graphs, B=1 and B=3 over one bucket
+   (``--compiled-max-seq``).
+4. ``upstream``: ``chattts`` 0.2.5 on the same checkpoint, FP32 eager as shipped: ms per step
    (GPT ``generate`` at two lengths, difference / steps), TTFB (``infer(stream=True)`` first
-   non-empty chunk), RTF with 1 and 3 texts, peak memory.
-4. ``fidelity``: FP32 reference (TF32 off) vs FP16 / BF16 / INT8 / FP8: prefill logits relative
+   non-empty chunk), RTF with 1 and 3 texts, peak memory. ``--upstream-json`` reuses the upstream
+   numbers of an earlier raw JSON in the records instead (marked as reused).
+5. ``fidelity``: FP32 reference (TF32 off) vs FP16 / BF16 / INT8 / FP8: prefill logits relative
    error, greedy codes through 200+ steps (identical, or the first divergence step and the
    FP32 top-1 minus top-2 gap there), and step time of each precision.
-5. ``compiled``: the step body through ``torch.compile`` then captured (B=1, B=3), if time is left.
 
 Usage: ``python bench/bench_gpu.py --out DIR [--ckpt DIR] [--size full|tiny] [--device cuda|cpu]
-[--no-upstream] [--steps 200] [--budget-s 420]``. On a machine without a GPU ``--device cpu
+[--no-upstream] [--sections ours,compiled,upstream,fidelity] [--compile-modes default,...]
+[--upstream-json RAW] [--steps 200] [--budget-s 420]``. On a machine without a GPU ``--device cpu
 --size tiny --no-upstream`` dry-runs every code path of ours (eager seam).
 """
 
@@ -772,7 +779,7 @@ def records(rep, args, env):
 
 def table(rep):
     s = rep.data["sections"]
-    o, u = s.get("ours_float16", {}), s.get("upstream", {})
+    o, u = s.get("ours_float16", {}), s.get("upstream") or rep.data.get("upstream_reused") or {}
     rows = [("ms/step B=1", "b1"), ("ms/step B=3", "b3")]
     print("\n| metric | ours fp16 | upstream fp32 | ours/upstream |\n|---|---|---|---|")
     for label, k in rows:
