@@ -50,7 +50,8 @@ def peak_rss_mib() -> float:
 
 
 def bench_backend(ckpt: Path, backend: str, steps: int, engine_dir: str | None) -> dict:
-    model = {"path": str(ckpt), "backend": backend, "device": "cpu", "max_batch": 1, "max_seq_len": 1024}
+    # KV limits as the engines are exported by default (3 slots x 2048); one slot is used (B=1)
+    model = {"path": str(ckpt), "backend": backend, "device": "cpu", "max_batch": 3, "max_seq_len": 2048}
     if engine_dir:
         model["engine_dir"] = engine_dir
     cfg = config_from_dict({"model": model,
