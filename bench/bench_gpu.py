@@ -419,7 +419,7 @@ def _ttfb(r, tok, spk, chunk_first, n=5):
 
 
 def section_ours(rep, args, torch, env, dtype="float16", compile=None, key=None, max_seq=2048, buckets=None,
-                 capture_batches=None, fidelity_ref=None):
+                 capture_batches=None, fidelity_ref=None, compile_dynamic=False):
     from appliance.runtime.torch_cuda import CudaRunner
     from appliance.tts.speaker import resolve_voice
     from appliance.tts.tokenizer import Tokenizer
@@ -432,6 +432,8 @@ def section_ours(rep, args, torch, env, dtype="float16", compile=None, key=None,
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     kw = dict(compile=compile or False, buckets=buckets, capture_batches=capture_batches)
+    if compile_dynamic:
+        kw["compile_dynamic"] = True
     cfg = _cfg(args.ckpt, dev, dtype, max_seq=max_seq)
     try:
         r = CudaRunner(cfg, **kw)
@@ -711,6 +713,10 @@ def section_compiled(rep, args, torch, env, ref):
             continue
         L = args.compiled_max_seq
         try:
+            if args.compile_dynamic:  # the production shape: every (b, L) of a 2048 cache, symbolic sizes
+                out[mode] = section_ours(rep, args, torch, env, "float16", compile=mode,
+                                         key=f"compiled_{mode}_dynamic", fidelity_ref=ref, compile_dynamic=True)
+                continue
             out[mode] = section_ours(rep, args, torch, env, "float16", compile=mode, key=f"compiled_{mode}",
                                      max_seq=L, buckets=[L], capture_batches=[1, 3], fidelity_ref=ref)
         except Exception as e:
@@ -808,6 +814,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-modes", default="default,max-autotune-no-cudagraphs")
     ap.add_argument("--compiled-max-seq", type=int, default=512, help="KV length (one bucket) of the compiled runners")
     ap.add_argument("--first-chunks", default="4,1", help="extra stream.first_chunk_tokens values for TTFB")
+    ap.add_argument("--compile-dynamic", action="store_true",
+                    help="compiled section: production shape (all batches and buckets of max_seq 2048), symbolic sizes")
     ap.add_argument("--upstream-json", default=None, help="reuse upstream numbers (a raw bench_gpu.json) in records")
     a = ap.parse_args(argv)
     a.compile_modes = [m for m in a.compile_modes.split(",") if m]

@@ -147,12 +147,14 @@ def test_compile_mode_and_quant_validation(tiny_config):
 
 @pytest.mark.slow
 def test_compiled_step_equals_eager_cpu(tiny_config):
-    """torch.compile of the step body (inductor C++ on the CPU; ~30 s cold) gives the eager step's codes."""
+    """torch.compile of the step body (inductor C++ on the CPU; ~40 s cold), sizes made symbolic
+    (``compile_dynamic``) so that both attention buckets share compilations, gives the eager
+    step's codes and logits across the bucket change."""
     from dataclasses import replace
 
     cfg = replace(tiny_config, model=replace(tiny_config.model, max_seq_len=64, max_batch=2))
-    e, c = CudaRunner(cfg, buckets=[64], capture_batches=[2]), CudaRunner(cfg, buckets=[64], capture_batches=[2],
-                                                                            compile=True)
+    e = CudaRunner(cfg, buckets=[32, 64], capture_batches=[2])
+    c = CudaRunner(cfg, buckets=[32, 64], capture_batches=[2], compile=True, compile_dynamic=True)
     assert c.compiled == "default" and e.compiled is None
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 400, n) for n in (6, 9)]

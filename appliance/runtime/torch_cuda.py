@@ -375,7 +375,10 @@ class CudaRunner(TorchRunner):
         compile: ``torch.compile`` the step body (inductor fusion) before capturing it into our own
             CUDA graph: ``True``/``"default"`` (inductor default mode) or an inductor mode name such
             as ``"max-autotune-no-cudagraphs"`` (Triton GEMV templates, autotuned at start-up; slow
-            start). Each captured ``(b, L)`` is one compilation (static shapes).
+            start). Each captured ``(b, L)`` is one compilation (static shapes) unless
+            ``compile_dynamic``.
+        compile_dynamic: let dynamo make ``b`` and ``L`` symbolic after they first change (a few
+            compilations cover every ``(b, L)``; each is still captured in its own graph).
         buckets: attention spans to capture (default :func:`kv_buckets`).
         max_chunk: most steps one :meth:`decode_many` runs (device ring size).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
@@ -392,7 +395,7 @@ class CudaRunner(TorchRunner):
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
                  compile: bool | str = False, buckets: Optional[list[int]] = None, max_chunk: int = 16,
                  capture_batches: Optional[list[int]] = None, prefill_graphs: bool = True,
-                 prefill_buckets: Optional[list[int]] = None):
+                 prefill_buckets: Optional[list[int]] = None, compile_dynamic: bool = False):
         from .torch_runner import pick_device
 
         if quant is None:
@@ -500,7 +503,9 @@ class CudaRunner(TorchRunner):
                 if hasattr(dyn.config, k):
                     setattr(dyn.config, k, max(getattr(dyn.config, k), 64))
             # our own graph captures the compiled step: inductor must not add its own CUDA graphs
-            self._body = torch.compile(self._step_body, dynamic=False, fullgraph=True,
+            # compile_dynamic: sizes that change between captures (b, L) become symbolic after the
+            # first change, so all (b, L) share ~3 compilations instead of one each
+            self._body = torch.compile(self._step_body, dynamic=None if compile_dynamic else False, fullgraph=True,
                                        mode=None if mode == "default" else mode)
         self.compiled = mode
         self.mem_before_capture = torch.cuda.memory_allocated(self.device) if cuda else 0
