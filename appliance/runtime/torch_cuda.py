@@ -378,7 +378,9 @@ class CudaRunner(TorchRunner):
             start). Each captured ``(b, L)`` is one compilation (static shapes) unless
             ``compile_dynamic``.
         compile_dynamic: let dynamo make ``b`` and ``L`` symbolic after they first change (a few
-            compilations cover every ``(b, L)``; each is still captured in its own graph).
+            compilations cover every ``(b, L)``; each is still captured in its own graph). Checked
+            for equality on the CPU only; on the H200 its start-up for 12 graphs exceeded 75 s
+            and its step time is not measured (bench/RESULTS.md).
         buckets: attention spans to capture (default :func:`kv_buckets`).
         max_chunk: most steps one :meth:`decode_many` runs (device ring size).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
