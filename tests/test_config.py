@@ -66,3 +66,14 @@ def test_int_accepted_for_float_and_empty_file(tmp_path):
     assert load_config(p).synthesis.temperature == 1.0
     p.write_text("")
     assert load_config(p) == dataclasses.replace(Config(), base_dir=str(tmp_path.resolve()))
+
+
+def test_bare_off_in_yaml_means_off(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model: {compile: off}\n")
+    assert load_config(p).model.compile == "off"
+    p.write_text("model: {compile: default}\n")
+    assert load_config(p).model.compile == "default"
+    p.write_text("model: {compile: on}\n")
+    with pytest.raises(ConfigError, match="model.compile"):
+        load_config(p)

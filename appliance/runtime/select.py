@@ -81,7 +81,8 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
     if pick_device(cfg.model.device).type == "cuda":
         from .torch_cuda import CudaRunner
 
-        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant)
+        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant,
+                          compile=False if cfg.model.compile == "off" else cfg.model.compile)
     return TorchRunner(cfg, reason=reason)
 
 
