@@ -66,7 +66,8 @@ class SynthesisConfig:
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
     seed: Optional[int] = _f(None, "Default sampling seed; None = a fresh seed per request (reported in the reply).")
-    refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first (adds up to 384 decode steps of latency).")
+    refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first: the GPT in text mode rewrites each sentence, adding [uv_break]/[laugh]/[lbreak] (adds up to 384 decode steps of latency before the first audio; torch CPU backend only).")
+    refine_prompt: str = _f("", "Control tokens for refine-text, e.g. [oral_2][laugh_0][break_6] (upstream RefineTextParams.prompt).")
 
 
 @dataclass(frozen=True)

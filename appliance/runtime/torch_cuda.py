@@ -681,6 +681,10 @@ class CudaRunner(TorchRunner):
             self.row_of[s] = j
 
     # ------------------------------------------------------------------ Runner
+    #: refine-text's text mode is not wired to the physical-row KV layout and graphs of this
+    #: runner yet: a pipeline with ``synthesis.refine_text`` refuses it at load.
+    supports_text_mode = False
+
     def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`TorchRunner.prefill` (same checks and errors); also keeps the last logits on
         the device for :meth:`begin`. With ``prefill_graphs`` the embedded prompt is padded to a

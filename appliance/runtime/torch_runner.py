@@ -148,6 +148,48 @@ class TorchRunner(Runner):
             raise EngineError(f"torch decode failed: {e}") from e
         return self._dc_logits[:b], self._dc_hidden[:b]
 
+    # -------------------------------------------------------------- text mode (refine-text)
+    #: Optional capability used by :meth:`appliance.tts.generate.DecodeLoop.refine`.
+    supports_text_mode = True
+
+    def prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
+        """Text-mode prefill (upstream refine-text): ``ids [T]`` embedded by the text table only,
+        written to ``slot``; returns the text-head logits float32 ``[num_text_tokens]`` of the
+        last position (upstream ``gpt.py`` ``generate(infer_text=True)``).
+
+        Raises:
+            CapacityError: empty or too long prompt, slot out of range. EngineError: torch failed.
+        """
+        self._check_slot(slot)
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.shape[0] == 0 or ids.shape[0] >= self.info.max_seq_len:
+            raise CapacityError(f"text prompt of {ids.shape[0]} tokens: must be 1..{self.info.max_seq_len - 1}")
+        try:
+            with torch.inference_mode():
+                m = self.model
+                h = m.gpt.prefill(m.embed.embed_text(self._t(ids)).unsqueeze(0).to(self.dtype), int(slot))[0, -1]
+                return m.embed.text_logits(h).float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch text prefill failed: {e}") from e
+
+    def decode_text(self, slot: int, token: int, pos: int) -> np.ndarray:
+        """One text-mode decode step: ``token`` written at ``pos`` of ``slot``; returns the
+        text-head logits float32 ``[num_text_tokens]``.
+
+        Raises:
+            CapacityError: ``pos`` at the end of the KV cache. EngineError: torch failed.
+        """
+        if not 0 <= pos < self.info.max_seq_len:
+            raise CapacityError(f"text position {pos} outside the KV cache of {self.info.max_seq_len}")
+        try:
+            with torch.inference_mode():
+                m = self.model
+                emb = m.embed.embed_text(self._t(np.array([[token]], np.int64))).to(self.dtype)  # [1, 1, D]
+                h = m.gpt.decode_step(emb, self._t(np.array([slot])), self._t(np.array([pos])), pos + 1)
+                return m.embed.text_logits(h[0]).float().cpu().numpy()
+        except RuntimeError as e:
+            raise EngineError(f"torch text decode failed: {e}") from e
+
     def decoder(self, hidden: np.ndarray) -> np.ndarray:
         """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32."""
         hidden = np.asarray(hidden, np.float32)

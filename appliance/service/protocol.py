@@ -41,6 +41,7 @@ class SynthParams:
         min_new_tokens: EOS masked before this many decode steps.
         max_new_tokens: hard stop in decode steps (46.875 per second of audio).
         prompt: control tokens put before the text, e.g. ``[speed_5][oral_2]``.
+        refine_text: run the refine-text pass for this request (default: ``synthesis.refine_text``).
     """
 
     temperature: Optional[float] = None
@@ -50,6 +51,7 @@ class SynthParams:
     min_new_tokens: Optional[int] = None
     max_new_tokens: Optional[int] = None
     prompt: Optional[str] = None
+    refine_text: Optional[bool] = None
 
 
 _PARAM_RANGES: dict[str, tuple[float, float]] = {

@@ -94,14 +94,18 @@ class BatchEngine:
         first_chunk_tokens, chunk_tokens: streaming chunk sizes in decode steps.
         job_stats: ``(job, ttfb_s, wall_s, samples, steps) -> None`` fills ``job.stats``
             (the pipeline's JobStats); None leaves jobs untouched.
+        refiner: ``(job, k) -> None`` runs refine-text for sentence ``k`` of a job whose
+            ``refine_prompts`` is set, just before that sentence joins (the pipeline's).
 
     Not thread-safe: one thread calls :meth:`add`, :meth:`step`, :meth:`remove`; only the tasks'
     ``cancel`` events may be set from other threads.
     """
 
     def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], first_chunk_tokens: int,
-                 chunk_tokens: int, job_stats: Optional[Callable] = None) -> None:
+                 chunk_tokens: int, job_stats: Optional[Callable] = None,
+                 refiner: Optional[Callable] = None) -> None:
         self.loop = loop
+        self.refiner = refiner
         self.vocoders = vocoders
         self.first = max(1, int(first_chunk_tokens))
         self.every = max(1, int(chunk_tokens))
@@ -190,6 +194,8 @@ class BatchEngine:
         job = t.job
         voc = self.vocoders[t.voc]
         voc.reset()
+        if getattr(job, "refine_prompts", None) is not None and self.refiner is not None:
+            self.refiner(job, t.k)  # refine-text: rewrites job.prompts[t.k] (worker thread, free slot)
         seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k)
         t.seq, t.pending, t.emitted = seq, [], 0
         h0 = self.loop.join(seq)

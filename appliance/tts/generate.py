@@ -155,6 +155,58 @@ class DecodeLoop:
                 rows.append(i)
         return produced, np.array(hidden[rows], np.float32)
 
+    def refine(self, ids: np.ndarray, *, eos_id: int, seed: int, temperature: float = 0.7,
+               top_p: float = 0.7, top_k: int = 20, max_new_tokens: int = 384) -> np.ndarray:
+        """Upstream's refine-text pass: the GPT in text mode rewrites a sentence, adding
+        ``[uv_break]`` / ``[laugh]`` / ``[lbreak]`` (``ChatTTS/core.py`` ``_refine_text``, defaults
+        of ``RefineTextParams``: temperature 0.7, top-P 0.7, top-K 20, no repetition penalty,
+        at most 384 tokens, EOS ``[Ebreak]``).
+
+        Args:
+            ids: int64 ``[T]`` text-mode prompt (``[Sbreak]{text}[Pbreak]{prompt}``).
+            eos_id: id of ``[Ebreak]``. seed: sampling seed (numpy PCG64).
+
+        Returns:
+            int64 ``[N]`` generated text ids, EOS excluded. Runs in a free KV slot, which is
+            left free (the next join overwrites it); blocks the batch for up to
+            ``max_new_tokens`` steps, which is why refine-text is off by default.
+
+        Raises:
+            BusyError: no free slot. ConfigError: the runner has no text mode.
+        """
+        from ..errors import ConfigError
+        from .sampler import apply_top_p_top_k
+
+        if not getattr(self.runner, "supports_text_mode", False):
+            raise ConfigError(f"refine-text needs a backend with a text mode (torch on CPU); "
+                              f"{self.runner.info.backend} has none: set synthesis.refine_text to false")
+        if not self._free:
+            raise BusyError(f"all {self.max_batch} decode slots are busy")
+        slot = self._free[-1]
+        rng = np.random.default_rng(seed)
+        logits = self.runner.prefill_text(slot, ids)
+        v = logits.shape[0]
+        one_minus_p = np.full((1, 1), np.float32(1.0 - top_p), np.float32)
+        k_index = np.full((1, 1), max(0, v - max(top_k, 3)), np.int64)
+        srt = np.empty((1, v), np.float32)
+        probs = np.empty((1, v), np.float32)
+        out = np.zeros(max_new_tokens, np.int64)
+        pos = len(ids)
+        for i in range(max_new_tokens):
+            x = (logits / np.float32(temperature)).astype(np.float32).reshape(1, v)
+            apply_top_p_top_k(x, one_minus_p, k_index, srt, probs)
+            p = np.exp(x - x.max())
+            p /= p.sum()
+            tok = int(rng.choice(v, p=p[0].astype(np.float64) / p[0].sum(dtype=np.float64)))
+            if tok == eos_id:
+                return out[:i].copy()
+            out[i] = tok
+            if pos + 1 >= self.max_seq_len:
+                return out[:i + 1].copy()
+            logits = self.runner.decode_text(slot, tok, pos)
+            pos += 1
+        return out.copy()
+
     def leave(self, seq: Sequence, reason: str = "left") -> None:
         """Remove ``seq`` before its end (cancel); its slot is free for the next join."""
         if seq in self.active:

@@ -13,7 +13,8 @@ Prompt format as upstream ``speaker.py`` ``decorate_code_prompts``:
 by the L2-normalised speaker vector inside the runner's prefill. Long text is split into
 sentences that fit ``model.max_prompt_tokens`` and spoken as one continuous stream (each
 sentence is one GPT generation; their PCM is concatenated). Refine-text is off by default
-(``synthesis.refine_text``) and not implemented in this build: asking for it is a ConfigError.
+(``synthesis.refine_text`` or a request's ``params.refine_text``): the GPT in text mode rewrites
+each sentence just before it is spoken (torch CPU backend; up to 384 extra decode steps).
 
 Differences from upstream on purpose: no mutable default parameters shared between calls (each
 Job owns its own), no "regenerate until non-empty" loop (an empty result raises
@@ -92,6 +93,8 @@ class Job:
     channel: Optional[str] = None
     priority: str = "normal"
     meta: dict = field(default_factory=dict)
+    prompt: str = ""
+    refine_prompts: Optional[list] = None
 
 
 class Pipeline:
@@ -108,8 +111,9 @@ class Pipeline:
     SAMPLE_RATE = SAMPLE_RATE
 
     def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer):
-        if cfg.synthesis.refine_text:
-            raise ConfigError("synthesis.refine_text: refine-text is not implemented in this build; set it to false")
+        if cfg.synthesis.refine_text and not getattr(runner, "supports_text_mode", False):
+            raise ConfigError(f"synthesis.refine_text needs a backend with a text mode (torch on CPU); "
+                              f"{runner.info.backend} has none: set it to false")
         self.cfg = cfg
         self.runner = runner
         self.tokenizer = tokenizer
@@ -119,7 +123,8 @@ class Pipeline:
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
         self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
         self.engine = BatchEngine(self.loop, self.vocoders, cfg.stream.first_chunk_tokens,
-                                  cfg.stream.chunk_tokens, job_stats=self._job_stats)
+                                  cfg.stream.chunk_tokens, job_stats=self._job_stats,
+                                  refiner=self._refine)
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Pipeline":
@@ -189,9 +194,37 @@ class Pipeline:
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
+        refine = p.refine_text if p.refine_text is not None else s.refine_text
+        refine_prompts = None
+        if refine:
+            if not getattr(self.runner, "supports_text_mode", False):
+                raise RequestError(f"refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
+            # upstream speaker.py decorate_text_prompts: [Sbreak]{text}[Pbreak]{prompt}
+            refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
         return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
                    unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
-                   channel=speak.channel, priority=speak.priority)
+                   channel=speak.channel, priority=speak.priority, prompt=prompt,
+                   refine_prompts=refine_prompts)
+
+    def _refine(self, job: Job, k: int) -> None:
+        """Refine-text for sentence ``k`` of ``job`` (called by the engine on the worker thread
+        just before the sentence joins): replaces ``job.prompts[k]`` by the code prompt of the
+        refined text and records it in ``job.meta["refined"]``. Upstream keeps only generated ids
+        below ``[break_0]`` (``core.py`` ``_infer``); a refined text that no longer fits
+        ``model.max_prompt_tokens`` keeps the unrefined prompt (logged)."""
+        tok = self.tokenizer
+        ids = self.loop.refine(job.refine_prompts[k], eos_id=tok.id_of("[Ebreak]"), seed=job.seed + 1000 + k)
+        ids = ids[ids < tok.id_of("[break_0]")]
+        text = tok.decode(ids).strip()
+        job.meta.setdefault("refined", {})[k] = text
+        if not text:
+            log.warning("request %s: refine-text gave no text for sentence %d; keeping it as is", job.id, k)
+            return
+        try:
+            job.prompts[k] = tok.code_prompt(text, prompt=job.prompt, with_speaker=job.spk_emb is not None,
+                                             max_tokens=self.cfg.model.max_prompt_tokens)
+        except TextError as e:
+            log.warning("request %s: refined sentence %d does not fit (%s); keeping it as is", job.id, k, e)
 
     # ------------------------------------------------------------------ run
 
