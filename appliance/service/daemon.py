@@ -47,9 +47,9 @@ systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
   audio watcher thread), at stop (``STATUS=``).
 * ``on_heartbeat()`` – from the worker thread, at least every ``heartbeat_s`` while it is
   healthy; a hung synthesis stops it (``WATCHDOG=1``).
-* ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded()`` once the reload is
-  over (``READY=1``). The config itself is not re-read yet: both fire back to back and the
-  log says to restart for changes.
+* ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded(status)`` once the reload is
+  over (``READY=1``, with a status line saying what was applied and what needs a restart; see
+  :meth:`Daemon.reload_config`).
 * ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
 * ``on_unfinished(items)`` – queued requests left at stop (spool them).
 
@@ -61,6 +61,7 @@ before the next queued request and answers with a ``health`` event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import concurrent.futures
 import logging
 import os
@@ -96,7 +97,7 @@ class Hooks:
     on_status: Optional[Callable[[StatusReply], None]] = None
     on_heartbeat: Optional[Callable[[], None]] = None
     on_reload: Optional[Callable[[], None]] = None
-    on_reloaded: Optional[Callable[[], None]] = None
+    on_reloaded: Optional[Callable[[str], None]] = None   # status line after the reload
     on_stopping: Optional[Callable[[], None]] = None
     on_unfinished: Optional[Callable[[list], None]] = None
 
@@ -121,11 +122,14 @@ class Daemon:
         hooks: systemd / spool callbacks.
         pipeline_factory: ``cfg -> pipeline`` (default ``Pipeline.from_config``); the pipeline
             needs ``prepare(speak)``, ``run(job, cancel)``, ``warmup()`` and ``info.backend``.
+        config_path: the file SIGHUP re-reads (:meth:`reload_config`).
     """
 
     def __init__(self, cfg: Config, hooks: Optional[Hooks] = None,
-                 pipeline_factory: Optional[Callable[[Config], Any]] = None) -> None:
+                 pipeline_factory: Optional[Callable[[Config], Any]] = None,
+                 config_path: Optional[str] = None) -> None:
         self.cfg = cfg
+        self.config_path = config_path
         self.hooks = hooks or Hooks()
         self.pipeline_factory = pipeline_factory
         self.state = "starting"
@@ -269,8 +273,43 @@ class Daemon:
 
     def _on_sighup(self) -> None:
         _call(self.hooks.on_reload)
-        log.warning("SIGHUP: config reload is not implemented yet; restart the service to apply changes")
-        _call(self.hooks.on_reloaded)
+        _call(self.hooks.on_reloaded, self.reload_config())
+
+    #: Config sections applied by a reload (SIGHUP) without a restart: the sampling defaults and
+    #: the health thresholds. Everything else (model, engines, audio devices, socket, channels,
+    #: MQTT, telemetry) is bound at start-up: a change there is reported as needing a restart.
+    LIVE_SECTIONS = ("synthesis", "health")
+
+    def reload_config(self) -> str:
+        """Re-read the config file (SIGHUP): apply :attr:`LIVE_SECTIONS`, report the rest.
+
+        Returns:
+            the status line for systemd (``READY=1`` follows). A config that no longer validates
+            is logged and the running one is kept; the daemon never stops on a bad reload.
+        """
+        if not self.config_path:
+            return "ready (no config file to re-read)"
+        try:
+            new = load_config(self.config_path)
+        except ApplianceError as e:
+            log.error("SIGHUP: %s is not valid, keeping the running configuration: %s", self.config_path, e)
+            return f"ready (reload failed, running config kept: {e})"
+        changed = [f.name for f in dataclasses.fields(Config)
+                   if f.name != "base_dir" and getattr(new, f.name) != getattr(self.cfg, f.name)]
+        live = {n: getattr(new, n) for n in changed if n in self.LIVE_SECTIONS}
+        restart = [n for n in changed if n not in self.LIVE_SECTIONS]
+        if live:
+            self.cfg = dataclasses.replace(self.cfg, **live)
+            if getattr(self.pipeline, "cfg", None) is not None:
+                self.pipeline.cfg = dataclasses.replace(self.pipeline.cfg, **live)
+        parts = []
+        if live:
+            parts.append("applied " + ", ".join(live))
+        if restart:
+            parts.append("restart needed for " + ", ".join(restart))
+        msg = "; ".join(parts) or "no change"
+        (log.warning if restart else log.info)("SIGHUP: reloaded %s: %s", self.config_path, msg)
+        return f"ready (config reloaded: {msg})"
 
     async def _shutdown(self) -> None:
         loop = asyncio.get_running_loop()
@@ -412,8 +451,7 @@ def build_hooks(cfg: Config) -> Hooks:
     from .notify import SystemdBridge
 
     bridge = SystemdBridge()
-    return Hooks(**bridge.hooks(),
-                 on_reloaded=lambda: bridge.reloaded("ready (config not re-read: restart to apply changes)"))
+    return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)
 
 
 def cli_main(args: Any) -> int:
@@ -422,4 +460,4 @@ def cli_main(args: Any) -> int:
     log.info("config %s: model %s, backend %s, socket %s, audio %s",
              os.path.abspath(args.config), cfg.resolve(cfg.model.path), cfg.model.backend,
              cfg.resolve(cfg.service.socket), cfg.audio.output)
-    return Daemon(cfg, hooks=build_hooks(cfg)).run()
+    return Daemon(cfg, hooks=build_hooks(cfg), config_path=os.path.abspath(args.config)).run()
