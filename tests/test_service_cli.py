@@ -128,12 +128,13 @@ def test_sigterm_drains_the_running_request_and_exits_0(tiny_ckpt, tmp_path, sta
     d.proc.send_signal(signal.SIGTERM)
     evs, ends = s.events_until_ids({"drain-1", "drain-2"})
     s.close()
-    # drain-2 is normally still queued at SIGTERM and dropped; if it had already started, it drains too
+    # drain-2 is normally still queued at SIGTERM and spooled for the next start (see
+    # test_service_spool.py); if it had already started, it drains too
     started2 = any(e["type"] == "started" and e["id"] == "drain-2" for e in evs)
     if started2:
         assert ends["drain-2"]["type"] == "done", evs
     else:
-        assert ends["drain-2"]["type"] == "error" and ends["drain-2"]["code"] == "cancelled", evs
+        assert ends["drain-2"]["type"] == "error" and ends["drain-2"]["code"] == "spooled", evs
     assert ends["drain-1"]["type"] == "done" and ends["drain-1"]["output"].startswith("device:")
     d.returncode = d.proc.wait(30)
     assert d.returncode == 0

@@ -33,8 +33,8 @@ The loop never runs synthesis; the worker never touches a socket. ``Daemon.handl
 thread, calls ``Daemon.handle_line_threadsafe``.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
-that never started go to ``on_unfinished`` (default: an ``error`` ``cancelled`` event each;
-a spool can take them instead) -> the running request finishes and plays out (drain) -> audio
+that never started go to ``on_unfinished`` (default: the spool, :meth:`Daemon._spool`: their
+clients get an ``error`` ``spooled`` and they are spoken after the next start) -> the running request finishes and plays out (drain) -> audio
 streams closed -> MQTT: last status, ``offline``, disconnect -> connections flushed and closed
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import concurrent.futures
 import logging
 import os
@@ -74,6 +75,7 @@ from typing import Any, Callable, Optional
 from ..config import Config, load_config
 from ..errors import ApplianceError, BusyError, CancelledError, RequestError, TextError, UnknownChannelError
 from .protocol import (Cancel, ErrorEvent, HealthRequest, Speak, StatusReply, StatusRequest, error_event,
+                       parse_request, to_dict,
                        parse_line)
 from .socket_server import SocketServer, check_socket_path, inherited_socket, listen_socket
 from .sound import AudioOutput
@@ -249,6 +251,7 @@ class Daemon:
         if self.mqtt is not None:
             self.mqtt.start()
         _call(self.hooks.on_ready)
+        await self._replay_spool()
         _call(self.hooks.on_status, self.status())
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
@@ -320,10 +323,7 @@ class Daemon:
             if self.hooks.on_unfinished is not None:
                 _call(self.hooks.on_unfinished, left)
             else:
-                for it in left:
-                    it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
-                                       message=f"request {it.id} was not started: the daemon is stopping; send it again"), None)
-                log.info("dropped %d queued request(s) at stop", len(left))
+                self._spool(left)
         if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
             log.warning("drain timed out after %.0f s", DRAIN_TIMEOUT_S)
         await loop.run_in_executor(None, self.audio.close)
@@ -338,6 +338,54 @@ class Daemon:
                 self._socket_path.unlink()
             except OSError:
                 pass
+
+    # ------------------------------------------------------------------ spool
+
+    def _spool(self, items: list) -> None:
+        """Keep accepted requests that never started across the stop: each is written as its
+        ``speak`` JSON to ``service.spool_dir`` and its client gets an ``error`` with code
+        ``spooled``; :meth:`_replay_spool` speaks them after the next start. If the spool cannot be
+        written the request is reported ``cancelled`` instead (never silently lost)."""
+        d = self.cfg.resolve(self.cfg.service.spool_dir)
+        for n, it in enumerate(items):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                obj = to_dict(it.speak)
+                obj["channel"] = it.channel
+                name = f"{time.time_ns()}-{n:03d}-{''.join(c for c in it.id if c.isalnum() or c in '-_')[:64]}.json"
+                tmp = d / (name + ".tmp")
+                tmp.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
+                tmp.replace(d / name)
+            except OSError as e:
+                log.error("cannot spool request %s to %s: %s", it.id, d, e)
+                it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
+                                   message=f"request {it.id} was not started: the daemon is stopping and the spool "
+                                           f"is not writable ({e.strerror or e}); send it again"), None)
+                continue
+            it.sink(ErrorEvent(code="spooled", id=it.id,
+                               message=f"request {it.id} was not started before the daemon stopped; it is kept in "
+                                       f"the spool and will be spoken after the restart"), None)
+        log.info("spooled %d queued request(s) to %s", len(items), d)
+
+    async def _replay_spool(self) -> None:
+        """Submit the requests spooled at the last stop (oldest first); each file is removed once
+        its request is accepted or refused (the refusal is logged)."""
+        d = self.cfg.resolve(self.cfg.service.spool_dir)
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        for f in files:
+            def sink(ev: Any, payload: Optional[bytes], name: str = f.name) -> None:
+                if getattr(ev, "type", "") in ("done", "error"):
+                    log.info("spooled request %s: %s %s", getattr(ev, "id", name), ev.type,
+                             getattr(ev, "message", getattr(ev, "output", "")))
+            try:
+                req = parse_request(json.loads(f.read_text(encoding="utf-8")))
+            except (OSError, ValueError, ApplianceError) as e:
+                log.error("dropping unreadable spool file %s: %s", f, e)
+            else:
+                await self.handle_request(req, sink)
+            f.unlink(missing_ok=True)
+        if files:
+            log.info("replayed %d spooled request(s) from %s", len(files), d)
 
     def _health_check(self) -> Any:
         """Run the field health check (on the thread that owns the pipeline); returns its

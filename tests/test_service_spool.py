@@ -1,0 +1,47 @@
+"""Accepted requests are not lost across a stop: queued ones are spooled and spoken after restart."""
+
+import time
+
+from tests.fixtures_service import launch_daemon, service_config
+
+
+def test_queued_requests_are_spooled_at_stop_and_spoken_after_restart(tiny_ckpt, tmp_path):
+    cfg = service_config(tiny_ckpt, tmp_path, synthesis={"max_new_tokens": 200, "min_new_tokens": 200},
+                         service={"channels": [{"name": "main", "queue_len": 8}]})
+    spool = tmp_path / "d" / "spool"
+    d = launch_daemon(tmp_path / "d", cfg)
+    c = d.connect()
+    try:
+        for i in range(3):
+            c.send({"type": "speak", "text": "你好", "id": f"s{i}", "seed": i})
+        # wait until all three are accepted and the first runs, then stop: s1 and s2 are queued
+        evs, _ = c.events_until_ids({"s0", "s1", "s2"}, kinds=("accepted",))
+        if not any(e["type"] == "started" for e in evs):
+            c.events(("started",))
+        assert d.stop() == 0
+        _, ends = c.events_until_ids({"s0", "s1", "s2"}, kinds=("done", "error"))
+    finally:
+        c.close()
+    assert ends["s0"]["type"] == "done"                 # the running one was drained
+    assert ends["s1"]["code"] == ends["s2"]["code"] == "spooled", ends
+    files = sorted(p.name for p in spool.glob("*.json"))
+    assert len(files) == 2 and files[0].endswith("s1.json") and files[1].endswith("s2.json")
+
+    # restart on the same config: the spool is replayed and emptied
+    d2 = launch_daemon(tmp_path / "d", cfg)
+    try:
+        wav = tmp_path / "wav"
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((wav / "s1.wav").exists() and (wav / "s2.wav").exists()
+                                              and "replayed 2 spooled" in d2.log()):
+            time.sleep(0.2)
+        log = d2.log()
+        assert "replayed 2 spooled request(s)" in log, log[-3000:]
+        deadline = time.time() + 120
+        while time.time() < deadline and log.count("spooled request s") < 2:
+            time.sleep(0.2)
+            log = d2.log()
+        assert "spooled request s1: done" in log and "spooled request s2: done" in log, log[-3000:]
+        assert not list(spool.glob("*.json"))
+    finally:
+        assert d2.stop() == 0
