@@ -65,7 +65,7 @@ class SynthesisConfig:
     max_new_tokens: int = _f(2048, "Hard stop in decode steps per sentence (46.875 steps = 1 s of audio).", min=1, max=4096)
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
-    seed: Optional[int] = _f(None, "Default sampling seed; None = a fresh seed per request (reported in the reply).")
+    seed: Optional[int] = _f(None, "Default sampling seed (0 <= seed < 2**63); None = a fresh seed per request (reported in the reply).", min=0, max=2**63 - 1)
     refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first: the GPT in text mode rewrites each sentence, adding [uv_break]/[laugh]/[lbreak] (adds up to 384 decode steps of latency before the first audio; torch CPU backend only).")
     refine_prompt: str = _f("", "Control tokens for refine-text, e.g. [oral_2][laugh_0][break_6] (upstream RefineTextParams.prompt).")
 
@@ -202,6 +202,12 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
+    source: str = field(default="", metadata={"help": "The file this config was read from ('' when built in code; set by load_config; not a YAML key)."})
+
+    @property
+    def file_hint(self) -> str:
+        """The config file to name in messages (``source``, else ``<base_dir>/config.yaml``)."""
+        return self.source or str(Path(self.base_dir) / "config.yaml")
 
     def resolve(self, p: str) -> Path:
         """Return ``p`` as an absolute path, relative paths taken from :attr:`base_dir`."""
@@ -247,7 +253,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "base_dir"}
+    internal = ("base_dir", "source") if cls is Config else ()   # set by load_config, not YAML keys
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name not in internal}
     unknown = sorted(set(data) - set(known))
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
@@ -347,7 +354,7 @@ def load_config(path: str | os.PathLike | None) -> Config:
         raise ConfigError(f"{p} is not valid YAML: {e}") from e
     if data is None:
         data = {}
-    return config_from_dict(data, p.parent)
+    return dataclasses.replace(config_from_dict(data, p.parent), source=str(p.resolve()))
 
 
 def replace(cfg: Any, **changes: Any) -> Any:

@@ -65,7 +65,10 @@ def test_int_accepted_for_float_and_empty_file(tmp_path):
     p.write_text("synthesis: {temperature: 1}\n")
     assert load_config(p).synthesis.temperature == 1.0
     p.write_text("")
-    assert load_config(p) == dataclasses.replace(Config(), base_dir=str(tmp_path.resolve()))
+    assert load_config(p) == dataclasses.replace(Config(), base_dir=str(tmp_path.resolve()), source=str(p.resolve()))
+    assert load_config(p).file_hint == str(p.resolve())
+    with pytest.raises(ConfigError, match="unknown config key 'source'"):
+        config_from_dict({"source": "x"})
 
 
 def test_bare_off_in_yaml_means_off(tmp_path):

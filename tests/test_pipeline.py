@@ -101,3 +101,48 @@ def test_long_text_is_split_and_spoken_as_one_stream(pipe):
     pcm = np.concatenate(list(pipe.run(job)))
     assert job.stats.sentences == len(job.prompts)
     assert pcm.size == len(job.prompts) * (512 * 20 - 256)
+
+
+def test_a_failing_join_gives_its_slot_back(pipe):
+    """A sequence whose sampler cannot start (here: a negative seed, refused by numpy) must not
+    keep its KV slot: three such failures used to leave no slot for anyone."""
+    from appliance.tts.generate import Sequence
+
+    job = pipe.prepare(Speak(text="你好。", id="neg", seed=1))
+    for _ in range(pipe.loop.max_batch + 1):
+        with pytest.raises(ValueError):
+            pipe.loop.join(Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=-5))
+        assert pipe.loop.free_slots == pipe.loop.max_batch
+    assert np.concatenate(list(pipe.run(job))).size > 0
+
+
+@pytest.mark.parametrize("obj", [{"text": "hi", "seed": -5}, {"text": "hi", "seed": 2**64},
+                                 {"text": "hi", "voice": "seed:" + "9" * 5000}])
+def test_out_of_range_seeds_are_bad_requests(pipe, obj):
+    from appliance.errors import RequestError
+    from appliance.service.protocol import parse_request
+
+    with pytest.raises(RequestError):
+        pipe.prepare(parse_request(obj))
+
+
+def test_missing_checkpoint_names_model_path_and_the_config_file(tmp_path):
+    from appliance.config import load_config
+    from appliance.errors import CheckpointError
+
+    (tmp_path / "c.yaml").write_text("model: {path: nothing-here, backend: torch}\n")
+    with pytest.raises(CheckpointError) as e:
+        Pipeline.from_config(load_config(tmp_path / "c.yaml"))
+    msg = str(e.value)
+    assert "model.path" in msg and str(tmp_path / "c.yaml") in msg and "model random" in msg
+    assert "asset/tokenizer/asset" not in msg
+
+
+def test_model_path_may_point_at_asset_and_random_weights_are_flagged(tiny_ckpt, caplog):
+    assert (tiny_ckpt / "RANDOM_WEIGHTS").is_file()
+    cfg = config_from_dict({"model": {"path": str(tiny_ckpt / "asset"), "backend": "torch", "device": "cpu",
+                                      "threads": 1, "max_seq_len": 256, "max_prompt_tokens": 64}})
+    with caplog.at_level("WARNING"):
+        p = Pipeline.from_config(cfg)
+    p.close()
+    assert "RANDOM weights" in caplog.text

@@ -39,7 +39,7 @@ SHA256: dict[str, str] = {
     "asset/tokenizer/tokenizer.json": "843838a64e121e23e774cc75874c6fe862198d9f7dd43747914633a8fd89c20e",
 }
 
-_HELP = ("Download it elsewhere (e.g. 'huggingface-cli download 2Noise/ChatTTS --include \"asset/*\" "
+_HELP = ("Download it elsewhere (e.g. 'hf download 2Noise/ChatTTS --include \"asset/*\" "
          "--local-dir DIR') and set model.path in config.yaml to that directory (it must hold asset/ in "
          "the official layout), or write a random checkpoint with 'chattts-appliance model random --size "
          "full DIR' (random weights speak noise).")

@@ -279,6 +279,11 @@ def write_random_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int =
             raise CheckpointError(f"cannot write {asset / name}: {e}") from e
         progress(1)
     (asset / layout.GPT_CONFIG).write_text(json.dumps(gpt_config(s, vocab_size), indent=2) + "\n", encoding="utf-8")
+    # a marker beside asset/ (the official layout inside asset/ stays exact): the pipeline logs a
+    # warning and scripts/quickstart.sh caps the utterance length when it sees it
+    (asset.parent / "RANDOM_WEIGHTS").write_text(
+        f"random {size} checkpoint, seed {seed}, written by chattts-appliance: these weights speak noise\n",
+        encoding="utf-8")
     if bar is not None:
         bar.close()
     log.info("wrote random %s checkpoint (seed %d) to %s: random weights speak noise", size, seed, asset)

@@ -124,7 +124,7 @@ class OnnxRunner(Runner):
         self._ort = ort
         mc = cfg.model
         d = Path(export_dir) if export_dir else find_export(cfg)
-        cfg_path = str(Path(cfg.base_dir) / "config.yaml")
+        cfg_path = cfg.file_hint
         if d is None:
             raise ConfigError(
                 f"no exported ONNX graphs under {cfg.resolve(mc.engine_dir) / 'onnx'}; "

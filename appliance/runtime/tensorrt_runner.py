@@ -63,7 +63,7 @@ def load_manifest(cfg: Config, plan_dir: Path) -> dict:
     Raises:
         EngineMismatchError: with ``rebuild with: ...``.
     """
-    cfg_path = str(Path(cfg.base_dir) / "config.yaml")
+    cfg_path = cfg.file_hint
     hint = mf.rebuild_hint(cfg_path, plan_dir.name, tensorrt=True)
     m = mf.read(plan_dir, hint)
     mc = cfg.model
@@ -270,7 +270,7 @@ class TensorRTRunner(Runner):
         d = Path(plan_dir) if plan_dir else find_plans(cfg)
         if d is None:
             raise ConfigError(f"no TensorRT plans under {cfg.resolve(cfg.model.engine_dir) / 'trt'}; build them with: "
-                              + mf.rebuild_hint(str(Path(cfg.base_dir) / 'config.yaml'), 'fp16', tensorrt=True))
+                              + mf.rebuild_hint(cfg.file_hint, 'fp16', tensorrt=True))
         m = load_manifest(cfg, d)
         self.manifest, self.dir = m, d
         self.plan = plan_buffers(m)

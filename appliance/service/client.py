@@ -17,6 +17,7 @@ The socket path: ``--socket``, else ``service.socket`` of ``--config``, else of
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -167,6 +168,10 @@ def cli_main(args: Any) -> int:
         if getattr(args, k, None) is not None:
             req[k] = getattr(args, k)
     if args.wav:
+        parent = os.path.dirname(os.path.abspath(args.wav))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            print(f"say: --wav {args.wav}: directory {parent} does not exist or is not writable", file=sys.stderr)
+            return EXIT_ERROR
         req["return_audio"] = True
     pcm: list[bytes] = []
     fmt, rate = "float32", 24000
@@ -187,7 +192,12 @@ def cli_main(args: Any) -> int:
                 return EXIT_ERROR
             if t == "done":
                 if args.wav:
-                    _write_wav(args.wav, b"".join(pcm), fmt, rate)
+                    try:
+                        _write_wav(args.wav, b"".join(pcm), fmt, rate)
+                    except (ApplianceError, OSError) as e:
+                        print(f"say: the request was spoken but --wav {args.wav} could not be written: {e}",
+                              file=sys.stderr)
+                        return EXIT_ERROR
                     if not args.json:
                         print(f"wrote {args.wav}", flush=True)
                 return EXIT_DONE
@@ -197,7 +207,7 @@ def cli_main(args: Any) -> int:
               f"(or `systemctl start chattts-appliance`), or pass --socket / --config.", file=sys.stderr)
         return EXIT_UNREACHABLE
     except socket.timeout:
-        print(f"say: no 'done' within {args.timeout:.0f} s (--timeout)", file=sys.stderr)
+        print(f"say: no 'done' within {args.timeout:g} s (--timeout)", file=sys.stderr)
         return EXIT_ERROR
     except (ConnectionError, OSError, ValueError) as e:
         print(f"say: connection to {path} failed: {e}", file=sys.stderr)

@@ -298,7 +298,7 @@ class Daemon:
             log.error("SIGHUP: %s is not valid, keeping the running configuration: %s", self.config_path, e)
             return f"ready (reload failed, running config kept: {e})"
         changed = [f.name for f in dataclasses.fields(Config)
-                   if f.name != "base_dir" and getattr(new, f.name) != getattr(self.cfg, f.name)]
+                   if f.name not in ("base_dir", "source") and getattr(new, f.name) != getattr(self.cfg, f.name)]
         live = {n: getattr(new, n) for n in changed if n in self.LIVE_SECTIONS}
         restart = [n for n in changed if n not in self.LIVE_SECTIONS]
         if live:

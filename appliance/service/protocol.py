@@ -311,6 +311,9 @@ def parse_request(obj: Any) -> Speak | Cancel | StatusRequest | HealthRequest:
             continue
         kw[k] = _check_value(k, v, hints[k])
     if cls is Speak:
+        seed = kw.get("seed")
+        if seed is not None and not 0 <= seed < 2**63:
+            raise RequestError(f"field 'seed' = {seed} must be in [0, 2**63)")
         if "text" not in kw or kw["text"] is None:
             raise RequestError("field 'text' is required in speak")
         if kw.get("priority", "normal") not in PRIORITIES:

@@ -56,9 +56,13 @@ class WavWriter:
         self.frames = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._w = wave.open(str(self.path), "wb")
+            # open the file first: a failing wave.open(path) leaves a half-built Wave_write whose
+            # __del__ prints an AttributeError
+            self._f = open(self.path, "wb")
         except OSError as e:
-            raise AudioDeviceError(f"cannot write WAV file {self.path}: {e.strerror or e}; check audio.wav_dir") from e
+            raise AudioDeviceError(f"cannot write WAV file {self.path}: {e.strerror or e} "
+                                   "(check that directory: audio.wav_dir for the daemon)") from e
+        self._w = wave.open(self._f, "wb")
         self._w.setnchannels(1)
         self._w.setsampwidth(2)
         self._w.setframerate(rate)
@@ -73,6 +77,7 @@ class WavWriter:
         """Finish the header and close; returns the path. Idempotent."""
         if self._w is not None:
             self._w.close()
+            self._f.close()
             self._w = None
             log.debug("wrote %s (%d frames, %.2f s)", self.path, self.frames, self.frames / self.rate)
         return self.path

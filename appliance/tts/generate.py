@@ -110,17 +110,17 @@ class DecodeLoop:
         if len(seq.ids) + 1 >= self.max_seq_len:
             raise CapacityError(f"prompt of {len(seq.ids)} tokens does not fit the KV cache of {self.max_seq_len}")
         slot = self._free.pop()
-        try:
+        try:   # whatever fails before the sequence is active gives its slot back
             logits, hidden = self.runner.prefill(slot, seq.ids, seq.spk_emb)
+            if self.device_sampling:
+                codes = self.runner.begin(slot, seq.params, seq.seed)
+            else:
+                self.sampler.start(slot, seq.params, seq.seed)
+                codes = self.sampler.sample(np.array([slot]), logits[None], np.array([0]))[0]
         except BaseException:
             self._free.append(slot)
             raise
         seq.slot, seq.pos, seq.steps, seq.finished = slot, len(seq.ids), 0, False
-        if self.device_sampling:
-            codes = self.runner.begin(slot, seq.params, seq.seed)
-        else:
-            self.sampler.start(slot, seq.params, seq.seed)
-            codes = self.sampler.sample(np.array([slot]), logits[None], np.array([0]))[0]
         self.active.append(seq)
         if self._accept(seq, codes):
             return np.array(hidden, np.float32, copy=True)

@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import ConfigError, EmptyResultError, TextError
+from ..errors import CheckpointError, ConfigError, EmptyResultError, RequestError, TextError
 from ..runtime.runner import Runner, RunnerInfo
 from .batch import BatchEngine
 from .generate import DecodeLoop
@@ -135,8 +135,18 @@ class Pipeline:
         """
         from ..runtime.select import open_runner
 
-        ckpt = cfg.resolve(cfg.model.path)
-        tokenizer = Tokenizer.from_dir(ckpt / "asset" / "tokenizer")
+        root = cfg.resolve(cfg.model.path)
+        asset = next((c for c in (root / "asset", root) if (c / "gpt" / "config.json").is_file()), None)
+        if asset is None:
+            raise CheckpointError(
+                f"model.path {root} holds no ChatTTS checkpoint (no asset/gpt/config.json under it). Get the "
+                f"official one with 'chattts-appliance model fetch DIR' (or copy the asset/ folder of "
+                f"2Noise/ChatTTS into DIR), or write a random one with 'chattts-appliance model random --size "
+                f"tiny DIR'; then set model.path to DIR in {cfg.file_hint}")
+        if (asset.parent / "RANDOM_WEIGHTS").exists() or (asset / "RANDOM_WEIGHTS").exists():
+            log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
+                        "the real weights)", asset.parent)
+        tokenizer = Tokenizer.from_dir(asset / "tokenizer")
         runner = open_runner(cfg)
         return cls(cfg, runner, tokenizer)
 

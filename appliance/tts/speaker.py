@@ -179,5 +179,7 @@ def resolve_voice(voice: str, dim: int = SPK_STAT_DIM) -> Optional[np.ndarray]:
         m = _SEED_RE.fullmatch(v.lower().replace(" ", ""))
         if not m:
             raise SpeakerError(f"voice {voice!r}: 'seed:' must be followed by a non-negative integer, e.g. 'seed:2'")
+        if len(m.group(1)) > 19 or int(m.group(1)) >= 2**63:
+            raise SpeakerError(f"voice 'seed:N': N must be below 2**63, got {len(m.group(1))} digits")
         return random_speaker(int(m.group(1)), dim)
     return decode_speaker(v, dim)

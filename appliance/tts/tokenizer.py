@@ -70,8 +70,9 @@ class Tokenizer:
                 break
         else:
             raise CheckpointError(
-                f"no tokenizer under {p}: expected {p / TOKENIZER_JSON} (official ChatTTS layout); "
-                "point model.checkpoint at a checkpoint or run 'chattts-appliance model random'")
+                f"no tokenizer.json under {p} (official ChatTTS layout: <model.path>/asset/tokenizer/"
+                "tokenizer.json); point model.path at a checkpoint or write one with "
+                "'chattts-appliance model random --size tiny DIR'")
         try:
             tok = _HFTokenizer.from_file(str(cand))
         except Exception as e:  # the tokenizers library raises plain Exception subclasses
