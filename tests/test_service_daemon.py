@@ -76,6 +76,11 @@ BAD = [
     ({"type": "speak", "text": "hello", "channel": "kitchen"}, "unknown_channel"),
     ({"type": "shout", "text": "hello"}, "bad_request"),
     ([1, 2, 3], "bad_request"),
+    # negative seeds used to start, fail in the sampler and leak a decode slot each
+    ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
+    ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
+    ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
+    ({"type": "speak", "text": "hello", "voice": "seed:" + "9" * 5000}, "bad_speaker"),
 ]
 
 
