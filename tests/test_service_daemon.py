@@ -80,7 +80,7 @@ BAD = [
     ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
     ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
     ({"type": "speak", "text": "hello", "seed": -5}, "bad_request"),
-    ({"type": "speak", "text": "hello", "voice": "seed:" + "9" * 5000}, "bad_speaker"),
+    ({"type": "speak", "text": "hello", "voice": "seed:" + "9" * 3000}, "bad_speaker"),
 ]
 
 
