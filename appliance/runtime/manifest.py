@@ -163,6 +163,25 @@ def find_built(engine_dir: str | os.PathLike, kind: str, precisions: tuple[str, 
     return None
 
 
+def expect_common(cfg: Any, manifest: dict, kind: str) -> dict:
+    """What every engine (``kind`` ``onnx`` or ``tensorrt``) must match at load: the KV-cache and
+    prompt limits of ``cfg.model``, the three graphs, and the checkpoint's sha256 when the
+    checkpoint is present (its identity cached in ``manifest`` avoids re-hashing)."""
+    mc = cfg.model
+    expect: dict[str, Any] = {
+        "kind": kind,
+        "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
+                   "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
+        "graphs": ("gpt", "decoder", "vocos"),
+    }
+    ckpt = cfg.resolve(mc.path)
+    if checkpoint_files(ckpt):
+        expect["checkpoint_sha256"] = checkpoint_identity(ckpt, manifest.get("checkpoint"))["sha256"]
+    else:
+        log.warning("checkpoint %s not found: the engine's checkpoint identity is not checked", ckpt)
+    return expect
+
+
 def write(directory: str | os.PathLike, manifest: dict) -> Path:
     """Write ``manifest`` (adds ``format`` and ``created``) as ``<directory>/manifest.json``."""
     d = Path(directory)

@@ -132,17 +132,7 @@ class OnnxRunner(Runner):
         precision = d.name
         hint = mf.rebuild_hint(cfg_path, precision, tensorrt=False)
         m = mf.read(d, hint)
-        expect: dict[str, Any] = {
-            "kind": "onnx",
-            "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
-                       "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
-            "graphs": ("gpt", "decoder", "vocos"),
-        }
-        ckpt = cfg.resolve(mc.path)
-        if mf.checkpoint_files(ckpt):
-            expect["checkpoint_sha256"] = mf.checkpoint_identity(ckpt, m.get("checkpoint"))["sha256"]
-        else:
-            log.warning("checkpoint %s not found: the engine's checkpoint identity is not checked", ckpt)
+        expect = mf.expect_common(cfg, m, "onnx")
         mf.check(m, expect, hint)
         self.manifest, self.dir = m, d
         s = m["shapes"]

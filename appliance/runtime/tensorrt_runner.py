@@ -66,19 +66,10 @@ def load_manifest(cfg: Config, plan_dir: Path) -> dict:
     cfg_path = cfg.file_hint
     hint = mf.rebuild_hint(cfg_path, plan_dir.name, tensorrt=True)
     m = mf.read(plan_dir, hint)
-    mc = cfg.model
     facts = mf.device_facts()
-    expect: dict[str, Any] = {
-        "kind": "tensorrt",
-        "runtime": {"name": trtshim.flavor(), "version": trtshim.version()},
-        "device": {k: facts.get(k) for k in ("compute_capability", "board", "l4t")},
-        "limits": {"max_batch": mc.max_batch, "max_seq_len": mc.max_seq_len,
-                   "max_prompt_tokens": min(mc.max_prompt_tokens, mc.max_seq_len - 1)},
-        "graphs": ("gpt", "decoder", "vocos"),
-    }
-    ckpt = cfg.resolve(mc.path)
-    if mf.checkpoint_files(ckpt):
-        expect["checkpoint_sha256"] = mf.checkpoint_identity(ckpt, m.get("checkpoint"))["sha256"]
+    expect = mf.expect_common(cfg, m, "tensorrt")
+    expect["runtime"] = {"name": trtshim.flavor(), "version": trtshim.version()}
+    expect["device"] = {k: facts.get(k) for k in ("compute_capability", "board", "l4t")}
     mf.check(m, expect, hint)
     return m
 

@@ -697,17 +697,8 @@ class CudaRunner(TorchRunner):
             self.last_logits[row] = torch.from_numpy(logits).to(self.device)
             self.pos_host[row] = len(np.asarray(ids).reshape(-1))
             return logits, hidden
-        ids = np.asarray(ids).reshape(-1)
+        ids = self._check_prompt(ids, spk_emb)
         t = ids.shape[0]
-        if t == 0:
-            raise CapacityError("empty prompt: prefill needs at least one token")
-        if t > self.info.max_prompt_tokens:
-            raise CapacityError(
-                f"prompt of {t} tokens exceeds model.max_prompt_tokens {self.info.max_prompt_tokens}: split the text")
-        if ids.min() < 0 or ids.max() >= self.shapes.num_text_tokens:
-            raise EngineError(f"text id out of range [0, {self.shapes.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
-        if spk_emb is not None and np.shape(spk_emb) != (self.shapes.hidden,):
-            raise EngineError(f"spk_emb must have shape [{self.shapes.hidden}], got {list(np.shape(spk_emb))}")
         T = self._prefill_bucket(t)
         try:
             with torch.inference_mode():

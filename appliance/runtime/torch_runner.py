@@ -90,10 +90,13 @@ class TorchRunner(Runner):
         if not 0 <= int(slot) < self.info.max_batch:
             raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
 
-    # -------------------------------------------------------------- Runner
-    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt ``ids [T]`` (+ ``spk_emb [D]``) into ``slot``; (logits [Q, V], hidden [D]) of the last position."""
-        self._check_slot(slot)
+    def _check_prompt(self, ids: np.ndarray, spk_emb: np.ndarray | None) -> np.ndarray:
+        """Validate a prefill prompt; returns ``ids`` as a flat array.
+
+        Raises:
+            CapacityError: empty, or longer than ``model.max_prompt_tokens``.
+            EngineError: an id outside the text vocabulary, or ``spk_emb`` not ``[D]``.
+        """
         ids = np.asarray(ids).reshape(-1)
         t = ids.shape[0]
         if t == 0:
@@ -105,6 +108,13 @@ class TorchRunner(Runner):
             raise EngineError(f"text id out of range [0, {self.shapes.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
         if spk_emb is not None and np.shape(spk_emb) != (self.shapes.hidden,):
             raise EngineError(f"spk_emb must have shape [{self.shapes.hidden}], got {list(np.shape(spk_emb))}")
+        return ids
+
+    # -------------------------------------------------------------- Runner
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt ``ids [T]`` (+ ``spk_emb [D]``) into ``slot``; (logits [Q, V], hidden [D]) of the last position."""
+        self._check_slot(slot)
+        ids = self._check_prompt(ids, spk_emb)
         try:
             with torch.inference_mode():
                 m = self.model
