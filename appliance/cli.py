@@ -7,6 +7,7 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
 * ``serve --config config.yaml`` – run the daemon (:mod:`appliance.service.daemon`).
 * ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
+* ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
 * ``health`` – field health check (:mod:`appliance.service.health`).
 * ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.runtime.engines_cli`).
 
@@ -31,6 +32,8 @@ _COMMANDS = {
     "serve": ("appliance.service.daemon", "cli_main"),
     "say": ("appliance.service.client", "cli_main"),
     "health": ("appliance.service.health", "cli_main"),
+    "status": ("appliance.service.client", "status_main"),
+    "cancel": ("appliance.service.client", "cancel_main"),
     "engines export": ("appliance.runtime.engines_cli", "cli_export"),
     "engines build": ("appliance.runtime.engines_cli", "cli_build"),
 }
@@ -66,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--wav", default=None, help="also write the returned audio to this WAV file")
     y.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for 'done'")
     y.add_argument("--json", action="store_true", help="print the events as JSON lines")
+
+    for name, hlp in (("status", "print a running daemon's status"),
+                      ("cancel", "cancel a request (--id) or everything on a channel (--channel)")):
+        c = sub.add_parser(name, help=hlp)
+        c.add_argument("--config", default=None, help="read the socket path from this config")
+        c.add_argument("--socket", default=None, help="socket path (overrides --config)")
+        c.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+        if name == "status":
+            c.add_argument("--json", action="store_true", help="print the status as JSON")
+        else:
+            g = c.add_mutually_exclusive_group(required=True)
+            g.add_argument("--id", default=None, help="request id")
+            g.add_argument("--channel", default=None, help="channel name")
 
     h = sub.add_parser("health", help="field health check (exit 1 when unhealthy)")
     h.add_argument("--config", default="config.yaml")

@@ -223,3 +223,59 @@ def _write_wav(path: str, data: bytes, fmt: str, rate: int) -> None:
     if fmt != "float32":
         pcm = pcm.astype(np.float32) / 32767.0
     write_wav(path, pcm, rate)
+
+
+def _one_reply(args: Any, request: dict, prog: str) -> tuple[int, Optional[dict]]:
+    """Send one request and return (exit status, its first reply) — for ``status`` / ``cancel``."""
+    try:
+        path = socket_path(args.config, args.socket)
+        c = Client(path, args.timeout)
+    except (ApplianceError, Unreachable) as e:
+        print(f"{prog}: the daemon is not reachable: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE, None
+    try:
+        c.send(request)
+        for ev, _ in c.events():
+            return (EXIT_ERROR if ev.get("type") == "error" else EXIT_DONE), ev
+    except (socket.timeout, OSError, ValueError) as e:
+        print(f"{prog}: no reply from {path}: {e}", file=sys.stderr)
+        return EXIT_ERROR, None
+    finally:
+        c.close()
+    print(f"{prog}: the daemon closed the connection without a reply", file=sys.stderr)
+    return EXIT_ERROR, None
+
+
+def status_main(args: Any) -> int:
+    """``chattts-appliance status``: print the daemon's status (JSON with ``--json``)."""
+    rc, ev = _one_reply(args, {"type": "status"}, "status")
+    if ev is None:
+        return rc
+    if args.json or ev.get("type") != "status":
+        print(json.dumps(ev, ensure_ascii=False))
+        return rc
+    print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
+          f"last RTF {ev.get('last_rtf')}, last TTFB {ev.get('last_ttfb_ms')} ms, "
+          f"temperature {ev.get('temperature_c')} C")
+    for name, ch in (ev.get("channels") or {}).items():
+        print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
+              + "".join(f", {k} {v}" for k, v in ch.items() if k not in ("active", "queued")))
+    return rc
+
+
+def cancel_main(args: Any) -> int:
+    """``chattts-appliance cancel (--id ID | --channel NAME)``: exit 0 when something was
+    cancelled, 1 when there was nothing to cancel (message on stderr)."""
+    req: dict = {"type": "cancel"}
+    if args.id:
+        req["id"] = args.id
+    if args.channel:
+        req["channel"] = args.channel
+    rc, ev = _one_reply(args, req, "cancel")
+    if ev is None:
+        return rc
+    if ev.get("code") == "cancelled":   # the daemon tells a canceller which request it stopped
+        print(f"cancelled {ev.get('id')}")
+        return EXIT_DONE
+    print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+    return EXIT_ERROR
