@@ -105,7 +105,8 @@ class Pipeline:
         runner: an opened backend (see :func:`appliance.runtime.select.open_runner`).
         tokenizer: the checkpoint's tokenizer.
 
-    Not thread-safe: one worker thread owns it (the service's inference worker).
+    :meth:`run` (and everything touching the runner) belongs to one thread, the service's
+    inference worker; :meth:`prepare` may run on another thread at the same time.
     """
 
     SAMPLE_RATE = SAMPLE_RATE
@@ -143,7 +144,7 @@ class Pipeline:
                 f"official one with 'chattts-appliance model fetch DIR' (or copy the asset/ folder of "
                 f"2Noise/ChatTTS into DIR), or write a random one with 'chattts-appliance model random --size "
                 f"tiny DIR'; then set model.path to DIR in {cfg.file_hint}")
-        if (asset.parent / "RANDOM_WEIGHTS").exists() or (asset / "RANDOM_WEIGHTS").exists():
+        if (asset.parent / "RANDOM_WEIGHTS").exists():   # written by `model random` beside asset/
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
                         "the real weights)", asset.parent)
         tokenizer = Tokenizer.from_dir(asset / "tokenizer")
