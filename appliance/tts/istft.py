@@ -52,6 +52,13 @@ class StreamingISTFT:
         self._emitted = 0    # output (trimmed) samples emitted so far
         self._max_push = max_frames_per_push
 
+    def reset(self) -> None:
+        """Start a new signal, keeping the buffers (only their used part is cleared)."""
+        used = (self._frames - 1) * self.hop + self.n_fft - self._base if self._frames else 0
+        self._acc[:max(used, 0)] = 0.0
+        self._env[:max(used, 0)] = 0.0
+        self._base = self._frames = self._emitted = 0
+
     def push(self, real: np.ndarray, imag: np.ndarray) -> np.ndarray:
         """Add frames ``[F, n_fft//2+1]`` (float32); return the output samples now final (float32)."""
         n = real.shape[0]
@@ -96,8 +103,9 @@ class StreamingISTFT:
             rest = max((self._frames - 1) * self.hop + self.n_fft - self._base - keep_from, 0)
             self._acc[:rest] = self._acc[keep_from:keep_from + rest]
             self._env[:rest] = self._env[keep_from:keep_from + rest]
-            self._acc[rest:] = 0.0
-            self._env[rest:] = 0.0
+            # past the old used end the buffers are zero already: clear only what was moved
+            self._acc[rest:keep_from + rest] = 0.0
+            self._env[rest:keep_from + rest] = 0.0
             self._base += keep_from
         return out
 

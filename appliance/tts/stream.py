@@ -68,7 +68,7 @@ class WindowedVocoder:
         self.n = 0            # tokens pushed
         self.mel_done = 0     # exact mel frames stored in self._mel
         self.spec_done = 0    # spectrum frames handed to the ISTFT
-        self._istft.__init__(N_FFT, HOP_LENGTH, max_frames_per_push=2 * self.max_tokens)
+        self._istft.reset()
 
     def push(self, hidden: np.ndarray) -> np.ndarray:
         """Append hidden states ``[n, D]``; return PCM samples that became final.
