@@ -329,3 +329,4 @@ class OnnxRunner(Runner):
         """Drop sessions, bindings and the KV cache (idempotent)."""
         self._bind = {}
         self._sess = {}
+        self._k = self._v = None

@@ -301,6 +301,15 @@ class Daemon:
                    if f.name not in ("base_dir", "source") and getattr(new, f.name) != getattr(self.cfg, f.name)]
         live = {n: getattr(new, n) for n in changed if n in self.LIVE_SECTIONS}
         restart = [n for n in changed if n not in self.LIVE_SECTIONS]
+        runner = getattr(self.pipeline, "runner", None)
+        if ("synthesis" in live and new.synthesis.refine_text and runner is not None
+                and not getattr(runner, "supports_text_mode", False)):
+            log.error("SIGHUP: synthesis.refine_text needs a backend with a text mode; %s has none: "
+                      "keeping the running synthesis section", runner.info.backend)
+            del live["synthesis"]
+            restart.append("synthesis (refine_text unsupported by this backend)")
+        if "synthesis" in live and new.synthesis.max_new_tokens > self.cfg.synthesis.max_new_tokens:
+            restart.append("synthesis.max_new_tokens above its start-up value")
         if live:
             self.cfg = dataclasses.replace(self.cfg, **live)
             if getattr(self.pipeline, "cfg", None) is not None:

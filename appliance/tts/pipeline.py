@@ -184,17 +184,14 @@ class Pipeline:
         norm = self.normalizer(text)
         p = speak.params
         s = cfg.synthesis
-        params = SamplingParams(
-            temperature=p.temperature if p.temperature is not None else s.temperature,
-            top_p=p.top_p if p.top_p is not None else s.top_p,
-            top_k=p.top_k if p.top_k is not None else s.top_k,
-            repetition_penalty=p.repetition_penalty if p.repetition_penalty is not None else s.repetition_penalty,
-            min_new_tokens=p.min_new_tokens if p.min_new_tokens is not None else s.min_new_tokens,
-            # synthesis.max_new_tokens is the box's hard limit (the vocoder buffers are sized by it)
+        params = SamplingParams.from_config(
+            s, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+            repetition_penalty=p.repetition_penalty, min_new_tokens=p.min_new_tokens,
+            # synthesis.max_new_tokens is the box's hard limit; the vocoder buffers were sized by the
+            # value at start-up, which a reload (SIGHUP) may have raised since: the smaller one holds
             max_new_tokens=min(p.max_new_tokens if p.max_new_tokens is not None else s.max_new_tokens,
-                               s.max_new_tokens,
-                               self.runner.info.max_seq_len - cfg.model.max_prompt_tokens - 1),
-        )
+                               s.max_new_tokens, self.vocoders[0].max_tokens,
+                               self.runner.info.max_seq_len - cfg.model.max_prompt_tokens - 1))
         prompt = p.prompt if p.prompt is not None else s.prompt
         voice = speak.voice if speak.voice is not None else s.voice
         spk_emb = resolve_voice(voice, self.runner.info.hidden_size)
