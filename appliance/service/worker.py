@@ -155,6 +155,8 @@ class Worker:
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
         self.slots = self.engine.capacity if self.engine is not None else len(self.queue_len)
+        if self.engine is not None:   # heartbeats also while a health check drives the engine
+            self.engine.on_step = self._beat
         self.mem_channels, self.mem_text = self._memory_plan(memory_budget_mb)
 
     # ------------------------------------------------------------------ memory budget
@@ -215,7 +217,7 @@ class Worker:
             if item.channel not in self._running and pos == 0:
                 ahead = set(self._running) | {q.channel for q in self._queue
                                               if q.channel != item.channel and q.rank <= item.rank}
-                waiting = self._why_waiting(item, len(ahead))
+                waiting = self._why_waiting(item, len(ahead), self._limits())
             item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
             self._insert(item)
             self._active[item.id] = item
@@ -360,8 +362,9 @@ class Worker:
                                             f"allows {lim.max_channels} channel(s) at once"))
         return min(cands, key=lambda c: c[0])
 
-    def _why_waiting(self, item: Item, running: int) -> Optional[str]:
-        lim = self._limits()
+    def _why_waiting(self, item: Item, running: int, lim: Any) -> Optional[str]:
+        """Why ``item`` cannot start with ``running`` channels synthesizing under throttle
+        limits ``lim`` (from :meth:`_limits`, fetched once per admission pass); None = it can."""
         if lim is not None and item.speak.priority not in lim.run_priorities:
             lvl = lim.level.value if hasattr(lim.level, "value") else lim.level
             return f"throttle level {lvl}: {item.speak.priority} requests wait"
@@ -377,7 +380,7 @@ class Worker:
         for it in self._queue:
             if it.channel in busy or it.channel in waiting:
                 continue
-            why = self._why_waiting(it, len(self._running) + len(start))
+            why = self._why_waiting(it, len(self._running) + len(start), lim)
             if why is not None:
                 waiting[it.channel] = why
                 continue

@@ -106,6 +106,9 @@ class BatchEngine:
                  refiner: Optional[Callable] = None) -> None:
         self.loop = loop
         self.refiner = refiner
+        #: called once per :meth:`step` (the service's watchdog heartbeat), whoever drives the
+        #: engine: the scheduler, or a health check running Pipeline.run on the worker thread
+        self.on_step: Optional[Callable[[], None]] = None
         self.vocoders = vocoders
         self.first = max(1, int(first_chunk_tokens))
         self.every = max(1, int(chunk_tokens))
@@ -150,6 +153,8 @@ class BatchEngine:
             decode fails every task that was decoding.
         """
         ended: list[Task] = []
+        if self.on_step is not None:
+            self.on_step()
         for t in list(self.tasks):
             if t.cancel is not None and t.cancel.is_set():
                 self._end(t, "cancelled", CancelledError(f"request {t.job.id} cancelled"))
