@@ -269,22 +269,8 @@ class OnnxRunner(Runner):
                 at or past ``max_seq_len``.
             EngineError: bad shapes or codes, or onnxruntime failed.
         """
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        codes = np.asarray(codes, np.int64)
+        slots, codes, pos = self.check_decode_args(slots, codes, pos)
         b = slots.shape[0]
-        if not 1 <= b <= self.info.max_batch:
-            raise CapacityError(f"decode batch of {b} rows: must be 1..{self.info.max_batch} (model.max_batch)")
-        if codes.shape != (b, self._Q) or pos.shape != (b,):
-            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
-                              f"expected codes [{b}, {self._Q}] and pos [{b}]")
-        if slots.min() < 0 or slots.max() >= self.info.max_batch or len(set(slots.tolist())) != b:
-            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{self.info.max_batch - 1}")
-        if pos.min() < 0 or pos.max() >= self.info.max_seq_len:
-            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
-                                f"{self.info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
-        if codes.min() < 0 or codes.max() >= self._V:
-            raise EngineError(f"audio code out of range [0, {self._V}): {codes.tolist()}")
         io, bufs = self._bind[b]
         e = bufs["emb"][:, 0]
         np.take(self._emb_code[0], codes[:, 0], axis=0, out=e)  # sum of the Q code embeddings

@@ -106,5 +106,38 @@ class Runner(abc.ABC):
     def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """mel [100, F] -> complex spectrum (real [F, 513], imag [F, 513]) before the inverse STFT."""
 
+    def check_decode_args(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Validate the arguments of :meth:`decode` for every backend (one copy of the rules).
+
+        Returns:
+            ``(slots int64 [B], codes int64 [B, Q], pos int64 [B])``.
+
+        Raises:
+            CapacityError: B outside 1..max_batch, slots not distinct or out of range, a position
+                at or past ``max_seq_len`` (the sentence is too long).
+            EngineError: wrong shapes, or a code outside the audio vocabulary.
+        """
+        from ..errors import CapacityError, EngineError
+
+        info = self.info
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        pos = np.asarray(pos, np.int64).reshape(-1)
+        codes = np.asarray(codes, np.int64)
+        b = slots.shape[0]
+        if not 1 <= b <= info.max_batch:
+            raise CapacityError(f"decode batch of {b} rows: must be 1..{info.max_batch} (model.max_batch)")
+        if codes.shape != (b, info.num_vq) or pos.shape != (b,):
+            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
+                              f"expected codes [{b}, {info.num_vq}] and pos [{b}]")
+        if slots.min() < 0 or slots.max() >= info.max_batch or len(set(slots.tolist())) != b:
+            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{info.max_batch - 1}")
+        if pos.min() < 0 or pos.max() >= info.max_seq_len:
+            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
+                                f"{info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
+        if codes.min() < 0 or codes.max() >= info.num_audio_tokens:
+            raise EngineError(f"audio code out of range [0, {info.num_audio_tokens}): {codes.tolist()}")
+        return slots, codes, pos
+
     def close(self) -> None:
         """Release device memory. Idempotent."""

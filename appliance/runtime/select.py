@@ -75,8 +75,15 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
 
 def _torch_runner(cfg: Config, reason: str) -> Runner:
     """TorchRunner on the CPU; on a CUDA GPU the fast path (CudaRunner: CUDA graphs, on-device
-    sampling; appliance.runtime.torch_cuda). Added by the GPU helper (issue 4)."""
-    from .torch_runner import TorchRunner, pick_device
+    sampling; appliance.runtime.torch_cuda).
+
+    Raises:
+        ConfigError: PyTorch is not installed.
+    """
+    try:
+        from .torch_runner import TorchRunner, pick_device
+    except ImportError as e:  # torch missing
+        raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
 
     if pick_device(cfg.model.device).type == "cuda":
         from .torch_cuda import CudaRunner
@@ -96,10 +103,6 @@ def open_runner(cfg: Config) -> Runner:
     """
     backend, reason = choose_backend(cfg)
     if backend == "torch":
-        try:
-            from .torch_runner import TorchRunner
-        except ImportError as e:  # torch missing
-            raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
         runner: Runner = _torch_runner(cfg, reason)
     elif backend == "onnxruntime":
         from .onnx_runner import OnnxRunner

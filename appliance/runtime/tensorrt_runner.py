@@ -382,14 +382,9 @@ class TensorRTRunner(Runner):
 
     def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Runner.decode`. Raises CapacityError / EngineError."""
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        codes = np.asarray(codes, np.int64)
-        b = slots.shape[0]
-        if not 1 <= b <= self.info.max_batch or len(set(slots.tolist())) != b or slots.min() < 0 or slots.max() >= self.info.max_batch:
-            raise CapacityError(f"decode slots {slots.tolist()} must be 1..{self.info.max_batch} distinct slots")
-        if pos.min() < 1 or pos.max() >= self.info.max_seq_len:
-            raise CapacityError(f"position {int(pos.max())} outside 1..{self.info.max_seq_len - 1} (model.max_seq_len)")
+        slots, codes, pos = self.check_decode_args(slots, codes, pos)
+        if pos.min() < 1:   # a decode step follows a prefill of at least one token
+            raise CapacityError(f"decode position {int(pos.min())}: must follow a prefill (>= 1)")
         emb = self._emb_code[np.arange(self.info.num_vq)[None, :], codes].sum(1)[:, None]  # [B, 1, D]
         r = self._gpt("gpt", emb.astype(np.float32), pos, slots, max(1, int(pos.max())))
         return r["logits"], r["hidden"]

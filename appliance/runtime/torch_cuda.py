@@ -783,19 +783,8 @@ class CudaRunner(TorchRunner):
 
         The device sampler also runs (its state for these rows is then meaningless for
         :meth:`decode_many`: do not mix both on one sequence)."""
-        slots_a = np.asarray(slots, np.int64).reshape(-1)
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        codes = np.asarray(codes, np.int64)
+        slots_a, codes, pos = self.check_decode_args(slots, codes, pos)
         b = slots_a.shape[0]
-        if b == 0 or b > self.info.max_batch or len(set(slots_a.tolist())) != b:
-            raise CapacityError(f"decode batch {slots_a.tolist()}: 1..{self.info.max_batch} distinct slots")
-        if codes.shape != (b, self.shapes.num_vq) or pos.shape != (b,):
-            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}")
-        if pos.min() < 0 or pos.max() >= self.info.max_seq_len:
-            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
-                                f"{self.info.max_seq_len}: split the sentence or raise max_seq_len")
-        if codes.min() < 0 or codes.max() >= self.shapes.num_audio_tokens:
-            raise EngineError(f"audio code out of range [0, {self.shapes.num_audio_tokens}): {codes.tolist()}")
         with torch.inference_mode():
             self._ensure_rows(slots_a.tolist())
             self.codes_in[:b] = torch.from_numpy(codes).to(self.device)

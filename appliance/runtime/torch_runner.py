@@ -130,22 +130,8 @@ class TorchRunner(Runner):
 
     def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step for rows ``slots [B]`` with ``codes [B, Q]`` written at ``pos [B]``; (logits [B,Q,V], hidden [B,D])."""
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        codes = np.asarray(codes, np.int64)
+        slots, codes, pos = self.check_decode_args(slots, codes, pos)
         b = slots.shape[0]
-        if b == 0 or b > self.info.max_batch:
-            raise CapacityError(f"decode batch of {b} rows: must be 1..{self.info.max_batch} (model.max_batch)")
-        if codes.shape != (b, self.shapes.num_vq) or pos.shape != (b,):
-            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
-                              f"expected codes [{b}, {self.shapes.num_vq}] and pos [{b}]")
-        if slots.min() < 0 or slots.max() >= self.info.max_batch or len(set(slots.tolist())) != b:
-            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{self.info.max_batch - 1}")
-        if pos.min() < 0 or pos.max() >= self.info.max_seq_len:
-            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
-                                f"{self.info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
-        if codes.min() < 0 or codes.max() >= self.shapes.num_audio_tokens:
-            raise EngineError(f"audio code out of range [0, {self.shapes.num_audio_tokens}): {codes.tolist()}")
         try:
             with torch.inference_mode():
                 m = self.model
