@@ -22,8 +22,9 @@ Threads and how events flow::
          Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
 
 ``Pipeline.prepare`` runs on its own single thread (so bad text is answered at once, even while
-a long request synthesizes) concurrently with ``Pipeline.run`` on the worker thread: prepare
-must only read the tokenizer/normalizer, never the runner or decode state. ``done.ttfb_ms`` is
+a long request synthesizes) concurrently with the worker thread, which drives the pipeline's
+``BatchEngine`` (``engine.step()``): prepare must only read the tokenizer/normalizer, never the
+runner or decode state. ``done.ttfb_ms`` is
 measured here from accept to the first PCM chunk (queue wait included); the pipeline's own TTFB
 (run start to first chunk) is logged beside it.
 
@@ -123,7 +124,8 @@ class Daemon:
         cfg: validated configuration.
         hooks: systemd / spool callbacks.
         pipeline_factory: ``cfg -> pipeline`` (default ``Pipeline.from_config``); the pipeline
-            needs ``prepare(speak)``, ``run(job, cancel)``, ``warmup()`` and ``info.backend``.
+            needs ``prepare(speak)``, ``engine`` (a :class:`~appliance.tts.batch.BatchEngine`),
+            ``run(job, cancel)`` (health check), ``warmup()`` and ``info``.
         config_path: the file SIGHUP re-reads (:meth:`reload_config`).
     """
 

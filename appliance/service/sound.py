@@ -53,11 +53,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import AudioDeviceError
+from ..tts.tokens import SAMPLE_RATE
 from .wavout import WavWriter, wav_path
 
 log = logging.getLogger(__name__)
 
-PIPELINE_RATE = 24000
+PIPELINE_RATE = SAMPLE_RATE
 """Rate of the PCM the pipeline produces, Hz."""
 
 REOPEN_INTERVAL_S = 5.0
