@@ -138,3 +138,16 @@ def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
         w.stop(10)
     assert [e.type for e in ev.of("n1")] == ["accepted", "started", "done"]
     assert [e.type for e in ev.of("bg")] == ["accepted", "started", "done"]
+
+
+def test_budget_below_what_the_backend_holds_is_warned_at_start(pipe, cfg, caplog):
+    """Every KV slot is allocated at load: a budget that cannot hold them all is said at start."""
+    info = pipe.info
+    kv = info.kv_bytes_per_token * info.max_seq_len
+    with caplog.at_level("WARNING", logger="appliance.service.worker"):
+        _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + 1.5 * kv) / MIB)
+    assert "allocated at load" in caplog.text and "lower model.max_batch" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="appliance.service.worker"):
+        _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + (info.max_batch + 1) * kv) / MIB)
+    assert "allocated at load" not in caplog.text

@@ -175,6 +175,15 @@ class Worker:
                 f"channel (model.max_seq_len {getattr(info, 'max_seq_len', '?')}) fit {n} channel(s) at once in "
                 f"service.memory_budget_mb {budget_mb:g} MiB")
         log.info("%s", text)
+        slots = int(getattr(info, "max_batch", 0) or 0)
+        allocated = weights + slots * kv
+        if allocated > budget:
+            # the runners allocate every KV slot at load: the admission limit above bounds how many
+            # channels synthesize at once, not the memory already held
+            log.warning("memory budget: the backend holds %.0f MiB (weights + KV cache for all %d slots, "
+                        "allocated at load), over service.memory_budget_mb %g MiB; lower model.max_batch or "
+                        "model.max_seq_len, or use a smaller precision (int8 engines / fp16)",
+                        allocated / MIB, slots, budget_mb)
         return n, text
 
     # ------------------------------------------------------------------ control side (any thread)
