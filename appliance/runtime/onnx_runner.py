@@ -55,7 +55,7 @@ import numpy as np
 from ..config import Config
 from ..errors import CapacityError, ConfigError, EngineError
 from . import manifest as mf
-from .runner import Runner, RunnerInfo
+from .runner import Runner, RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class OnnxRunner(Runner):
             backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
-            decoder_rf=2 + 6 * s["dec_layers"] + 1, vocos_rf=3 * (1 + s["voc_layers"]), max_window_tokens=0,
+            **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)

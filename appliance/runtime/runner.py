@@ -55,8 +55,6 @@ class RunnerInfo:
             (``2 + 6 * n_layer + 1``: conv_in 2 x k3, n_layer dilated k7 blocks, out_conv k3).
         vocos_rf: receptive field of the Vocos backbone, in mel frames on each side
             (``3 * (1 + num_layers)``: embed k7 and one k7 depthwise conv per block).
-        max_window_tokens: longest hidden-state window ``decoder()`` accepts (mel window for
-            ``vocos()`` is twice that); 0 = unbounded.
     """
 
     backend: str
@@ -72,7 +70,13 @@ class RunnerInfo:
     reason: str = ""
     decoder_rf: int = 75
     vocos_rf: int = 27
-    max_window_tokens: int = 0
+
+
+def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:
+    """``decoder_rf`` / ``vocos_rf`` of :class:`RunnerInfo` (mel frames each side) for a Decoder of
+    ``dec_layers`` dilated (2) k7 ConvNeXt blocks between two k3 convs and a k3 out_conv, and a
+    Vocos backbone of ``voc_layers`` k7 blocks after a k7 embedding conv."""
+    return {"decoder_rf": 2 + 6 * dec_layers + 1, "vocos_rf": 3 * (1 + voc_layers)}
 
 
 class Runner(abc.ABC):

@@ -42,7 +42,7 @@ from ..config import Config
 from ..errors import CapacityError, ConfigError, EngineError
 from . import manifest as mf
 from . import trt as trtshim
-from .runner import Runner, RunnerInfo
+from .runner import Runner, RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ class TensorRTRunner(Runner):
             num_audio_tokens=s["num_audio_tokens"], max_batch=lim["max_batch"], max_seq_len=lim["max_seq_len"],
             max_prompt_tokens=lim["max_prompt_tokens"], weight_bytes=int(m.get("memory", {}).get("weights_bytes") or 0),
             kv_bytes_per_token=2 * L * D * self._el, reason=reason,
-            decoder_rf=2 + 6 * s["dec_layers"] + 1, vocos_rf=3 * (1 + s["voc_layers"]), max_window_tokens=0,
+            **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("tensorrt runner: %s (%s %s), %s", d, m["runtime"]["name"], m["runtime"]["version"], m["precision"])
 

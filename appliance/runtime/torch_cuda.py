@@ -56,7 +56,7 @@ from ..model.checkpoint import load_model
 from ..tts.sampler import MIN_KEEP, PENALTY_WINDOW, SamplingParams
 from ..tts.tokens import AUDIO_EOS
 from .pinned import PinnedPool
-from .runner import RunnerInfo
+from .runner import RunnerInfo, receptive_fields
 from .torch_runner import TorchRunner, _DTYPES
 
 log = logging.getLogger(__name__)
@@ -521,7 +521,7 @@ class CudaRunner(TorchRunner):
             backend=f"torch-{self.device.type}", precision=precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=min(mc.max_prompt_tokens, Lmax - 1),
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * s.n_layers * D * self.kc[0].element_size(),
-            reason=reason, decoder_rf=2 + 6 * s.dec_layers + 1, vocos_rf=3 * (1 + s.voc_layers), max_window_tokens=0)
+            reason=reason, **receptive_fields(s.dec_layers, s.voc_layers))
         self._pf_graphs = bool(prefill_graphs)
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):

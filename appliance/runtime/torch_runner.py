@@ -15,7 +15,7 @@ import torch
 from ..config import Config
 from ..errors import CapacityError, CheckpointError, ConfigError, EngineError
 from ..model.checkpoint import load_model
-from .runner import Runner, RunnerInfo
+from .runner import Runner, RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TorchRunner(Runner):
             num_audio_tokens=s.num_audio_tokens, max_batch=mc.max_batch, max_seq_len=mc.max_seq_len,
             max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1), weight_bytes=int(weight_bytes),
             kv_bytes_per_token=self.model.gpt.kv_bytes_per_token(), reason=reason,
-            decoder_rf=2 + 6 * s.dec_layers + 1, vocos_rf=3 * (1 + s.voc_layers), max_window_tokens=0,
+            **receptive_fields(s.dec_layers, s.voc_layers),
         )
         # host output buffers, allocated once
         self._pf_logits = np.zeros((s.num_vq, s.num_audio_tokens), np.float32)

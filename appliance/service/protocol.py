@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..config import SynthesisConfig
 from ..errors import ApplianceError, RequestError
 
 PRIORITIES = ("alert", "normal", "background")
@@ -54,13 +55,12 @@ class SynthParams:
     refine_text: Optional[bool] = None
 
 
+#: Allowed ranges of request parameters: the same bounds as the config's defaults
+#: (``SynthesisConfig`` field metadata), so a request can ask for anything config may set.
 _PARAM_RANGES: dict[str, tuple[float, float]] = {
-    "temperature": (1e-4, 5.0),
-    "top_p": (1e-4, 1.0),
-    "top_k": (1, 626),
-    "repetition_penalty": (1.0, 5.0),
-    "min_new_tokens": (0, 4096),
-    "max_new_tokens": (1, 4096),
+    f.name: (f.metadata["min"], f.metadata["max"])
+    for f in dataclasses.fields(SynthesisConfig) if "min" in f.metadata and "max" in f.metadata
+    and f.name in ("temperature", "top_p", "top_k", "repetition_penalty", "min_new_tokens", "max_new_tokens")
 }
 
 

@@ -52,7 +52,6 @@ class WindowedVocoder:
         self.rf_dec = info.decoder_rf
         self.rf_voc = info.vocos_rf
         self.max_tokens = max_tokens
-        self.max_window = info.max_window_tokens or 0
         self._h = np.zeros((max_tokens, info.hidden_size), np.float32)
         self._mel = np.zeros((N_MELS, 2 * max_tokens), np.float32)
         self._istft = StreamingISTFT(N_FFT, HOP_LENGTH, max_frames_per_push=2 * max_tokens)
