@@ -278,10 +278,6 @@ class Pipeline:
                  job.id, audio_s, job.stats.ttfb_ms, job.stats.rtf, steps, job.stats.steps_per_s,
                  extra={"request_id": job.id, "ttfb_ms": job.stats.ttfb_ms, "rtf": job.stats.rtf})
 
-    def synthesize(self, job: Job) -> np.ndarray:
-        """Run ``job`` to the end and return all PCM (float32 [n]); convenience for tests/health."""
-        return np.concatenate(list(self.run(job)))
-
     def warmup(self) -> float:
         """Synthesize a short sentence and discard it; returns its wall time in seconds."""
         from ..service.protocol import Speak, SynthParams
