@@ -3,13 +3,13 @@
 Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy or torch code):
 
 * ``model random --size tiny|full [--seed N] OUT_DIR`` – write a random checkpoint in the
-  official layout (:mod:`appliance.model.random_ckpt`).
+  official layout (:mod:`appliance.build.random_ckpt`).
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
 * ``serve --config config.yaml`` – run the daemon (:mod:`appliance.service.daemon`).
 * ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
 * ``health`` – field health check (:mod:`appliance.service.health`).
-* ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.runtime.engines_cli`).
+* ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`).
 
 Every :class:`~appliance.errors.ApplianceError` ends the command with exit status 2 and its
 message on stderr (no traceback); other exit codes are documented per subcommand.
@@ -27,15 +27,15 @@ from .errors import ApplianceError
 # subcommand -> (module, function). The function takes the parsed argparse namespace and
 # returns an exit status.
 _COMMANDS = {
-    "model random": ("appliance.model.random_ckpt", "cli_main"),
+    "model random": ("appliance.build.random_ckpt", "cli_main"),
     "model fetch": ("appliance.model.fetch", "cli_main"),
     "serve": ("appliance.service.daemon", "cli_main"),
     "say": ("appliance.service.client", "cli_main"),
     "health": ("appliance.service.health", "cli_main"),
     "status": ("appliance.service.client", "status_main"),
     "cancel": ("appliance.service.client", "cancel_main"),
-    "engines export": ("appliance.runtime.engines_cli", "cli_export"),
-    "engines build": ("appliance.runtime.engines_cli", "cli_build"),
+    "engines export": ("appliance.build.cli", "cli_export"),
+    "engines build": ("appliance.build.cli", "cli_build"),
 }
 
 

@@ -3,12 +3,12 @@
 For each checkpoint (``tiny``: a random tiny checkpoint written to a temp dir; ``full``: the
 random full-size checkpoint given by ``--full``) and backend (``torch`` CPU always;
 ``onnxruntime`` when ``--engine-dir`` holds exported graphs that
-:func:`appliance.runtime.select.open_runner` can open) and for ``n`` = 1, 2, 3 channels:
+:func:`appliance.engines.select.open_runner` can open) and for ``n`` = 1, 2, 3 channels:
 
 * ``ms_per_step``: one batched GPT decode step with ``n`` rows (``DecodeLoop.step``, host
   sampling included), after a warm-up;
 * a whole run of ``n`` requests of ``--steps`` decode steps each (EOS masked, so every request
-  has the same length), all added to the :class:`~appliance.tts.batch.BatchEngine` at once and
+  has the same length), all added to the :class:`~appliance.synth.batch.BatchEngine` at once and
   driven to the end exactly as the daemon's scheduler does (Decoder/Vocos/ISTFT streaming
   included, PCM discarded): per channel RTF (wall seconds / audio seconds) and TTFB (add ->
   first PCM chunk), the aggregate throughput (audio seconds produced per wall second) and
@@ -43,9 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from appliance.config import config_from_dict  # noqa: E402
-from appliance.service.protocol import Speak, SynthParams  # noqa: E402
-from appliance.tts.generate import Sequence  # noqa: E402
-from appliance.tts.pipeline import Pipeline  # noqa: E402
+from appliance.core import (
+    SynthesisRequest,
+    SynthParams,  # noqa: E402
+)
+from appliance.synth.decode_loop import Sequence  # noqa: E402
+from appliance.synth.pipeline import Pipeline  # noqa: E402
 
 TEXTS = ["今天天气很好，我们去公园散步吧。", "前方路口请右转，然后直行五百米。", "厨房的烤箱已经预热好了，可以放进去了。"]
 
@@ -66,7 +69,7 @@ def load(ckpt: Path, backend: str, threads: int, engine_dir: str | None, precisi
 
 def jobs(pipe: Pipeline, n: int, steps: int) -> list:
     p = SynthParams(min_new_tokens=steps, max_new_tokens=steps)
-    return [pipe.prepare(Speak(text=TEXTS[i], id=f"ch{i}", seed=10 + i, params=p)) for i in range(n)]
+    return [pipe.prepare(SynthesisRequest(text=TEXTS[i], id=f"ch{i}", seed=10 + i, params=p)) for i in range(n)]
 
 
 def decode_ms(pipe: Pipeline, n: int, reps: int) -> float:
@@ -169,7 +172,7 @@ def main() -> int:
         out.write_text(json.dumps(records, indent=1) + "\n")
 
     if not only or "tiny-torch" in only:
-        from appliance.model.random_ckpt import write_random_checkpoint
+        from appliance.build.random_ckpt import write_random_checkpoint
         tmp = Path(tempfile.mkdtemp(prefix="bench_channels_"))
         write_random_checkpoint(tmp, "tiny", seed=0)
         pipe = load(tmp, "torch", args.threads, None, None)

@@ -37,9 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from appliance.config import config_from_dict  # noqa: E402
-from appliance.service.protocol import Speak, SynthParams  # noqa: E402
-from appliance.tts.generate import Sequence  # noqa: E402
-from appliance.tts.pipeline import Pipeline  # noqa: E402
+from appliance.core import (
+    SynthesisRequest,
+    SynthParams,  # noqa: E402
+)
+from appliance.synth.decode_loop import Sequence  # noqa: E402
+from appliance.synth.pipeline import Pipeline  # noqa: E402
 
 UPSTREAM_CPU_MS = 46.0  # DESIGN.md §2, measured 2026-11-30 on this 2-core machine (GPT loop only)
 SENTENCE = "今天天气很好，我们去公园散步吧。"
@@ -60,7 +63,7 @@ def bench_backend(ckpt: Path, backend: str, steps: int, engine_dir: str | None) 
     t = time.perf_counter()
     pipe = Pipeline.from_config(cfg)
     load_s = time.perf_counter() - t
-    job = pipe.prepare(Speak(text=SENTENCE, id="bench", seed=1, params=SynthParams()))
+    job = pipe.prepare(SynthesisRequest(text=SENTENCE, id="bench", seed=1, params=SynthParams()))
 
     # decode steps alone
     loop = pipe.loop
@@ -76,7 +79,7 @@ def bench_backend(ckpt: Path, backend: str, steps: int, engine_dir: str | None) 
     loop.leave(seq)
 
     # whole utterance: TTFB and RTF
-    pcm = [c for c in pipe.run(job)]
+    pcm = [c.samples for c in pipe.run(job)]
     st = job.stats
     info = pipe.info
     pipe.close()

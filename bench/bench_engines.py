@@ -56,11 +56,11 @@ def _rss_mib() -> float:
 def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
     """Time one backend in this process; returns a dict of measurements."""
     if kind == "torch":
-        from appliance.runtime.torch_runner import TorchRunner
+        from appliance.engines.torch_runner import TorchRunner
 
         r = TorchRunner(_cfg(ckpt, work, "torch", threads), reason="bench")
     else:
-        from appliance.runtime.onnx_runner import OnnxRunner
+        from appliance.engines.onnx_runner import OnnxRunner
 
         r = OnnxRunner(_cfg(ckpt, work, "onnxruntime", threads), reason="bench", export_dir=work / "onnx" / kind)
     load_rss = _rss_mib()
@@ -106,7 +106,7 @@ def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
     for _ in range(3):
         re, im = r.vocos(mel)
     out["vocos_ms_per_s"] = (time.perf_counter() - t0) * 1e3 / 3
-    from appliance.tts.istft import istft
+    from appliance.synth.istft import istft
 
     t0 = time.perf_counter()
     for _ in range(10):

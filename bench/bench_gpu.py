@@ -141,14 +141,14 @@ def section_env(rep, args, torch):
 # --------------------------------------------------------------------------------------- ours
 
 def _prompts(tok, n, text=SENTENCE_20):
-    from appliance.tts.tokenizer import Tokenizer
+    from appliance.text.tokenizer import Tokenizer
 
     return [tok.encode(Tokenizer.prompt_text(text, with_speaker=True, prompt="[speed_5]")) for _ in range(n)]
 
 
 def _time_steps(torch, r, dev, b, prompt, k=16, reps=12):
     """ms per step at batch b: decode_many wall (sync + copies included) and graph replay alone."""
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     for s in range(b):
         r.prefill(s, prompt, None)
@@ -212,9 +212,9 @@ def _run_channels(r, prompts, spk, steps, chunk_first=12, chunk=24, breakdown=No
     ``chunk_first`` is ``stream.first_chunk_tokens`` (decode steps past the lookahead in the first
     push). With ``breakdown`` (a dict) the wall time of each runner call before the first PCM and
     the host ISTFT/bookkeeping rest are written into it (ms)."""
-    from appliance.tts.generate import DecodeLoop, Sequence
-    from appliance.tts.sampler import SamplingParams
-    from appliance.tts.stream import WindowedVocoder
+    from appliance.core import SamplingParams
+    from appliance.synth.decode_loop import DecodeLoop, Sequence
+    from appliance.synth.vocoder import WindowedVocoder
 
     tm = _Timers(r) if breakdown is not None else None
     loop = DecodeLoop(r, device_chunk=8)
@@ -348,7 +348,7 @@ def _mem_segments(torch):
 
 
 def _greedy_codes(r, prompt, spk, n):
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     p = SamplingParams(greedy=True, min_new_tokens=n, max_new_tokens=n)
     pl, _ = r.prefill(0, prompt, spk)
@@ -371,8 +371,8 @@ def _logits_along(r, prompt, spk, codes):
 
 def fp32_reference(args, torch, prompt):
     """FP32 (TF32 off) greedy codes (device sampler, penalty on) and the logits along them."""
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.tts.speaker import resolve_voice
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.text.speaker import resolve_voice
 
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -420,9 +420,9 @@ def _ttfb(r, tok, spk, chunk_first, n=5):
 
 def section_ours(rep, args, torch, env, dtype="float16", compile=None, key=None, max_seq=2048, buckets=None,
                  capture_batches=None, fidelity_ref=None, compile_dynamic=False):
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.tts.speaker import resolve_voice
-    from appliance.tts.tokenizer import Tokenizer
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.text.speaker import resolve_voice
+    from appliance.text.tokenizer import Tokenizer
 
     dev = args.device
     key = key or f"ours_{dtype}"
@@ -609,10 +609,10 @@ def section_upstream(rep, args, torch):
 # --------------------------------------------------------------------------------------- fidelity
 
 def section_fidelity(rep, args, torch, rep_key="fidelity"):
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.tts.sampler import SamplingParams
-    from appliance.tts.speaker import resolve_voice
-    from appliance.tts.tokenizer import Tokenizer
+    from appliance.core import SamplingParams
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.text.speaker import resolve_voice
+    from appliance.text.tokenizer import Tokenizer
 
     dev = args.device
     if dev == "cuda":
@@ -835,7 +835,7 @@ def main(argv=None) -> int:
     if a.ckpt is None:
         a.ckpt = str(Path(a.out).parent / f"ckpt_{a.size}") if a.device == "cpu" else f"/tmp/ckpt_{a.size}"
     if not (Path(a.ckpt) / "asset" / "gpt" / "config.json").is_file():
-        from appliance.model.random_ckpt import write_random_checkpoint
+        from appliance.build.random_ckpt import write_random_checkpoint
 
         t = time.perf_counter()
         write_random_checkpoint(a.ckpt, a.size, seed=0)
@@ -848,7 +848,7 @@ def main(argv=None) -> int:
 
     def reference():
         if "codes" not in ref:
-            from appliance.tts.tokenizer import Tokenizer
+            from appliance.text.tokenizer import Tokenizer
 
             t = time.perf_counter()
             ref.update(fp32_reference(a, torch, _prompts(Tokenizer.from_dir(Path(a.ckpt) / "asset" / "tokenizer"), 1)[0]))

@@ -327,13 +327,13 @@ step_model() {
 }
 
 # engines_match: exit 0 when <engine_dir>/trt/<precision>/manifest.json matches this board, its
-# TensorRT version, the checkpoint and the configured limits (appliance.runtime.manifest.check).
+# TensorRT version, the checkpoint and the configured limits (appliance.engines.manifest.check).
 engines_match() {
     "$VENV/bin/python" - "$CONFIG" "$PRECISION" <<'EOF'
 import sys
 from appliance.config import load_config
 from appliance.errors import ApplianceError
-from appliance.runtime import manifest as mf
+from appliance.engines import manifest as mf
 try:
     import tensorrt
 except ImportError:

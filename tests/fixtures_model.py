@@ -23,7 +23,7 @@ GOLDEN = Path(__file__).parent / "golden" / "upstream_tiny.npz"
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> Path:
-    from appliance.model.random_ckpt import write_random_checkpoint
+    from appliance.build.random_ckpt import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_ckpt")
     write_random_checkpoint(root, "tiny", seed=0)

@@ -30,6 +30,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
+from appliance.core import SynthesisRequest
+
 ROOT = Path(__file__).resolve().parent.parent
 ASOUND = Path(__file__).resolve().parent / "asound"
 DEFAULT_RATE = 44100
@@ -260,7 +262,7 @@ def start_daemon(tmp_path):
 def service_pipeline(tiny_ckpt, tmp_path_factory):
     """A Pipeline in the test process built from :func:`service_config` (same model settings)."""
     from appliance.config import config_from_dict
-    from appliance.tts.pipeline import Pipeline
+    from appliance.synth.pipeline import Pipeline
 
     tmp = tmp_path_factory.mktemp("svc_pipe")
     return Pipeline.from_config(config_from_dict(service_config(tiny_ckpt, tmp), base_dir=str(tmp)))
@@ -268,10 +270,9 @@ def service_pipeline(tiny_ckpt, tmp_path_factory):
 
 def expected_pcm(pipeline, text: str, seed: int, voice: Optional[str] = None) -> np.ndarray:
     """The float32 PCM (24000 Hz) the pipeline produces for this text/seed/voice."""
-    from appliance.service.protocol import Speak
 
-    job = pipeline.prepare(Speak(text=text, id="expected", seed=seed, voice=voice))
-    return np.concatenate([np.asarray(c, np.float32) for c in pipeline.run(job)])
+    job = pipeline.prepare(SynthesisRequest(text=text, id="expected", seed=seed, voice=voice))
+    return np.concatenate([c.samples for c in pipeline.run(job)])
 
 
 def resample_like_daemon(pcm: np.ndarray, rate: int) -> np.ndarray:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from appliance.config import config_from_dict
+from appliance.core import SynthesisRequest, SynthParams
 from appliance.errors import CancelledError
-from appliance.service.protocol import Speak, SynthParams
-from appliance.tts.pipeline import Pipeline
+from appliance.synth.pipeline import Pipeline
 
 # Batched vs alone: a batched matmul computes each row with other kernels/blocking than a single
 # row, and attention spans the longest row's positions (masked), so the PCM differs by float32
@@ -38,8 +38,8 @@ REQS = [("你好。", 11), ("今天天气很好。", 12), ("我们去公园散�
 
 
 def _alone(pipe, text, seed, **params):
-    job = pipe.prepare(Speak(text=text, id=f"alone-{seed}", seed=seed, params=SynthParams(**params)))
-    return np.concatenate(list(pipe.run(job)))
+    job = pipe.prepare(SynthesisRequest(text=text, id=f"alone-{seed}", seed=seed, params=SynthParams(**params)))
+    return np.concatenate([c.samples for c in pipe.run(job)])
 
 
 def _run_batched(pipe, jobs, start_at=None, cancel_at=None):
@@ -54,7 +54,7 @@ def _run_batched(pipe, jobs, start_at=None, cancel_at=None):
     while True:
         for i, j in enumerate(jobs):
             if tasks[i] is None and start_at[i] <= step:
-                tasks[i] = eng.add(j, outs[i].append, cancels[i])
+                tasks[i] = eng.add(j, lambda c, o=outs[i]: o.append(c.samples), cancels[i])
             if cancel_at and cancel_at.get(i) == step:
                 cancels[i].set()
         if all(t is not None and t.finished for t in tasks):
@@ -72,7 +72,7 @@ def _close(a, b):
 
 def test_three_jobs_batched_equal_each_alone(pipe):
     alone = [_alone(pipe, t, s) for t, s in REQS]
-    jobs = [pipe.prepare(Speak(text=t, id=f"b{s}", seed=s)) for t, s in REQS]
+    jobs = [pipe.prepare(SynthesisRequest(text=t, id=f"b{s}", seed=s)) for t, s in REQS]
     tasks, outs = _run_batched(pipe, jobs)
     for task, a, o in zip(tasks, alone, outs):
         assert task.state == "done" and task.max_rows == 3
@@ -82,7 +82,7 @@ def test_three_jobs_batched_equal_each_alone(pipe):
 
 def test_join_mid_way_and_cancel_mid_way(pipe):
     alone = [_alone(pipe, t, s) for t, s in REQS]
-    jobs = [pipe.prepare(Speak(text=t, id=f"m{s}", seed=s)) for t, s in REQS]
+    jobs = [pipe.prepare(SynthesisRequest(text=t, id=f"m{s}", seed=s)) for t, s in REQS]
     # job 1 joins at step 7 while job 0 decodes; job 2 starts with them and is cancelled at step 10
     tasks, outs = _run_batched(pipe, jobs, start_at=[0, 7, 0], cancel_at={2: 10})
     assert tasks[0].state == "done" and tasks[1].state == "done"
@@ -95,10 +95,10 @@ def test_join_mid_way_and_cancel_mid_way(pipe):
 
 def test_multi_sentence_job_batched_keeps_order(pipe):
     text = "今天天气很好。" * 12 + "我们去公园散步吧。" * 12
-    job = pipe.prepare(Speak(text=text, id="long", seed=3))
+    job = pipe.prepare(SynthesisRequest(text=text, id="long", seed=3))
     assert len(job.prompts) >= 2
-    want = np.concatenate(list(pipe.run(job)))
-    jobs = [pipe.prepare(Speak(text=text, id="long2", seed=3)), pipe.prepare(Speak(text="你好。", id="s", seed=4))]
+    want = np.concatenate([c.samples for c in pipe.run(job)])
+    jobs = [pipe.prepare(SynthesisRequest(text=text, id="long2", seed=3)), pipe.prepare(SynthesisRequest(text="你好。", id="s", seed=4))]
     tasks, outs = _run_batched(pipe, jobs)
     assert tasks[0].state == "done" and tasks[0].max_rows == 2
     _close(outs[0], want)

@@ -11,12 +11,13 @@ import time
 import pytest
 
 from appliance.config import config_from_dict
+from appliance.core import SynthParams
 from appliance.errors import CapacityError
-from appliance.service.protocol import Speak, SynthParams
+from appliance.service.protocol import Speak
 from appliance.service.sound import AudioOutput
 from appliance.service.throttle import Level, Throttle
 from appliance.service.worker import Item, Worker
-from appliance.tts.pipeline import Pipeline
+from appliance.synth.pipeline import Pipeline
 
 MIB = 1024 * 1024
 
@@ -78,7 +79,7 @@ def _worker(pipe, cfg, **kw) -> Worker:
 def _item(pipe, ev: Events, rid, channel, priority="normal", seed=1, steps=50):
     sp = Speak(text="你好。", id=rid, channel=channel, priority=priority, seed=seed,
                params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
-    return Item(speak=sp, job=pipe.prepare(sp), channel=channel, sink=ev.sink)
+    return Item(speak=sp, job=pipe.prepare(sp.synthesis_request()), channel=channel, sink=ev.sink)
 
 
 def test_memory_budget_queues_with_a_reason_and_refuses_when_nothing_fits(pipe, cfg):

@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures_service import ASOUND, DEFAULT_RATE, AlsaFile, resample_like_daemon, service_config
+from tests.fixtures_service import (
+    ASOUND,
+    DEFAULT_RATE,
+    AlsaFile,
+    resample_like_daemon,
+    service_config,
+)
 
 # batched rows differ from a lone row by float32 rounding (tests/test_channels_batch.py)
 ATOL = 1e-6
@@ -37,10 +43,10 @@ def alsa_channels(home: Path, raws: dict[str, Path], rate: int = DEFAULT_RATE) -
 
 def expected(pipe, text: str, seed: int, **params) -> np.ndarray:
     """What the daemon should play for this request, at the device rate."""
-    from appliance.service.protocol import Speak, SynthParams
+    from appliance.core import SynthesisRequest, SynthParams
 
-    job = pipe.prepare(Speak(text=text, id="want", seed=seed, params=SynthParams(**params)))
-    pcm = np.concatenate(list(pipe.run(job)))
+    job = pipe.prepare(SynthesisRequest(text=text, id="want", seed=seed, params=SynthParams(**params)))
+    pcm = np.concatenate([c.samples for c in pipe.run(job)])
     return resample_like_daemon(pcm, DEFAULT_RATE)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from appliance.config import config_from_dict
+from appliance.core import SynthesisRequest
 from appliance.errors import CapacityError, EngineError, EngineMismatchError
 
 LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
@@ -18,7 +19,7 @@ LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
 @pytest.fixture(scope="module")
 def onnx_dir(tiny_ckpt, tmp_path_factory):
     """fp32 graphs of the tiny checkpoint (exported once for this module)."""
-    from appliance.model.export import export_all
+    from appliance.build.export import export_all
 
     root = tmp_path_factory.mktemp("engines")
     export_all(tiny_ckpt, root, precision="fp32", **LIMITS, window_tokens=64)
@@ -33,8 +34,8 @@ def _cfg(tiny_ckpt, engine_dir, **model):
 
 @pytest.fixture(scope="module")
 def runners(tiny_ckpt, onnx_dir):
-    from appliance.runtime.onnx_runner import OnnxRunner
-    from appliance.runtime.torch_runner import TorchRunner
+    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.torch_runner import TorchRunner
 
     cfg = _cfg(tiny_ckpt, onnx_dir)
     ort_r = OnnxRunner(cfg, reason="test")
@@ -104,7 +105,7 @@ def test_capacity_errors(runners):
 
 
 def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
-    from appliance.runtime.onnx_runner import OnnxRunner
+    from appliance.engines.onnx_runner import OnnxRunner
 
     with pytest.raises(EngineMismatchError, match=r"limits.max_batch is 3, expected 2.*rebuild with: chattts-appliance engines export"):
         OnnxRunner(_cfg(tiny_ckpt, onnx_dir, max_batch=2, max_seq_len=512))
@@ -120,7 +121,7 @@ def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
 
 
 def test_ort_failure_wrapped(tiny_ckpt, onnx_dir):
-    from appliance.runtime.onnx_runner import OnnxRunner
+    from appliance.engines.onnx_runner import OnnxRunner
 
     copy = onnx_dir.parent / "engines_broken"
     shutil.copytree(onnx_dir, copy, dirs_exist_ok=True)
@@ -130,15 +131,15 @@ def test_ort_failure_wrapped(tiny_ckpt, onnx_dir):
 
 
 def test_auto_picks_onnxruntime_without_gpu(tiny_ckpt, onnx_dir, caplog):
-    from appliance.runtime import manifest as mf
-    from appliance.runtime.select import choose_backend, open_runner
+    from appliance.engines import manifest as mf
+    from appliance.engines.select import choose_backend, open_runner
 
     if mf.device_facts().get("compute_capability"):
         pytest.skip("a GPU is present: auto prefers TensorRT or torch on CUDA")
     cfg = _cfg(tiny_ckpt, onnx_dir, backend="auto")
     backend, reason = choose_backend(cfg)
     assert backend == "onnxruntime" and "no GPU" in reason
-    caplog.set_level("INFO", logger="appliance.runtime.select")
+    caplog.set_level("INFO", logger="appliance.engines.select")
     r = open_runner(cfg)
     assert r.info.backend == "onnxruntime" and "no GPU" in r.info.reason
     assert any("inference backend: onnxruntime" in rec.getMessage() for rec in caplog.records)
@@ -151,7 +152,7 @@ def test_tensorrt_gpt_graph_matches(tiny_ckpt, runners, tmp_path):
     import onnxruntime as ort
     import torch
 
-    from appliance.model import export as ex
+    from appliance.build import export as ex
     from appliance.model.checkpoint import load_model
 
     o, _ = runners
@@ -186,16 +187,15 @@ def test_tensorrt_gpt_graph_matches(tiny_ckpt, runners, tmp_path):
 
 def test_pipeline_on_onnxruntime_speaks_like_torch(tiny_ckpt, onnx_dir):
     """End to end: the same request with the same seed gives the same audio on both backends."""
-    from appliance.service.protocol import Speak
-    from appliance.tts.pipeline import Pipeline
+    from appliance.synth.pipeline import Pipeline
 
     audio = {}
     for backend in ("onnxruntime", "torch"):
         p = Pipeline.from_config(_cfg(tiny_ckpt, onnx_dir, backend=backend))
         try:
             assert p.info.backend.startswith(backend.split("runtime")[0])
-            job = p.prepare(Speak(text="你好，今天天气很好。", id=backend, seed=3))
-            audio[backend] = np.concatenate(list(p.run(job)))
+            job = p.prepare(SynthesisRequest(text="你好，今天天气很好。", id=backend, seed=3))
+            audio[backend] = np.concatenate([c.samples for c in p.run(job)])
         finally:
             p.close()
     a, b = audio["onnxruntime"], audio["torch"]
@@ -208,8 +208,8 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
     """int8 (MatMulNBits) graphs: chosen over fp32 when present, logits close to fp32."""
     import onnx
 
-    from appliance.model.export import export_all
-    from appliance.runtime.onnx_runner import OnnxRunner, find_export
+    from appliance.build.export import export_all
+    from appliance.engines.onnx_runner import OnnxRunner, find_export
 
     shutil.copytree(onnx_dir / "onnx" / "fp32", tmp_path / "onnx" / "fp32")
     d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)

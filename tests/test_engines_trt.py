@@ -18,8 +18,8 @@ LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
 @pytest.fixture(scope="module")
 def fp16_plans(tiny_ckpt, tmp_path_factory):
     """fp16 export of the tiny checkpoint and its four fp16 plans, built for sm 8.9."""
-    from appliance.model.export import export_all
-    from appliance.runtime.trt_build import build_all
+    from appliance.build.export import export_all
+    from appliance.build.trt_build import build_all
 
     root = tmp_path_factory.mktemp("trt_engines")
     export_all(tiny_ckpt, root, precision="fp16", **LIMITS, window_tokens=64)
@@ -28,7 +28,7 @@ def fp16_plans(tiny_ckpt, tmp_path_factory):
 
 
 def test_fp16_build_of_every_graph_and_manifest(fp16_plans):
-    from appliance.runtime import trt as trtshim
+    from appliance.engines import trt as trtshim
 
     root, out = fp16_plans
     m = json.loads((out / "manifest.json").read_text())
@@ -60,7 +60,7 @@ def test_fp16_build_of_every_graph_and_manifest(fp16_plans):
 def test_int8_weight_only_build(fp16_plans):
     import onnx
 
-    from appliance.runtime.trt_build import build_all
+    from appliance.build.trt_build import build_all
 
     root, _ = fp16_plans
     out = build_all(root, "int8", target="8.6", workspace_mib=256, graphs=("gpt",))  # sm 8.6: no FP8
@@ -74,8 +74,8 @@ def test_int8_weight_only_build(fp16_plans):
 
 
 def test_orin_target_refused_by_tensorrt_rtx(fp16_plans):
-    from appliance.runtime import trt as trtshim
-    from appliance.runtime.trt_build import build_all
+    from appliance.build.trt_build import build_all
+    from appliance.engines import trt as trtshim
 
     if not trtshim.is_rtx():
         pytest.skip("classic TensorRT builds for the local GPU")
@@ -84,7 +84,7 @@ def test_orin_target_refused_by_tensorrt_rtx(fp16_plans):
 
 
 def test_fp8_for_orin_refused_before_any_work(tmp_path):
-    from appliance.runtime.trt_build import build_all
+    from appliance.build.trt_build import build_all
 
     empty = tmp_path / "nothing_here"
     with pytest.raises(ConfigError, match=r"compute capability 8.7, FP8 needs >= 8.9.*int8"):
@@ -95,7 +95,7 @@ def test_fp8_for_orin_refused_before_any_work(tmp_path):
 
 
 def _gpu() -> bool:
-    from appliance.runtime import manifest as mf
+    from appliance.engines import manifest as mf
 
     return mf.device_facts().get("compute_capability") is not None
 
@@ -126,7 +126,7 @@ def _trt_cfg(tiny_ckpt, engine_dir, **model):
 def test_tensorrt_manifest_mismatch_refused(tiny_ckpt, fp16_plans, tmp_path):
     import shutil
 
-    from appliance.runtime.tensorrt_runner import load_manifest
+    from appliance.engines.tensorrt_runner import load_manifest
 
     root, out = fp16_plans
     # built for 8.9 on a machine whose GPU is unknown: the device check is skipped, the rest holds
@@ -144,7 +144,7 @@ def test_tensorrt_manifest_mismatch_refused(tiny_ckpt, fp16_plans, tmp_path):
 
 
 def test_buffer_plan_from_manifest(fp16_plans):
-    from appliance.runtime.tensorrt_runner import plan_buffers
+    from appliance.engines.tensorrt_runner import plan_buffers
 
     _, out = fp16_plans
     plan = plan_buffers(json.loads((out / "manifest.json").read_text()))
@@ -161,8 +161,8 @@ def test_buffer_plan_from_manifest(fp16_plans):
 
 
 def test_runner_without_cuda_says_what_to_install(tiny_ckpt, fp16_plans):
+    from appliance.engines.tensorrt_runner import TensorRTRunner
     from appliance.errors import EngineError
-    from appliance.runtime.tensorrt_runner import TensorRTRunner
 
     root, out = fp16_plans
     if _gpu():
@@ -172,7 +172,7 @@ def test_runner_without_cuda_says_what_to_install(tiny_ckpt, fp16_plans):
 
 
 def test_windowed_runs_are_exact():
-    from appliance.runtime.tensorrt_runner import run_windowed
+    from appliance.engines.tensorrt_runner import run_windowed
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((200, 3)).astype(np.float32)

@@ -24,13 +24,13 @@ def _cfg(ckpt, dtype, max_batch=3, max_seq=512):
 
 
 def _runner(ckpt, dtype, **kw):
-    from appliance.runtime.torch_cuda import CudaRunner
+    from appliance.engines.cuda_runner import CudaRunner
 
     return CudaRunner(_cfg(ckpt, dtype, max_seq=kw.pop("max_seq", 512)), buckets=kw.pop("buckets", [256, 512]), **kw)
 
 
 def _greedy(r, ids, spk, n):
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     p = SamplingParams(greedy=True, min_new_tokens=n, max_new_tokens=n)
     r.prefill(0, ids, spk)
@@ -73,7 +73,7 @@ def _compare(ckpt, ids, spk, dtype="float16", quant=None, tol=1e-2, max_seq=512,
 
 
 def test_graph_replay_equals_eager(golden_ckpt, golden):
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32")
@@ -107,7 +107,7 @@ def test_graph_replay_equals_eager(golden_ckpt, golden):
 def test_captured_prefill_equals_eager_prefill(golden_ckpt, golden):
     """Prefill and first draw as captured graphs (prompt padded to a bucket) == the eager
     TorchRunner prefill + eager draw, then the same decode logits."""
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32")
@@ -126,7 +126,7 @@ def test_captured_prefill_equals_eager_prefill(golden_ckpt, golden):
 
 def test_compiled_graph_equals_graph(golden_ckpt, golden):
     """torch.compile of the step body captured in our CUDA graph == the plain captured step."""
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
 
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32", buckets=[256], max_seq=256, capture_batches=[3])
@@ -172,8 +172,8 @@ def test_weight_only_quant_close(golden_ckpt, golden, quant):
 
 @pytest.mark.skipif(not os.environ.get("APPLIANCE_FULL_CKPT"), reason="APPLIANCE_FULL_CKPT not set")
 def test_fp16_close_to_fp32_full(golden):
-    from appliance.tts.speaker import resolve_voice
-    from appliance.tts.tokenizer import Tokenizer
+    from appliance.text.speaker import resolve_voice
+    from appliance.text.tokenizer import Tokenizer
 
     ck = os.environ["APPLIANCE_FULL_CKPT"]
     tok = Tokenizer.from_dir(os.path.join(ck, "asset", "tokenizer"))
@@ -185,8 +185,8 @@ def test_fp16_close_to_fp32_full(golden):
 
 
 def test_pinned_pool_and_no_memory_growth(golden_ckpt, golden):
-    from appliance.tts.generate import DecodeLoop, Sequence
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
+    from appliance.synth.decode_loop import DecodeLoop, Sequence
 
     r = _runner(golden_ckpt, "float16")
     assert torch.from_numpy(r.pool.raw).is_pinned()

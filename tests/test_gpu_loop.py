@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.runtime.torch_cuda import CudaRunner, kv_buckets
-from appliance.runtime.torch_runner import TorchRunner
-from appliance.tts.generate import DecodeLoop, Sequence
-from appliance.tts.sampler import SamplingParams
+from appliance.core import SamplingParams
+from appliance.engines.cuda_runner import CudaRunner, kv_buckets
+from appliance.engines.torch_runner import TorchRunner
+from appliance.synth.decode_loop import DecodeLoop, Sequence
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from appliance.engines.pinned import PinnedPool
 from appliance.errors import CapacityError
-from appliance.runtime.pinned import PinnedPool
 
 
 def test_buffers_are_aligned_views_of_one_allocation():
@@ -53,9 +53,9 @@ def test_slabs_reused_over_many_requests_without_allocation():
 
 
 def test_runner_pool_is_not_reallocated_over_requests(tiny_config):
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.tts.generate import DecodeLoop, Sequence
-    from appliance.tts.sampler import SamplingParams
+    from appliance.core import SamplingParams
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.synth.decode_loop import DecodeLoop, Sequence
 
     r = CudaRunner(tiny_config, buckets=[512])
     loop = DecodeLoop(r, device_chunk=8)
@@ -70,8 +70,8 @@ def test_runner_pool_is_not_reallocated_over_requests(tiny_config):
 
 
 def test_decoder_vocos_use_pinned_buffers(tiny_config):
-    from appliance.runtime.torch_cuda import CudaRunner
-    from appliance.runtime.torch_runner import TorchRunner
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch_runner import TorchRunner
 
     r, ref = CudaRunner(tiny_config, buckets=[512]), TorchRunner(tiny_config)
     rng = np.random.default_rng(1)

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from appliance.runtime.torch_cuda import DeviceSampler, splitmix_uniform, splitmix_uniform_ref
-from appliance.tts.sampler import Sampler, SamplingParams
+from appliance.core import SamplingParams
+from appliance.engines.cuda_runner import (
+    DeviceSampler,
+    splitmix_uniform,
+    splitmix_uniform_ref,
+)
+from appliance.engines.sampling import Sampler
 
 Q, V = 4, 626
 PARAMS = [

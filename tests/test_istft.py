@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from appliance.tts.istft import StreamingISTFT, istft
+from appliance.synth.istft import StreamingISTFT, istft
 
 
 def _ref(re, im):

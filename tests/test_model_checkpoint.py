@@ -14,7 +14,7 @@ from appliance.errors import CheckpointError
 from appliance.model import layout
 from appliance.model.checkpoint import load_model, read_checkpoint
 from appliance.model.shapes import TINY
-from appliance.tts.tokens import BERT_SPECIALS, CONTROL_TOKENS
+from appliance.text.tokens import BERT_SPECIALS, CONTROL_TOKENS
 
 
 def _copy(tiny_ckpt, tmp_path):
@@ -42,7 +42,7 @@ def test_random_tiny_layout_and_shapes(tiny_ckpt):
 
 
 def test_random_checkpoint_is_deterministic(tmp_path):
-    from appliance.model.random_ckpt import write_random_checkpoint
+    from appliance.build.random_ckpt import write_random_checkpoint
 
     a1 = write_random_checkpoint(tmp_path / "a", "tiny", seed=7)
     a2 = write_random_checkpoint(tmp_path / "b", "tiny", seed=7)
@@ -123,7 +123,7 @@ def test_tokenizer_round_trip(tiny_ckpt):
 
 
 def test_full_vocab_layout():
-    from appliance.model.random_ckpt import FULL_BASE_VOCAB, build_vocab
+    from appliance.build.random_ckpt import FULL_BASE_VOCAB, build_vocab
 
     v = build_vocab("full")
     assert len(v) == FULL_BASE_VOCAB == 21128

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from tests.fixtures_mqtt import Listener, mqtt_section
 from tests.fixtures_service import service_config
-from tests.test_channels_service import CHANNELS, alsa_channels, assert_close, expected, speech, wait_len
+from tests.test_channels_service import (
+    CHANNELS,
+    alsa_channels,
+    assert_close,
+    expected,
+    speech,
+    wait_len,
+)
 
 
 def test_three_channels_over_mqtt_each_device_gets_its_own_request(tiny_ckpt, tmp_path, start_daemon,

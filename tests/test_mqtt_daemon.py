@@ -13,9 +13,15 @@ import uuid
 import numpy as np
 import pytest
 
-from appliance.service.protocol import Speak, SynthParams
+from appliance.core import SynthesisRequest, SynthParams
 from tests.fixtures_mqtt import Listener, free_port, make_tls_files, mqtt_section
-from tests.fixtures_service import alsa_home, launch_daemon, resample_like_daemon, service_config, wait_played
+from tests.fixtures_service import (
+    alsa_home,
+    launch_daemon,
+    resample_like_daemon,
+    service_config,
+    wait_played,
+)
 
 STEPS = 60
 """synthesis.max_new_tokens of the test daemons (~1.3 s of audio at most)."""
@@ -37,8 +43,8 @@ def _online(lst: Listener, after: float = 0.0, timeout_s: float = 60.0):
 
 
 def _expected(pipeline, text: str, seed: int, steps: int = STEPS) -> np.ndarray:
-    job = pipeline.prepare(Speak(text=text, id="expected", seed=seed, params=SynthParams(max_new_tokens=steps)))
-    return np.concatenate([np.asarray(c, np.float32) for c in pipeline.run(job)])
+    job = pipeline.prepare(SynthesisRequest(text=text, id="expected", seed=seed, params=SynthParams(max_new_tokens=steps)))
+    return np.concatenate([c.samples for c in pipeline.run(job)])
 
 
 def _assert_played(d, pipeline, text: str, seed: int, rate: int, steps: int = STEPS) -> None:

@@ -9,7 +9,13 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError
-from appliance.service.mqtt import MQTTBridge, RecentIds, Topics, event_payload, parse_command
+from appliance.service.mqtt import (
+    MQTTBridge,
+    RecentIds,
+    Topics,
+    event_payload,
+    parse_command,
+)
 from appliance.service.protocol import Cancel, Done, HealthRequest, Speak
 
 

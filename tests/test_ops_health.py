@@ -16,12 +16,18 @@ import yaml
 
 from appliance.cli import build_parser
 from appliance.config import replace
-from appliance.service.health import EXIT_ERROR, EXIT_HEALTHY, EXIT_UNHEALTHY, cli_main, run_health_check
+from appliance.service.health import (
+    EXIT_ERROR,
+    EXIT_HEALTHY,
+    EXIT_UNHEALTHY,
+    cli_main,
+    run_health_check,
+)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_config):
-    from appliance.tts.pipeline import Pipeline
+    from appliance.synth.pipeline import Pipeline
 
     p = Pipeline.from_config(tiny_config)
     p.warmup()

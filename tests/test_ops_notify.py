@@ -12,7 +12,13 @@ import time
 import pytest
 
 from appliance.service import notify
-from appliance.service.notify import Notifier, Watchdog, format_status, log_fields, setup_logging
+from appliance.service.notify import (
+    Notifier,
+    Watchdog,
+    format_status,
+    log_fields,
+    setup_logging,
+)
 
 TRANSPORTS = ["stdlib"] + (["libsystemd"] if notify._sd_daemon is not None else [])
 

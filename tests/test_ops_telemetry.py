@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from appliance.errors import ConfigError
-from appliance.service.telemetry import (Reading, appliance_memory_mib, SysfsSource, Trip, merge, open_telemetry, parse_tegrastats,
-                                         process_memory_mib)
+from appliance.service.telemetry import (
+    Reading,
+    SysfsSource,
+    Trip,
+    appliance_memory_mib,
+    merge,
+    open_telemetry,
+    parse_tegrastats,
+    process_memory_mib,
+)
 
 SAMPLES_FILE = Path("/work/shared/tegrastats-samples.txt")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-
 from appliance.config import ThrottleConfig, config_from_dict
 from appliance.service.telemetry import Reading, Trip, parse_tegrastats
 from appliance.service.throttle import Ladder, Level, Throttle, board_trip_c

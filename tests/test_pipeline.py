@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from appliance.config import config_from_dict
+from appliance.core import SynthesisRequest, SynthParams
 from appliance.errors import CancelledError, SpeakerError, TextError
-from appliance.service.protocol import Speak, SynthParams
-from appliance.tts.pipeline import Pipeline
+from appliance.synth.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def pipe(tiny_ckpt):
 
 def _full_decode(pipe, hiddens):
     """Reference: Decoder + Vocos over the whole utterance, then the inverse STFT."""
-    from appliance.tts.istft import istft
+    from appliance.synth.istft import istft
 
     mel = pipe.runner.decoder(hiddens)
     re, im = pipe.runner.vocos(mel)
@@ -36,13 +36,14 @@ def _full_decode(pipe, hiddens):
 def test_streamed_chunks_equal_one_shot_decoding(pipe):
     """Windowed streaming (many small chunks) must give the same samples as decoding the whole
     utterance at once: a wrong window, a dropped or duplicated frame would break this."""
-    from appliance.tts.generate import Sequence
+    from appliance.synth.decode_loop import Sequence
 
-    job = pipe.prepare(Speak(text="你好，今天天气很好。", id="a", seed=3,
+    job = pipe.prepare(SynthesisRequest(text="你好，今天天气很好。", id="a", seed=3,
                              params=SynthParams(min_new_tokens=100, max_new_tokens=100)))
     chunks = list(pipe.run(job))
     assert len(chunks) > 5, "expected several streamed chunks"
-    streamed = np.concatenate(chunks)
+    assert all(c.rate == 24000 for c in chunks)
+    streamed = np.concatenate([c.samples for c in chunks])
     assert job.stats.steps == 100
     assert streamed.size == 512 * 100 - 256
 
@@ -56,23 +57,23 @@ def test_streamed_chunks_equal_one_shot_decoding(pipe):
 
 
 def test_same_seed_same_audio_and_fresh_seed_reported(pipe):
-    a = np.concatenate(list(pipe.run(pipe.prepare(Speak(text="你好。", id="1", seed=5)))))
-    b = np.concatenate(list(pipe.run(pipe.prepare(Speak(text="你好。", id="2", seed=5)))))
+    a = np.concatenate([c.samples for c in pipe.run(pipe.prepare(SynthesisRequest(text="你好。", id="1", seed=5)))])
+    b = np.concatenate([c.samples for c in pipe.run(pipe.prepare(SynthesisRequest(text="你好。", id="2", seed=5)))])
     np.testing.assert_array_equal(a, b)
-    j = pipe.prepare(Speak(text="你好。", id="3"))
+    j = pipe.prepare(SynthesisRequest(text="你好。", id="3"))
     assert isinstance(j.seed, int)
 
 
 def test_request_cannot_exceed_the_configured_max_new_tokens(pipe):
-    job = pipe.prepare(Speak(text="你好。", id="x", seed=1, params=SynthParams(max_new_tokens=4000, min_new_tokens=4000)))
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="x", seed=1, params=SynthParams(max_new_tokens=4000, min_new_tokens=4000)))
     assert job.params.max_new_tokens == 120
-    pcm = np.concatenate(list(pipe.run(job)))
+    pcm = np.concatenate([c.samples for c in pipe.run(job)])
     assert job.stats.steps == 120 and pcm.size == 512 * 120 - 256
 
 
 def test_cancel_stops_the_run_and_frees_the_slot(pipe):
     ev = threading.Event()
-    job = pipe.prepare(Speak(text="你好。", id="c", seed=1, params=SynthParams(min_new_tokens=100)))
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="c", seed=1, params=SynthParams(min_new_tokens=100)))
     it = pipe.run(job, cancel=ev)
     next(it)
     ev.set()
@@ -85,20 +86,20 @@ def test_cancel_stops_the_run_and_frees_the_slot(pipe):
 @pytest.mark.parametrize("text, exc", [("", TextError), ("。，！", TextError), ("x" * 5000, TextError)])
 def test_bad_text(pipe, text, exc):
     with pytest.raises(exc):
-        pipe.prepare(Speak(text=text, id="b"))
+        pipe.prepare(SynthesisRequest(text=text, id="b"))
 
 
 def test_malformed_speaker_string(pipe):
     with pytest.raises(SpeakerError):
-        pipe.prepare(Speak(text="你好", id="s", voice="not a speaker string"))
+        pipe.prepare(SynthesisRequest(text="你好", id="s", voice="not a speaker string"))
 
 
 def test_long_text_is_split_and_spoken_as_one_stream(pipe):
     text = "今天天气很好。" * 40
-    job = pipe.prepare(Speak(text=text, id="long", seed=2, params=SynthParams(max_new_tokens=20, min_new_tokens=20)))
+    job = pipe.prepare(SynthesisRequest(text=text, id="long", seed=2, params=SynthParams(max_new_tokens=20, min_new_tokens=20)))
     assert len(job.prompts) > 1
     assert all(len(p) <= 128 for p in job.prompts)
-    pcm = np.concatenate(list(pipe.run(job)))
+    pcm = np.concatenate([c.samples for c in pipe.run(job)])
     assert job.stats.sentences == len(job.prompts)
     assert pcm.size == len(job.prompts) * (512 * 20 - 256)
 
@@ -106,14 +107,14 @@ def test_long_text_is_split_and_spoken_as_one_stream(pipe):
 def test_a_failing_join_gives_its_slot_back(pipe):
     """A sequence whose sampler cannot start (here: a negative seed, refused by numpy) must not
     keep its KV slot: three such failures used to leave no slot for anyone."""
-    from appliance.tts.generate import Sequence
+    from appliance.synth.decode_loop import Sequence
 
-    job = pipe.prepare(Speak(text="你好。", id="neg", seed=1))
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="neg", seed=1))
     for _ in range(pipe.loop.max_batch + 1):
         with pytest.raises(ValueError):
             pipe.loop.join(Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=-5))
         assert pipe.loop.free_slots == pipe.loop.max_batch
-    assert np.concatenate(list(pipe.run(job))).size > 0
+    assert np.concatenate([c.samples for c in pipe.run(job)]).size > 0
 
 
 @pytest.mark.parametrize("obj", [{"text": "hi", "seed": -5}, {"text": "hi", "seed": 2**64},
@@ -123,7 +124,7 @@ def test_out_of_range_seeds_are_bad_requests(pipe, obj):
     from appliance.service.protocol import parse_request
 
     with pytest.raises(RequestError):
-        pipe.prepare(parse_request(obj))
+        pipe.prepare(parse_request(obj).synthesis_request())
 
 
 def test_missing_checkpoint_names_model_path_and_the_config_file(tmp_path):

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from appliance.config import config_from_dict
-from appliance.service.protocol import Speak, SynthParams
-from appliance.tts.pipeline import Pipeline
+from appliance.core import SynthesisRequest, SynthParams
+from appliance.synth.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,10 @@ def test_text_mode_cache_equals_a_full_forward(pipe):
 
 def test_refined_request_is_spoken_and_reproducible(pipe):
     def run(seed):
-        job = pipe.prepare(Speak(text="你好。今天天气很好。", id=f"r{seed}", seed=seed,
+        job = pipe.prepare(SynthesisRequest(text="你好。今天天气很好。", id=f"r{seed}", seed=seed,
                                  params=SynthParams(min_new_tokens=20, max_new_tokens=20)))
         assert job.refine_prompts is not None and len(job.refine_prompts) == len(job.prompts)
-        pcm = np.concatenate(list(pipe.run(job)))
+        pcm = np.concatenate([c.samples for c in pipe.run(job)])
         return job, pcm
 
     a, pa = run(4)
@@ -58,7 +58,7 @@ def test_refined_request_is_spoken_and_reproducible(pipe):
 
 
 def test_refine_can_be_turned_off_per_request(pipe):
-    job = pipe.prepare(Speak(text="你好。", id="off", seed=1, params=SynthParams(refine_text=False, max_new_tokens=10)))
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="off", seed=1, params=SynthParams(refine_text=False, max_new_tokens=10)))
     assert job.refine_prompts is None
     list(pipe.run(job))
     assert "refined" not in job.meta

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.tts.sampler import Sampler, SamplingParams
+from appliance.core import SamplingParams
+from appliance.engines.sampling import Sampler
 
 GOLDEN = Path(__file__).parent / "golden" / "upstream_tiny.npz"
 Q, V = 4, 626

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from appliance.tts.sampler import Sampler, SamplingParams
+from appliance.core import SamplingParams
+from appliance.engines.sampling import Sampler
 
 V, Q, EOS = 626, 4, 625
 

@@ -10,7 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.fixtures_service import alsa_home, expected_pcm, launch_daemon, resample_like_daemon, service_config, wait_played
+from tests.fixtures_service import (
+    alsa_home,
+    expected_pcm,
+    launch_daemon,
+    resample_like_daemon,
+    service_config,
+    wait_played,
+)
 
 
 @pytest.fixture(scope="module")

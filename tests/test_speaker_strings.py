@@ -7,8 +7,14 @@ import pybase16384 as b14
 import pytest
 
 from appliance.errors import SpeakerError
-from appliance.tts.speaker import (SPK_STAT_DIM, decode_speaker, encode_speaker, random_speaker,
-                                   resolve_voice, spk_stat)
+from appliance.text.speaker import (
+    SPK_STAT_DIM,
+    decode_speaker,
+    encode_speaker,
+    random_speaker,
+    resolve_voice,
+    spk_stat,
+)
 
 _FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 

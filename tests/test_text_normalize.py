@@ -6,8 +6,8 @@ import re
 import pytest
 
 from appliance.errors import TextError
-from appliance.tts.normalize import Normalizer, en_int, verbalize_numbers, zh_int
-from appliance.tts.tokenizer import Tokenizer
+from appliance.text.normalize import Normalizer, en_int, verbalize_numbers, zh_int
+from appliance.text.tokenizer import Tokenizer
 from tests.test_text_tokenizer import make_tiny_tokenizer
 
 

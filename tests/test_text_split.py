@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from appliance.errors import TextError
-from appliance.tts.split import split_text
-from appliance.tts.tokenizer import Tokenizer
+from appliance.text.split import split_text
+from appliance.text.tokenizer import Tokenizer
 from tests.test_text_tokenizer import make_tiny_tokenizer
 
 
@@ -79,7 +79,7 @@ def test_prompt_too_long(tok):
 def test_text_path_on_random_checkpoint(tiny_ckpt):
     """normalize -> split -> code_prompt with the tokenizer `model random` writes: every prompt
     fits, no [UNK] reaches the model, and what was dropped is reported."""
-    from appliance.tts.normalize import Normalizer
+    from appliance.text.normalize import Normalizer
 
     t = Tokenizer.from_dir(tiny_ckpt)
     norm = Normalizer(t)

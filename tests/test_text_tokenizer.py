@@ -8,8 +8,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from appliance.errors import CheckpointError, TextError
-from appliance.tts.tokenizer import TOKENIZER_JSON, Tokenizer
-from appliance.tts.tokens import BERT_SPECIALS, CONTROL_TOKENS
+from appliance.text.tokenizer import TOKENIZER_JSON, Tokenizer
+from appliance.text.tokens import BERT_SPECIALS, CONTROL_TOKENS
 
 _WORDS = ("the", "have", "apples", "apple", "call", "hello", "world", "iphone", "one", "two", "three",
           "hundred", "and", "ten", "zero", "i", "a", "minus", "point", "five", "degrees", "celsius")

@@ -6,6 +6,7 @@ Modules (import them directly; this package file imports nothing heavy):
 * :mod:`.layout`      – the official file/key/shape table
 * :mod:`.gpt`, :mod:`.embed`, :mod:`.decoder`, :mod:`.vocos` – the networks (torch)
 * :mod:`.checkpoint`  – ``read_checkpoint``, ``load_model`` -> ``ChatTTSModel`` (torch)
-* :mod:`.random_ckpt` – random checkpoints in the official layout (numpy, no torch)
 * :mod:`.fetch`       – download ``2Noise/ChatTTS`` and verify sha256 (no torch)
+
+Random checkpoints and the ONNX export are tools built on this package: :mod:`appliance.build`.
 """

@@ -3,7 +3,7 @@
 Key names are exactly upstream's (``state_dict`` of the PyPI ``chattts`` 0.2.5 modules, HF
 ``LlamaModel`` naming for the GPT, vocos 0.1.0 for Vocos), so the same table drives both the
 loader's checks (:mod:`appliance.model.checkpoint`) and the random checkpoint writer
-(:mod:`appliance.model.random_ckpt`).
+(:mod:`appliance.build.random_ckpt`).
 
 Files, relative to the ``asset/`` directory::
 

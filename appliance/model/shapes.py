@@ -2,7 +2,7 @@
 
 Shapes are never assumed at load: :func:`appliance.model.checkpoint.read_checkpoint` reads them
 back from ``asset/gpt/config.json`` and from the tensor shapes. The presets are what
-:mod:`appliance.model.random_ckpt` writes.
+:mod:`appliance.build.random_ckpt` writes.
 
 Source of the FULL values: upstream ``ChatTTS/config/config.py`` (0.2.5), the HF
 ``2Noise/ChatTTS`` ``asset/gpt/config.json``, vocos 0.1.0 (see DESIGN.md §1).

@@ -8,7 +8,7 @@
   ``mag = min(exp(logmag), 100)``, ``S = mag * (cos p + i sin p)``.
 
 The inverse STFT (``torch.istft(center=True)``, hann window n_fft, hop 256) is not part of the
-module: runners return (real, imag) and the host does the inverse (:mod:`appliance.tts.istft`).
+module: runners return (real, imag) and the host does the inverse (:mod:`appliance.synth.istft`).
 :func:`reference_istft` is the torch version, for tests.
 """
 

@@ -218,6 +218,7 @@ def cli_main(args: Any) -> int:
 
 def _write_wav(path: str, data: bytes, fmt: str, rate: int) -> None:
     import numpy as np
+
     from .wavout import write_wav
     pcm = np.frombuffer(data, dtype="<f4" if fmt == "float32" else "<i2")
     if fmt != "float32":

@@ -62,9 +62,9 @@ before the next queued request and answers with a ``health`` event.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
-import concurrent.futures
 import logging
 import os
 import signal
@@ -74,11 +74,32 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..config import Config, load_config
-from ..errors import ApplianceError, BusyError, CancelledError, RequestError, TextError, UnknownChannelError
-from .protocol import (Cancel, ErrorEvent, HealthRequest, Speak, StatusReply, StatusRequest, error_event,
-                       parse_request, to_dict,
-                       parse_line)
-from .socket_server import SocketServer, check_socket_path, inherited_socket, listen_socket
+from ..errors import (
+    ApplianceError,
+    BusyError,
+    CancelledError,
+    RequestError,
+    TextError,
+    UnknownChannelError,
+)
+from .protocol import (
+    Cancel,
+    ErrorEvent,
+    HealthRequest,
+    Speak,
+    StatusReply,
+    StatusRequest,
+    error_event,
+    parse_line,
+    parse_request,
+    to_dict,
+)
+from .socket_server import (
+    SocketServer,
+    check_socket_path,
+    inherited_socket,
+    listen_socket,
+)
 from .sound import AudioOutput
 from .worker import EventSink, Item, Worker
 
@@ -124,7 +145,7 @@ class Daemon:
         cfg: validated configuration.
         hooks: systemd / spool callbacks.
         pipeline_factory: ``cfg -> pipeline`` (default ``Pipeline.from_config``); the pipeline
-            needs ``prepare(speak)``, ``engine`` (a :class:`~appliance.tts.batch.BatchEngine`),
+            needs ``prepare(speak)``, ``engine`` (a :class:`~appliance.synth.batch.BatchEngine`),
             ``run(job, cancel)`` (health check), ``warmup()`` and ``info``.
         config_path: the file SIGHUP re-reads (:meth:`reload_config`).
     """
@@ -193,7 +214,7 @@ class Daemon:
         if self.pipeline_factory is not None:
             self.pipeline = self.pipeline_factory(self.cfg)
         else:
-            from ..tts.pipeline import Pipeline
+            from ..synth.pipeline import Pipeline
             self.pipeline = Pipeline.from_config(self.cfg)
         info = getattr(self.pipeline, "info", None)
         log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, getattr(info, "backend", "?"))
@@ -471,7 +492,7 @@ class Daemon:
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req)
+        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
         self.worker.submit(Item(speak=req, job=job, channel=channel, sink=sink))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:

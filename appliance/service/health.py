@@ -32,8 +32,9 @@ import time
 from typing import Any, Optional
 
 from ..config import Config, load_config
+from ..core import SynthesisRequest
 from ..errors import ApplianceError, CancelledError, ConfigError
-from .protocol import HealthReply, Speak, parse_event, to_json
+from .protocol import HealthReply, parse_event, to_json
 from .telemetry import process_memory_mib
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     is not thread-safe).
 
     Args:
-        pipeline: a :class:`~appliance.tts.pipeline.Pipeline` (``prepare``, ``run``, ``job.stats``).
+        pipeline: a :class:`~appliance.synth.pipeline.Pipeline` (``prepare``, ``run``, ``job.stats``).
         cfg: configuration (``health``, ``service.memory_budget_mb``).
 
     Returns:
@@ -77,11 +78,11 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     timer.daemon = True
     t0 = time.perf_counter()
     try:
-        job = pipeline.prepare(Speak(text=h.sentence, id="health", seed=HEALTH_SEED))
+        job = pipeline.prepare(SynthesisRequest(text=h.sentence, id="health", seed=HEALTH_SEED))
         timer.start()
         samples = 0
-        for pcm in pipeline.run(job, cancel):
-            samples += int(getattr(pcm, "size", len(pcm)))
+        for chunk in pipeline.run(job, cancel):
+            samples += chunk.samples.size
     except CancelledError:
         return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"])
     except ApplianceError as e:
@@ -201,7 +202,7 @@ def cli_main(args: Any) -> int:
             reply = ask_daemon(args.socket, timeout)
         else:
             cfg = load_config(args.config)
-            from ..tts.pipeline import Pipeline
+            from ..synth.pipeline import Pipeline
 
             pipeline = Pipeline.from_config(cfg)
             try:

@@ -77,8 +77,17 @@ from typing import Any, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError, RequestError
-from .protocol import (AudioChunk, Accepted, ErrorEvent, HealthRequest, Speak, error_event,
-                       parse_request, to_dict, to_json)
+from .protocol import (
+    Accepted,
+    AudioChunk,
+    ErrorEvent,
+    HealthRequest,
+    Speak,
+    error_event,
+    parse_request,
+    to_dict,
+    to_json,
+)
 
 log = logging.getLogger(__name__)
 

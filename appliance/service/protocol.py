@@ -25,34 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..config import SynthesisConfig
+from ..core import SynthesisRequest, SynthParams
 from ..errors import ApplianceError, RequestError
 
 PRIORITIES = ("alert", "normal", "background")
 
 
-@dataclass(frozen=True)
-class SynthParams:
-    """Per-request overrides of the sampling defaults (``synthesis`` in config). None = default.
-
-    Attributes:
-        temperature: sampling temperature (> 0).
-        top_p: nucleus mass in (0, 1].
-        top_k: codes kept, 1..626.
-        repetition_penalty: >= 1.
-        min_new_tokens: EOS masked before this many decode steps.
-        max_new_tokens: hard stop in decode steps (46.875 per second of audio).
-        prompt: control tokens put before the text, e.g. ``[speed_5][oral_2]``.
-        refine_text: run the refine-text pass for this request (default: ``synthesis.refine_text``).
-    """
-
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    repetition_penalty: Optional[float] = None
-    min_new_tokens: Optional[int] = None
-    max_new_tokens: Optional[int] = None
-    prompt: Optional[str] = None
-    refine_text: Optional[bool] = None
 
 
 #: Allowed ranges of request parameters: the same bounds as the config's defaults
@@ -91,6 +69,10 @@ class Speak:
     params: SynthParams = field(default_factory=SynthParams)
     return_audio: bool = False
     type: str = "speak"
+
+    def synthesis_request(self) -> SynthesisRequest:
+        """The pipeline's view of this request (what to say and how; no routing)."""
+        return SynthesisRequest(id=self.id, text=self.text, voice=self.voice, seed=self.seed, params=self.params)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core import SAMPLE_RATE
 from ..errors import AudioDeviceError
-from ..tts.tokens import SAMPLE_RATE
 from .wavout import WavWriter, wav_path
 
 log = logging.getLogger(__name__)

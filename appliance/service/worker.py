@@ -13,7 +13,7 @@ Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`
 is idempotent).
 
 Scheduling (all on the worker thread, which owns the pipeline's
-:class:`~appliance.tts.batch.BatchEngine`):
+:class:`~appliance.synth.batch.BatchEngine`):
 
 * Each channel has its own bounded queue (``service.channels[].queue_len``, then ``busy``),
   ordered ``alert > normal > background``, FIFO within a priority.
@@ -55,11 +55,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import numpy as np
-
-from ..errors import ApplianceError, BusyError, CancelledError, CapacityError, PreemptedError, RequestError
-from .protocol import (PRIORITIES, Accepted, AudioChunk, Done, ErrorEvent, Preempted, Speak, Started,
-                       error_event)
+from ..core import PcmChunk
+from ..errors import (
+    ApplianceError,
+    BusyError,
+    CancelledError,
+    CapacityError,
+    PreemptedError,
+    RequestError,
+)
+from .protocol import (
+    PRIORITIES,
+    Accepted,
+    AudioChunk,
+    Done,
+    ErrorEvent,
+    Preempted,
+    Speak,
+    Started,
+    error_event,
+)
 from .wavout import to_int16
 
 log = logging.getLogger(__name__)
@@ -81,7 +96,7 @@ class Item:
         sink: where its events go. accepted_at: ``time.monotonic()`` at accept.
         cancel: set to stop synthesis at the next decode step.
         state: ``queued`` -> ``running`` -> ``playing`` -> ``settled``.
-        task: its :class:`~appliance.tts.batch.Task` while synthesizing.
+        task: its :class:`~appliance.synth.batch.Task` while synthesizing.
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
     """
 
@@ -112,7 +127,7 @@ class Worker:
     """The scheduler: queues + one synthesis thread driving a batch engine (module docstring).
 
     Args:
-        pipeline: object with ``engine`` (a :class:`~appliance.tts.batch.BatchEngine`) and
+        pipeline: object with ``engine`` (a :class:`~appliance.synth.batch.BatchEngine`) and
             ``info`` (``weight_bytes``, ``kv_bytes_per_token``, ``max_seq_len``); None only for
             queue tests that never start the thread.
         audio: :class:`~appliance.service.sound.AudioOutput`.
@@ -462,14 +477,14 @@ class Worker:
         try:
             item.audio = self.audio.open(item.id, item.channel, beat=self._beat)
             lim = self._limits()
-            item.task = self.engine.add(item.job, lambda pcm, it=item: self._on_pcm(it, pcm), item.cancel,
+            item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
         except Exception as e:  # noqa: BLE001
             item.task = None
             self._fail(item, e)
 
-    def _on_pcm(self, item: Item, pcm: np.ndarray) -> None:
-        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    def _on_pcm(self, item: Item, chunk: PcmChunk) -> None:
+        pcm = chunk.samples
         if not len(pcm) or item.cancel.is_set():
             return
         if item.first_pcm_at is None:
@@ -477,7 +492,7 @@ class Worker:
         item.audio.write(pcm)
         if item.speak.return_audio:
             data = to_int16(pcm).tobytes() if self.audio_format == "int16" else pcm.astype("<f4").tobytes()
-            item.sink(AudioChunk(id=item.id, bytes=len(data), rate=24000, format=self.audio_format), data)
+            item.sink(AudioChunk(id=item.id, bytes=len(data), rate=chunk.rate, format=self.audio_format), data)
         self._beat()
 
     def _complete(self, item: Item) -> None:

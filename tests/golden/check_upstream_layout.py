@@ -1,7 +1,7 @@
 """Check that our random checkpoints are exactly the official layout for UPSTREAM's own loader,
 and compare our model with upstream at full size (device machine; not a pytest test).
 
-1. ``appliance.model.random_ckpt`` writes a FULL random checkpoint; upstream ``ChatTTS.Chat._load``
+1. ``appliance.build.random_ckpt`` writes a FULL random checkpoint; upstream ``ChatTTS.Chat._load``
    loads all of it (DVAE with encoder + GFSQ, Embed, GPT via ``LlamaModel.from_pretrained``,
    Decoder, Vocos, tokenizer: strict ``load_state_dict`` everywhere except HF's loader, whose
    report is printed), then ``Chat.infer`` runs end to end for a few steps.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +36,9 @@ def main() -> int:
     from ChatTTS import Chat
     from ChatTTS.model import DVAE
 
+    from appliance.build.random_ckpt import write_random_checkpoint
     from appliance.config import config_from_dict
-    from appliance.model.random_ckpt import write_random_checkpoint
-    from appliance.runtime.torch_runner import TorchRunner
+    from appliance.engines.torch_runner import TorchRunner
 
     tmp = Path(tempfile.mkdtemp())
     full = write_random_checkpoint(tmp / "full", "full", seed=0)

@@ -17,7 +17,7 @@ tests/golden/make_goldens.py $OUT/upstream_tiny.npz``.
 
 Usage: ``python tests/golden/make_goldens.py OUT.npz [--steps 216] [--seed 0]``
 
-The tiny checkpoint is written by our own ``appliance.model.random_ckpt`` (seed 0) and loaded by
+The tiny checkpoint is written by our own ``appliance.build.random_ckpt`` (seed 0) and loaded by
 UPSTREAM's classes: ``ChatTTS.model.Embed`` (``load_pretrained``), ``ChatTTS.model.GPT`` with
 ``LlamaModel.from_pretrained(asset/gpt)`` (``GPT.load_pretrained``), ``ChatTTS.model.DVAE`` as
 Decoder (``DVAE(decoder_config, dim=idim)`` + ``load_pretrained``: its ``coef`` comes from the
@@ -98,19 +98,19 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
 
     import transformers
-    from safetensors.numpy import load_file
-    from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
     from ChatTTS.config import Config as UCfg
     from ChatTTS.model import DVAE, GPT, Embed, Speaker, Tokenizer
     from ChatTTS.model.processors import CustomRepetitionPenaltyLogitsProcessorRepeat
     from ChatTTS.utils import load_safetensors
+    from safetensors.numpy import load_file
+    from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
     from vocos import Vocos
     from vocos.feature_extractors import MelSpectrogramFeatures
     from vocos.heads import ISTFTHead
     from vocos.models import VocosBackbone
 
+    from appliance.build.random_ckpt import write_random_checkpoint
     from appliance.model import layout
-    from appliance.model.random_ckpt import write_random_checkpoint
 
     out: dict[str, np.ndarray] = {}
     tmp = Path(tempfile.mkdtemp(prefix="tiny_golden_"))
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         "vector_quantize_pytorch": _version("vector_quantize_pytorch"), "numpy": np.__version__,
         "python": platform.python_version(), "machine": platform.machine(), "node": platform.node(), "cpu": cpu,
         "device": "cpu", "dtype": "float32", "deterministic": True, "threads": a.threads,
-        "checkpoint": f"appliance.model.random_ckpt tiny seed {a.seed}", "embed_tokens_shape": embed_tokens_shape,
+        "checkpoint": f"appliance.build.random_ckpt tiny seed {a.seed}", "embed_tokens_shape": embed_tokens_shape,
         "steps": n, "prompt": PROMPT, "repetition_penalty": 1.05, "eos": EOS,
     }
     out["meta_json"] = np.frombuffer(json.dumps(meta, ensure_ascii=False).encode("utf-8"), np.uint8)

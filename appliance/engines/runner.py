@@ -5,11 +5,11 @@ A :class:`Runner` owns the model's weights on its device, a static KV cache of
 pre-allocated I/O buffers. Everything crossing this boundary is numpy (host) data, so the
 pipeline, the scheduler and the service layer never import torch. Backends:
 
-* ``torch``        – :mod:`appliance.runtime.torch_runner` (our PyTorch model, CPU or CUDA)
-* ``onnxruntime``  – :mod:`appliance.runtime.onnx_runner` (CPU default, no torch)
-* ``tensorrt``     – :mod:`appliance.runtime.tensorrt_runner` (Jetson / RTX plans)
+* ``torch``        – :mod:`appliance.engines.torch_runner` (our PyTorch model, CPU or CUDA)
+* ``onnxruntime``  – :mod:`appliance.engines.onnx_runner` (CPU default, no torch)
+* ``tensorrt``     – :mod:`appliance.engines.tensorrt_runner` (Jetson / RTX plans)
 
-The backend is chosen once at load by :func:`appliance.runtime.select.open_runner`.
+The backend is chosen once at load by :func:`appliance.engines.select.open_runner`.
 
 Shapes (D = hidden size, 768 full; V = 626 audio tokens; Q = 4 codebooks):
 
@@ -21,7 +21,7 @@ Shapes (D = hidden size, 768 full; V = 626 audio tokens; Q = 4 codebooks):
   Returns ``(logits [B, Q, V], hidden [B, D])``.
 * ``decoder(hidden)``: float32 ``[T, D]`` -> mel float32 ``[100, 2T]`` (log-mel x coef).
 * ``vocos(mel)``: float32 ``[100, F]`` -> complex STFT float32 ``(real [F, 513], imag [F, 513])``;
-  the inverse STFT runs on the host (:mod:`appliance.tts.istft`).
+  the inverse STFT runs on the host (:mod:`appliance.synth.istft`).
 
 Returned arrays may be views of the runner's buffers, valid until its next call: copy what you
 keep. Errors from the foreign runtime are raised as :class:`~appliance.errors.EngineError`.

@@ -10,7 +10,7 @@ engine deserialization, ``set_input_shape`` / ``set_tensor_address`` / ``execute
 the KV-cache copies below have **never run**; they follow NVIDIA's
 ``samples/python/common_runtime.py`` (TensorRT 8.5+ API, as JetPack 5.1+ ships).
 
-Design (same graphs as ONNX Runtime, :mod:`appliance.model.export`):
+Design (same graphs as ONNX Runtime, :mod:`appliance.build.export`):
 
 * one engine per graph, one execution context per engine created at load, shapes set per
   call with ``set_input_shape``; every device buffer is allocated once at its profile maximum,

@@ -4,7 +4,7 @@ A GPU runner copies device results (token ids, hidden states, PCM) into page-loc
 host memory, so the copy is a DMA that can run asynchronously and no request allocates host
 memory. This module holds no torch: the allocator is injected (``allocator(nbytes) -> uint8
 numpy array``). :func:`numpy_allocator` gives plain pageable memory (CPU, tests);
-:func:`appliance.runtime.torch_cuda.torch_pinned_allocator` gives CUDA pinned memory; a TensorRT
+:func:`appliance.engines.cuda_runner.torch_pinned_allocator` gives CUDA pinned memory; a TensorRT
 runner can pass a ``pycuda.driver.pagelocked_empty`` wrapper.
 
 Accounting: :attr:`PinnedPool.allocations` counts allocator calls and :attr:`PinnedPool.nbytes`

@@ -11,7 +11,7 @@ one batched decode step for all of them: a sequence joins between steps (its pre
 then it decodes with the others) and leaves as soon as it ends, without stalling the rest.
 Slot, code and position arrays are allocated once; per step the loop only slices them.
 
-Optional device path (GPU runners, :class:`appliance.runtime.torch_cuda.CudaRunner`): when the
+Optional device path (GPU runners, :class:`appliance.engines.cuda_runner.CudaRunner`): when the
 runner has ``begin(slot, params, seed) -> codes [Q]`` and ``decode_many(slots, k) -> (codes
 [k, b, Q], hidden [k, b, D])``, sampling runs on the device: ``join`` samples the first codes with
 ``begin`` and ``step`` runs ``k = device_chunk`` steps in one call (one host sync), then hands them
@@ -27,10 +27,10 @@ from typing import Optional
 
 import numpy as np
 
+from ..core import AUDIO_EOS, NUM_VQ, SamplingParams
+from ..engines.runner import Runner
+from ..engines.sampling import Sampler
 from ..errors import BusyError, CapacityError
-from ..runtime.runner import Runner
-from .sampler import Sampler, SamplingParams
-from .tokens import AUDIO_EOS, NUM_VQ
 
 
 @dataclass(eq=False)
@@ -174,8 +174,8 @@ class DecodeLoop:
         Raises:
             BusyError: no free slot. ConfigError: the runner has no text mode.
         """
+        from ..engines.sampling import apply_top_p_top_k
         from ..errors import ConfigError
-        from .sampler import apply_top_p_top_k
 
         if not getattr(self.runner, "supports_text_mode", False):
             raise ConfigError(f"refine-text needs a backend with a text mode (torch on CPU); "

@@ -32,7 +32,7 @@ def pick_device(name: str) -> torch.device:
 
 
 class TorchRunner(Runner):
-    """PyTorch runner (see :mod:`appliance.runtime.runner` for the contract).
+    """PyTorch runner (see :mod:`appliance.engines.runner` for the contract).
 
     Args:
         cfg: the configuration; uses ``model.path`` (resolved with ``cfg.resolve``), ``model.device``,
@@ -145,7 +145,7 @@ class TorchRunner(Runner):
         return self._dc_logits[:b], self._dc_hidden[:b]
 
     # -------------------------------------------------------------- text mode (refine-text)
-    #: Optional capability used by :meth:`appliance.tts.generate.DecodeLoop.refine`.
+    #: Optional capability used by :meth:`appliance.synth.decode_loop.DecodeLoop.refine`.
     supports_text_mode = True
 
     def prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The GPU fast path: prefill, first draw and decode step with on-device sampling, replayed as CUDA graphs.
 
-:class:`CudaRunner` is a :class:`~appliance.runtime.torch_runner.TorchRunner` (same ``decoder``,
+:class:`CudaRunner` is a :class:`~appliance.engines.torch_runner.TorchRunner` (same ``decoder``,
 ``vocos``, same checks) whose prefill and decode step are rebuilt for the GPU, in the style of
 gpt-fast (pytorch-labs/gpt-fast ``generate.py``: static KV cache, ``decode_one_token`` captured,
 optionally compiled):
@@ -26,14 +26,14 @@ optionally compiled):
   graph per bucket (:meth:`CudaRunner._prefill_body`); the first draw (:meth:`CudaRunner.begin`)
   is a captured graph per row.
 * :meth:`CudaRunner.decode_many` replays ``k`` steps and copies codes ``[k, b, 4]`` and hidden
-  ``[k, b, D]`` into a pinned host pool (:mod:`appliance.runtime.pinned`) with ONE host sync:
-  the optional capability used by :class:`appliance.tts.generate.DecodeLoop` (``begin`` +
+  ``[k, b, D]`` into a pinned host pool (:mod:`appliance.engines.pinned`) with ONE host sync:
+  the optional capability used by :class:`appliance.synth.decode_loop.DecodeLoop` (``begin`` +
   ``decode_many``); the plain per-step :meth:`decode` still works (host sampling).
 
 Measured on an H200 (bench/RESULTS.md): 1.59 ms per step at B=1 with plain graphs, 0.83 ms compiled.
 
 Sampling on the device (:class:`DeviceSampler`) follows upstream ChatTTS 0.2.5 exactly as the host
-:class:`appliance.tts.sampler.Sampler` does (temperature, repetition penalty over the last 16
+:class:`appliance.engines.sampling.Sampler` does (temperature, repetition penalty over the last 16
 codes, HF top-P then top-K keeping >= 3, EOS masked before ``min_new_tokens``); the draw is an
 inverse-CDF draw with one uniform per (row, codebook) from a counter-based SplitMix64 hash of
 (request seed, step, codebook) (Steele et al. 2014), so a request's codes do not depend on what
@@ -51,13 +51,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import Config
+from ..core import AUDIO_EOS, SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
 from ..model.checkpoint import load_model
-from ..tts.sampler import MIN_KEEP, PENALTY_WINDOW, SamplingParams
-from ..tts.tokens import AUDIO_EOS
 from .pinned import PinnedPool
 from .runner import RunnerInfo, receptive_fields
-from .torch_runner import TorchRunner, _DTYPES
+from .sampling import MIN_KEEP, PENALTY_WINDOW
+from .torch_runner import _DTYPES, TorchRunner
 
 log = logging.getLogger(__name__)
 

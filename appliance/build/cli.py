@@ -1,8 +1,8 @@
 """``chattts-appliance engines export`` and ``engines build``.
 
 ``export``: checkpoint -> ``<engine_dir>/onnx/<precision>/`` (needs torch; see
-:mod:`appliance.model.export`). ``build``: ``<engine_dir>/onnx/fp16/`` -> TensorRT plans in
-``<engine_dir>/trt/<precision>/`` (:mod:`appliance.runtime.trt_build`). Both show progress
+:mod:`appliance.build.export`). ``build``: ``<engine_dir>/onnx/fp16/`` -> TensorRT plans in
+``<engine_dir>/trt/<precision>/`` (:mod:`appliance.build.trt_build`). Both show progress
 (a tqdm bar per graph; builder phases as its postfix) and print where the results went and
 the memory the builder reported.
 
@@ -39,7 +39,7 @@ def _bar(total: int, desc: str):
 
 def cli_export(args) -> int:
     """Export the ONNX graphs; returns 0. Errors propagate as ApplianceError (exit status 2)."""
-    from ..model.export import GRAPHS, WINDOW_TOKENS, export_all
+    from .export import GRAPHS, WINDOW_TOKENS, export_all
 
     cfg = _config(args.config)
     mc = cfg.model
@@ -89,7 +89,7 @@ def cli_build(args) -> int:
         bar.update(bar.total - bar.n)
     finally:
         bar.close()
-    from . import manifest as mf
+    from ..engines import manifest as mf
 
     m = mf.read(out)
     print(f"built {len(m['graphs'])} plans ({m['runtime']['name']} {m['runtime']['version']}, {args.precision}) in {out}")

@@ -1,6 +1,6 @@
 """Choose the inference backend once, at load, and say why.
 
-``open_runner(cfg)`` returns a :class:`~appliance.runtime.runner.Runner`. ``model.backend``
+``open_runner(cfg)`` returns a :class:`~appliance.engines.runner.Runner`. ``model.backend``
 ``auto`` picks, in order:
 
 1. ``tensorrt``: a GPU is present (``nvidia-smi`` or a Jetson board, no torch import) and
@@ -75,7 +75,7 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
 
 def _torch_runner(cfg: Config, reason: str) -> Runner:
     """TorchRunner on the CPU; on a CUDA GPU the fast path (CudaRunner: CUDA graphs, on-device
-    sampling; appliance.runtime.torch_cuda).
+    sampling; appliance.engines.cuda_runner).
 
     Raises:
         ConfigError: PyTorch is not installed.
@@ -86,7 +86,7 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
         raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
 
     if pick_device(cfg.model.device).type == "cuda":
-        from .torch_cuda import CudaRunner
+        from .cuda_runner import CudaRunner
 
         return CudaRunner(cfg, reason=reason, quant=cfg.model.quant,
                           compile=False if cfg.model.compile == "off" else cfg.model.compile)

@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 import pybase16384 as b14
 
-from appliance.errors import SpeakerError
+from ..errors import SpeakerError
 
 log = logging.getLogger(__name__)
 

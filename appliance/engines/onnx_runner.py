@@ -1,9 +1,9 @@
 """The ONNX Runtime backend (CPU): the default where there is no GPU; needs no torch.
 
 Loads the graphs (``gpt``, ``decoder``, ``vocos``) that ``chattts-appliance engines export`` wrote to
-``<model.engine_dir>/onnx/<precision>/`` (see :mod:`appliance.model.export` for their I/O),
+``<model.engine_dir>/onnx/<precision>/`` (see :mod:`appliance.build.export` for their I/O),
 checks their manifest against the config and the checkpoint, and implements
-:class:`~appliance.runtime.runner.Runner`.
+:class:`~appliance.engines.runner.Runner`.
 
 KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
 the cache is two numpy arrays ``[L, S, M, H, hd]`` (S = ``max_seq_len`` positions first,
@@ -23,7 +23,7 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's
   profiler put 59 of ~95 ms of a 1024-position step in Slice/Gather/Concat/Transpose copies.
 * this graph (position-major prefix bound by pointer, scores joined on the score tensor,
-  :class:`appliance.model.export.GptGraph`), min over 30-40 steps in three runs: fp32
+  :class:`appliance.build.export.GptGraph`), min over 30-40 steps in three runs: fp32
   24.9-27.8 ms at 32, 31.2-35.3 ms at 512 (B=1), 37.3-38.4 ms at B=3 / 512; **int8
   (MatMulNBits) 12.2-13.9 ms at 32, 15.5-18.9 ms at 512 (B=1), 21.5-22.3 ms at B=3 / 512**,
   i.e. faster than real time (21.3 ms of audio per step) for one channel and about real time
@@ -102,7 +102,7 @@ def embed_prompt(emb_text: np.ndarray, ids: np.ndarray, spk_emb: np.ndarray | No
 
 
 class OnnxRunner(Runner):
-    """ONNX Runtime runner (see module doc and :class:`~appliance.runtime.runner.Runner`).
+    """ONNX Runtime runner (see module doc and :class:`~appliance.engines.runner.Runner`).
 
     Args:
         cfg: uses ``model.engine_dir``, ``model.path`` (checkpoint identity check),

@@ -4,7 +4,7 @@ Writes ``OUT_DIR/asset/``: ``gpt/config.json`` (HF ``LlamaConfig`` JSON with Cha
 upstream's ``LlamaModel.from_pretrained`` loads it), ``gpt/model.safetensors`` (with an
 ``embed_tokens.weight`` like the real one), ``Embed.safetensors``, ``Decoder.safetensors``,
 ``DVAE.safetensors``, ``Vocos.safetensors`` and ``tokenizer/`` (a BERT WordPiece tokenizer built
-with the ``tokenizers`` library, the 50 control tokens of :mod:`appliance.tts.tokens` appended
+with the ``tokenizers`` library, the 50 control tokens of :mod:`appliance.text.tokens` appended
 as special added tokens). No torch: numpy + safetensors + tokenizers.
 
 Weights come from ``numpy.random.default_rng(seed)`` (platform-independent): linear/embedding
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
-from ..tts.tokens import CONTROL_TOKENS
-from . import layout
-from .shapes import FULL, TINY, ModelShapes
+from ..model import layout
+from ..model.shapes import FULL, TINY, ModelShapes
+from ..text.tokens import CONTROL_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,15 @@ def build_vocab(size: str) -> list[str]:
 def write_tokenizer(out: Path, vocab: list[str]) -> int:
     """Write ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``; returns the
     total vocabulary size (base + 50 control tokens)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     ids = {t: i for i, t in enumerate(vocab)}

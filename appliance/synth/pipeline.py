@@ -3,8 +3,8 @@
 The one object the service layer talks to (no tensors cross it; numpy PCM only)::
 
     pipe = Pipeline.from_config(cfg)
-    job = pipe.prepare(speak)                 # cheap; raises TextError / SpeakerError / RequestError
-    for pcm in pipe.run(job, cancel):         # float32 [n], mono, 24000 Hz, as produced
+    job = pipe.prepare(request)               # a SynthesisRequest; cheap; raises TextError / SpeakerError / RequestError
+    for chunk in pipe.run(job, cancel):       # PcmChunk: float32 samples [n], mono, chunk.rate Hz
         ...
     job.stats                                 # JobStats once run() finished
 
@@ -19,7 +19,7 @@ each sentence just before it is spoken (torch CPU backend; up to 384 extra decod
 Differences from upstream on purpose: no mutable default parameters shared between calls (each
 Job owns its own), no "regenerate until non-empty" loop (an empty result raises
 :class:`EmptyResultError`), no deletion of near-silent samples, and streaming is O(n) with exact
-joins (:mod:`appliance.tts.stream`).
+joins (:mod:`appliance.synth.vocoder`).
 """
 
 from __future__ import annotations
@@ -34,17 +34,22 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import CheckpointError, ConfigError, EmptyResultError, RequestError, TextError
-from ..runtime.runner import Runner, RunnerInfo
+from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..engines.runner import Runner, RunnerInfo
+from ..errors import (
+    CheckpointError,
+    ConfigError,
+    EmptyResultError,
+    RequestError,
+    TextError,
+)
+from ..text.normalize import Normalizer
+from ..text.speaker import resolve_voice
+from ..text.split import split_text
+from ..text.tokenizer import Tokenizer
 from .batch import BatchEngine
-from .generate import DecodeLoop
-from .normalize import Normalizer
-from .sampler import SamplingParams
-from .speaker import resolve_voice
-from .split import split_text
-from .stream import WindowedVocoder
-from .tokenizer import Tokenizer
-from .tokens import SAMPLE_RATE
+from .decode_loop import DecodeLoop
+from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +95,17 @@ class Job:
     params: SamplingParams
     spk_emb: Optional[np.ndarray]
     stats: Optional[JobStats] = None
-    channel: Optional[str] = None
-    priority: str = "normal"
     meta: dict = field(default_factory=dict)
     prompt: str = ""
     refine_prompts: Optional[list] = None
 
 
 class Pipeline:
-    """ChatTTS synthesis over one :class:`~appliance.runtime.runner.Runner`.
+    """ChatTTS synthesis over one :class:`~appliance.engines.runner.Runner`.
 
     Args:
         cfg: validated configuration.
-        runner: an opened backend (see :func:`appliance.runtime.select.open_runner`).
+        runner: an opened backend (see :func:`appliance.engines.select.open_runner`).
         tokenizer: the checkpoint's tokenizer.
 
     :meth:`run` (and everything touching the runner) belongs to one thread, the service's
@@ -132,9 +135,9 @@ class Pipeline:
         """Open the configured backend and the checkpoint's tokenizer.
 
         Raises:
-            ConfigError, CheckpointError, EngineError: see :func:`~appliance.runtime.select.open_runner`.
+            ConfigError, CheckpointError, EngineError: see :func:`~appliance.engines.select.open_runner`.
         """
-        from ..runtime.select import open_runner
+        from ..engines.select import open_runner
 
         root = cfg.resolve(cfg.model.path)
         asset = next((c for c in (root / "asset", root) if (c / "gpt" / "config.json").is_file()), None)
@@ -162,8 +165,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ prepare
 
-    def prepare(self, speak) -> Job:
-        """Validate and pre-process a :class:`~appliance.service.protocol.Speak` (no model run).
+    def prepare(self, request: SynthesisRequest) -> Job:
+        """Validate and pre-process a :class:`~appliance.core.SynthesisRequest` (no model run).
 
         Thread-safe with respect to :meth:`run`: it reads only the tokenizer, the normalizer
         (serialized by a lock) and immutable runner info, so the service may call it on its own
@@ -173,10 +176,12 @@ class Pipeline:
             TextError: empty, unspeakable or too long text.
             SpeakerError: malformed voice string.
         """
+        if not isinstance(request, SynthesisRequest):
+            raise TypeError(f"Pipeline.prepare takes a SynthesisRequest, not {type(request).__name__}")
         with self._prepare_lock:
-            return self._prepare(speak)
+            return self._prepare(request)
 
-    def _prepare(self, speak) -> Job:
+    def _prepare(self, speak: SynthesisRequest) -> Job:
         cfg = self.cfg
         text = speak.text
         if len(text) > cfg.service.max_text_chars:
@@ -211,7 +216,7 @@ class Pipeline:
             refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
         return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
                    unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
-                   channel=speak.channel, priority=speak.priority, prompt=prompt,
+                   prompt=prompt,
                    refine_prompts=refine_prompts)
 
     def _refine(self, job: Job, k: int) -> None:
@@ -236,19 +241,20 @@ class Pipeline:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, job: Job, cancel: Optional[threading.Event] = None) -> Iterator[np.ndarray]:
-        """Synthesize ``job``; yield float32 PCM chunks (mono, 24 kHz) as they become final.
+    def run(self, job: Job, cancel: Optional[threading.Event] = None) -> Iterator[PcmChunk]:
+        """Synthesize ``job``; yield :class:`~appliance.core.PcmChunk` (float32 mono, 24 kHz) as
+        they become final.
 
         Chunks are cut every ``stream.chunk_tokens`` decode steps (the first after
         ``stream.first_chunk_tokens``) once the windowed Decoder/Vocos can produce them exactly.
-        This is the one-job use of :attr:`engine` (:class:`~appliance.tts.batch.BatchEngine`),
+        This is the one-job use of :attr:`engine` (:class:`~appliance.synth.batch.BatchEngine`),
         the same code path the scheduler drives for several jobs at once.
 
         Raises:
             CancelledError: ``cancel`` was set (checked every decode step).
             EmptyResultError: no sentence produced any audio code.
         """
-        out: list[np.ndarray] = []
+        out: list[PcmChunk] = []
         task = self.engine.add(job, out.append, cancel)
         try:
             while not task.finished:
@@ -280,10 +286,9 @@ class Pipeline:
 
     def warmup(self) -> float:
         """Synthesize a short sentence and discard it; returns its wall time in seconds."""
-        from ..service.protocol import Speak, SynthParams
-
         t = time.perf_counter()
-        job = self.prepare(Speak(text="你好。", id="warmup", seed=0, params=SynthParams(max_new_tokens=2 * (self.vocoders[0].lookahead_tokens + 4))))
+        job = self.prepare(SynthesisRequest(text="你好。", id="warmup", seed=0, params=SynthParams(
+            max_new_tokens=2 * (self.vocoders[0].lookahead_tokens + 4))))
         try:
             for _ in self.run(job):
                 pass

@@ -48,8 +48,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
-from appliance.errors import TextError
-from appliance.tts.tokens import CONTROL_TOKENS, USER_CONTROL_TOKENS
+from ..errors import TextError
+from .tokens import CONTROL_TOKENS, USER_CONTROL_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ class Normalizer:
     """Callable text normalizer (see module docstring).
 
     Args:
-        tokenizer: optional :class:`appliance.tts.tokenizer.Tokenizer`; when given, characters
+        tokenizer: optional :class:`appliance.text.tokenizer.Tokenizer`; when given, characters
             its vocabulary cannot represent are removed and reported too.
         use_wetext: use ``wetext`` when importable (False = our own rules only).
     """

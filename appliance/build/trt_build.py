@@ -5,13 +5,13 @@ Input: ``<engine_dir>/onnx/fp16/`` (``engines export --precision fp16``). Output
 ``<engine_dir>/trt/timing.cache`` shared by every build on this machine (loaded before, saved
 after each graph; classic TensorRT only: TensorRT-RTX 1.2+ ignores timing caches).
 
-Precision (strongly typed: it lives in the graph, :mod:`appliance.runtime.graph_precision`):
+Precision (strongly typed: it lives in the graph, :mod:`appliance.build.graph_precision`):
 ``fp16`` builds the fp16 graphs as they are; ``int8`` first rewrites their MatMul/Gemm weights
 to INT8 + DequantizeLinear (weight-only; for Orin and GPUs without FP8); ``fp8`` to FP8 E4M3,
 only for a target of compute capability >= 8.9 — any other target is refused by
 :func:`check_request` before any file is read.
 
-The module calls TensorRT only through :mod:`appliance.runtime.trt` (``tensorrt`` on Jetson,
+The module calls TensorRT only through :mod:`appliance.engines.trt` (``tensorrt`` on Jetson,
 ``tensorrt_rtx`` from pip elsewhere). Optimization profiles come from the export manifest
 (min/opt/max per dynamic input; the limits are the config's ``model.max_batch``,
 ``max_seq_len``, ``max_prompt_tokens``). The workspace (memory-pool) limit is ``workspace_mib``.
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..engines import manifest as mf
+from ..engines import trt as trtshim
 from ..errors import ConfigError, EngineError
-from . import manifest as mf
-from . import trt as trtshim
 
 log = logging.getLogger(__name__)
 

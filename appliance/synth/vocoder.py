@@ -8,7 +8,7 @@ fixed receptive field ``rf`` on each side (``RunnerInfo.decoder_rf``, ``vocos_rf
 ``[a - rf, b + rf)`` therefore yields frames ``[a, b)`` *exactly* as the full-utterance forward
 pass would (zero padding at the true start and end included). This class keeps every finished
 mel frame, computes only the frames that became exact since the last push (plus ``rf`` of
-context on each side), and finishes the waveform with :class:`~appliance.tts.istft.StreamingISTFT`.
+context on each side), and finishes the waveform with :class:`~appliance.synth.istft.StreamingISTFT`.
 
 Cost: each push recomputes ``2 * rf`` context frames; with 24-token chunks the Decoder does
 about 3x the work of one full pass, the price of streaming without state inside the convs.
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core import HOP_LENGTH
+from ..engines.runner import Runner
 from ..errors import CapacityError
-from ..runtime.runner import Runner
 from .istft import StreamingISTFT
-from .tokens import HOP_LENGTH
 
 N_MELS = 100
 N_FFT = 1024

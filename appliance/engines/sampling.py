@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import numpy as np
 
-from appliance.tts.tokens import AUDIO_EOS, NUM_AUDIO_TOKENS, NUM_VQ
+from ..core import AUDIO_EOS, NUM_AUDIO_TOKENS, NUM_VQ, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -49,54 +48,6 @@ PENALTY_WINDOW = 16
 MIN_KEEP = 3
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling parameters of one request (upstream ``InferCodeParams`` defaults). The seed is
-    not here: it is given to :meth:`Sampler.start` (one per request, reported back).
-
-    Attributes:
-        temperature: one value, or one per codebook (4 values); > 0.
-        top_p: nucleus mass kept, in (0, 1]; None = off.
-        top_k: codes kept (at least 3 always are); None = off.
-        repetition_penalty: > 0 (>= 1 in practice); 1 = off.
-        min_new_tokens: EOS is masked for the first this many steps.
-        max_new_tokens: hard stop in decode steps (enforced by the decode loop, not here).
-        greedy: argmax instead of drawing (the seed is then unused).
-    """
-
-    temperature: Union[float, tuple[float, ...]] = 0.3
-    top_p: Optional[float] = 0.7
-    top_k: Optional[int] = 20
-    repetition_penalty: float = 1.05
-    min_new_tokens: int = 0
-    max_new_tokens: int = 2048
-    greedy: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.temperature, list):
-            object.__setattr__(self, "temperature", tuple(self.temperature))
-        t = self.temperature if isinstance(self.temperature, tuple) else (self.temperature,)
-        if len(t) not in (1, NUM_VQ) or not all(x > 0 for x in t):
-            raise ValueError(f"temperature {self.temperature!r} must be > 0, one value or {NUM_VQ}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k {self.top_k} must be >= 1")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty {self.repetition_penalty} must be > 0")
-        if self.min_new_tokens < 0 or self.max_new_tokens < 1:
-            raise ValueError(f"min_new_tokens {self.min_new_tokens} must be >= 0 and "
-                             f"max_new_tokens {self.max_new_tokens} >= 1")
-
-    @classmethod
-    def from_config(cls, syn, **overrides) -> "SamplingParams":
-        """Build from ``appliance.config.SynthesisConfig`` (``cfg.synthesis``), then overrides
-        (keys whose value is None are ignored)."""
-        base = dict(temperature=syn.temperature, top_p=syn.top_p, top_k=syn.top_k,
-                    repetition_penalty=syn.repetition_penalty,
-                    min_new_tokens=syn.min_new_tokens, max_new_tokens=syn.max_new_tokens)
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**base)
 
 
 # ---------------------------------------------------------------------------------------------

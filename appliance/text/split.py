@@ -1,7 +1,7 @@
 """Sentence splitting that respects the engine's prompt length in tokens.
 
 Each piece becomes one GPT generation with the prompt ``[Stts][spk_emb]{prompt}{piece}[Ptts]``
-(:meth:`appliance.tts.tokenizer.Tokenizer.code_prompt`); the whole prompt, counted with the real
+(:meth:`appliance.text.tokenizer.Tokenizer.code_prompt`); the whole prompt, counted with the real
 tokenizer, must fit ``cfg.model.max_prompt_tokens``. Order of cuts:
 
 1. after sentence ends (``。！？.!?`` runs, and line breaks): every sentence is its own piece
@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import re
 
-from appliance.errors import TextError
-from appliance.tts.tokens import TOKEN_RE
+from ..errors import TextError
+from .tokens import TOKEN_RE
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
     """Cut normalized ``text`` into pieces whose code prompt fits ``max_prompt_tokens``.
 
     Args:
-        text: normalized text (:class:`appliance.tts.normalize.Normalizer` output).
-        tokenizer: :class:`appliance.tts.tokenizer.Tokenizer` of the checkpoint.
+        text: normalized text (:class:`appliance.text.normalize.Normalizer` output).
+        tokenizer: :class:`appliance.text.tokenizer.Tokenizer` of the checkpoint.
         max_prompt_tokens: ``cfg.model.max_prompt_tokens``.
         prompt: control tokens put before every piece (``synthesis.prompt``).
         with_speaker: whether the prompt holds ``[spk_emb]`` (else ``[empty_spk]``).

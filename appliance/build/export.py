@@ -1,7 +1,7 @@
 """ONNX export of the engine graphs (``chattts-appliance engines export``).
 
 Graphs (``torch.onnx.export(..., dynamo=True, opset_version=18)``), one file each under
-``<engine_dir>/onnx/<precision>/`` with a ``manifest.json`` (:mod:`appliance.runtime.manifest`).
+``<engine_dir>/onnx/<precision>/`` with a ``manifest.json`` (:mod:`appliance.engines.manifest`).
 D = hidden, L = layers, H = heads, hd = head dim, Q = 4, V = 626, S = ``max_seq_len``,
 M = ``max_batch``:
 
@@ -19,7 +19,7 @@ M = ``max_batch``:
     New token j of row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` and to new
     tokens ``<= j``; the scores against the cache and against the new keys are joined on the
     score tensor, so keys/values are never concatenated (measured: copies of the cache were 60 %
-    of a step with the first, concatenating graph; see :mod:`appliance.runtime.onnx_runner`).
+    of a step with the first, concatenating graph; see :mod:`appliance.engines.onnx_runner`).
     The fp16 export (TensorRT's input) binds the whole cache ``k_cache.i [S, M, H, hd]`` instead,
     with an input ``past [P] uint8`` whose length is P, slices ``[:P]`` in the graph and uses the
     standard attention pattern that TensorRT fuses (builder-reported activations of the decode
@@ -30,13 +30,13 @@ M = ``max_batch``:
 ``decoder``
     ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (ONNX Runtime: any T;
     TensorRT: a profile 2..``window_tokens``). No padding: the streaming code
-    (:mod:`appliance.tts.stream`) cuts overlapping windows, and a variable window keeps the
+    (:mod:`appliance.synth.vocoder`) cuts overlapping windows, and a variable window keeps the
     joins exact, which a zero-padded fixed window would not (padding changes the convs' edge).
 
 ``vocos``
     ``mel [100, F] float32`` -> ``real, imag [F, n_fft/2 + 1] float32``; F dynamic (TensorRT
     profile 2..2 x ``window_tokens``). **The inverse STFT stays on the host in numpy**
-    (:mod:`appliance.tts.istft`). Measured on this 2-core CPU (2026-11-30, 1 s of audio =
+    (:mod:`appliance.synth.istft`). Measured on this 2-core CPU (2026-11-30, 1 s of audio =
     94 frames): numpy rfft-based ISTFT 0.6-0.8 ms; the in-graph form (inverse-DFT basis as a
     [F, 1026] x [1026, 1024] matrix product, ~100 MFLOP, plus overlap-add) 19.6 ms for the same
     frames in numpy. On a GPU the product would be cheap, but the streaming overlap-add needs host
@@ -47,7 +47,7 @@ Precision lives in the graph (TensorRT-RTX and TensorRT 10 are strongly typed): 
 (ONNX Runtime default), ``fp16`` (weights and activations FP16, RMSNorm/RoPE tables in FP32 as
 the model computes them; input of TensorRT plans), ``int8`` (ONNX Runtime: the fp32 graphs
 with every constant-weight MatMul replaced by ``MatMulNBits`` 8-bit blockwise, weight-only;
-see :mod:`appliance.runtime.graph_precision`). TensorRT int8/fp8 graphs are made from the fp16
+see :mod:`appliance.build.graph_precision`). TensorRT int8/fp8 graphs are made from the fp16
 export at build time.
 
 Errors: :class:`~appliance.errors.CheckpointError` (bad checkpoint),
@@ -68,9 +68,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engines import manifest as mf
 from ..errors import ConfigError, EngineError
-from ..runtime import manifest as mf
-from .checkpoint import ChatTTSModel, load_model
+from ..model.checkpoint import ChatTTSModel, load_model
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
         if precision == "int8":
-            from ..runtime.graph_precision import matmul_nbits
+            from .graph_precision import matmul_nbits
 
             matmul_nbits(f, f, bits=8)
         ins, outs = _io(f)

@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from tokenizers import Tokenizer as _HFTokenizer
 
-from appliance.errors import CheckpointError, TextError
+from ..errors import CheckpointError, TextError
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +175,13 @@ class Tokenizer:
             ``int64[T]``.
 
         Raises:
-            TextError: longer than ``max_tokens`` (split the text first: ``appliance.tts.split``).
+            TextError: longer than ``max_tokens`` (split the text first: ``appliance.text.split``).
         """
         ids = self.encode(self.prompt_text(text, with_speaker=with_speaker, prompt=prompt, txt_smp=txt_smp))
         if max_tokens is not None and ids.size > max_tokens:
             raise TextError(
                 f"the sentence is {ids.size} tokens with its prompt, over the limit of {max_tokens} "
-                f"(model.max_prompt_tokens); split it with appliance.tts.split or raise the limit")
+                f"(model.max_prompt_tokens); split it with appliance.text.split or raise the limit")
         return ids
 
     def prompt_overhead(self, *, with_speaker: bool = True, prompt: str = "",

@@ -35,13 +35,3 @@ USER_CONTROL_TOKENS: frozenset[str] = frozenset(
 
 #: Matches any bracketed token such as ``[uv_break]`` or ``[speed_5]``.
 TOKEN_RE = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]|\[[a-z]+_\d\]")
-
-#: Audio vocabulary: 625 FSQ codes + end-of-sequence, per codebook; 4 codebooks.
-NUM_AUDIO_TOKENS = 626
-AUDIO_EOS = 625
-NUM_VQ = 4
-
-#: Output sample rate of Vocos (Hz), hop in samples, and samples per GPT decode step.
-SAMPLE_RATE = 24000
-HOP_LENGTH = 256
-SAMPLES_PER_TOKEN = 512

@@ -1,7 +1,7 @@
 """Several jobs synthesizing at once over ONE decode loop (continuous batching).
 
 :class:`BatchEngine` is the only synthesis code path: :meth:`Pipeline.run
-<appliance.tts.pipeline.Pipeline.run>` drives it for one job, the service's scheduler for up to
+<appliance.synth.pipeline.Pipeline.run>` drives it for one job, the service's scheduler for up to
 ``len(channels)`` jobs. Each call of :meth:`BatchEngine.step`:
 
 1. drops every task whose ``cancel`` event is set (its KV slot is freed at once);
@@ -9,7 +9,7 @@
    steps, so a job that arrives mid-way decodes with the others from the next step on;
 3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences; the hidden
    state of each row goes to its own task;
-4. per task, pushes its hidden states through its own :class:`~appliance.tts.stream.WindowedVocoder`
+4. per task, pushes its hidden states through its own :class:`~appliance.synth.vocoder.WindowedVocoder`
    (one per task slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first
    chunk after ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
@@ -17,7 +17,7 @@
    without stalling the others.
 
 Same seed => same PCM alone or batched: every row has its own KV slot, its own sampler state and
-``numpy`` RNG (:class:`~appliance.tts.sampler.Sampler` is indexed by slot), its own vocoder; the
+``numpy`` RNG (:class:`~appliance.engines.sampling.Sampler` is indexed by slot), its own vocoder; the
 runner's decode is row-wise (per-row attention over that row's own positions), so batch
 composition only changes floating-point rounding inside the batched matmuls (see
 ``tests/test_channels_batch.py`` for the measured tolerance). Upstream ChatTTS batches only
@@ -36,14 +36,15 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
-from .generate import DecodeLoop, Sequence
-from .stream import WindowedVocoder
+from .decode_loop import DecodeLoop, Sequence
+from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
 
-PcmSink = Callable[[np.ndarray], None]
-"""``sink(pcm)``: receives float32 ``[n]`` PCM (mono, 24000 Hz) of one task, in order."""
+PcmSink = Callable[[PcmChunk], None]
+"""``sink(chunk)``: receives one task's :class:`~appliance.core.PcmChunk` (float32 mono), in order."""
 
 
 @dataclass(eq=False)
@@ -51,7 +52,7 @@ class Task:
     """One job inside the engine.
 
     Attributes:
-        job: the :class:`~appliance.tts.pipeline.Job`. sink: where its PCM goes.
+        job: the :class:`~appliance.synth.pipeline.Job`. sink: where its PCM goes.
         cancel: set (any thread) to remove the task at the next step.
         chunk_scale: ``chunk_tokens`` is multiplied by this (throttle: fewer, larger chunks).
         state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
@@ -254,7 +255,7 @@ class BatchEngine:
             if t.ttfb is None:
                 t.ttfb = time.perf_counter() - t.t0
             t.samples += pcm.size
-            t.sink(pcm)
+            t.sink(PcmChunk(pcm, SAMPLE_RATE))
 
     def _end(self, t: Task, state: str, error: Optional[BaseException]) -> None:
         if t.seq is not None:

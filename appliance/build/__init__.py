@@ -1,0 +1,1 @@
+"""Build-time tools: ONNX export, TensorRT plans, random checkpoints, the ``engines`` CLI."""

@@ -1,0 +1,144 @@
+"""Leaf types shared by every layer: audio constants, sampling parameters, the synthesis request
+and the PCM chunk the pipeline yields. Imports nothing of the package but errors.
+
+The layers (imports only point down; ``tests/test_layering.py`` keeps it so)::
+
+    errors, config, core  <-  model  <-  engines  <-  synth  <-  service, build  <-  cli
+                                          text  <--'
+
+``text`` (normalize, split, tokenizer, speaker) sits beside ``synth`` and below it; ``build``
+(export, engine plans, calibration, random checkpoints) is a tool layer beside ``service``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+#: Audio vocabulary: 625 FSQ codes + end-of-sequence, per codebook; 4 codebooks.
+NUM_AUDIO_TOKENS = 626
+AUDIO_EOS = 625
+NUM_VQ = 4
+
+#: Output sample rate of Vocos (Hz), hop in samples, and samples per GPT decode step.
+SAMPLE_RATE = 24000
+HOP_LENGTH = 256
+SAMPLES_PER_TOKEN = 512
+
+#: Mel bins of the Decoder output and FFT size of the Vocos head.
+N_MELS = 100
+N_FFT = 1024
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters of one request (upstream ``InferCodeParams`` defaults). The seed is
+    not here: it is given to :meth:`Sampler.start` (one per request, reported back).
+
+    Attributes:
+        temperature: one value, or one per codebook (4 values); > 0.
+        top_p: nucleus mass kept, in (0, 1]; None = off.
+        top_k: codes kept (at least 3 always are); None = off.
+        repetition_penalty: > 0 (>= 1 in practice); 1 = off.
+        min_new_tokens: EOS is masked for the first this many steps.
+        max_new_tokens: hard stop in decode steps (enforced by the decode loop, not here).
+        greedy: argmax instead of drawing (the seed is then unused).
+    """
+
+    temperature: Union[float, tuple[float, ...]] = 0.3
+    top_p: Optional[float] = 0.7
+    top_k: Optional[int] = 20
+    repetition_penalty: float = 1.05
+    min_new_tokens: int = 0
+    max_new_tokens: int = 2048
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, list):
+            object.__setattr__(self, "temperature", tuple(self.temperature))
+        t = self.temperature if isinstance(self.temperature, tuple) else (self.temperature,)
+        if len(t) not in (1, NUM_VQ) or not all(x > 0 for x in t):
+            raise ValueError(f"temperature {self.temperature!r} must be > 0, one value or {NUM_VQ}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p {self.top_p} must be in (0, 1]")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k {self.top_k} must be >= 1")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty {self.repetition_penalty} must be > 0")
+        if self.min_new_tokens < 0 or self.max_new_tokens < 1:
+            raise ValueError(f"min_new_tokens {self.min_new_tokens} must be >= 0 and "
+                             f"max_new_tokens {self.max_new_tokens} >= 1")
+
+    @classmethod
+    def from_config(cls, syn, **overrides) -> "SamplingParams":
+        """Build from ``appliance.config.SynthesisConfig`` (``cfg.synthesis``), then overrides
+        (keys whose value is None are ignored)."""
+        base = dict(temperature=syn.temperature, top_p=syn.top_p, top_k=syn.top_k,
+                    repetition_penalty=syn.repetition_penalty,
+                    min_new_tokens=syn.min_new_tokens, max_new_tokens=syn.max_new_tokens)
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass(frozen=True)
+class SynthParams:
+    """Per-request overrides of the sampling defaults (``synthesis`` in config). None = default.
+
+    Attributes:
+        temperature: sampling temperature (> 0).
+        top_p: nucleus mass in (0, 1].
+        top_k: codes kept, 1..626.
+        repetition_penalty: >= 1.
+        min_new_tokens: EOS masked before this many decode steps.
+        max_new_tokens: hard stop in decode steps (46.875 per second of audio).
+        prompt: control tokens put before the text, e.g. ``[speed_5][oral_2]``.
+        refine_text: run the refine-text pass for this request (default: ``synthesis.refine_text``).
+    """
+
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    min_new_tokens: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    prompt: Optional[str] = None
+    refine_text: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """What the pipeline needs to speak one text (built by the service from its protocol message).
+
+    Attributes:
+        id: request id (logs, statistics).
+        text: what to say (UTF-8; control tokens such as ``[uv_break]`` allowed).
+        voice: ``seed:N`` or an upstream speaker string; None = ``synthesis.voice``.
+        seed: sampling seed; None = ``synthesis.seed`` or a fresh random one.
+        params: per-request overrides of the sampling defaults.
+    """
+
+    id: str
+    text: str
+    voice: Optional[str] = None
+    seed: Optional[int] = None
+    params: SynthParams = field(default_factory=SynthParams)
+
+
+@dataclass(frozen=True)
+class PcmChunk:
+    """A piece of synthesized audio, in order.
+
+    Attributes:
+        samples: float32 ``[n]`` mono PCM in [-1, 1] (not clipped).
+        rate: sample rate, Hz (24000 for ChatTTS).
+    """
+
+    samples: np.ndarray
+    rate: int = SAMPLE_RATE
+
+    @property
+    def seconds(self) -> float:
+        """Duration, s."""
+        return self.samples.shape[0] / self.rate

@@ -1,0 +1,1 @@
+"""Synthesis: the decode loop, continuous batching, vocoder windows, the pipeline (text in, PCM chunks out)."""

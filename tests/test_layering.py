@@ -1,0 +1,124 @@
+"""The house keeps its layers: every import inside ``appliance`` points down (or sideways where
+allowed), never up, and no two modules import each other in a circle.
+
+Layers (see ``appliance/core.py``)::
+
+    errors, config, core  <-  model  <-  engines  <-  synth  <-  service, build  <-  cli
+                                          text  <--'
+
+The test parses every module with :mod:`ast` (imports inside functions count too) and fails
+naming the offending file, line and edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "appliance"
+
+#: layer -> the layers it may import (itself always allowed).
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "config": {"errors"},
+    "core": {"errors"},
+    "data": set(),
+    "model": {"errors", "config", "core", "data"},
+    "engines": {"errors", "config", "core", "model"},
+    "text": {"errors", "config", "core", "data"},
+    "synth": {"errors", "config", "core", "engines", "text"},
+    "build": {"errors", "config", "core", "data", "model", "engines", "text", "synth"},
+    "service": {"errors", "config", "core", "text", "synth"},
+    "cli": {"errors", "config", "core", "data", "model", "engines", "text", "synth", "build", "service"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+#: The largest a module in ``appliance/`` may grow, in lines.
+MAX_LINES = 420
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _layer(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(mod: str, path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every ``appliance`` import in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "appliance"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "appliance":
+                continue
+            for a in node.names:   # "from pkg import module" names a module
+                sub = f"{target}.{a.name}"
+                out.append((node.lineno, sub if sub in _MODS else target))
+    return out
+
+
+_MODS = _modules()
+
+
+def test_imports_point_down():
+    bad = []
+    for mod, path in sorted(_MODS.items()):
+        src = _layer(mod)
+        for line, target in _imports(mod, path):
+            dst = _layer(target)
+            if dst != src and dst not in ALLOWED[src]:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line}: {src} imports {dst} ({target})")
+    assert not bad, "imports that point up or sideways:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = {m: {t for _, t in _imports(m, p) if t in _MODS and t != m} for m, p in _MODS.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted({_layer(m) for m in _MODS} - set(ALLOWED))
+    assert not unknown, f"modules outside the known layers: {unknown}; add them to ALLOWED"
+
+
+def test_modules_stay_small():
+    big = [f"{p.relative_to(PKG.parent)}: {n} lines" for p in PKG.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not big, f"modules over {MAX_LINES} lines (split them by responsibility):\n" + "\n".join(big)
