@@ -10,7 +10,8 @@ import pytest
 
 from appliance.errors import BusyError, RequestError
 from appliance.service.protocol import Speak
-from appliance.service.worker import Item, Worker
+from appliance.service.scheduler import Item
+from appliance.service.worker import Worker
 
 
 def _worker(limit: int = 8) -> Worker:
@@ -28,7 +29,7 @@ def test_queue_orders_by_priority_fifo_within_one():
     positions = {rid: w.submit(_item(evs, rid, p)) for rid, p in order}
     assert positions == {"b1": 0, "n1": 0, "a1": 0, "n2": 2, "a2": 1}
     assert [e.queue_position for e in evs] == [0, 0, 0, 2, 1] and all(e.type == "accepted" for e in evs)
-    assert [it.id for it in w._queue] == ["a1", "a2", "n1", "n2", "b1"]
+    assert [it.id for it in w.sched.queue] == ["a1", "a2", "n1", "n2", "b1"]
     st = w.status()["main"]
     assert st["queued"] == 5 and st["active"] is None and st["playing"] == []
 

@@ -85,6 +85,7 @@ from ..errors import (
 from .protocol import (
     Cancel,
     ErrorEvent,
+    EventSink,
     HealthRequest,
     Speak,
     StatusReply,
@@ -94,6 +95,7 @@ from .protocol import (
     parse_request,
     to_dict,
 )
+from .scheduler import Item
 from .socket_server import (
     SocketServer,
     check_socket_path,
@@ -101,7 +103,7 @@ from .socket_server import (
     listen_socket,
 )
 from .sound import AudioOutput
-from .worker import EventSink, Item, Worker
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 
