@@ -296,9 +296,7 @@ class Daemon:
         if not self.config_path:
             return "ready (no config file to re-read)"
         assert self.pipeline is not None
-        # not every runner declares a text mode yet
-        text_mode = bool(getattr(self.pipeline.runner, "supports_text_mode", False))
-        r = plan_reload(self.config_path, self.cfg, text_mode, self.pipeline.info.backend)
+        r = plan_reload(self.config_path, self.cfg, self.pipeline.info.text_mode, self.pipeline.info.backend)
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             self.pipeline.cfg = dataclasses.replace(self.pipeline.cfg, **r.live)
