@@ -45,6 +45,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("APPLIANCE_TREE") or str(ROOT))
+if os.environ.get("APPLIANCE_TREE"):   # an editable install of another tree must not fill in missing modules
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 try:
     from appliance.core import SynthesisRequest  # noqa: F401
     LEGACY = False
@@ -87,7 +89,10 @@ def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048
 
 def _pipeline(cfg):
     """The production objects: Pipeline.from_config (select -> runner; tokenizer)."""
-    from appliance.synth.pipeline import Pipeline
+    if LEGACY:
+        from appliance.tts.pipeline import Pipeline
+    else:
+        from appliance.synth.pipeline import Pipeline
 
     t = time.perf_counter()
     p = Pipeline.from_config(cfg)
@@ -244,12 +249,14 @@ def _channels(p, n, steps, join_third_at=None):
 
 def section_ours(rep, args, torch, variant):
     key = f"ours_{variant}"
-    cfg = _cfg(args.ckpt, args.device, compile="default" if variant == "compiled" else "off")
+    cfg = _cfg(args.ckpt, args.device, compile="default" if variant == "compiled" else "off",
+               max_seq=args.compiled_max_seq if variant == "compiled" else 2048)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     p, load_s = _pipeline(cfg)
     r = p.runner
     res = {"load_s": load_s, "backend": r.info.backend, "compiled": getattr(r, "compiled", None),
+           "max_seq_len": cfg.model.max_seq_len,
            "lookahead_tokens": p.vocoders[0].lookahead_tokens, "first_chunk_tokens": cfg.stream.first_chunk_tokens}
     print(f"[{key}] loaded in {load_s:.1f} s", flush=True)
     p.warmup()
@@ -365,7 +372,8 @@ def records(rep, args, env):
                          "ttfb_ms": o["ttfb_ms"] if b == 1 else o["third_join_ttfb_ms"],
                          "peak_mem_mib": o.get("peak_reserved_mib"), "baseline_ms_per_step": None,
                          "notes": f"{args.label}: production path (select -> CudaRunner, Pipeline, BatchEngine), "
-                                  f"{variant} step, replay {o[f'b{b}'].get('replay_ms')} ms, start-up {o['load_s']:.1f} s, "
+                                  f"{variant} step, KV {o.get('max_seq_len')} positions, replay {o[f'b{b}'].get('replay_ms')} ms, "
+                                  f"start-up {o['load_s']:.1f} s, "
                                   f"look-ahead {o['lookahead_tokens']} tokens, first chunk {o['first_chunk_tokens']}; "
                                   + ("TTFB = Pipeline.run to first PCM" if b == 1 else
                                      "TTFB = the third channel joining two running ones")})
@@ -383,13 +391,18 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="plain,compiled")
     ap.add_argument("--sections", default="ours,copies,fidelity")
     ap.add_argument("--label", default="after the one-generation-path redesign")
+    ap.add_argument("--compiled-max-seq", type=int, default=2048,
+                    help="KV length of the compiled variant (fewer attention buckets: fewer compilations)")
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip later sections past this many seconds")
     args = ap.parse_args(argv)
     import torch
 
     rep = Report(Path(args.out))
     if args.ckpt is None or not (Path(args.ckpt) / "asset").is_dir():
-        from appliance.build.random_ckpt import write_random_checkpoint
+        if LEGACY:
+            from appliance.model.random_ckpt import write_random_checkpoint
+        else:
+            from appliance.build.random_ckpt import write_random_checkpoint
 
         args.ckpt = args.ckpt or str(Path(args.out) / f"ckpt_{args.size}")
         write_random_checkpoint(args.ckpt, args.size, seed=0)
