@@ -100,15 +100,14 @@ UNITS: dict[str, Unit] = {
 _POWER = {"²": 2, "2": 2, "^2": 2, "³": 3, "3": 3, "^3": 3}
 
 
-def _unit_alt() -> str:
-    keys = sorted((re.escape(k) for k in UNITS if "/" not in k), key=len, reverse=True)
-    return "(?:" + "|".join(keys) + ")"
+def _alt(keys) -> str:
+    return "(?:" + "|".join(sorted((re.escape(k) for k in keys), key=len, reverse=True)) + ")"
 
 
-_U = _unit_alt()
-_PW = r"(?:\^?[23²³])?"
+#: One unit term: a length with an optional power (``m²``, ``m2``, ``m^2``), or any unit.
+_TERM = rf"(?:{_alt(k for k, u in UNITS.items() if u.area)}\^?[23²³]|{_alt(UNITS)})"
 #: A unit expression: ``km``, ``m²``, ``μg/m³``, ``km/h``.
-UNIT_EXPR = rf"(?:{_U}{_PW}(?:/{_U}{_PW})?)"
+UNIT_EXPR = rf"(?:{_TERM}(?:/{_TERM})?)"
 #: A number with its unit, or a range of two (``-3~5℃``, ``60-80 km/h``, ``30%``).
 QUANTITY_RE = re.compile(
     rf"(?<![A-Za-z0-9_.,])(?P<a>{NUMBER})(?:\s?(?P<sep>[-~～–—]|to|至|到)\s?(?P<b>{NUMBER}))?"
@@ -117,10 +116,12 @@ QUANTITY_RE = re.compile(
 
 def _one_unit(text: str) -> tuple[Unit, int]:
     """``m³`` -> (Unit of m, 3)."""
+    if text in UNITS:
+        return UNITS[text], 1
     for k in sorted(_POWER, key=len, reverse=True):
-        if text.endswith(k) and text[: -len(k)] in UNITS and UNITS[text[: -len(k)]].area:
+        if text.endswith(k) and text[: -len(k)] in UNITS:
             return UNITS[text[: -len(k)]], _POWER[k]
-    return UNITS[text], 1
+    raise AssertionError(f"not a unit: {text!r}")  # UNIT_EXPR only matches rows of UNITS
 
 
 def _zh_unit(u: Unit, p: int) -> str:
@@ -187,13 +188,15 @@ _SCALES = {"万": ("万", None), "亿": ("亿", None), "k": (None, "thousand"), 
 #: A currency sign, the amount, an optional scale and an optional repeated currency word.
 MONEY_RE = re.compile(
     r"(?P<sign>[¥￥$€£])\s?(?P<num>\d+(?:,\d{3})*(?:\.\d+)?)"
-    r"(?:\s?(?P<scale>万|亿|bn|million|billion|[kKmMB])(?![A-Za-z]))?(?P<word>元|块|美元|欧元|英镑)?(?![\d.,]\d)")
+    r"(?:\s?(?P<scale>万|亿|bn|million|billion|[kKmMB])(?![A-Za-z]))?(?P<word>元|美元|欧元|英镑)?(?![\d.,]\d)")
 
 
 def read_money(m: re.Match, lang: str) -> str:
     """Words for a :data:`MONEY_RE` match (``￥1,299.50元`` -> 一千二百九十九元五角;
     ``$12.50`` -> 12 dollars and 50 cents, left to wetext for the numbers)."""
     cur = CURRENCIES[m.group("sign")]
+    if m.group("word") and m.group("word") != cur.zh:   # $5元: not a repetition, keep both
+        return read_money(MONEY_RE.match(m.group()[: -len(m.group("word"))]), lang) + m.group("word")
     num, scale = m.group("num").replace(",", ""), m.group("scale")
     ip, _, frac = num.partition(".")
     if lang == "zh":
@@ -228,7 +231,7 @@ def read_money(m: re.Match, lang: str) -> str:
 
 #: Symbols read as words when they stand alone: (Chinese, English).
 SYMBOLS: dict[str, tuple[str, str]] = {
-    "&": ("和", "and"), "@": ("艾特", "at"), "+": ("加", "plus"), "=": ("等于", "equals"),
+    "−": ("减", "minus"), "&": ("和", "and"), "@": ("艾特", "at"), "+": ("加", "plus"), "=": ("等于", "equals"),
     "#": ("井号", "number"), "×": ("乘", "times"), "÷": ("除以", "divided by"),
     "±": ("正负", "plus or minus"), "≈": ("约等于", "approximately"), "≠": ("不等于", "not equal to"),
     "≤": ("小于等于", "less than or equal to"), "≥": ("大于等于", "greater than or equal to"),
