@@ -67,15 +67,17 @@ class NormalizedText:
 CTRL_RE = re.compile("(" + "|".join(re.escape(t) for t in sorted(CONTROL_TOKENS, key=len, reverse=True)) + ")")
 
 _HALF2FULL = str.maketrans({"!": "！", ",": "，", ".": "。", ":": "：", ";": "；", "?": "？", "(": "（", ")": "）"})
-_SIMPLIFY_ZH = str.maketrans({"：": "，", "；": "，", "！": "。", "？": "。", "（": "，", "）": "，", "【": "，",
-                              "】": "，", "『": "，", "』": "，", "「": "，", "」": "，", "《": "，", "》": "，",
-                              "－": "，", "…": "。", "—": "，", "～": "，", "·": " "})
+#: upstream's simplification of full-width marks (both languages: a mark keeps its script)
+_SIMPLIFY_FULL = str.maketrans({"：": "，", "；": "，", "！": "。", "？": "。", "（": "，", "）": "，", "【": "，",
+                                "】": "，", "『": "，", "』": "，", "「": "，", "」": "，", "《": "，", "》": "，",
+                                "－": "，", "～": "，", "·": " "})
+_SIMPLIFY_ZH = str.maketrans({"…": "。", "—": "，"})
 _SIMPLIFY_EN = str.maketrans({":": ",", ";": ",", "!": ".", "?": ".", "(": ",", ")": ",", "<": ",", ">": ",",
-                              "-": " ", "…": ".", "—": ",", "–": ",", "~": " ", "/": " ", "_": " ",
-                              "，": ",", "。": ".", "！": ".", "？": ".", "：": ",", "；": ","})
+                              "-": " ", "…": ".", "—": ",", "–": ",", "~": " ", "/": " ", "_": " "})
 _KEPT_PUNCT = set("，。、,.")
 _APOSTROPHES = set("'’")
-_SENTENCE_CUT = re.compile(r"(?<=[。！？!?\n])|(?<=\.)(?!\d)")
+#: wetext gets one clause at a time (it takes ``123456，5`` for one number otherwise).
+_WETEXT_CUT = re.compile(r"(?<=[。！？!?\n，、；：])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
 #: WordPiece turns a word longer than 100 characters into one [UNK]: long runs are cut.
 _LONG_WORD_RE = re.compile(r"[A-Za-z]{48}(?=[A-Za-z])")
@@ -173,14 +175,14 @@ class Normalizer:
     def _span(self, lang: str, s: str, report, rid: str) -> str:
         s = apply_rules(s, lang)
         if _WETEXT_TRIGGER.search(s):  # wetext costs ~0.25 ms per character: only where needed
-            s = "".join(self._wetext(lang, x, rid) if _WETEXT_TRIGGER.search(x) else x for x in _SENTENCE_CUT.split(s))
+            s = "".join(self._wetext(lang, x, rid) if _WETEXT_TRIGGER.search(x) else x for x in _WETEXT_CUT.split(s))
         if re.search(r"\d", s):
             s = verbalize_numbers(s, lang)
         s = read_symbols(s, lang)
         if lang == "zh":
-            s = s.translate(_HALF2FULL).translate(_SIMPLIFY_ZH)
+            s = s.translate(_HALF2FULL).translate(_SIMPLIFY_ZH).translate(_SIMPLIFY_FULL)
         else:
-            s = s.translate(_SIMPLIFY_EN)
+            s = s.translate(_SIMPLIFY_EN).translate(_SIMPLIFY_FULL)
         end = "。" if lang == "zh" else "."
         s = re.sub(r"([，。、,.]?)\n", lambda m: (m.group(1) if m.group(1) in ("。", ".") else end) + " ", s)
         kept = []
@@ -188,6 +190,8 @@ class Normalizer:
             if is_cjk(c) or is_latin(c) or c in _KEPT_PUNCT or c == " ":
                 kept.append(c)
             elif c in _APOSTROPHES and 0 < i < len(s) - 1 and is_latin(s[i - 1]) and is_latin(s[i + 1]):
+                if s[i - 1] in "oO" and (i == 1 or not is_latin(s[i - 2])):
+                    kept.append(" ")  # o'clock -> o clock
                 continue  # don't -> dont, as upstream
             elif c.isspace():
                 kept.append(" ")

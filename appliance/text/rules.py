@@ -53,6 +53,7 @@ _ZH_PHONE_RES = (
     re.compile(r"(?<!\d)(?:\+?86[\s-]?)?1[3-9]\d[\s-]?\d{4}[\s-]?\d{4}(?!\d)"),
     re.compile(r"(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"),
     re.compile(r"(?<!\d)[48]00[\s-]?\d{3}[\s-]?\d{4}(?!\d)"),
+    re.compile(r"(?<![A-Za-z0-9+])\+\d{1,3}(?:[\s-]?\d{2,4}){2,5}(?!\d)"),
 )
 _EN_PHONE_RES = (
     re.compile(r"(?<!\w)(?:\+\d{1,3}[\s.-]?)?\(?\d{3}\)?[\s.-]\d{3}[\s.-]\d{4}(?!\w)"),
@@ -68,8 +69,19 @@ _TIME = r"([01]?\d|2[0-4]):([0-5]\d)(?::([0-5]\d))?"
 _ZH_TIME_RE = re.compile(rf"(?<![\d:.]){_TIME}(?:\s?[-~～至到]\s?{_TIME})?(?![\d:])")
 _ZH_HOUR_RE = re.compile(r"(?<![\d.])2(?=点(?:$|[^\d]|\d{1,2}分))")
 _ZH_ORDINAL_RE = re.compile(r"第\s?(\d+)(?![\d.])")
-_ZH_LABEL_RE = re.compile(r"(?<![\d.,])(\d+)(?=号楼|栋|幢|单元|楼|层|号线|路|号|室|房|座|区|期|排|站台|车厢|门|出口|入口|车道)")
-_CODE_RE = re.compile(r"(?<![A-Za-z0-9])(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+(?:\.\d+)?(?![A-Za-z0-9])")
+_ROOMS = ("室", "房", "会议室", "教室", "病房", "房间", "号房")
+_ZH_LABEL_RE = re.compile(r"(?<![\d.,])(\d+)(?=号楼|栋|幢|单元|楼|层|号线|路|号|室|房|会议室|教室|病房|座|区|期|排|站台|"
+                          r"车厢|门|出口|入口|车道)")
+_ZH_AMPM_RE = re.compile(r"(?<![\d:])(\d{1,2})(?::([0-5]\d))?\s?([AaPp])\.?[Mm]\.?(?![A-Za-z])")
+_EN_EQUALS_RE = re.compile(r"(?<=[A-Za-z0-9)])\s?=\s?(?=[A-Za-z0-9(+-])")
+_WEB_RE = re.compile(r"(?:https?://)?[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?:https?://|www\.)[\w-]+(?:\.[\w-]+)+(?:/[\w./-]*)?",
+                     re.ASCII)
+_SERVICE_RE = re.compile(r"(?<![\d.,])(11[0249]|12[02]|1[02]\d{3})(?![\d.,])")
+_DIAL_RE = re.compile(r"(?:拨打|拨|打|电话|热线|号码|呼叫|报警|急救|求助|求救|致电)[^\d，。！？]{0,3}$")
+_DIGIT_CODE_RE = re.compile(r"((?:码|号码|编号|单号|尾号|账号|卡号|工号|密码)(?:是|为|：|:)?\s?)(\d{3,})(?![\d.,])")
+#: Letters and digits mixed in one token (a code, or a number with a suffix); not ``1.8bar``'s 8bar.
+CODE_RE = re.compile(r"(?<![A-Za-z0-9])(?<!\d\.)(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+(?:\.\d+)?"
+                     r"(?![A-Za-z0-9])")
 _EN_NOT_CODE_RE = re.compile(r"\d+(?:st|nd|rd|th|s|am|pm|AM|PM)|[a-z0-9.]+")
 _RANGE_RE = re.compile(r"(?<![\d.,:-])(\d+(?:\.\d+)?)\s?[-~～–—]\s?(?=\d+(?:\.\d+)?(?![\d.,:]|-\d|\s?=))")
 _TIMES_RE = re.compile(r"(?<=\d)\s?[xX×*]\s?(?=\d)")
@@ -91,12 +103,33 @@ def _spell_en(text: str) -> str:
 def _phones(s: str, lang: str) -> str:
     if lang == "zh":
         for r in _ZH_PHONE_RES:
-            s = r.sub(lambda m: zh_digits(m.group(), yao=True), s)
+            s = r.sub(lambda m: ("加" if m.group().startswith("+") else "") + zh_digits(m.group(), yao=True), s)
         return s
     s = _EN_CALL_RE.sub(lambda m: m.group(1) + _spell_en(m.group(2)), s)
     for r in _EN_PHONE_RES:
         s = r.sub(lambda m: _spell_en(m.group()), s)
     return s
+
+
+def _service(m: re.Match, lang: str) -> str:
+    if _DIAL_RE.search(m.string[: m.start()]):
+        return zh_digits(m.group(), yao=True)
+    return zh_int(int(m.group()))
+
+
+def _zh_ampm(m: re.Match, lang: str) -> str:
+    h, mi, ap = int(m.group(1)), m.group(2), m.group(3).lower()
+    s = ("上午" if ap == "a" else "下午") + ("两" if h == 2 else zh_int(h)) + "点"
+    if mi and int(mi):
+        s += ("零" if int(mi) < 10 else "") + zh_int(int(mi)) + "分"
+    return s
+
+
+def _web(m: re.Match, lang: str) -> str:
+    words = {".": " dot ", "@": " at ", "/": " slash ", ":": " ", "-": " dash ", "_": " underscore "}
+    if lang == "zh":
+        words = {".": "点", "@": "艾特", "/": "斜杠", ":": " ", "-": "杠", "_": "下划线"}
+    return " " + "".join(words.get(c, c) for c in m.group()) + " "
 
 
 def _version(m: re.Match, lang: str) -> str:
@@ -125,8 +158,8 @@ def _zh_time(m: re.Match, lang: str) -> str:
 
 
 def _zh_label(m: re.Match, lang: str) -> str:
-    n, after = m.group(1), m.string[m.end():m.end() + 1]
-    if after in "室房" and len(n) >= 3 or (len(n) > 1 and n.startswith("0")):
+    n, after = m.group(1), m.string[m.end():]
+    if after.startswith(_ROOMS) and len(n) >= 3 or (len(n) > 1 and n.startswith("0")):
         return zh_digits(n)
     return zh_int(int(n))
 
@@ -189,6 +222,9 @@ RULES: tuple[Rule, ...] = (
     Rule("dotted-date", "zh", "before_wetext", "wetext does not know 2024.3.5 as a date",
          ("会议在2024.3.5举行", "会议在二零二四年三月五日举行"),
          _sub(_ZH_DOTTED_DATE_RE, lambda m, lang: f"{m.group(1)}年{int(m.group(2))}月{int(m.group(3))}日")),
+    Rule("web-address", "zh en", "before_wetext", "wetext and upstream keep the dots of an address, read as "
+         "sentence ends; e-mail and web addresses are read with dot/at/slash (点/艾特/斜杠)",
+         ("visit www.example.com", "visit www dot example dot com"), _sub(_WEB_RE, _web)),
     Rule("version", "zh en", "before_wetext", "wetext reads 3.11.2 as a date or a decimal",
          ("version 3.11.2", "version three point eleven point two"), _sub(_VERSION_RE, _version)),
     Rule("phone", "zh en", "before_wetext", "wetext reads 555-1234 as a range, 911 as nine hundred eleven "
@@ -211,6 +247,17 @@ RULES: tuple[Rule, ...] = (
          ("今天空气中PM2.5为35μg/m³。", "今天空气中PM二点五为每立方米三十五微克。"), _sub(QUANTITY_RE, _quantity)),
     Rule("clock", "zh", "before_wetext", "wetext reads 0:30 as a score (零比三十); 2 o'clock is 两点",
          ("0:30出发", "零点三十分出发"), _sub(_ZH_TIME_RE, _zh_time)),
+    Rule("service-number", "zh", "before_wetext", "wetext reads 110, 119, 120, 12315 ... digit by digit "
+         "everywhere (限速120 -> 限速幺二零); only after 拨打/电话/热线/报警 ... are they a number to dial",
+         ("限速120，急救请拨打120", "限速一百二十，急救请拨打幺二零"), _sub(_SERVICE_RE, _service)),
+    Rule("digit-code", "zh", "before_wetext", "wetext reads pickup and verification codes as amounts "
+         "(取件码8527 -> 八千五百二十七); after 码/编号/尾号 ... digits are read one by one",
+         ("您的取件码是8527", "您的取件码是八五二七"),
+         _sub(_DIGIT_CODE_RE, lambda m, lang: m.group(1) + zh_digits(m.group(2), yao=True))),
+    Rule("am-pm", "zh", "before_wetext", "wetext leaves 3pm in a Chinese sentence as 三pm", ("请在3pm之前到达",
+         "请在下午三点之前到达"), _sub(_ZH_AMPM_RE, _zh_ampm)),
+    Rule("equals", "en", "before_wetext", "wetext reads x=3 as x equal sign three", ("x=3", "x equals three"),
+         lambda s, lang: _EN_EQUALS_RE.sub(" equals ", s)),
     Rule("hour-two", "zh", "before_wetext", "wetext reads 2点半 as 二点半", ("2点半", "两点半"),
          lambda s, lang: _ZH_HOUR_RE.sub("两", s)),
     Rule("ordinal", "zh", "before_wetext", "wetext reads 第2名 as 第两名", ("第2名", "第二名"),
@@ -229,7 +276,7 @@ RULES: tuple[Rule, ...] = (
     Rule("code", "zh en", "before_wetext", "letters mixed with digits are codes: wetext reads A12B34 as "
          "A twelve B thirty four, also inside Chinese; read in the sentence's language, digits one by one "
          "when there are several groups or more than two digits", ("订单号A12B34", "订单号A一二B三四"),
-         _sub(_CODE_RE, _code)),
+         _sub(CODE_RE, _code)),
     Rule("zero-padded-date", "zh", "before_wetext", "wetext reads 2024年03月 as 零三月",
          ("2024年03月05日", "二零二四年三月五日"),
          _sub(_ZH_DATE_RE, lambda m, lang: f"{m.group(1)}年{int(m.group(2))}月"

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import re
 
+from .rules import CODE_RE
 from .scripts import is_cjk, is_latin
 from .units import QUANTITY_RE
 
-#: Letters and digits mixed in one token (a code or a number with a suffix).
-CODE_RE = re.compile(r"(?<![A-Za-z0-9])(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+(?:\.\d+)?(?![A-Za-z0-9])")
 _CLAUSE_MARKS = set(",.;:!?，。；：！？、…\n")
 _CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _EN_WORD_RE = re.compile(r"\b[A-Za-z]+\b")

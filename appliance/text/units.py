@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .numbers import NUMBER, zh_int, zh_number
+from .numbers import NUMBER, en_number, zh_int, zh_number
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ UNITS: dict[str, Unit] = {
     "ppm": _u("百万分之", "part per million", "parts per million", liang=False, prefix=True),
     # pressure
     "Pa": _u("帕", "pascal"), "hPa": _u("百帕", "hectopascal"), "kPa": _u("千帕", "kilopascal"),
-    "MPa": _u("兆帕", "megapascal"), "mmHg": _u("毫米汞柱", "millimeter of mercury", "millimeters of mercury"),
+    "MPa": _u("兆帕", "megapascal"), "bar": _u("巴", "bar"), "mmHg": _u("毫米汞柱", "millimeter of mercury", "millimeters of mercury"),
     # electricity, power, energy
     "V": _u("伏", "volt"), "kV": _u("千伏", "kilovolt"), "mA": _u("毫安", "milliampere"),
     "mAh": _u("毫安时", "milliampere hour"), "W": _u("瓦", "watt"), "kW": _u("千瓦", "kilowatt"),
@@ -110,8 +110,8 @@ _TERM = rf"(?:{_alt(k for k, u in UNITS.items() if u.area)}\^?[23²³]|{_alt(UNI
 UNIT_EXPR = rf"(?:{_TERM}(?:/{_TERM})?)"
 #: A number with its unit, or a range of two (``-3~5℃``, ``60-80 km/h``, ``30%``).
 QUANTITY_RE = re.compile(
-    rf"(?<![A-Za-z0-9_.,])(?P<a>{NUMBER})(?:\s?(?P<sep>[-~～–—]|to|至|到)\s?(?P<b>{NUMBER}))?"
-    rf"\s?(?P<unit>{UNIT_EXPR})(?![A-Za-z0-9²³_-])")
+    rf"(?:(?<![A-Za-z0-9_.,])|(?<=\dh)|(?<=\dhr)|(?<=\dmin))(?P<a>{NUMBER})(?:\s?(?P<sep>[-~～–—]|to|至|到)\s?(?P<b>{NUMBER}))?"
+    rf"\s?(?P<unit>{UNIT_EXPR})(?=$|[^A-Za-z0-9²³_-]|\d+(?:\.\d+)?{UNIT_EXPR}(?![A-Za-z]))")
 
 
 def _one_unit(text: str) -> tuple[Unit, int]:
@@ -156,7 +156,10 @@ def read_quantity(m: re.Match, lang: str) -> str:
             words = "每" + _zh_unit(*per) + words
         return words
     many = (b or a).lstrip("+") not in ("1", "1.0") or bool(b)
-    words = a + (" to " + b if b else "") + " " + _en_unit(u, p, many)
+
+    def en(t: str) -> str:   # wetext reads 1013 like a year (ten thirteen): 4+ digits are ours
+        return en_number(t) if len(t.replace(",", "").split(".")[0].lstrip("+-−")) >= 4 else t
+    words = en(a) + (" to " + en(b) if b else "") + " " + _en_unit(u, p, many)
     if per:
         words += " per " + _en_unit(*per, False)
     return " " + words + " "
@@ -223,6 +226,8 @@ def read_money(m: re.Match, lang: str) -> str:
         cents = int(frac) * (10 if len(frac) == 1 else 1)
         whole = cur.en if ip == "1" else cur.en_pl
         small = cur.minor[0] if cents == 1 else cur.minor[1]
+        if int(ip) == 0:
+            return f" {cents} {small} "
         return f" {m.group('num').split('.')[0]} {whole} and {cents} {small} "
     if frac and int(frac):
         return f" {ip}.{frac.rstrip('0')} {cur.en_pl} "
