@@ -25,13 +25,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.build.random_ckpt import build_vocab, write_tokenizer
 from appliance.errors import TextError
 from appliance.text.normalize import CTRL_RE, Normalizer
 from appliance.text.scripts import ScriptConverter, is_cjk, is_latin
 from appliance.text.tokenizer import Tokenizer
 from appliance.text.tokens import USER_CONTROL_TOKENS
 from appliance.text.units import SYMBOLS, UNITS
+from tests.test_text_corpus import make_full_tokenizer
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
 
@@ -57,9 +57,7 @@ _NUMERIC_NEIGHBOURS = set("0123456789μ°%‰²³^./:-")
 
 @pytest.fixture(scope="module")
 def full_tok(tmp_path_factory):
-    d = tmp_path_factory.mktemp("full_tok")
-    write_tokenizer(d, build_vocab("full"))
-    tok = Tokenizer.from_dir(d)
+    tok = make_full_tokenizer(tmp_path_factory.mktemp("full_tok"))
     assert tok.vocab_size == 21178
     return tok
 
