@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         # journald with structured fields under systemd, stderr otherwise
-        from .service.notify import setup_logging
+        from .service.logsetup import setup_logging
 
         setup_logging(args.verbose)
     key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"

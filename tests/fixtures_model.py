@@ -4,6 +4,8 @@
   written once per session (seed 0).
 * ``tiny_config`` – a :class:`~appliance.config.Config` pointing at it: backend torch, device cpu,
   float32, 1 thread, max_batch 3, max_seq_len 512, max_prompt_tokens 128.
+* ``onnx_dir``    – an engine directory with the FP32 ONNX graphs of ``tiny_ckpt`` (max_batch 3,
+  max_seq_len 512, max_prompt_tokens 128, window 64), exported once per session.
 * ``golden``      – the arrays of ``tests/golden/upstream_tiny.npz`` (upstream chattts 0.2.5 outputs;
   see ``tests/golden/make_goldens.py``) as a dict.
 * ``golden_ckpt`` – Path of the golden's tiny checkpoint rebuilt in the official layout.
@@ -39,6 +41,18 @@ def tiny_config(tiny_ckpt):
                    "threads": 1, "max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}},
         base_dir=str(tiny_ckpt),
     )
+
+
+ONNX_LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
+
+
+@pytest.fixture(scope="session")
+def onnx_dir(tiny_ckpt, tmp_path_factory):
+    from appliance.build.export import export_all
+
+    root = tmp_path_factory.mktemp("engines")
+    export_all(tiny_ckpt, root, precision="fp32", **ONNX_LIMITS, window_tokens=64)
+    return root
 
 
 @pytest.fixture(scope="session")

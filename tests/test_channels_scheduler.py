@@ -14,9 +14,10 @@ from appliance.config import config_from_dict
 from appliance.core import SynthParams
 from appliance.errors import CapacityError
 from appliance.service.protocol import Speak
+from appliance.service.scheduler import Item
 from appliance.service.sound import AudioOutput
 from appliance.service.throttle import Level, Throttle
-from appliance.service.worker import Item, Worker
+from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
 
 MIB = 1024 * 1024
@@ -87,7 +88,7 @@ def test_memory_budget_queues_with_a_reason_and_refuses_when_nothing_fits(pipe, 
     kv = info.kv_bytes_per_token * info.max_seq_len
     one = (info.weight_bytes + 1.5 * kv) / MIB                  # room for ONE synthesizing channel
     w = _worker(pipe, cfg, memory_budget_mb=one)
-    assert w.mem_channels == 1 and "service.memory_budget_mb" in w.mem_text
+    assert w.sched.mem_channels == 1 and "service.memory_budget_mb" in w.sched.mem_text
     ev = Events()
     w.submit(_item(pipe, ev, "m1", "a", steps=60))
     w.submit(_item(pipe, ev, "m2", "b", steps=20))
@@ -145,10 +146,10 @@ def test_budget_below_what_the_backend_holds_is_warned_at_start(pipe, cfg, caplo
     """Every KV slot is allocated at load: a budget that cannot hold them all is said at start."""
     info = pipe.info
     kv = info.kv_bytes_per_token * info.max_seq_len
-    with caplog.at_level("WARNING", logger="appliance.service.worker"):
+    with caplog.at_level("WARNING", logger="appliance.service.scheduler"):
         _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + 1.5 * kv) / MIB)
     assert "allocated at load" in caplog.text and "lower model.max_batch" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="appliance.service.worker"):
+    with caplog.at_level("WARNING", logger="appliance.service.scheduler"):
         _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + (info.max_batch + 1) * kv) / MIB)
     assert "allocated at load" not in caplog.text

@@ -204,11 +204,11 @@ def test_cancel_stops_playback_within_one_window_and_queue_full_is_busy(three, s
 def test_device_gone_then_back_playback_resumes(three, service_pipeline):
     """The rear "card" goes away while idle (its pacer dies: EPIPE): status and log say so, a
     request meanwhile completes to WAV (not lost); the device is re-opened on its own (status
-    says so, sound.REOPEN_INTERVAL_S later) and the next request plays on it."""
+    says so, sound_device.REOPEN_INTERVAL_S later) and the next request plays on it."""
     import os
     import signal
 
-    from appliance.service.sound import REOPEN_INTERVAL_S
+    from appliance.service.sound_device import REOPEN_INTERVAL_S
 
     d, files = three
     raw = str(files["rear"].raw)

@@ -18,13 +18,14 @@ _SCRIPT = """
 import sys, threading
 import numpy as np
 from pathlib import Path
-import appliance.service.sound as sound
-dev = sound.DeviceOutput(None, 24000, 50.0, mode=sys.argv[2])
+from appliance.service.sound_device import DeviceOutput
+from appliance.service.sound_request import RequestAudio
+dev = DeviceOutput(None, 24000, 50.0, mode=sys.argv[2])
 dev.open()
 tmp = Path(sys.argv[1])
 # x1, x2 on channel x (one after the other), y1 on channel y
 voices = [("x1", "x", 0.75, 12000), ("y1", "y", 0.5, 12000), ("x2", "x", 0.125, 6000)]
-ras = {n: sound.RequestAudio(n, tmp / (n + ".wav"), dev, lane=lane) for n, lane, _, _ in voices}
+ras = {n: RequestAudio(n, tmp / (n + ".wav"), dev, lane=lane) for n, lane, _, _ in voices}
 done = {n: threading.Event() for n in ras}
 for n, lane, v, k in voices:
     for _ in range(4):

@@ -12,18 +12,7 @@ import pytest
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest
 from appliance.errors import CapacityError, EngineError, EngineMismatchError
-
-LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
-
-
-@pytest.fixture(scope="module")
-def onnx_dir(tiny_ckpt, tmp_path_factory):
-    """fp32 graphs of the tiny checkpoint (exported once for this module)."""
-    from appliance.build.export import export_all
-
-    root = tmp_path_factory.mktemp("engines")
-    export_all(tiny_ckpt, root, precision="fp32", **LIMITS, window_tokens=64)
-    return root
+from tests.fixtures_model import ONNX_LIMITS as LIMITS
 
 
 def _cfg(tiny_ckpt, engine_dir, **model):
@@ -67,7 +56,7 @@ def test_outputs_match_torch_and_greedy_codes_identical(runners):
     for slot, n in [(0, 17), (1, 5), (2, 40)]:
         ids = rng.integers(0, 200, n)
         ids[1] = spk_id
-        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.prefill(slot, ids, spk if slot != 1 else None)) for r in (o, t)]
+        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.forward_prefill(slot, ids, spk if slot != 1 else None)) for r in (o, t)]
         np.testing.assert_allclose(la, lb, atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(ha, hb, atol=1e-4, rtol=1e-4)
         pos[slot] = n
@@ -75,7 +64,7 @@ def test_outputs_match_torch_and_greedy_codes_identical(runners):
     steps = 0
     for step in range(60):
         rows = np.array([0, 1, 2]) if step % 4 else np.array([2, 0])  # rows join/leave like channels
-        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.decode(rows, codes[rows], pos[rows])) for r in (o, t)]
+        (la, ha), (lb, hb) = [tuple(x.copy() for x in r.forward_decode(rows, codes[rows], pos[rows])) for r in (o, t)]
         np.testing.assert_allclose(la, lb, atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(ha, hb, atol=1e-4, rtol=1e-4)
         assert (la.argmax(-1) == lb.argmax(-1)).all(), f"greedy codes differ at step {step}"
@@ -84,9 +73,9 @@ def test_outputs_match_torch_and_greedy_codes_identical(runners):
         steps += 1
     assert steps >= 50
     h = rng.standard_normal((37, o.info.hidden_size)).astype(np.float32)
-    np.testing.assert_allclose(o.decoder(h), t.decoder(h), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(o.forward_decoder(h), t.forward_decoder(h), atol=1e-4, rtol=1e-4)
     mel = rng.standard_normal((100, 51)).astype(np.float32)
-    for a, b in zip(o.vocos(mel), t.vocos(mel)):
+    for a, b in zip(o.forward_vocos(mel), t.forward_vocos(mel)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
@@ -96,12 +85,14 @@ def test_capacity_errors(runners):
         o.prefill(0, np.ones(129, np.int64), None)
     with pytest.raises(CapacityError, match="slot 3"):
         o.prefill(3, np.ones(4, np.int64), None)
-    with pytest.raises(CapacityError, match="max_seq_len"):
-        o.decode(np.array([0]), np.zeros((1, 4), np.int64), np.array([512]))
     with pytest.raises(CapacityError, match="distinct"):
-        o.decode(np.array([1, 1]), np.zeros((2, 4), np.int64), np.array([3, 3]))
-    with pytest.raises(EngineError, match="audio code"):
-        o.decode(np.array([0]), np.full((1, 4), 626), np.array([3]))
+        o.step(np.array([1, 1]), 1)
+    with pytest.raises(EngineError, match="text id"):
+        o.prefill(0, np.full(4, 10**6, np.int64), None)
+    o.prefill(0, np.ones(4, np.int64), None)
+    o._pos[0] = 512
+    with pytest.raises(CapacityError, match="max_seq_len"):
+        o.step(np.array([0]), 1)
 
 
 def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
@@ -172,14 +163,14 @@ def test_tensorrt_gpt_graph_matches(tiny_ckpt, runners, tmp_path):
     for slot, n in [(0, 9), (2, 14)]:
         ids = rng.integers(0, 200, n)
         logits, hidden, k_new, _ = run(o._emb_text[ids][None], np.zeros(1, np.int64), np.array([slot]), 1)
-        la, ha = (x.copy() for x in o.prefill(slot, ids, None))
+        la, ha = (x.copy() for x in o.forward_prefill(slot, ids, None))
         np.testing.assert_allclose(logits[0], la, atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(k_new[:, 0], o._k[:, :n, slot], atol=1e-5)
     slots, pos = np.array([2, 0]), np.array([14, 9])
     codes = rng.integers(0, 626, (2, 4))
     emb = o._emb_code[np.arange(4)[None], codes].sum(1)[:, None].astype(np.float32)
     logits, hidden, k_new, _ = run(emb, pos, slots, 14)
-    la, ha = (x.copy() for x in o.decode(slots, codes, pos))
+    la, ha = (x.copy() for x in o.forward_decode(slots, codes, pos))
     np.testing.assert_allclose(logits, la, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(hidden, ha, atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(k_new[:, :, 0], o._k[:, pos, slots], atol=1e-5)
@@ -214,14 +205,14 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
     shutil.copytree(onnx_dir / "onnx" / "fp32", tmp_path / "onnx" / "fp32")
     d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)
     g = onnx.load(str(d / "gpt.onnx"), load_external_data=False)
-    assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 7  # 7 linears per layer
+    assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 4  # 4 linears per layer (qkv, o, gate_up, down)
     cfg = _cfg(tiny_ckpt, tmp_path)
     assert find_export(cfg) == d
     q = OnnxRunner(cfg)
     o, _ = runners
     assert q.info.precision == "int8" and q.info.weight_bytes < o.info.weight_bytes
     ids = np.arange(5, 25)
-    la = q.prefill(0, ids, None)[0].copy()
-    lb = o.prefill(0, ids, None)[0].copy()
+    la = q.forward_prefill(0, ids, None)[0].copy()
+    lb = o.forward_prefill(0, ids, None)[0].copy()
     assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.99
     q.close()

@@ -66,7 +66,7 @@ def test_int8_weight_only_build(fp16_plans):
     out = build_all(root, "int8", target="8.6", workspace_mib=256, graphs=("gpt",))  # sm 8.6: no FP8
     m = json.loads((out / "manifest.json").read_text())
     e = m["graphs"]["gpt"]
-    assert e["quantized_weights"] >= 2 * 7  # 7 linear weights per layer, 2 layers, + heads
+    assert e["quantized_weights"] >= 2 * 4 + 1  # 4 linear weights per layer (qkv, o, gate_up, down), 2 layers, + the fused head
     g = onnx.load(str(out / "gpt.int8.onnx"), load_external_data=False)
     assert sum(n.op_type == "DequantizeLinear" for n in g.graph.node) == e["quantized_weights"]
     fp16 = json.loads((root / "trt" / "fp16" / "manifest.json").read_text())["graphs"]["gpt"]

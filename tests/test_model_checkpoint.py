@@ -95,12 +95,12 @@ def test_weight_norm_is_folded(tiny_ckpt):
     g = emb["head_code.1.parametrizations.weight.original0"]
     v = emb["head_code.1.parametrizations.weight.original1"]
     w = g * v / np.linalg.norm(v, axis=1, keepdims=True)
-    np.testing.assert_allclose(m.embed.head_code[1].weight.detach().numpy(), w, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(m.embed.head_code.weight[626:2 * 626].detach().numpy(), w, rtol=1e-5, atol=1e-7)
     # same as torch's own weight_norm parametrization (dim=0)
     lin = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(TINY.hidden, 626, bias=False))
     lin.parametrizations.weight.original0.data = torch.from_numpy(g)
     lin.parametrizations.weight.original1.data = torch.from_numpy(v)
-    torch.testing.assert_close(m.embed.head_code[1].weight.detach(), lin.weight.detach(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(m.embed.head_code.weight[626:2 * 626].detach(), lin.weight.detach(), rtol=1e-5, atol=1e-7)
 
 
 def test_tokenizer_round_trip(tiny_ckpt):

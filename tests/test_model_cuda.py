@@ -27,11 +27,11 @@ def test_half_precision_prefill_close(golden, golden_ckpt, dtype):
     cfg = config_from_dict({"model": {"path": str(golden_ckpt), "backend": "torch", "device": "cuda", "dtype": dtype,
                                       "max_batch": 1, "max_seq_len": 512, "max_prompt_tokens": 128}})
     r = TorchRunner(cfg)
-    lg, h = r.prefill(0, golden["input_ids"], golden["spk_emb"])
+    lg, h = r.forward_prefill(0, golden["input_ids"], golden["spk_emb"])
     ref = golden["hiddens"][0]
     rel = float(np.abs(h - ref).max() / np.abs(ref).max())
     same = int((lg.argmax(-1) == golden["codes"][0]).sum())
-    mel = r.decoder(golden["hiddens"])
+    mel = r.forward_decoder(golden["hiddens"])
     mrel = float(np.abs(mel - golden["mel"]).max() / np.abs(golden["mel"]).max())
     print(f"cuda {dtype}: prefill hidden rel err {rel:.2e}, argmax agrees {same}/4, mel rel err {mrel:.2e}")
     assert np.isfinite(lg).all() and rel < 5e-2 and mrel < 5e-2

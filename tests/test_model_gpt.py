@@ -72,31 +72,42 @@ def test_batched_rows_with_own_positions_equal_single_runs(model):
 
 
 def test_runner_api_and_limits(tiny_config):
+    from appliance.core import SamplingParams
+    from appliance.engines.runner import VocodeWindow
     from appliance.engines.torch_runner import TorchRunner
 
     r = TorchRunner(tiny_config, reason="test")
     assert r.info.backend == "torch-cpu" and r.info.precision == "fp32" and r.info.max_batch == 3
-    assert r.info.kv_bytes_per_token == 2 * 2 * 64 * 4
+    assert r.info.kv_bytes_per_token == 2 * 2 * 64 * 4 and r.info.text_mode and r.info.step_chunk == 1
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 400, 12)
-    lg, h = r.prefill(1, ids, rng.standard_normal(64).astype(np.float32))
+    lg, h = r.forward_prefill(1, ids, rng.standard_normal(64).astype(np.float32))
     assert lg.shape == (4, 626) and h.shape == (64,) and lg.dtype == np.float32
-    lg0 = lg.copy()
+    lg0, h0 = lg.copy(), h.copy()
     codes = lg.argmax(-1)[None]
-    lg2, h2 = r.decode(np.array([1]), codes, np.array([12]))
+    lg2, h2 = r.forward_decode(np.array([1]), codes, np.array([12]))
     assert lg2.shape == (1, 4, 626) and h2.shape == (1, 64)
     assert not np.allclose(lg2[0], lg0)
-    mel = r.decoder(np.stack([h, h2[0]]))
+    mel = r.forward_decoder(np.stack([h0, h2[0]]))
     assert mel.shape == (100, 4)
-    re, im = r.vocos(mel)
+    re, im = r.forward_vocos(mel)
     assert re.shape == im.shape == (4, 513) and np.all(np.hypot(re, im) <= 100.0 + 1e-3)
+    # the contract: prefill, start, step keep the hidden states; vocode reads them
+    r.prefill(1, ids, None)
+    first = r.start(1, SamplingParams(greedy=True), 0)
+    assert first.shape == (4,)
+    out = r.step(np.array([1]), 1)
+    assert out.shape == (1, 1, 4) and r.hidden(1, 0, 2).shape == (2, 64)
+    re, im = r.vocode(1, VocodeWindow(0, 2, 0, 4, 0, 4, 0, 4))
+    assert re.shape == im.shape == (4, 513)
     with pytest.raises(CapacityError, match="max_prompt_tokens"):
         r.prefill(0, np.zeros(129, np.int64), None)
     with pytest.raises(CapacityError, match="slot"):
         r.prefill(3, ids, None)
-    with pytest.raises(CapacityError, match="max_seq_len"):
-        r.decode(np.array([1]), codes, np.array([512]))
     with pytest.raises(CapacityError, match="distinct"):
-        r.decode(np.array([1, 1]), np.zeros((2, 4), np.int64), np.array([3, 4]))
+        r.step(np.array([1, 1]), 1)
+    r._pos[1] = 512
+    with pytest.raises(CapacityError, match="max_seq_len"):
+        r.step(np.array([1]), 1)
     r.close()
     r.close()

@@ -82,7 +82,7 @@ def run_greedy(golden, ckpt, device: str = "cpu", dtype: str = "float32", rtol: 
     ref_codes, ref_hid = golden["codes"], golden["hiddens"]
     steps = {int(s): i for i, s in enumerate(golden["logit_steps"])}
     n, t = ref_codes.shape[0], golden["input_ids"].shape[0]
-    logits, hidden = r.prefill(0, golden["input_ids"], golden["spk_emb"])
+    logits, hidden = r.forward_prefill(0, golden["input_ids"], golden["spk_emb"])
     codes = np.zeros_like(ref_codes)
     errs_h, errs_l = [], []
     for i in range(n):
@@ -98,7 +98,7 @@ def run_greedy(golden, ckpt, device: str = "cpu", dtype: str = "float32", rtol: 
                         f"upstream {ref_codes[i].tolist()}; our top-1 minus top-2 gap per codebook "
                         f"{(top2[:, 1] - top2[:, 0]).tolist()}, upstream gap {golden['gap'][i].tolist()}")
         if i + 1 < n:
-            logits, hidden = r.decode(np.array([0]), codes[i:i + 1], np.array([t + i]))
+            logits, hidden = r.forward_decode(np.array([0]), codes[i:i + 1], np.array([t + i]))
     r.close()
     return {"steps": n, "hidden_rel": max(errs_h), "logits_rel": max(errs_l)}
 

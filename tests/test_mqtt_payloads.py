@@ -9,8 +9,8 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError
-from appliance.service.mqtt import (
-    MQTTBridge,
+from appliance.service.mqtt import MQTTBridge
+from appliance.service.mqtt_payload import (
     RecentIds,
     Topics,
     event_payload,
@@ -93,4 +93,4 @@ def test_topics_follow_prefix_and_device_id(tmp_path):
 def test_missing_ca_file_is_a_config_error_naming_the_key(tmp_path):
     cfg = config_from_dict({"mqtt": {"enabled": True, "tls": True, "ca_file": "nope/ca.pem"}}, tmp_path)
     with pytest.raises(ConfigError, match=r"mqtt\.ca_file: .*nope/ca\.pem does not exist"):
-        MQTTBridge(cfg, lambda line, sink: None, lambda: None)
+        MQTTBridge(cfg, lambda req, sink: None, lambda: None)

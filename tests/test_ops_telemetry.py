@@ -12,15 +12,12 @@ import pytest
 
 from appliance.errors import ConfigError
 from appliance.service.telemetry import (
-    Reading,
-    SysfsSource,
-    Trip,
     appliance_memory_mib,
-    merge,
     open_telemetry,
-    parse_tegrastats,
     process_memory_mib,
 )
+from appliance.service.telemetry_reading import Reading, Trip, merge, parse_tegrastats
+from appliance.service.telemetry_sources import SysfsSource
 
 SAMPLES_FILE = Path("/work/shared/tegrastats-samples.txt")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from appliance.config import ThrottleConfig, config_from_dict
-from appliance.service.telemetry import Reading, Trip, parse_tegrastats
+from appliance.service.telemetry_reading import Reading, Trip, parse_tegrastats
 from appliance.service.throttle import Ladder, Level, Throttle, board_trip_c
 
 ORIN_TRIPS = [Trip("cpu", "passive", 99.0), Trip("cpu", "critical", 104.5), Trip("gpu", "active", 46.0),

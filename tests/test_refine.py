@@ -28,9 +28,9 @@ def test_text_mode_cache_equals_a_full_forward(pipe):
     r = pipe.runner
     ids = pipe.tokenizer.encode("[Sbreak]你好，今天天气很好。[Pbreak]")
     extra = [5, 17, 300]
-    got = [r.prefill_text(0, ids)]
+    got = [r.forward_prefill_text(0, ids)]
     for i, tok in enumerate(extra):
-        got.append(r.decode_text(0, tok, len(ids) + i))
+        got.append(r.forward_decode_text(0, tok, len(ids) + i))
     seq = torch.from_numpy(np.concatenate([ids, extra]))
     with torch.inference_mode():
         m = r.model

@@ -100,12 +100,13 @@ _BACKPRESSURE = """
 import sys, time, threading
 import numpy as np
 from pathlib import Path
-import appliance.service.sound as sound
-sound.MAX_BUFFER_S = 0.5                       # a small FIFO so that the writer must wait
-dev = sound.DeviceOutput(None, 24000, 50.0)
+import appliance.service.sound_device as sound_device
+from appliance.service.sound_request import RequestAudio
+sound_device.MAX_BUFFER_S = 0.5                # a small FIFO so that the writer must wait
+dev = sound_device.DeviceOutput(None, 24000, 50.0)
 dev.open()
 beats = []
-ra = sound.RequestAudio("bp", Path(sys.argv[1]), dev, beat=lambda: beats.append(time.monotonic()))
+ra = RequestAudio("bp", Path(sys.argv[1]), dev, beat=lambda: beats.append(time.monotonic()))
 done = threading.Event()
 t0 = time.monotonic()
 for _ in range(10):                            # 10 x 0.25 s = 2.5 s of audio

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from appliance.errors import BusyError, RequestError
-from appliance.service.protocol import Speak
-from appliance.service.worker import Item, Worker
+from appliance.service.protocol import Cancel, Speak
+from appliance.service.scheduler import Item
+from appliance.service.worker import Worker
 
 
 def _worker(limit: int = 8) -> Worker:
@@ -28,7 +29,7 @@ def test_queue_orders_by_priority_fifo_within_one():
     positions = {rid: w.submit(_item(evs, rid, p)) for rid, p in order}
     assert positions == {"b1": 0, "n1": 0, "a1": 0, "n2": 2, "a2": 1}
     assert [e.queue_position for e in evs] == [0, 0, 0, 2, 1] and all(e.type == "accepted" for e in evs)
-    assert [it.id for it in w._queue] == ["a1", "a2", "n1", "n2", "b1"]
+    assert [it.id for it in w.sched.queue] == ["a1", "a2", "n1", "n2", "b1"]
     st = w.status()["main"]
     assert st["queued"] == 5 and st["active"] is None and st["playing"] == []
 
@@ -61,8 +62,9 @@ def test_cancel_queued_by_id_and_channel_then_stop():
 
 
 def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path):
-    """The entry an MQTT input will use: handle_line_threadsafe from a foreign thread, with its
-    own sink; the daemon runs in this (main) thread and is stopped through request_stop."""
+    """The entry the MQTT input uses: Dispatcher.handle_request_threadsafe from a foreign thread,
+    with a parsed request and its own sink; the daemon runs in this (main) thread and is stopped
+    through request_stop."""
     import threading
 
     from appliance.config import config_from_dict
@@ -73,20 +75,21 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
     ready, events, errors = threading.Event(), [], []
     d = Daemon(cfg, hooks=Hooks(on_ready=ready.set))
     with pytest.raises(BusyError):
-        d.handle_line_threadsafe(b'{"text": "too early"}', lambda ev, payload=None: None)
+        d.dispatch.handle_request_threadsafe(Speak(text="too early"), lambda ev, payload=None: None)
 
     def mqtt_like():
         try:
             assert ready.wait(60)
-            fut = d.handle_line_threadsafe(b'{"text": "from another thread", "id": "mq-1", "seed": 1}',
-                                           lambda ev, payload=None: events.append(ev))
+            fut = d.dispatch.handle_request_threadsafe(Speak(text="from another thread", id="mq-1", seed=1),
+                                                       lambda ev, payload=None: events.append(ev))
             fut.result(30)
-            d.handle_line_threadsafe(b'\xff not utf-8', lambda ev, payload=None: errors.append(ev)).result(30)
+            d.dispatch.handle_request_threadsafe(Cancel(id="nothing-runs"),
+                                                 lambda ev, payload=None: errors.append(ev)).result(30)
             deadline = time.monotonic() + 30
             while not any(e.type in ("done", "error") for e in events) and time.monotonic() < deadline:
                 time.sleep(0.02)
         finally:
-            d._loop.call_soon_threadsafe(d.request_stop)
+            d.dispatch.loop.call_soon_threadsafe(d.request_stop)
 
     t = threading.Thread(target=mqtt_like)
     t.start()

@@ -82,9 +82,54 @@ OPSET = 18
 WINDOW_TOKENS = 256
 
 
+class _PrefixCacheAttend:
+    """ONNX Runtime's attention plan: the runner binds each layer's filled cache prefix
+    ``[P, M, H, hd]`` (positions first) by pointer; new token j of row b attends to cached
+    positions ``< pos[b]`` of slot ``slots[b]`` and to new tokens ``<= j``. The scores against the
+    cache and against the new keys are joined on the score tensor, so keys/values are never
+    concatenated. The new keys/values are collected as graph outputs (the runner writes them)."""
+
+    def __init__(self, k_cache, v_cache, slots, bias_past, bias_new, scale: float, dt: torch.dtype):
+        self.k, self.v, self.slots, self.bias_past, self.bias_new = k_cache, v_cache, slots, bias_past, bias_new
+        self.scale, self.dt = scale, dt
+        self.ks: list[torch.Tensor] = []
+        self.vs: list[torch.Tensor] = []
+
+    def __call__(self, i, q, k, v):
+        p = self.k[i].shape[0]
+        kp = self.k[i].index_select(1, self.slots).permute(1, 2, 3, 0)  # [P, B, H, hd] -> [B, H, hd, P]
+        vp = self.v[i].index_select(1, self.slots).permute(1, 2, 0, 3)  # -> [B, H, P, hd]
+        s_past = (q @ kp).float() * self.scale + self.bias_past  # [B, H, T, P]
+        s_new = (q @ k.transpose(2, 3)).float() * self.scale + self.bias_new  # [B, H, T, T]
+        w = torch.softmax(torch.cat([s_past, s_new], -1), -1).to(self.dt)
+        self.ks.append(k.transpose(1, 2))  # [B, T, H, hd]: the cache's position-major layout
+        self.vs.append(v.transpose(1, 2))
+        return w[..., :p] @ vp + w[..., p:] @ v  # [B, H, T, hd]
+
+
+class _StaticCacheAttend:
+    """TensorRT's attention plan: the whole cache ``[S, M, H, hd]`` is bound, the graph slices
+    the ``[:P]`` prefix and uses the standard attention pattern, which TensorRT fuses (measured:
+    the split-score form made TensorRT-RTX reserve 555 MiB of activations instead of 18 MiB)."""
+
+    def __init__(self, k_cache, v_cache, slots, mask):
+        self.k, self.v, self.slots, self.mask = k_cache, v_cache, slots, mask
+        self.ks: list[torch.Tensor] = []
+        self.vs: list[torch.Tensor] = []
+
+    def __call__(self, i, q, k, v):
+        keys = torch.cat([self.k[i].index_select(1, self.slots).permute(1, 2, 0, 3), k], 2)  # [B, H, P+T, hd]
+        vals = torch.cat([self.v[i].index_select(1, self.slots).permute(1, 2, 0, 3), v], 2)
+        self.ks.append(k.transpose(1, 2))
+        self.vs.append(v.transpose(1, 2))
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self.mask)
+
+
 class GptGraph(nn.Module):
     """T new tokens per row over the in-place static KV cache: prefill (B=1, T=prompt) and
-    decode step (T=1) in one graph, so the GPT weights exist once (see module doc).
+    decode step (T=1) in one graph, so the GPT weights exist once (see module doc). The layers
+    are the model's own (:meth:`appliance.model.gpt.GPT.forward`); only the attention plan is
+    the export's.
 
     ``static=False`` (ONNX Runtime): ``k_cache.i [P, M, H, hd]`` is the bound prefix.
     ``static=True`` (TensorRT): ``k_cache.i [S, M, H, hd]`` is the whole buffer and an extra
@@ -107,45 +152,21 @@ class GptGraph(nn.Module):
         else:
             p = k_cache[0].shape[0]  # positions read: the runner binds the cache prefix [:P]
         dt = gpt.norm.weight.dtype
-        x = emb.to(dt)  # [B, T, D]
         dev = emb.device
         steps = torch.arange(t, device=dev)
-        cos, sin = gpt._rope(pos.unsqueeze(1) + steps.unsqueeze(0), dt)  # [B, 1, T, hd]
         seen = (torch.arange(p, device=dev).unsqueeze(0) < pos.unsqueeze(1)).view(b, 1, 1, p)  # cached rows < pos
         causal = (steps.unsqueeze(0) <= steps.unsqueeze(1)).view(1, 1, t, t)  # new token j sees new tokens <= j
-        scale = 1.0 / math.sqrt(gpt.shapes.head_dim)
         if self.static:
-            mask = torch.cat([seen.expand(b, 1, t, p), causal.expand(b, 1, t, t)], -1)  # [B, 1, T, P+T]
+            plan = _StaticCacheAttend(k_cache, v_cache, slots,
+                                      torch.cat([seen.expand(b, 1, t, p), causal.expand(b, 1, t, t)], -1))
         else:
             neg = torch.tensor(float("-inf"), device=dev)
             zero = torch.tensor(0.0, device=dev)
-            bias_past = torch.where(seen, zero, neg)  # [B, 1, 1, P]
-            bias_new = torch.where(causal, zero, neg)  # [1, 1, T, T]
-        ks, vs = [], []
-        for i, blk in enumerate(gpt.layers):
-            att = blk.self_attn
-            q, k, v = att._qkv(blk.input_layernorm(x), cos, sin)  # [B, H, T, hd]
-            if self.static:
-                # TensorRT: the standard attention pattern, which its compiler fuses (measured:
-                # the split-score form below made TensorRT-RTX reserve 555 MiB of activations)
-                keys = torch.cat([k_cache[i].index_select(1, slots).permute(1, 2, 0, 3), k], 2)  # [B, H, P+T, hd]
-                vals = torch.cat([v_cache[i].index_select(1, slots).permute(1, 2, 0, 3), v], 2)
-                y = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
-            else:
-                kp = k_cache[i].index_select(1, slots).permute(1, 2, 3, 0)  # [P, B, H, hd] -> [B, H, hd, P]
-                vp = v_cache[i].index_select(1, slots).permute(1, 2, 0, 3)  # -> [B, H, P, hd]
-                # scores against the cache and against the new keys, joined on the score tensor
-                s_past = (q @ kp).float() * scale + bias_past  # [B, H, T, P]
-                s_new = (q @ k.transpose(2, 3)).float() * scale + bias_new  # [B, H, T, T]
-                w = torch.softmax(torch.cat([s_past, s_new], -1), -1).to(dt)
-                y = w[..., :p] @ vp + w[..., p:] @ v  # [B, H, T, hd]
-            x = x + att._out(y)
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-            ks.append(k.transpose(1, 2))  # [B, T, H, hd]: the cache's position-major layout
-            vs.append(v.transpose(1, 2))
-        h = gpt.norm(x)[:, -1]  # [B, D] of the last new token
+            plan = _PrefixCacheAttend(k_cache, v_cache, slots, torch.where(seen, zero, neg),
+                                      torch.where(causal, zero, neg), 1.0 / math.sqrt(gpt.shapes.head_dim), dt)
+        h = gpt(emb.to(dt), pos.unsqueeze(1) + steps.unsqueeze(0), plan)[:, -1]  # [B, D] of the last new token
         logits = self.embed.audio_logits(h)
-        return logits.float(), h.float(), torch.stack(ks), torch.stack(vs)
+        return logits.float(), h.float(), torch.stack(plan.ks), torch.stack(plan.vs)
 
 
 class DecoderGraph(nn.Module):
@@ -325,7 +346,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
 
     with torch.no_grad():  # host-side embeddings (float32): the graphs take embeddings as input
         save_file({"emb_text": m.embed.emb_text.weight.float().contiguous(),
-                   "emb_code": torch.stack([e.weight.float() for e in m.embed.emb_code]).contiguous()},
+                   "emb_code": m.embed.code_tables().float().contiguous()},
                   str(out / EMBED_FILE))
     kv_el = 2 if dtype == torch.float16 else 4
     mf.write(out, {

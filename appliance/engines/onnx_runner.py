@@ -2,8 +2,8 @@
 
 Loads the graphs (``gpt``, ``decoder``, ``vocos``) that ``chattts-appliance engines export`` wrote to
 ``<model.engine_dir>/onnx/<precision>/`` (see :mod:`appliance.build.export` for their I/O),
-checks their manifest against the config and the checkpoint, and implements
-:class:`~appliance.engines.runner.Runner`.
+checks their manifest against the config and the checkpoint, and implements the network passes
+of a :class:`~appliance.engines.host_runner.HostRunner` (sampling and per-slot buffers: numpy).
 
 KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
 the cache is two numpy arrays ``[L, S, M, H, hd]`` (S = ``max_seq_len`` positions first,
@@ -55,7 +55,8 @@ import numpy as np
 from ..config import Config
 from ..errors import CapacityError, ConfigError, EngineError
 from . import manifest as mf
-from .runner import Runner, RunnerInfo, receptive_fields
+from .host_runner import HostRunner
+from .runner import RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def embed_prompt(emb_text: np.ndarray, ids: np.ndarray, spk_emb: np.ndarray | No
     return emb
 
 
-class OnnxRunner(Runner):
+class OnnxRunner(HostRunner):
     """ONNX Runtime runner (see module doc and :class:`~appliance.engines.runner.Runner`).
 
     Args:
@@ -185,10 +186,11 @@ class OnnxRunner(Runner):
             backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
-            **receptive_fields(s["dec_layers"], s["voc_layers"]),
+            num_text_tokens=self._n_text, **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
+        self.setup_host(self._n_mels)
 
     # -------------------------------------------------------------- the one ORT error wrapper
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -206,28 +208,18 @@ class OnnxRunner(Runner):
             raise EngineError("the onnxruntime runner is closed")
         return self._call(graph, lambda: sess.run(None, feeds))
 
-    # -------------------------------------------------------------- Runner
-    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt ``ids [T]`` int64 (+ ``spk_emb [D]``) into KV ``slot`` positions 0..T-1.
+    # -------------------------------------------------------------- the passes (HostRunner)
+    def forward_prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt ``ids [T]`` int64 (+ ``spk_emb [D]``) into KV ``slot`` positions 0..T-1 (checked
+        by :meth:`HostRunner.prefill`).
 
         Returns (logits float32 [Q, V], hidden float32 [D]) of the last prompt position (views of
         this runner's buffers).
 
         Raises:
-            CapacityError: empty prompt, T > ``info.max_prompt_tokens`` or slot out of range.
-            EngineError: bad ids / speaker shape, or onnxruntime failed.
+            EngineError: onnxruntime failed.
         """
-        if not 0 <= int(slot) < self.info.max_batch:
-            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
-        ids = np.asarray(ids, np.int64).reshape(-1)
         t = ids.shape[0]
-        if t == 0:
-            raise CapacityError("empty prompt: prefill needs at least one token")
-        if t > self.info.max_prompt_tokens:
-            raise CapacityError(f"prompt of {t} tokens exceeds the exported limit {self.info.max_prompt_tokens} "
-                                f"(model.max_prompt_tokens): split the text")
-        if ids.min() < 0 or ids.max() >= self._n_text:
-            raise EngineError(f"text id out of range [0, {self._n_text}): {int(ids.min())}..{int(ids.max())}")
         emb = embed_prompt(self._emb_text, ids, spk_emb, self._spk_id)[None]  # [1, T, D]
         sess = self._sess.get("gpt")
         if sess is None:
@@ -259,17 +251,15 @@ class OnnxRunner(Runner):
             io.bind_input(f"k_cache.{i}", "cpu", 0, self._kv_dt, shape, self._k[i].ctypes.data)
             io.bind_input(f"v_cache.{i}", "cpu", 0, self._kv_dt, shape, self._v[i].ctypes.data)
 
-    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One step for rows ``slots [B]``: ``codes [B, Q]`` are written at ``pos [B]``.
+    def forward_decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step for rows ``slots [B]``: ``codes [B, Q]`` are written at ``pos [B]`` (checked by
+        :meth:`HostRunner.step`).
 
         Returns (logits float32 [B, Q, V], hidden float32 [B, D]), views of this runner's buffers.
 
         Raises:
-            CapacityError: B out of 1..max_batch, slots not distinct / out of range, a position
-                at or past ``max_seq_len``.
-            EngineError: bad shapes or codes, or onnxruntime failed.
+            EngineError: onnxruntime failed.
         """
-        slots, codes, pos = self.check_decode_args(slots, codes, pos)
         b = slots.shape[0]
         io, bufs = self._bind[b]
         e = bufs["emb"][:, 0]
@@ -288,7 +278,7 @@ class OnnxRunner(Runner):
         self._v[:, pos, slots] = bufs["v_new"][:, :, 0]
         return bufs["logits"], bufs["hidden"]
 
-    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
         """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32 (any T >= 1).
 
         Raises:
@@ -299,7 +289,7 @@ class OnnxRunner(Runner):
             raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
         return self._run("decoder", {"hidden": hidden})[0]
 
-    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def forward_vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """mel ``[100, F]`` float32 -> (real ``[F, 513]``, imag ``[F, 513]``) float32 (any F >= 1).
 
         Raises:

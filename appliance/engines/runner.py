@@ -1,30 +1,38 @@
-"""The one interface every inference backend implements.
+"""The Runner contract: the one interface every inference backend implements.
 
-A :class:`Runner` owns the model's weights on its device, a static KV cache of
-``max_batch`` slots x ``max_seq_len`` positions allocated once at load, and its own
-pre-allocated I/O buffers. Everything crossing this boundary is numpy (host) data, so the
-pipeline, the scheduler and the service layer never import torch. Backends:
+A runner owns, on its device, the model's weights, a static KV cache of ``max_batch`` slots x
+``max_seq_len`` positions, the sampler state of every slot, and per slot the GPT hidden states
+of the sentence being spoken and the mel frames made from them. All of it is allocated once at
+load. The synthesis layer drives it with small host values (slot numbers, token counts, window
+bounds) and gets back only what leaves the device anyway: sampled codes and the spectrum of a
+finished vocoder window. Backends (chosen once at load, :func:`appliance.engines.select.open_runner`):
 
-* ``torch``        – :mod:`appliance.engines.torch_runner` (our PyTorch model, CPU or CUDA)
-* ``onnxruntime``  – :mod:`appliance.engines.onnx_runner` (CPU default, no torch)
-* ``tensorrt``     – :mod:`appliance.engines.tensorrt_runner` (Jetson / RTX plans)
+* ``onnxruntime`` – :class:`~appliance.engines.onnx_runner.OnnxRunner` (CPU default, no torch)
+* ``torch-cpu``   – :class:`~appliance.engines.torch_runner.TorchRunner`
+* ``torch-cuda``  – :class:`~appliance.engines.cuda_runner.CudaRunner` (captured graphs)
+* ``tensorrt``    – :class:`~appliance.engines.tensorrt_runner.TensorRTRunner` (Jetson/RTX plans)
 
-The backend is chosen once at load by :func:`appliance.engines.select.open_runner`.
+The first two are *host runners* (:class:`~appliance.engines.host_runner.HostRunner`: one base
+drives the numpy sampler over the backend's logits); the last two sample on the device
+(:mod:`appliance.engines.sampler_torch`). Both draw from the same counter-based random stream
+(:mod:`appliance.engines.rng`), so a seed gives the same codes on every backend up to rounding
+at near-ties.
 
-Shapes (D = hidden size, 768 full; V = 626 audio tokens; Q = 4 codebooks):
+One sentence in one slot (D = hidden size, Q = 4 codebooks, V = 626 codes per codebook)::
 
-* ``prefill(slot, ids, spk_emb)``: ``ids`` int64 ``[T]`` text token ids of the prompt,
-  ``spk_emb`` float32 ``[D]`` or None. Writes KV positions ``0..T-1`` of ``slot``.
-  Returns ``(logits float32 [Q, V], hidden float32 [D])`` of the last prompt position.
-* ``decode(slots, codes, pos)``: ``slots`` int64 ``[B]``, ``codes`` int64 ``[B, Q]`` the codes
-  sampled at the previous step, ``pos`` int64 ``[B]`` the position each code is written at.
-  Returns ``(logits [B, Q, V], hidden [B, D])``.
-* ``decoder(hidden)``: float32 ``[T, D]`` -> mel float32 ``[100, 2T]`` (log-mel x coef).
-* ``vocos(mel)``: float32 ``[100, F]`` -> complex STFT float32 ``(real [F, 513], imag [F, 513])``;
-  the inverse STFT runs on the host (:mod:`appliance.synth.istft`).
+    prefill(slot, ids, spk)     prompt int64 [T] (+ speaker float32 [D]) -> KV positions 0..T-1,
+                                hidden state 0 and the logits of the first draw stay in the runner
+    start(slot, params, seed)   configure the slot's sampler, draw code 0 -> int64 [Q]
+    step(slots, k)              k decode steps for the rows ``slots [B]``: each embeds the row's
+                                last codes, runs the GPT, stores hidden state n and draws code n
+                                -> int64 [k, B, Q] (rows keep going after an EOS: drop the rest)
+    vocode(slot, window)        Decoder over stored hidden states, Vocos over stored mel frames
+                                -> complex spectrum float32 (real [F, 513], imag [F, 513])
 
-Returned arrays may be views of the runner's buffers, valid until its next call: copy what you
-keep. Errors from the foreign runtime are raised as :class:`~appliance.errors.EngineError`.
+Hidden state ``n`` is the GPT output that code ``n`` was drawn from (0 = the prefill's last
+position), as upstream pairs them; the inverse STFT of the spectrum runs on the host
+(:mod:`appliance.synth.istft`). Returned arrays may be views of the runner's buffers, valid until
+its next call. Errors of the foreign runtime are raised as :class:`~appliance.errors.EngineError`.
 """
 
 from __future__ import annotations
@@ -34,19 +42,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core import SamplingParams
+from ..errors import CapacityError, EngineError
+
 
 @dataclass(frozen=True)
 class RunnerInfo:
-    """What a runner is and what it can hold.
+    """What a runner is and can do (fixed at load).
 
     Attributes:
         backend: ``torch-cpu``, ``torch-cuda``, ``onnxruntime``, ``tensorrt``.
         precision: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``fp8``.
-        hidden_size: D.
-        num_vq: Q (4).
-        num_audio_tokens: V (626).
-        max_batch: KV-cache slots.
-        max_seq_len: KV-cache positions per slot.
+        hidden_size: D. num_vq: Q (4). num_audio_tokens: V (626). num_text_tokens: text vocabulary.
+        max_batch: KV-cache slots. max_seq_len: KV-cache positions per slot (prompt + codes).
         max_prompt_tokens: longest prompt one prefill accepts.
         weight_bytes: bytes of weights held by the runner (for the memory budget).
         kv_bytes_per_token: KV-cache bytes per position per slot.
@@ -55,6 +63,10 @@ class RunnerInfo:
             (``2 + 6 * n_layer + 1``: conv_in 2 x k3, n_layer dilated k7 blocks, out_conv k3).
         vocos_rf: receptive field of the Vocos backbone, in mel frames on each side
             (``3 * (1 + num_layers)``: embed k7 and one k7 depthwise conv per block).
+        text_mode: the runner can run refine-text (:meth:`Runner.refine`).
+        step_chunk: decode steps one :meth:`Runner.step` call should run (1 on a host; a device
+            runner runs several per host sync).
+        device: ``cpu``, ``cuda:0``, ...
     """
 
     backend: str
@@ -70,6 +82,10 @@ class RunnerInfo:
     reason: str = ""
     decoder_rf: int = 75
     vocos_rf: int = 27
+    num_text_tokens: int = 21178
+    text_mode: bool = False
+    step_chunk: int = 1
+    device: str = "cpu"
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:
@@ -79,69 +95,142 @@ def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:
     return {"decoder_rf": 2 + 6 * dec_layers + 1, "vocos_rf": 3 * (1 + voc_layers)}
 
 
+@dataclass(frozen=True)
+class VocodeWindow:
+    """One vocoder window of a slot, in absolute indices of the sentence (half-open ranges).
+
+    Attributes:
+        h0, h1: hidden states fed to the Decoder (``h0 == h1``: no Decoder pass).
+        m0, m1: mel frames of that pass stored as final (``2*h0 <= m0 <= m1 <= 2*h1``).
+        v0, v1: stored mel frames fed to Vocos.
+        s0, s1: spectrum frames returned (``v0 <= s0 <= s1 <= v1``; ``s0 == s1``: no Vocos pass,
+            the window only stores new mel frames).
+    """
+
+    h0: int
+    h1: int
+    m0: int
+    m1: int
+    v0: int
+    v1: int
+    s0: int
+    s1: int
+
+
 class Runner(abc.ABC):
-    """Backend-neutral access to GPT prefill / decode step, Decoder and Vocos (see module doc)."""
+    """The backend-neutral contract (see module docstring). Subclasses set :attr:`info`."""
 
     info: RunnerInfo
 
     @abc.abstractmethod
-    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt -> KV slot; returns (logits [Q, V], hidden [D]) at the last prompt position.
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> None:
+        """Prompt ``ids`` int64 ``[T]`` (+ speaker float32 ``[D]`` or None) into ``slot``.
 
         Raises:
-            CapacityError: ``len(ids)`` exceeds ``info.max_prompt_tokens`` or ``slot`` is out of range.
-            EngineError: the backend failed.
+            CapacityError: empty prompt, ``T > info.max_prompt_tokens``, slot out of range.
+            EngineError: an id outside the text vocabulary, a misshaped speaker, or the backend failed.
         """
 
     @abc.abstractmethod
-    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One decode step for the rows ``slots``; returns (logits [B, Q, V], hidden [B, D]).
-
-        Raises:
-            CapacityError: a position reaches ``info.max_seq_len``.
-            EngineError: the backend failed.
-        """
+    def start(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
+        """Start sampling ``slot`` after its :meth:`prefill`: parameters, seed, empty penalty
+        window; draws code 0 from the prefill logits. Returns int64 ``[Q]`` (a copy); an EOS in
+        any codebook means the sentence is already over."""
 
     @abc.abstractmethod
-    def decoder(self, hidden: np.ndarray) -> np.ndarray:
-        """GPT hidden states [T, D] -> mel [100, 2T] (float32)."""
+    def step(self, slots: np.ndarray, k: int) -> np.ndarray:
+        """``k`` decode steps for the started slots ``slots`` int64 ``[B]`` (distinct).
 
-    @abc.abstractmethod
-    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """mel [100, F] -> complex spectrum (real [F, 513], imag [F, 513]) before the inverse STFT."""
-
-    def check_decode_args(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Validate the arguments of :meth:`decode` for every backend (one copy of the rules).
+        ``k`` is clipped to the room left in the KV cache and to the runner's ring of codes (at
+        least ``2 * info.step_chunk``, 16 on a host); at least one step runs.
 
         Returns:
-            ``(slots int64 [B], codes int64 [B, Q], pos int64 [B])``.
+            int64 ``[k', B, Q]``: step ``j``, row ``i`` are the codes drawn for ``slots[i]``.
 
         Raises:
-            CapacityError: B outside 1..max_batch, slots not distinct or out of range, a position
-                at or past ``max_seq_len`` (the sentence is too long).
-            EngineError: wrong shapes, or a code outside the audio vocabulary.
+            CapacityError: B outside 1..max_batch, slots not distinct / out of range, or a row's
+                position at ``max_seq_len`` (the sentence is too long).
+            EngineError: the backend failed.
         """
-        from ..errors import CapacityError, EngineError
 
-        info = self.info
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        pos = np.asarray(pos, np.int64).reshape(-1)
-        codes = np.asarray(codes, np.int64)
-        b = slots.shape[0]
-        if not 1 <= b <= info.max_batch:
-            raise CapacityError(f"decode batch of {b} rows: must be 1..{info.max_batch} (model.max_batch)")
-        if codes.shape != (b, info.num_vq) or pos.shape != (b,):
-            raise EngineError(f"decode shapes: slots [{b}], codes {list(codes.shape)}, pos {list(pos.shape)}; "
-                              f"expected codes [{b}, {info.num_vq}] and pos [{b}]")
-        if slots.min() < 0 or slots.max() >= info.max_batch or len(set(slots.tolist())) != b:
-            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{info.max_batch - 1}")
-        if pos.min() < 0 or pos.max() >= info.max_seq_len:
-            raise CapacityError(f"position {int(pos.max())} reaches the KV-cache length model.max_seq_len "
-                                f"{info.max_seq_len}: the sentence is too long, split it or raise max_seq_len")
-        if codes.min() < 0 or codes.max() >= info.num_audio_tokens:
-            raise EngineError(f"audio code out of range [0, {info.num_audio_tokens}): {codes.tolist()}")
-        return slots, codes, pos
+    @abc.abstractmethod
+    def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
+        """Run one vocoder window of ``slot``'s stored hidden states (see :class:`VocodeWindow`).
+
+        Returns:
+            ``(real, imag)`` float32 ``[s1 - s0, n_fft/2 + 1]`` (zero rows when ``s0 == s1``).
+
+        Raises:
+            EngineError: a window outside the buffers, or the backend failed.
+        """
+
+    @abc.abstractmethod
+    def hidden(self, slot: int, t0: int, t1: int) -> np.ndarray:
+        """A copy of ``slot``'s stored hidden states ``[t0, t1)`` as float32 ``[t1 - t0, D]``
+        (inspection: tests, calibration; not on the hot path)."""
+
+    def refine(self, slot: int, ids: np.ndarray, params: SamplingParams, seed: int, eos_id: int) -> np.ndarray:
+        """Refine-text: the GPT in text mode continues the text prompt ``ids [T]`` in ``slot``
+        (upstream ``core.py`` ``_refine_text``) until ``eos_id`` or ``params.max_new_tokens``.
+
+        Returns:
+            int64 ``[N]`` generated text ids, EOS excluded. The slot's KV is overwritten.
+
+        Raises:
+            ConfigError: the runner has no text mode (``info.text_mode`` is False).
+        """
+        from ..errors import ConfigError
+
+        raise ConfigError(f"refine-text needs a backend with a text mode (torch on CPU); {self.info.backend} "
+                          f"has none: set synthesis.refine_text to false")
+
+    def device_memory_bytes(self) -> int:
+        """Accelerator memory this runner holds now (0 for host runners)."""
+        return 0
 
     def close(self) -> None:
-        """Release device memory. Idempotent."""
+        """Release memory. Idempotent."""
+
+    # ------------------------------------------------------------------ shared checks
+    def check_slot(self, slot: int) -> int:
+        """``slot`` as an int. Raises :class:`CapacityError` when out of range."""
+        if not 0 <= int(slot) < self.info.max_batch:
+            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
+        return int(slot)
+
+    def check_prompt(self, ids: np.ndarray, spk_emb: np.ndarray | None) -> np.ndarray:
+        """Validate a prefill prompt; returns ``ids`` as a flat int64 array (one copy of the rules).
+
+        Raises:
+            CapacityError: empty, or longer than ``info.max_prompt_tokens``.
+            EngineError: an id outside the text vocabulary, or ``spk_emb`` not ``[D]``.
+        """
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        t, info = ids.shape[0], self.info
+        if t == 0:
+            raise CapacityError("empty prompt: prefill needs at least one token")
+        if t > info.max_prompt_tokens:
+            raise CapacityError(f"prompt of {t} tokens exceeds model.max_prompt_tokens {info.max_prompt_tokens}: split the text")
+        if ids.min() < 0 or ids.max() >= info.num_text_tokens:
+            raise EngineError(f"text id out of range [0, {info.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
+        if spk_emb is not None and np.shape(spk_emb) != (info.hidden_size,):
+            raise EngineError(f"spk_emb must have shape [{info.hidden_size}], got {list(np.shape(spk_emb))}")
+        return ids
+
+    def check_slots(self, slots: np.ndarray) -> np.ndarray:
+        """``slots`` as distinct int64 ``[B]``, 1 <= B <= max_batch. Raises :class:`CapacityError`."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        b, m = slots.shape[0], self.info.max_batch
+        if not 1 <= b <= m:
+            raise CapacityError(f"decode batch of {b} rows: must be 1..{m} (model.max_batch)")
+        if slots.min() < 0 or slots.max() >= m or len(set(slots.tolist())) != b:
+            raise CapacityError(f"decode slots {slots.tolist()} must be distinct and in 0..{m - 1}")
+        return slots
+
+    def check_window(self, slot: int, w: VocodeWindow) -> None:
+        """Raise :class:`EngineError` for a window that is empty, inverted or past the buffers."""
+        cap = self.info.max_seq_len
+        ok = (0 <= w.h0 <= w.h1 <= cap and 2 * w.h0 <= w.m0 <= w.m1 <= 2 * w.h1 and 0 <= w.v0 <= w.s0 <= w.s1 <= w.v1
+              <= 2 * cap)
+        if not ok:
+            raise EngineError(f"bad vocoder window for slot {slot}: {w}")

@@ -12,13 +12,15 @@ Per decode step and row ``b`` (upstream ``ChatTTS/model/gpt.py`` ``GPT.generate`
    the 3 largest.
 4. Top-K: drop scores below the ``max(top_k, 3)``-th largest (ties kept).
 5. While ``step < min_new_tokens`` the EOS code (625) is set to ``-inf``.
-6. softmax, then one draw per codebook from the row's own ``numpy.random.Generator``.
-   The row is finished when ANY of its 4 codebooks drew EOS.
+6. softmax, cumulative sum, and one inverse-CDF draw per codebook with the uniform
+   ``rng.uniform(seed, draw * Q + q)`` of the counter-based stream (:mod:`.rng`): the first code
+   whose cumulative mass exceeds ``float32(u) * total``. The row is finished when ANY of its 4
+   codebooks drew EOS.
 
 Greedy mode takes the argmax of the scores after steps 1, 2 and 5 (top-P/top-K never remove
-the argmax). Differences from upstream: the random stream (numpy PCG64 per request instead of
-torch's ``multinomial`` with one global generator), so the same seed gives different codes than
-upstream; and upstream's quirk that leaves flattened rows ``b*4+q >= 625`` unpenalized
+the argmax). Differences from upstream: the random stream (counter-based, per request, the same
+on every backend, instead of torch's ``multinomial`` with one global generator), so the same seed
+gives different codes than upstream; and upstream's quirk that leaves flattened rows ``b*4+q >= 625`` unpenalized
 (batches over 156 rows) is not reproduced.
 
 The :class:`Sampler` keeps its state in arrays allocated once per batch: work buffers of
@@ -39,6 +41,7 @@ from typing import Optional
 import numpy as np
 
 from ..core import AUDIO_EOS, NUM_AUDIO_TOKENS, NUM_VQ, SamplingParams
+from .rng import uniform
 
 log = logging.getLogger(__name__)
 
@@ -195,19 +198,24 @@ class Sampler:
         self._recorded = np.zeros(b, np.int64)
         self._hist = np.zeros((b, q, window), np.int64)
         self._counts = np.zeros((b, q, v), f32)
-        self._rngs: list[np.random.Generator] = [np.random.default_rng(0) for _ in range(b)]
+        self._seed = np.zeros(b, np.uint64)      # the stream of each slot (rng.uniform)
+        self._draws = np.zeros(b, np.int64)      # draws made since start (the stream's counter)
         self.seeds: list[int] = [0] * b
         # work buffers (the first n rows are used for n active slots)
         self._x = np.empty((b, q, v), f32)
         self._srt = np.empty((b * q, v), f32)
         self._probs = np.empty((b * q, v), f32)
-        self._u = np.empty((b, q), np.float64)
+        self._qs = np.arange(q, dtype=np.int64)
         self._codes = np.empty((b, q), np.int64)
         self._q = np.arange(q)
 
     def start(self, slot: int, params: SamplingParams, seed: Optional[int] = None) -> int:
-        """Assign ``slot`` to a new request: its parameters, an empty penalty window and a
-        generator seeded with ``seed`` (None = a fresh random seed). Returns the seed used."""
+        """Assign ``slot`` to a new request: its parameters, an empty penalty window and the
+        random stream of ``seed`` (None = a fresh random seed). Returns the seed used.
+
+        Raises:
+            ValueError: ``seed`` outside 0..2**64-1, or a temperature list of the wrong length.
+        """
         q = self.num_vq
         t = params.temperature if isinstance(params.temperature, tuple) else (params.temperature,) * q
         if len(t) != q:
@@ -224,7 +232,10 @@ class Sampler:
         self._hist[slot] = 0
         self._counts[slot] = 0
         seed = secrets.randbits(63) if seed is None else int(seed)
-        self._rngs[slot] = np.random.default_rng(seed)
+        if not 0 <= seed < 1 << 64:
+            raise ValueError(f"seed {seed} must be in 0..2**64-1")
+        self._seed[slot] = np.uint64(seed)
+        self._draws[slot] = 0
         self.seeds[slot] = seed
         return seed
 
@@ -278,15 +289,15 @@ class Sampler:
         n = x.shape[0]
         codes = self._codes[:n]
         greedy = self._greedy[slots]
+        counter = self._draws[slots]
+        self._draws[slots] += 1
         if greedy.all():
             np.argmax(x, axis=2, out=codes)
             return codes
         probs = softmax_rows(x.reshape(-1, self.vocab), self._probs[: n * self.num_vq])
         np.cumsum(probs, axis=1, out=probs)
-        u = self._u[:n]
-        for i in range(n):
-            self._rngs[slots[i]].random(out=u[i])
-        ut = (u.reshape(-1, 1) * probs[:, -1:]).astype(np.float32)
+        u = uniform(self._seed[slots][:, None], counter[:, None] * self.num_vq + self._qs).astype(np.float32)
+        ut = u.reshape(-1, 1) * probs[:, -1:]
         # count of cumulative masses <= u: the first code past u, never a zero-probability one
         codes.reshape(-1)[:] = np.minimum((probs <= ut).sum(axis=1), self.vocab - 1)
         if greedy.any():

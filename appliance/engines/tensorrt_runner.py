@@ -1,246 +1,57 @@
 """The TensorRT backend (Jetson / RTX plans built by ``chattts-appliance engines build``).
 
-**Not executed in this workplace.** There is no GPU here, and the only GPU lent (an H200,
-sm_90) is refused by TensorRT-RTX plans, while full TensorRT cannot be installed (DESIGN.md
-§3). What the tests run here: the manifest check (:func:`load_manifest`, before any CUDA
-call), the buffer plan (:func:`plan_buffers`, from the manifest's I/O list and profile
-maxima, since deserializing a plan needs a GPU), the exact windowing of long Decoder/Vocos
-inputs (:func:`run_windowed`), and the error paths (no CUDA bindings, no GPU). The CUDA calls,
-engine deserialization, ``set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3`` and
-the KV-cache copies below have **never run**; they follow NVIDIA's
-``samples/python/common_runtime.py`` (TensorRT 8.5+ API, as JetPack 5.1+ ships).
+**Not executed in this workplace.** There is no GPU here, the only GPU lent (an H200, sm_90) is
+refused by TensorRT-RTX plans, and full TensorRT cannot be installed. What the tests run here:
+the manifest check and buffer plan (:mod:`appliance.engines.trt_plan`, before any CUDA call), the
+exact windowing, and the error paths (no CUDA, no GPU). Engine deserialization,
+``set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3`` and the device code below
+have **never run**; they follow NVIDIA's ``samples/python/common_runtime.py`` (TensorRT 8.5+
+API, as JetPack 5.1+ ships).
 
-Design (same graphs as ONNX Runtime, :mod:`appliance.build.export`):
-
-* one engine per graph, one execution context per engine created at load, shapes set per
-  call with ``set_input_shape``; every device buffer is allocated once at its profile maximum,
-  host staging buffers come from one **pinned** pool allocated at start-up
-  (:class:`_Cuda`: pycuda where installed, ``cuda-python`` otherwise);
-* KV cache: per layer ``k``/``v`` device buffers ``[S, M, H, hd]`` (positions first) bound as the
-  decode graph's static ``k_cache.i``/``v_cache.i`` inputs (in place, never copied); the length
-  of the ``past`` input says how many positions the graph reads; the step's ``k_new`` /
-  ``v_new [L, B, H, hd]`` rows are contiguous ``H x hd`` blocks at ``[pos[b], slots[b]]`` and are
-  written with one device-to-device copy each on the same stream (2 x L x B small copies per
-  step: a custom scatter kernel would be cheaper, not done); prefill's ``[L, T, H, hd]`` is one
-  strided 2-D copy per layer and K/V;
-* every CUDA status goes through :meth:`_Cuda.check` (one place) and becomes
-  :class:`~appliance.errors.EngineError`;
-* Decoder/Vocos inputs longer than the profile are cut into overlapping windows whose
-  context covers the receptive field, so the result is exact (:func:`run_windowed`).
+Design. The plans are the ONNX graphs of :mod:`appliance.build.export` (``gpt`` with a static
+cache and a ``past`` length input, ``decoder``, ``vocos``). Device memory is PyTorch's (JetPack
+ships a CUDA PyTorch wheel; no Triton needed): every I/O buffer is a CUDA tensor allocated once at
+its profile maximum, bound by ``data_ptr()``, and the engines run on torch's current stream, so
+the same :class:`~appliance.engines.sampler_torch.DeviceSampler` as the CUDA runner samples on the
+device (one random stream for every backend). Per decode step nothing crosses to the host: the
+codes are embedded on the device, the engine's ``k_new``/``v_new [L, B, 1, H, hd]`` are scattered
+into the cache ``[L, S, M, H, hd]`` (positions first; layer ``i`` bound as ``k_cache.i``) by one
+indexed copy, hidden states go to the slot's buffer; one copy of the codes per ``step`` call.
+:meth:`TensorRTRunner.vocode` runs the Decoder and Vocos plans on the stored hidden states / mel
+frames and returns only the spectrum. Every engine failure becomes :class:`~appliance.errors.EngineError`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..config import Config
+from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
 from . import manifest as mf
 from . import trt as trtshim
-from .runner import Runner, RunnerInfo, receptive_fields
+from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
+from .trt_plan import PRECISIONS, find_plans, load_manifest, plan_buffers, run_windowed
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp8", "int8", "fp16")
-_NP = {"float": np.float32, "half": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_,
-       "uint8": np.uint8, "int8": np.int8}
+__all__ = ["PRECISIONS", "TensorRTRunner", "find_plans", "load_manifest", "plan_buffers", "run_windowed"]
 
 
-def find_plans(cfg: Config) -> Path | None:
-    """First ``<engine_dir>/trt/<precision>`` (order fp8, int8, fp16) holding a manifest."""
-    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "trt", PRECISIONS)
-
-
-def load_manifest(cfg: Config, plan_dir: Path) -> dict:
-    """Read ``plan_dir``'s manifest and refuse it unless TensorRT flavour/version, device
-    (compute capability, board, L4T where known), checkpoint and limits match.
-
-    Raises:
-        EngineMismatchError: with ``rebuild with: ...``.
-    """
-    cfg_path = cfg.file_hint
-    hint = mf.rebuild_hint(cfg_path, plan_dir.name, tensorrt=True)
-    m = mf.read(plan_dir, hint)
-    facts = mf.device_facts()
-    expect = mf.expect_common(cfg, m, "tensorrt")
-    expect["runtime"] = {"name": trtshim.flavor(), "version": trtshim.version()}
-    expect["device"] = {k: facts.get(k) for k in ("compute_capability", "board", "l4t")}
-    mf.check(m, expect, hint)
-    return m
-
-
-def plan_buffers(m: dict) -> dict[str, dict[str, dict[str, Any]]]:
-    """Device buffers to allocate once: ``{graph: {tensor: {shape, dtype, nbytes, mode}}}``.
-
-    Shapes are the profile maxima for dynamic inputs; outputs' dynamic dims are resolved from
-    the limits (B = max_batch, T = max_prompt_tokens, window = window_tokens). The decode
-    graph's ``k_cache.i`` / ``v_cache.i`` are *not* planned here: they are the KV cache itself
-    (``kv`` key: ``[S, M, H, hd]`` per layer and K/V, positions first).
-
-    Raises:
-        EngineError: a dtype or dimension the plan cannot resolve.
-    """
-    lim, s = m["limits"], m["shapes"]
-    M, S, T, W = lim["max_batch"], lim["max_seq_len"], lim["max_prompt_tokens"], lim["window_tokens"]
-    H, L, D = s["n_heads"], s["n_layers"], s["hidden"]
-    hd = D // H
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for g, e in m["graphs"].items():
-        plan: dict[str, dict[str, Any]] = {}
-        prof: dict[str, list[int]] = {}  # elementwise maximum over the profiles
-        for pr in e.get("profiles", []):
-            for n, (_, _, mx) in pr.items():
-                prof[n] = [max(a, b) for a, b in zip(prof.get(n, mx), mx)]
-        for t in e["inputs"]:
-            if t["name"].startswith(("k_cache.", "v_cache.")):
-                continue
-            shape = list(prof[t["name"]]) if t["name"] in prof else list(t["shape"])
-            plan[t["name"]] = {"shape": shape, "mode": "input"}
-        for t in e["outputs"]:
-            shape = list(t["shape"])
-            if -1 in shape:
-                if g == "gpt":  # decode: B = M, T = 1; prefill: B = 1, T = max_prompt_tokens
-                    shape = {"logits": [M, s["num_vq"], s["num_audio_tokens"]], "hidden": [M, D],
-                             "k_new": [L, M, T, H, hd], "v_new": [L, M, T, H, hd]}[t["name"]]
-                elif g == "decoder":
-                    shape = [s["n_mels"], 2 * W]
-                elif g == "vocos":
-                    shape = [2 * W, s["n_fft"] // 2 + 1]
-            plan[t["name"]] = {"shape": shape, "mode": "output"}
-        for t in e["inputs"] + e["outputs"]:
-            if t["name"] in plan:
-                dt = _NP.get(t["dtype"])
-                if dt is None:
-                    raise EngineError(f"{g}: tensor {t['name']} has dtype {t['dtype']} that the runner cannot stage")
-                p = plan[t["name"]]
-                if any(int(x) < 0 for x in p["shape"]):
-                    raise EngineError(f"{g}: cannot resolve the shape {p['shape']} of {t['name']}")
-                p["dtype"] = np.dtype(dt).name
-                p["nbytes"] = int(np.prod(p["shape"])) * np.dtype(dt).itemsize
-        out[g] = plan
-    kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32
-    out["kv"] = {f"{kv}_cache.{i}": {"shape": [S, M, H, hd], "dtype": np.dtype(kv_dt).name, "mode": "state",
-                                     "nbytes": S * M * H * hd * np.dtype(kv_dt).itemsize}
-                 for kv in ("k", "v") for i in range(L)}
-    return out
-
-
-def run_windowed(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, axis: int, max_len: int, ctx: int,
-                 out_axis: int, scale: int) -> np.ndarray:
-    """Apply a convolutional ``fn`` to ``x`` in windows of at most ``max_len`` along ``axis``.
-
-    Each window carries ``ctx`` input positions of context on both sides (>= the receptive
-    field), so every kept output equals the one-pass result. ``fn``'s output has ``scale``
-    positions per input position along ``out_axis``.
-
-    Raises:
-        EngineError: ``max_len`` leaves no room beyond the context (``max_len <= 2 * ctx``).
-    """
-    n = x.shape[axis]
-    if n <= max_len:
-        return fn(x)
-    core = max_len - 2 * ctx
-    if core <= 0:
-        raise EngineError(f"window of {max_len} cannot hold 2 x {ctx} context positions: rebuild with a larger --window-tokens")
-    parts = []
-    for a in range(0, n, core):
-        b = min(n, a + core)
-        w0, w1 = max(0, a - ctx), min(n, b + ctx)
-        y = fn(np.take(x, np.arange(w0, w1), axis=axis))
-        parts.append(np.take(y, np.arange((a - w0) * scale, (b - w0) * scale), axis=out_axis))
-    return np.concatenate(parts, axis=out_axis)
-
-
-class _Cuda:
-    """CUDA through pycuda (Jetson) or cuda-python; every status checked in :meth:`check`.
-
-    Raises:
-        ConfigError: neither binding is installed.
-    """
-
-    def __init__(self) -> None:
-        try:
-            import pycuda.autoinit  # noqa: F401  (creates the context)
-            import pycuda.driver as drv
-
-            self.kind, self.drv = "pycuda", drv
-        except ImportError:
-            try:
-                from cuda import cudart  # cuda-python
-            except ImportError as e:
-                raise ConfigError("the tensorrt backend needs CUDA bindings: pip install pycuda (Jetson: "
-                                  "'chattts-appliance[jetson]') or pip install cuda-python") from e
-            self.kind, self.rt = "cuda-python", cudart
-        self.stream = self.check("stream", lambda: self.drv.Stream() if self.kind == "pycuda" else self.rt.cudaStreamCreate())
-        self._keep: list[Any] = []
-
-    def check(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run one CUDA call; a failure or a non-success status becomes :class:`EngineError`."""
-        try:
-            res = fn()
-        except Exception as e:  # pycuda raises drv.Error subclasses
-            raise EngineError(f"CUDA {what} failed: {e}") from e
-        if self.kind == "cuda-python" and isinstance(res, tuple):
-            err, rest = res[0], res[1:]
-            if int(err) != 0:
-                raise EngineError(f"CUDA {what} failed: {err}")
-            return rest[0] if len(rest) == 1 else (rest or None)
-        return res
-
-    def malloc(self, nbytes: int) -> int:
-        if self.kind == "pycuda":
-            buf = self.check("malloc", lambda: self.drv.mem_alloc(max(1, nbytes)))
-            self._keep.append(buf)
-            return int(buf)
-        return int(self.check("malloc", lambda: self.rt.cudaMalloc(max(1, nbytes))))
-
-    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """A page-locked host array (part of the pool allocated at load)."""
-        if self.kind == "pycuda":
-            return self.check("pagelocked_empty", lambda: self.drv.pagelocked_empty(shape, dtype))
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        ptr = self.check("cudaMallocHost", lambda: self.rt.cudaMallocHost(max(1, n)))
-        raw = (ctypes.c_byte * max(1, n)).from_address(int(ptr))
-        return np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-    def h2d(self, dst: int, src: np.ndarray) -> None:
-        if self.kind == "pycuda":
-            self.check("memcpy_htod_async", lambda: self.drv.memcpy_htod_async(dst, src, self.stream))
-        else:
-            self.check("cudaMemcpyAsync H2D", lambda: self.rt.cudaMemcpyAsync(
-                dst, src.ctypes.data, src.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream))
-
-    def d2h(self, dst: np.ndarray, src: int) -> None:
-        if self.kind == "pycuda":
-            self.check("memcpy_dtoh_async", lambda: self.drv.memcpy_dtoh_async(dst, src, self.stream))
-        else:
-            self.check("cudaMemcpyAsync D2H", lambda: self.rt.cudaMemcpyAsync(
-                dst.ctypes.data, src, dst.nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
-
-    def d2d_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
-        """Strided device-to-device copy (``height`` rows of ``width`` bytes)."""
-        if self.kind == "pycuda":
-            c = self.drv.Memcpy2D()
-            c.set_src_device(src)
-            c.set_dst_device(dst)
-            c.src_pitch, c.dst_pitch, c.width_in_bytes, c.height = spitch, dpitch, width, height
-            self.check("Memcpy2D", lambda: c(self.stream))
-        else:
-            self.check("cudaMemcpy2DAsync", lambda: self.rt.cudaMemcpy2DAsync(
-                dst, dpitch, src, spitch, width, height, self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self.stream))
-
-    @property
-    def handle(self) -> int:
-        return int(self.stream.handle) if self.kind == "pycuda" else int(self.stream)
-
-    def sync(self) -> None:
-        self.check("stream synchronize", lambda: self.stream.synchronize() if self.kind == "pycuda"
-                   else self.rt.cudaStreamSynchronize(self.stream))
+def _torch_cuda():
+    """Import torch and check CUDA (the runner's device memory and sampler are torch's)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ConfigError("the tensorrt backend needs PyTorch with CUDA for its buffers and device sampling "
+                          "(JetPack: NVIDIA's torch wheel for your JetPack)") from e
+    if not torch.cuda.is_available():
+        raise EngineError("the tensorrt backend needs a CUDA GPU, and torch sees none")
+    return torch
 
 
 class TensorRTRunner(Runner):
@@ -250,11 +61,12 @@ class TensorRTRunner(Runner):
         cfg: uses ``model.engine_dir``, ``model.path``, ``model.max_batch``, ``max_seq_len``,
             ``max_prompt_tokens``.
         reason: why this backend was chosen.
+        plan_dir: a specific ``trt/<precision>`` directory (default: :func:`find_plans`).
 
     Raises:
-        ConfigError: no plans, TensorRT or CUDA bindings missing.
+        ConfigError: no plans; TensorRT or a CUDA PyTorch missing.
         EngineMismatchError: the manifest does not match (checked before any CUDA call).
-        EngineError: deserialization or a CUDA call failed (e.g. no GPU).
+        EngineError: no GPU, or deserialization failed.
     """
 
     def __init__(self, cfg: Config, reason: str = "", plan_dir: str | Path | None = None):
@@ -265,155 +77,192 @@ class TensorRTRunner(Runner):
         m = load_manifest(cfg, d)
         self.manifest, self.dir = m, d
         self.plan = plan_buffers(m)
+        torch = self._torch = _torch_cuda()
+        from .onnx_runner import load_embeddings
+        from .sampler_torch import DeviceSampler
+
         trt = trtshim.module()
-        self.cuda = _Cuda()
+        dev = self.device = torch.device("cuda")
         self._logger = trtshim.capture_logger()
         self._rt = trt.Runtime(self._logger)
         self._eng: dict[str, Any] = {}
         self._ctx: dict[str, Any] = {}
         for g, e in m["graphs"].items():
-            blob = (d / e["file"]).read_bytes()
-            eng = self._rt.deserialize_cuda_engine(blob)
+            eng = self._rt.deserialize_cuda_engine((d / e["file"]).read_bytes())
             if eng is None:
                 raise EngineError(f"TensorRT cannot load {d / e['file']}: {'; '.join(self._logger.errors()) or 'unknown error'}")
-            names = {eng.get_tensor_name(i) for i in range(eng.num_io_tensors)}
-            want = {t["name"] for t in e["inputs"] + e["outputs"]}
-            if names != want:
-                raise EngineError(f"{e['file']}: engine tensors {sorted(names)} differ from its manifest {sorted(want)}")
             self._eng[g], self._ctx[g] = eng, eng.create_execution_context()
-        # the gpt engine has two profiles: 0 = decode step (context "gpt"), 1 = prefill
-        self._ctx["gpt_prefill"] = self._eng["gpt"].create_execution_context()
-        if not self._ctx["gpt_prefill"].set_optimization_profile_async(1, self.cuda.handle):
+        self._ctx["gpt_prefill"] = self._eng["gpt"].create_execution_context()  # profile 1 = prefill
+        if not self._ctx["gpt_prefill"].set_optimization_profile_async(1, self._stream()):
             raise EngineError(f"{d}: the gpt plan has no prefill profile (1); rebuild it")
-        from .onnx_runner import load_embeddings
-
-        self._emb_text, self._emb_code = load_embeddings(d, m)
-        # device buffers (profile maxima) and the pinned host pool, allocated once
-        self._dev: dict[str, dict[str, int]] = {}
-        self._host: dict[str, dict[str, np.ndarray]] = {}
-        for g, tensors in self.plan.items():
-            if g == "kv":
-                continue
-            self._dev[g] = {n: self.cuda.malloc(t["nbytes"]) for n, t in tensors.items()}
-            self._host[g] = {n: self.cuda.pinned(tuple(t["shape"]), np.dtype(t["dtype"])) for n, t in tensors.items()}
-        self._kv = {n: self.cuda.malloc(t["nbytes"]) for n, t in self.plan["kv"].items()}
+        tdt = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32,
+               "bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8}
+        self._buf = {g: {n: torch.zeros(t["shape"], dtype=tdt[t["dtype"]], device=dev) for n, t in ts.items()}
+                     for g, ts in self.plan.items() if g != "kv"}
         s, lim = m["shapes"], m["limits"]
         self._s = s
-        self._el = np.dtype(next(iter(self.plan["kv"].values()))["dtype"]).itemsize
-        D, L = s["hidden"], s["n_layers"]
+        L, D, H, Q, V = s["n_layers"], s["hidden"], s["n_heads"], s["num_vq"], s["num_audio_tokens"]
+        M, S = lim["max_batch"], lim["max_seq_len"]
+        kv_dt = tdt[next(iter(self.plan["kv"].values()))["dtype"]]
+        self._k = torch.zeros(L, S, M, H, D // H, dtype=kv_dt, device=dev)  # layer i bound as k_cache.i
+        self._v = torch.zeros_like(self._k)
+        et, ec = load_embeddings(d, m)
+        self._emb_text = torch.from_numpy(et).to(dev)
+        self._emb_code = torch.from_numpy(ec).to(dev).reshape(Q * V, D)
+        self._code_off = torch.arange(Q, device=dev) * V
+        self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
+        self.sampler = DeviceSampler(M, Q, V, dev)
+        self._logits0 = torch.zeros(M, Q, V, device=dev)
+        self._logits_all = torch.zeros(M, Q, V, device=dev)
+        self._codes = torch.zeros(M, Q, dtype=torch.int64, device=dev)
+        self._hid = torch.zeros(M, S, D, device=dev)
+        self._mel = torch.zeros(M, s["n_mels"], 2 * S, device=dev)
+        self.step_chunk = 8
+        self._h_codes = torch.zeros(self.step_chunk, M, Q, dtype=torch.int64, pin_memory=True)
+        self._h_spec = torch.zeros(2, 2 * S, s["n_fft"] // 2 + 1, pin_memory=True)
+        self._ring = torch.zeros(self.step_chunk, M, Q, dtype=torch.int64, device=dev)
+        self.pos_host = np.zeros(M, np.int64)
         self.info = RunnerInfo(
-            backend="tensorrt", precision=m["precision"], hidden_size=D, num_vq=s["num_vq"],
-            num_audio_tokens=s["num_audio_tokens"], max_batch=lim["max_batch"], max_seq_len=lim["max_seq_len"],
-            max_prompt_tokens=lim["max_prompt_tokens"], weight_bytes=int(m.get("memory", {}).get("weights_bytes") or 0),
-            kv_bytes_per_token=2 * L * D * self._el, reason=reason,
-            **receptive_fields(s["dec_layers"], s["voc_layers"]),
-        )
+            backend="tensorrt", precision=m["precision"], hidden_size=D, num_vq=Q, num_audio_tokens=V, max_batch=M,
+            max_seq_len=S, max_prompt_tokens=lim["max_prompt_tokens"],
+            weight_bytes=int(m.get("memory", {}).get("weights_bytes") or 0),
+            kv_bytes_per_token=2 * L * D * self._k.element_size(), reason=reason, num_text_tokens=s["num_text_tokens"],
+            step_chunk=self.step_chunk, device="cuda", **receptive_fields(s["dec_layers"], s["voc_layers"]))
         log.info("tensorrt runner: %s (%s %s), %s", d, m["runtime"]["name"], m["runtime"]["version"], m["precision"])
 
     # ------------------------------------------------------------------ execution
-    def _execute(self, g: str, feeds: dict[str, np.ndarray], outs: dict[str, tuple[int, ...]],
-                 extra: dict[str, int] | None = None, ctx_name: str | None = None) -> dict[str, np.ndarray]:
-        ctx, dev, host = self._ctx[ctx_name or g], self._dev[g], self._host[g]
-        for name, arr in feeds.items():
-            h = host[name].reshape(-1)[: arr.size].reshape(arr.shape)
-            np.copyto(h, arr, casting="unsafe")
-            self.cuda.h2d(dev[name], h)
-            if not ctx.set_input_shape(name, tuple(arr.shape)):
-                raise EngineError(f"{g}: input {name} shape {arr.shape} is outside the engine's profile")
-            ctx.set_tensor_address(name, dev[name])
-        for name, ptr in (extra or {}).items():
-            ctx.set_tensor_address(name, ptr)
-        for name in outs:
-            ctx.set_tensor_address(name, dev[name])
-        if not ctx.execute_async_v3(self.cuda.handle):
+    def _stream(self) -> int:
+        return self._torch.cuda.current_stream().cuda_stream
+
+    def _execute(self, g: str, shapes: dict[str, tuple[int, ...]], ctx_name: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        """Bind every buffer of graph ``g`` (inputs with ``shapes``) and run it on torch's stream."""
+        ctx, buf = self._ctx[ctx_name or g], self._buf[g]
+        for name, shape in shapes.items():
+            if not ctx.set_input_shape(name, tuple(shape)):
+                raise EngineError(f"{g}: input {name} shape {tuple(shape)} is outside the engine's profile")
+        for name, t in list(buf.items()) + list((extra or {}).items()):
+            ctx.set_tensor_address(name, t.data_ptr())
+        if not ctx.execute_async_v3(self._stream()):
             raise EngineError(f"TensorRT {g} failed: {'; '.join(self._logger.errors()) or 'execute_async_v3 returned false'}")
-        res = {}
-        for name, shape in outs.items():
-            h = host[name].reshape(-1)[: int(np.prod(shape))].reshape(shape)
-            self.cuda.d2h(h, dev[name])
-            res[name] = h
-        return res
 
-    def _scatter_kv(self, rows: list[tuple[int, int]], t: int) -> None:
-        """Copy the gpt engine's ``k_new``/``v_new [L, B, T, H, hd]`` into the cache ``[S, M, H, hd]``
-        per layer: row r (slot, first position) gets ``t`` positions (one strided 2-D copy)."""
-        s, el = self._s, self._el
-        H, L, M = s["n_heads"], s["n_layers"], self.info.max_batch
-        b = len(rows)
-        blk = H * (s["hidden"] // H) * el  # one position of one slot: H x hd
-        for kv in ("k", "v"):
-            src0 = self._dev["gpt"][f"{kv}_new"]
-            for i in range(L):
-                base = self._kv[f"{kv}_cache.{i}"]
-                for r, (slot, p0) in enumerate(rows):
-                    src = src0 + (i * b + r) * t * blk
-                    dst = base + (p0 * M + slot) * blk
-                    self.cuda.d2d_2d(dst, M * blk, src, blk, blk, t)
-
-    def _gpt(self, ctx_name: str, emb: np.ndarray, pos: np.ndarray, slots: np.ndarray, p: int) -> dict[str, np.ndarray]:
-        b, t = emb.shape[0], emb.shape[1]
-        L, D, H = self._s["n_layers"], self.info.hidden_size, self._s["n_heads"]
-        ctx = self._ctx[ctx_name]
-        if not ctx.set_input_shape("past", (p,)):  # the graph reads cache positions [:P]
-            raise EngineError(f"gpt: cache length {p} is outside the engine's profile")
-        ctx.set_tensor_address("past", self._dev["gpt"]["past"])
-        r = self._execute("gpt", {"emb": emb, "pos": pos, "slots": slots},
-                          {"logits": (b, self.info.num_vq, self.info.num_audio_tokens), "hidden": (b, D),
-                           "k_new": (L, b, t, H, D // H), "v_new": (L, b, t, H, D // H)}, extra=self._kv, ctx_name=ctx_name)
-        self._scatter_kv([(int(sl), int(q)) for sl, q in zip(slots, pos)], t)
-        self.cuda.sync()
-        return r
+    def _gpt(self, ctx_name: str, b: int, t: int, past: int) -> None:
+        """Run the gpt plan over ``emb [b, t, D]``, ``pos [b]``, ``slots [b]`` already in its
+        buffers, reading cache positions ``[:past]``; scatter the new K/V into the cache."""
+        torch, buf, L = self._torch, self._buf["gpt"], self._s["n_layers"]
+        kv = {f"{n}_cache.{i}": c[i] for n, c in (("k", self._k), ("v", self._v)) for i in range(L)}
+        self._execute("gpt", {"emb": (b, t, self.info.hidden_size), "pos": (b,), "slots": (b,), "past": (past,)},
+                      ctx_name, kv)
+        pos, slots = buf["pos"][:b], buf["slots"][:b]
+        p = (pos[:, None] + torch.arange(t, device=self.device)).reshape(-1)   # [b*t]
+        sl = slots[:, None].expand(b, t).reshape(-1)
+        n = L * b * t
+        kn = buf["k_new"].reshape(-1)[: n * self._k[0, 0, 0].numel()].view(L, b * t, *self._k.shape[3:])
+        vn = buf["v_new"].reshape(-1)[: n * self._v[0, 0, 0].numel()].view(L, b * t, *self._v.shape[3:])
+        self._k[:, p, sl] = kn.to(self._k.dtype)
+        self._v[:, p, sl] = vn.to(self._v.dtype)
 
     # ------------------------------------------------------------------ Runner
-    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`Runner.prefill`. Raises CapacityError / EngineError."""
-        from .onnx_runner import embed_prompt
+    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> None:
+        torch = self._torch
+        slot = self.check_slot(slot)
+        ids = self.check_prompt(ids, spk_emb)
+        t, buf = ids.shape[0], self._buf["gpt"]
+        with torch.inference_mode():
+            idx = torch.from_numpy(ids).to(self.device)
+            emb = self._emb_text[idx]
+            if spk_emb is not None:
+                spk = torch.from_numpy(np.asarray(spk_emb, np.float32)).to(self.device)
+                emb[idx == self._spk_id] = spk / spk.norm().clamp_min(1e-12)
+            buf["emb"].view(-1)[: t * emb.shape[1]].copy_(emb.reshape(-1))
+            buf["pos"][:1] = 0
+            buf["slots"][:1] = slot
+            self._gpt("gpt_prefill", 1, t, 1)
+            self._logits0[slot] = buf["logits"].view(-1)[: self._logits0[0].numel()].view_as(self._logits0[0])
+            self._hid[slot, 0] = buf["hidden"].view(-1)[: self.info.hidden_size]
+        self.pos_host[slot] = t
 
-        if not 0 <= int(slot) < self.info.max_batch:
-            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
-        ids = np.asarray(ids, np.int64).reshape(-1)
-        t = ids.shape[0]
-        if not 1 <= t <= self.info.max_prompt_tokens:
-            raise CapacityError(f"prompt of {t} tokens: the plan takes 1..{self.info.max_prompt_tokens} (model.max_prompt_tokens): split the text")
-        spk_id = int(self.manifest.get("special", {}).get("spk_emb_id", -1))
-        emb = embed_prompt(self._emb_text, ids, spk_emb, spk_id)[None]
-        r = self._gpt("gpt_prefill", emb, np.zeros(1, np.int64), np.array([slot], np.int64), 1)
-        return r["logits"][0], r["hidden"][0]
+    def start(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
+        torch = self._torch
+        slot = self.check_slot(slot)
+        with torch.inference_mode():
+            self.sampler.configure(slot, params, seed)
+            sl = slice(slot, slot + 1)
+            self._codes[sl] = self.sampler.sample(self._logits0[sl], sl)
+            return self._codes[slot].cpu().numpy().copy()
 
-    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`Runner.decode`. Raises CapacityError / EngineError."""
-        slots, codes, pos = self.check_decode_args(slots, codes, pos)
-        if pos.min() < 1:   # a decode step follows a prefill of at least one token
-            raise CapacityError(f"decode position {int(pos.min())}: must follow a prefill (>= 1)")
-        emb = self._emb_code[np.arange(self.info.num_vq)[None, :], codes].sum(1)[:, None]  # [B, 1, D]
-        r = self._gpt("gpt", emb.astype(np.float32), pos, slots, max(1, int(pos.max())))
-        return r["logits"], r["hidden"]
+    def step(self, slots: np.ndarray, k: int) -> np.ndarray:
+        """See :meth:`Runner.step`. Every row of the sampler draws (rows outside ``slots`` hold no
+        live sentence: the decode loop steps all of them together)."""
+        torch = self._torch
+        slots = self.check_slots(slots)
+        b, top = slots.shape[0], int(self.pos_host[slots].max())
+        if top >= self.info.max_seq_len:
+            raise CapacityError(f"position {top} reaches the KV-cache length model.max_seq_len {self.info.max_seq_len}")
+        k = max(1, min(int(k), self.step_chunk, self.info.max_seq_len - top))
+        buf, M = self._buf["gpt"], self.info.max_batch
+        with torch.inference_mode():
+            sd = torch.from_numpy(slots).to(self.device)
+            for j in range(k):
+                codes = self._codes[sd]
+                buf["emb"].view(-1)[: b * self.info.hidden_size].copy_(
+                    self._emb_code[(codes + self._code_off).reshape(-1)].view(b, -1, self.info.hidden_size).sum(1).reshape(-1))
+                buf["pos"][:b] = torch.from_numpy(self.pos_host[slots] + j).to(self.device)
+                buf["slots"][:b] = sd
+                self._gpt("gpt", b, 1, top + j)
+                hidden = buf["hidden"].view(-1)[: b * self.info.hidden_size].view(b, -1)
+                self._hid[sd, self.sampler.steps[sd]] = hidden
+                self._logits_all[sd] = buf["logits"].view(-1)[: self._logits0[:b].numel()].view(b, *self._logits0.shape[1:])
+                new = self.sampler.sample(self._logits_all, slice(0, M))
+                self._codes[sd] = new[sd]
+                self._ring[j, :b] = new[sd]
+            self._h_codes[:k, :b].copy_(self._ring[:k, :b])
+        self.pos_host[slots] += k
+        return self._h_codes[:k, :b].numpy()
 
-    def decoder(self, hidden: np.ndarray) -> np.ndarray:
-        """See :meth:`Runner.decoder`; inputs beyond the profile are windowed exactly."""
-        w = int(self.manifest["limits"]["window_tokens"])
-        ctx = (self.info.decoder_rf + 1) // 2 + 1
-
-        def one(h: np.ndarray) -> np.ndarray:
-            r = self._execute("decoder", {"hidden": np.ascontiguousarray(h, np.float32)}, {"mel": (self._s["n_mels"], 2 * h.shape[0])})
-            self.cuda.sync()
-            return r["mel"].copy()
-
-        return run_windowed(one, np.asarray(hidden, np.float32), 0, w, ctx, 1, 2)
-
-    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`Runner.vocos`; inputs beyond the profile are windowed exactly."""
-        w = 2 * int(self.manifest["limits"]["window_tokens"])
+    def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
+        torch = self._torch
+        slot = self.check_slot(slot)
+        self.check_window(slot, w)
+        win = int(self.manifest["limits"]["window_tokens"])
         nb = self._s["n_fft"] // 2 + 1
+        with torch.inference_mode():
+            if w.h1 > w.h0:
+                def dec(h):
+                    self._buf["decoder"]["hidden"].view(-1)[: h.numel()].copy_(h.reshape(-1))
+                    self._execute("decoder", {"hidden": tuple(h.shape)})
+                    nm = self._s["n_mels"]
+                    return self._buf["decoder"]["mel"].view(-1)[: nm * 2 * h.shape[0]].view(nm, 2 * h.shape[0]).clone()
 
-        def one(x: np.ndarray) -> np.ndarray:
-            r = self._execute("vocos", {"mel": np.ascontiguousarray(x, np.float32)}, {"real": (x.shape[1], nb), "imag": (x.shape[1], nb)})
-            self.cuda.sync()
-            return np.concatenate([r["real"], r["imag"]], 1)
+                mel = run_windowed(dec, self._hid[slot, w.h0:w.h1], 0, win, (self.info.decoder_rf + 1) // 2 + 1, 1, 2,
+                                   cat=torch.cat)
+                self._mel[slot, :, w.m0:w.m1] = mel[:, w.m0 - 2 * w.h0:w.m1 - 2 * w.h0]
+            f = w.s1 - w.s0
+            if f == 0:
+                return np.zeros((0, nb), np.float32), np.zeros((0, nb), np.float32)
 
-        y = run_windowed(one, np.asarray(mel, np.float32), 1, w, self.info.vocos_rf + 1, 0, 1)
-        return y[:, :nb], y[:, nb:]
+            def voc(x):
+                vb = self._buf["vocos"]
+                vb["mel"].view(-1)[: x.numel()].copy_(x.reshape(-1))
+                self._execute("vocos", {"mel": tuple(x.shape)})
+                n = x.shape[1] * nb
+                return torch.cat([vb["real"].view(-1)[:n].view(-1, nb), vb["imag"].view(-1)[:n].view(-1, nb)], 1)
+
+            y = run_windowed(voc, self._mel[slot, :, w.v0:w.v1], 1, 2 * win, self.info.vocos_rf + 1, 0, 1, cat=torch.cat)
+            a = w.s0 - w.v0
+            self._h_spec[0, :f].copy_(y[a:a + f, :nb])
+            self._h_spec[1, :f].copy_(y[a:a + f, nb:])
+        spec = self._h_spec.numpy()
+        return spec[0, :f], spec[1, :f]
+
+    def hidden(self, slot: int, t0: int, t1: int) -> np.ndarray:
+        return self._hid[self.check_slot(slot), t0:t1].cpu().numpy()
+
+    def device_memory_bytes(self) -> int:
+        """Engine memory (manifest) plus what torch's allocator holds (buffers, KV cache)."""
+        return int(self.manifest.get("memory", {}).get("activations_bytes") or 0) + \
+            int(self._torch.cuda.memory_reserved(self.device))
 
     def close(self) -> None:
-        """Drop contexts and engines (device memory is released with the CUDA context)."""
-        self._ctx, self._eng = {}, {}
+        """Drop contexts, engines and buffers (idempotent)."""
+        self._ctx, self._eng, self._buf = {}, {}, {}

@@ -1,8 +1,10 @@
-"""The PyTorch backend: our model (:mod:`appliance.model`) on CPU or CUDA behind :class:`Runner`.
+"""The PyTorch host runner: our model (:mod:`appliance.model`) on the CPU behind the Runner contract.
 
-Everything crossing the boundary is numpy; the model, its static KV cache
-(``model.max_batch`` slots x ``model.max_seq_len`` positions) and the output buffers of
-``prefill`` / ``decode`` are allocated once at load. All calls run under ``torch.inference_mode``.
+A :class:`~appliance.engines.host_runner.HostRunner`: the four network passes run in torch, the
+sampler and per-slot buffers are numpy. The model and its static KV cache (``model.max_batch``
+slots x ``model.max_seq_len`` positions) are allocated once at load; all calls run under
+``torch.inference_mode``. It is the reference backend (parity with upstream) and the only one with
+a text mode (refine-text). On a GPU the fast path is :class:`~appliance.engines.cuda_runner.CudaRunner`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import torch
 from ..config import Config
 from ..errors import CapacityError, CheckpointError, ConfigError, EngineError
 from ..model.checkpoint import load_model
-from .runner import Runner, RunnerInfo, receptive_fields
+from .host_runner import HostRunner
+from .runner import RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class TorchRunner(Runner):
+class TorchRunner(HostRunner):
     """PyTorch runner (see :mod:`appliance.engines.runner` for the contract).
 
     Args:
@@ -71,6 +74,7 @@ class TorchRunner(Runner):
             num_audio_tokens=s.num_audio_tokens, max_batch=mc.max_batch, max_seq_len=mc.max_seq_len,
             max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1), weight_bytes=int(weight_bytes),
             kv_bytes_per_token=self.model.gpt.kv_bytes_per_token(), reason=reason,
+            num_text_tokens=s.num_text_tokens, text_mode=True, device=str(self.device),
             **receptive_fields(s.dec_layers, s.voc_layers),
         )
         # host output buffers, allocated once
@@ -81,40 +85,15 @@ class TorchRunner(Runner):
         log.info("torch runner: %s %s, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  self.device, precision, mc.max_batch, mc.max_seq_len, weight_bytes / 2**20,
                  self.info.kv_bytes_per_token * mc.max_seq_len * mc.max_batch / 2**20)
+        self.setup_host(s.n_mels)
 
     # -------------------------------------------------------------- helpers
     def _t(self, a: np.ndarray, dtype=torch.int64) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, dtype)
 
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= int(slot) < self.info.max_batch:
-            raise CapacityError(f"slot {slot} out of range: the KV cache has {self.info.max_batch} slots (model.max_batch)")
-
-    def _check_prompt(self, ids: np.ndarray, spk_emb: np.ndarray | None) -> np.ndarray:
-        """Validate a prefill prompt; returns ``ids`` as a flat array.
-
-        Raises:
-            CapacityError: empty, or longer than ``model.max_prompt_tokens``.
-            EngineError: an id outside the text vocabulary, or ``spk_emb`` not ``[D]``.
-        """
-        ids = np.asarray(ids).reshape(-1)
-        t = ids.shape[0]
-        if t == 0:
-            raise CapacityError("empty prompt: prefill needs at least one token")
-        if t > self.info.max_prompt_tokens:
-            raise CapacityError(
-                f"prompt of {t} tokens exceeds model.max_prompt_tokens {self.info.max_prompt_tokens}: split the text")
-        if ids.min() < 0 or ids.max() >= self.shapes.num_text_tokens:
-            raise EngineError(f"text id out of range [0, {self.shapes.num_text_tokens}): {int(ids.min())}..{int(ids.max())}")
-        if spk_emb is not None and np.shape(spk_emb) != (self.shapes.hidden,):
-            raise EngineError(f"spk_emb must have shape [{self.shapes.hidden}], got {list(np.shape(spk_emb))}")
-        return ids
-
-    # -------------------------------------------------------------- Runner
-    def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    # -------------------------------------------------------------- the passes (HostRunner)
+    def forward_prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Prompt ``ids [T]`` (+ ``spk_emb [D]``) into ``slot``; (logits [Q, V], hidden [D]) of the last position."""
-        self._check_slot(slot)
-        ids = self._check_prompt(ids, spk_emb)
         try:
             with torch.inference_mode():
                 m = self.model
@@ -128,9 +107,8 @@ class TorchRunner(Runner):
             raise EngineError(f"torch prefill failed: {e}") from e
         return self._pf_logits, self._pf_hidden
 
-    def decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def forward_decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step for rows ``slots [B]`` with ``codes [B, Q]`` written at ``pos [B]``; (logits [B,Q,V], hidden [B,D])."""
-        slots, codes, pos = self.check_decode_args(slots, codes, pos)
         b = slots.shape[0]
         try:
             with torch.inference_mode():
@@ -145,21 +123,14 @@ class TorchRunner(Runner):
         return self._dc_logits[:b], self._dc_hidden[:b]
 
     # -------------------------------------------------------------- text mode (refine-text)
-    #: Optional capability used by :meth:`appliance.synth.decode_loop.DecodeLoop.refine`.
-    supports_text_mode = True
-
-    def prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
+    def forward_prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
         """Text-mode prefill (upstream refine-text): ``ids [T]`` embedded by the text table only,
         written to ``slot``; returns the text-head logits float32 ``[num_text_tokens]`` of the
         last position (upstream ``gpt.py`` ``generate(infer_text=True)``).
 
         Raises:
-            CapacityError: empty or too long prompt, slot out of range. EngineError: torch failed.
+            EngineError: torch failed (the caller, :meth:`HostRunner.refine`, checked the prompt).
         """
-        self._check_slot(slot)
-        ids = np.asarray(ids, np.int64).reshape(-1)
-        if ids.shape[0] == 0 or ids.shape[0] >= self.info.max_seq_len:
-            raise CapacityError(f"text prompt of {ids.shape[0]} tokens: must be 1..{self.info.max_seq_len - 1}")
         try:
             with torch.inference_mode():
                 m = self.model
@@ -168,7 +139,7 @@ class TorchRunner(Runner):
         except RuntimeError as e:
             raise EngineError(f"torch text prefill failed: {e}") from e
 
-    def decode_text(self, slot: int, token: int, pos: int) -> np.ndarray:
+    def forward_decode_text(self, slot: int, token: int, pos: int) -> np.ndarray:
         """One text-mode decode step: ``token`` written at ``pos`` of ``slot``; returns the
         text-head logits float32 ``[num_text_tokens]``.
 
@@ -186,7 +157,7 @@ class TorchRunner(Runner):
         except RuntimeError as e:
             raise EngineError(f"torch text decode failed: {e}") from e
 
-    def decoder(self, hidden: np.ndarray) -> np.ndarray:
+    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
         """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32."""
         hidden = np.asarray(hidden, np.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.shapes.hidden or hidden.shape[0] == 0:
@@ -198,7 +169,7 @@ class TorchRunner(Runner):
         except RuntimeError as e:
             raise EngineError(f"torch decoder failed: {e}") from e
 
-    def vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def forward_vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """mel ``[100, F]`` -> (real ``[F, 513]``, imag ``[F, 513]``) float32."""
         mel = np.asarray(mel, np.float32)
         if mel.ndim != 2 or mel.shape[0] != self.shapes.n_mels or mel.shape[1] == 0:

@@ -26,18 +26,31 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class Embed(nn.Module):
     """Text / audio-code embeddings and heads with plain (weight-norm folded) head weights.
 
-    State-dict names (after folding): ``emb_code.N.weight``, ``emb_text.weight``,
-    ``head_text.weight``, ``head_code.N.weight``.
+    The Q code tables and the Q code heads are each ONE matrix ``[Q*V, D]`` (row ``q*V + c`` is
+    code ``c`` of codebook ``q``): one gather and one matrix product per step instead of Q.
+    State-dict names (after folding): ``emb_text.weight``, ``head_text.weight`` and, as the
+    checkpoint stores them, ``emb_code.N.weight`` / ``head_code.N.weight`` (fused at load by
+    :meth:`load_state_dict`; ``emb_code.weight`` / ``head_code.weight`` load as well).
     """
 
     def __init__(self, s: ModelShapes):
         super().__init__()
         self.shapes = s
-        d = s.hidden
-        self.emb_code = nn.ModuleList([nn.Embedding(s.num_audio_tokens, d) for _ in range(s.num_vq)])
+        d, q, v = s.hidden, s.num_vq, s.num_audio_tokens
+        self.emb_code = nn.Embedding(q * v, d)
         self.emb_text = nn.Embedding(s.num_text_tokens, d)
         self.head_text = nn.Linear(d, s.num_text_tokens, bias=False)
-        self.head_code = nn.ModuleList([nn.Linear(d, s.num_audio_tokens, bias=False) for _ in range(s.num_vq)])
+        self.head_code = nn.Linear(d, q * v, bias=False)
+        self.register_buffer("code_offset", torch.arange(q, dtype=torch.int64) * v, persistent=False)  # [Q]
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load with per-codebook (checkpoint) or fused code tables/heads."""
+        sd = dict(state_dict)
+        for name in ("emb_code", "head_code"):
+            keys = [f"{name}.{i}.weight" for i in range(self.shapes.num_vq)]
+            if all(k in sd for k in keys):
+                sd[f"{name}.weight"] = torch.cat([sd.pop(k) for k in keys], 0)
+        return super().load_state_dict(sd, strict=strict, assign=assign)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids [..., T]`` int64 text ids -> ``[..., T, D]``."""
@@ -45,12 +58,15 @@ class Embed(nn.Module):
 
     def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """``codes [..., Q]`` int64 -> sum of the Q code embeddings ``[..., D]``."""
-        embs = [self.emb_code[i](codes[..., i]) for i in range(self.shapes.num_vq)]
-        return torch.stack(embs, -1).sum(-1)
+        return self.emb_code(codes + self.code_offset).sum(-2)
 
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden [..., D]`` -> audio logits ``[..., Q, V]`` (float32 as the hidden dtype)."""
-        return torch.stack([h(hidden) for h in self.head_code], -2)
+        """``hidden [..., D]`` -> audio logits ``[..., Q, V]`` (in the hidden's dtype)."""
+        return self.head_code(hidden).unflatten(-1, (self.shapes.num_vq, self.shapes.num_audio_tokens))
+
+    def code_tables(self) -> torch.Tensor:
+        """The code embedding tables ``[Q, V, D]`` (a view)."""
+        return self.emb_code.weight.view(self.shapes.num_vq, self.shapes.num_audio_tokens, -1)
 
     def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [..., D]`` -> text logits ``[..., num_text_tokens]``."""

@@ -1,28 +1,38 @@
 """The ChatTTS GPT: a Llama decoder stack over input embeddings, with a static KV cache.
 
-Our own implementation in the style of gpt-fast (pytorch-labs/gpt-fast ``model.py``): the KV
-cache is one fixed buffer per layer allocated once by :meth:`GPT.setup_cache`; :meth:`GPT.prefill`
-runs one prompt into one cache slot; :meth:`GPT.decode_step` runs one token for B rows, each
-with its own slot and position (channels join at different times). Module and parameter names
-are HF ``LlamaModel``'s (``layers.N.self_attn.q_proj.weight``, ``norm.weight``, ...), so the
-state dict of ``asset/gpt/model.safetensors`` loads as is (without ``embed_tokens``).
+Our own implementation in the style of gpt-fast (pytorch-labs/gpt-fast ``model.py``): ONE
+:meth:`Block.forward` serves every use; what differs between a prompt, a decode step, a graph
+captured on a GPU and an exported ONNX graph is only how attention reads and writes the KV
+cache, which the caller passes in as an *attention plan* (:mod:`appliance.model.kv`). The KV
+cache is one fixed buffer per layer allocated once by :meth:`GPT.setup_cache`.
+
+Weights: q/k/v are ONE fused projection ``qkv [3D, D]`` and gate/up ONE ``gate_up [2F, D]``
+(one matrix product each instead of three and two). The official checkpoint stores HF
+``LlamaModel`` names (``layers.N.self_attn.q_proj.weight``, ``mlp.gate_proj.weight``, ...):
+:meth:`GPT.load_state_dict` fuses them at load (:func:`fuse_state_dict`, the one place), so
+``asset/gpt/model.safetensors`` loads as is (without its unused ``embed_tokens``). Weight-only
+INT8/FP8 replaces the linears after load (:mod:`appliance.model.quant`).
 
 Numerics follow HF Llama (transformers ``modeling_llama``): RMSNorm in float32, RoPE with the
-``rotate_half`` convention and cos/sin computed in float32, MHA with softmax scale head_dim^-0.5,
-SiLU-gated MLP. Reference: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE).
+``rotate_half`` convention and cos/sin computed in float32, MHA with softmax scale
+head_dim^-0.5, SiLU-gated MLP. Reference: Touvron et al. 2023 (Llama); Su et al. 2021 (RoPE).
 """
 
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kv import Attend, Causal, DecodeSlots, PrefillSlot
 from .shapes import ModelShapes
 
 
 class RMSNorm(nn.Module):
-    """RMS layer norm (Zhang & Sennrich 2019), computed in float32 as HF ``LlamaRMSNorm``."""
+    """RMS layer norm (Zhang & Sennrich 2019): normalised in float32, cast back, times the weight
+    (HF ``LlamaRMSNorm``); ``F.rms_norm`` is one fused kernel where torch has one."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -30,10 +40,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_table(max_pos: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,75 +52,46 @@ def rope_table(max_pos: int, head_dim: int, theta: float, device=None) -> tuple[
     return emb.cos(), emb.sin()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, H, T, hd]`` by ``cos/sin [B, 1, T, hd]`` (already in x's dtype)."""
-    return x * cos + _rotate_half(x) * sin
+    """Rotate ``x [..., B, H, T, hd]`` by ``cos/sin [B, 1, T, hd]`` (``rotate_half`` convention)."""
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (no GQA, no bias), HF names q_proj/k_proj/v_proj/o_proj."""
+    """Multi-head self-attention (no GQA, no bias): fused ``qkv`` and ``o_proj``."""
 
     def __init__(self, s: ModelShapes):
         super().__init__()
         d = s.hidden
         self.n_heads, self.head_dim = s.n_heads, s.head_dim
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
 
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        # x: [B, T, D] -> q, k, v: [B, H, T, hd]
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, attend: Attend) -> torch.Tensor:
+        """``x [B, T, D]`` -> ``[B, T, D]``; ``attend(layer, q, k, v)`` reads/writes the cache."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def _out(self, y: torch.Tensor) -> torch.Tensor:
-        # y: [B, H, T, hd] -> [B, T, D]
-        b, _, t, _ = y.shape
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [3, B, H, T, hd]
+        qk = apply_rope(qkv[:2], cos, sin)  # q and k rotated together
+        y = attend(layer, qk[0], qk[1], qkv[2])  # [B, H, T, hd]
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
-
-    def forward_causal(self, x, cos, sin):
-        """Full causal attention over ``x [B, T, D]``; returns (out [B,T,D], k, v [B,H,T,hd])."""
-        q, k, v = self._qkv(x, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self._out(y), k, v
-
-    def forward_cached(self, x, cos, sin, k_cache, v_cache, slots, pos, kv_len: int, mask):
-        """One token per row. x ``[B, 1, D]``; caches ``[S, H, Lmax, hd]``; slots, pos ``[B]``;
-        attends to cache positions ``0..kv_len-1`` of each row's slot, with the additive float
-        ``mask [B, 1, 1, kv_len]`` (0 = attend, -inf = masked)."""
-        q, k, v = self._qkv(x, cos, sin)
-        k_cache[slots, :, pos] = k[:, :, 0]  # per-row write: [B, H, hd]
-        v_cache[slots, :, pos] = v[:, :, 0]
-        keys = k_cache[slots, :, :kv_len]  # [B, H, kv_len, hd] (gathered copy of the filled span)
-        vals = v_cache[slots, :, :kv_len]
-        y = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
-        return self._out(y)
 
 
 class MLP(nn.Module):
-    """SiLU-gated feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+    """SiLU-gated feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))``, gate/up fused."""
 
     def __init__(self, s: ModelShapes):
         super().__init__()
-        self.gate_proj = nn.Linear(s.hidden, s.ffn, bias=False)
-        self.up_proj = nn.Linear(s.hidden, s.ffn, bias=False)
+        self.gate_up = nn.Linear(s.hidden, 2 * s.ffn, bias=False)
         self.down_proj = nn.Linear(s.ffn, s.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(g) * u)
 
 
 class Block(nn.Module):
-    """Pre-norm Llama block (HF ``LlamaDecoderLayer`` names)."""
+    """Pre-norm Llama block (HF ``LlamaDecoderLayer`` names for the norms)."""
 
     def __init__(self, s: ModelShapes):
         super().__init__()
@@ -122,12 +100,31 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden, s.rms_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden, s.rms_eps)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, attend: Attend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def fuse_state_dict(sd: Mapping[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """HF Llama names -> ours: per layer ``q/k/v_proj`` -> ``self_attn.qkv`` (rows q, k, v) and
+    ``gate_proj/up_proj`` -> ``mlp.gate_up`` (rows gate, up). Keys already fused pass through."""
+    out = dict(sd)
+    for i in range(n_layers):
+        p = f"layers.{i}."
+        a = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        if all(k in out for k in a):
+            out[p + "self_attn.qkv.weight"] = torch.cat([out.pop(k) for k in a], 0)
+        m = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        if all(k in out for k in m):
+            out[p + "mlp.gate_up.weight"] = torch.cat([out.pop(k) for k in m], 0)
+    return out
+
 
 class GPT(nn.Module):
     """Llama stack over embeddings (HF ``LlamaModel`` without ``embed_tokens``).
 
-    Use: ``setup_cache`` once, then ``prefill`` per prompt and ``decode_step`` per token.
-    ``forward_full`` is a cache-free causal forward (tests, reference).
+    :meth:`forward` is the one path; :meth:`prefill`, :meth:`decode_step` and
+    :meth:`forward_full` are the common plans spelled out.
     """
 
     def __init__(self, s: ModelShapes):
@@ -142,6 +139,10 @@ class GPT(nn.Module):
         self.v_cache: list[torch.Tensor] = []
         self.max_batch = 0
         self.max_seq = 0
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """Load HF Llama names (fused here, :func:`fuse_state_dict`) or our own."""
+        return super().load_state_dict(fuse_state_dict(state_dict, self.shapes.n_layers), strict=strict, assign=assign)
 
     # ------------------------------------------------------------------ cache
     def setup_cache(self, max_batch: int, max_seq: int, dtype: torch.dtype, device) -> None:
@@ -163,56 +164,35 @@ class GPT(nn.Module):
         el = self.k_cache[0].element_size() if self.k_cache else 4
         return 2 * self.shapes.n_layers * self.shapes.hidden * el
 
-    def _rope(self, pos: torch.Tensor, dtype: torch.dtype):
-        # pos: [B, T] int64 -> cos, sin [B, 1, T, hd] in dtype
+    def rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``pos [B, T]`` int64 -> cos, sin ``[B, 1, T, hd]`` in ``dtype``."""
         return self.rope_cos[pos].unsqueeze(1).to(dtype), self.rope_sin[pos].unsqueeze(1).to(dtype)
 
-    # ------------------------------------------------------------------ forward paths
-    def forward_full(self, emb: torch.Tensor) -> torch.Tensor:
-        """Causal forward without cache: ``emb [B, T, D]`` -> last hidden states ``[B, T, D]``."""
-        b, t, _ = emb.shape
-        pos = torch.arange(t, device=emb.device).unsqueeze(0).expand(b, t)
-        cos, sin = self._rope(pos, emb.dtype)
-        x = emb
-        for blk in self.layers:
-            a, _, _ = blk.self_attn.forward_causal(blk.input_layernorm(x), cos, sin)
-            x = x + a
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
+    # ------------------------------------------------------------------ the one forward
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """``x [B, T, D]`` input embeddings at positions ``pos [B, T]`` int64 -> last hidden
+        states ``[B, T, D]`` after the final norm; ``attend`` is the KV-cache plan."""
+        cos, sin = self.rope(pos, x.dtype)
+        for i, blk in enumerate(self.layers):
+            x = blk(x, cos, sin, i, attend)
         return self.norm(x)
+
+    def forward_full(self, emb: torch.Tensor) -> torch.Tensor:
+        """Causal forward without cache: ``emb [B, T, D]`` -> ``[B, T, D]`` (tests, reference)."""
+        b, t, _ = emb.shape
+        return self(emb, torch.arange(t, device=emb.device).unsqueeze(0).expand(b, t), Causal())
 
     def prefill(self, emb: torch.Tensor, slot: int) -> torch.Tensor:
-        """Run a prompt ``emb [1, T, D]`` into cache ``slot`` (positions 0..T-1).
-
-        Returns the last hidden states ``[1, T, D]`` (after the final norm).
-        """
+        """Run a prompt ``emb [1, T, D]`` into cache ``slot`` (positions 0..T-1); returns ``[1, T, D]``."""
         t = emb.shape[1]
-        pos = torch.arange(t, device=emb.device).unsqueeze(0)
-        cos, sin = self._rope(pos, emb.dtype)
-        x = emb
-        for i, blk in enumerate(self.layers):
-            a, k, v = blk.self_attn.forward_causal(blk.input_layernorm(x), cos, sin)
-            self.k_cache[i][slot, :, :t] = k[0]
-            self.v_cache[i][slot, :, :t] = v[0]
-            x = x + a
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-        return self.norm(x)
+        return self(emb, torch.arange(t, device=emb.device).unsqueeze(0), PrefillSlot(self.k_cache, self.v_cache, slot))
 
     def decode_step(self, emb: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
         """One token for B rows: ``emb [B, 1, D]``, ``slots [B]`` int64 (distinct), ``pos [B]`` int64.
 
         Row b's token is written at ``pos[b]`` of slot ``slots[b]`` and attends to positions
         ``0..pos[b]`` of that slot. ``kv_len`` (a host int, > max(pos)) bounds the cache span read;
-        None reads the whole cache (fixed shapes, for graph capture). Returns hidden ``[B, D]``.
+        None reads the whole cache (fixed shapes). Returns hidden ``[B, D]``.
         """
-        L = self.max_seq if kv_len is None else kv_len
-        cos, sin = self._rope(pos.unsqueeze(1), emb.dtype)
-        # additive mask [B, 1, 1, L]: 0 where the key position is <= the row's position, else -inf
-        # (a float mask: torch's CPU SDPA is ~40x slower with a boolean one)
-        valid = (torch.arange(L, device=emb.device).unsqueeze(0) <= pos.unsqueeze(1)).view(-1, 1, 1, L)
-        mask = torch.zeros(valid.shape, dtype=emb.dtype, device=emb.device).masked_fill_(~valid, float("-inf"))
-        x = emb
-        for i, blk in enumerate(self.layers):
-            x = x + blk.self_attn.forward_cached(
-                blk.input_layernorm(x), cos, sin, self.k_cache[i], self.v_cache[i], slots, pos, L, mask)
-            x = x + blk.mlp(blk.post_attention_layernorm(x))
-        return self.norm(x)[:, 0]
+        plan = DecodeSlots(self.k_cache, self.v_cache, slots, pos, self.max_seq if kv_len is None else kv_len)
+        return self(emb, pos.unsqueeze(1), plan)[:, 0]

@@ -45,17 +45,14 @@ HEALTH_SEED = 1234
 
 
 def _device_memory_mib(pipeline: Any) -> Optional[float]:
-    """Device memory the runner reports, MiB: ``runner.device_memory_bytes()`` when the backend
-    provides it (GPU backends), else None (CPU: RSS already counts it)."""
-    fn = getattr(getattr(pipeline, "runner", None), "device_memory_bytes", None)
-    if not callable(fn):
-        return None
+    """Accelerator memory the backend holds, MiB (``Pipeline.device_memory_bytes``); None on a
+    CPU backend (RSS already counts it) or when the probe fails."""
     try:
-        b = fn()
+        b = pipeline.device_memory_bytes()
     except Exception as e:  # noqa: BLE001 - a memory probe must not fail the check
         log.warning("device memory probe failed: %s", e)
         return None
-    return None if b is None else b / 2**20
+    return b / 2**20 if b else None
 
 
 def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:

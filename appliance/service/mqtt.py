@@ -1,32 +1,17 @@
 """MQTT input and event output (paho-mqtt 2.x, ``CallbackAPIVersion.VERSION2``).
 
 The bridge is a second transport beside the UNIX socket: it turns MQTT messages into the same
-request dataclasses (:mod:`appliance.service.protocol`) and hands them to
-:meth:`Daemon.handle_line_threadsafe <appliance.service.daemon.Daemon.handle_line_threadsafe>`;
-the daemon's events come back through one :data:`~appliance.service.worker.EventSink` and are
+request dataclasses (:mod:`appliance.service.protocol`, parsed by
+:mod:`appliance.service.mqtt_payload`) and hands them, parsed, to
+:meth:`Dispatcher.handle_request_threadsafe <appliance.service.dispatch.Dispatcher.handle_request_threadsafe>`;
+the daemon's events come back through one :data:`~appliance.service.protocol.EventSink` and are
 published as the same JSON objects the socket sends (without the trailing newline).
 
-Topics, all under ``<mqtt.topic_prefix>/<mqtt.device_id>/``:
-
-================ ========= ======== ===============================================================
-topic            direction QoS/ret  payload
-================ ========= ======== ===============================================================
-``say``          in        1        a ``speak`` object ``{"text", "id", "channel", "priority",
-                                    "voice", "seed", "params"}`` (``"type"`` optional); a payload
-                                    that does not start with ``{`` is plain UTF-8 text spoken on
-                                    the default channel (``[uv_break]hi`` is text, not JSON)
-``cancel``       in        1        ``{"id": ...}`` or ``{"channel": ...}``; plain text = an id
-``health``       in        1        anything (ignored): run the field health check; the
-                                    ``health`` reply goes to ``event``
-``event``        out       1        ``accepted`` / ``started`` / ``preempted`` / ``done`` /
-                                    ``error`` (and ``health``) objects, exactly as on the socket
-``status``       out       1, ret.  :class:`~appliance.service.protocol.StatusReply` JSON; at
-                                    connect, on change (polled every 0.5 s; ``buffered_ms`` and
-                                    ``temperature_c`` alone do not count) and every
-                                    ``mqtt.status_interval_s``
-``availability`` out       1, ret.  ``online`` after connect; ``offline`` at a clean stop and as
-                                    the last will (the broker sends it when the daemon dies)
-================ ========= ======== ===============================================================
+Topics (``say``, ``cancel``, ``health`` in; ``event``, ``status``, ``availability`` out) and
+payloads: :mod:`appliance.service.mqtt_payload`. ``status`` is published (retained) at connect,
+on change (polled every 0.5 s; ``buffered_ms`` and ``temperature_c`` alone do not count) and
+every ``mqtt.status_interval_s``; ``availability`` is ``online`` after connect and ``offline``
+at a clean stop and as the last will.
 
 Retained commands: a command published with retain=true is handled once when it is published
 (live delivery clears the flag) and refused with an ``error`` event when the broker replays it
@@ -67,26 +52,27 @@ thread polls :meth:`Daemon.status`.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError, RequestError
+from .mqtt_payload import COMMANDS, RecentIds, Topics, event_payload, parse_command
 from .protocol import (
     Accepted,
     AudioChunk,
     ErrorEvent,
-    HealthRequest,
+    Event,
+    EventSink,
+    Request,
     Speak,
+    StatusReply,
     error_event,
-    parse_request,
     to_dict,
-    to_json,
 )
 
 log = logging.getLogger(__name__)
@@ -97,164 +83,8 @@ STATUS_POLL_S = 0.5
 MAX_QUEUED = 1000
 """Most outgoing messages paho keeps while disconnected (older events are kept, newer dropped)."""
 
-COMMANDS = ("say", "cancel", "health")
-"""Command topics (last topic level) the bridge subscribes to."""
-
 _VOLATILE = ("buffered_ms", "temperature_c")
 
-
-@dataclass(frozen=True)
-class Topics:
-    """Full topic names for one device: ``<prefix>/<device_id>/<leaf>``."""
-
-    base: str
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> "Topics":
-        return cls(f"{cfg.mqtt.topic_prefix.strip('/')}/{cfg.mqtt.device_id}")
-
-    def of(self, leaf: str) -> str:
-        """``<base>/<leaf>``, e.g. ``of("say")``."""
-        return f"{self.base}/{leaf}"
-
-    @property
-    def event(self) -> str:
-        return self.of("event")
-
-    @property
-    def status(self) -> str:
-        return self.of("status")
-
-    @property
-    def availability(self) -> str:
-        return self.of("availability")
-
-
-# ---------------------------------------------------------------- payload -> request
-
-
-def _decode(payload: bytes, max_bytes: int) -> str:
-    if len(payload) > max_bytes:
-        raise RequestError(f"payload of {len(payload)} bytes is over the limit of {max_bytes} bytes "
-                           f"(mqtt.max_payload_bytes); shorten the text")
-    try:
-        return payload.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(f"payload is not valid UTF-8 (byte {e.start}); send UTF-8 text or JSON") from e
-
-
-def _json_object(text: str) -> Optional[dict]:
-    """The JSON object in ``text`` if it starts with ``{`` (JSON clearly intended), else None.
-
-    Raises:
-        RequestError: it starts with ``{`` but is not a valid JSON object.
-    """
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestError(f"payload starts with '{{' but is not valid JSON: {e.msg} at column {e.colno}") from e
-    if not isinstance(obj, dict):   # cannot happen for text starting with '{', kept for clarity
-        raise RequestError("payload must be a JSON object")
-    return obj
-
-
-def parse_command(kind: str, payload: bytes, max_bytes: int) -> tuple[Any, Optional[ErrorEvent]]:
-    """Turn one MQTT command payload into a request.
-
-    Args:
-        kind: the command topic's last level: ``say``, ``cancel`` or ``health``.
-        payload: the raw message payload.
-        max_bytes: ``mqtt.max_payload_bytes``.
-
-    Returns:
-        ``(request, None)`` with a :class:`Speak` (id filled in), :class:`Cancel` or
-        :class:`HealthRequest`; or ``(None, ErrorEvent)`` (code ``bad_request``, ``id`` when the
-        payload was readable enough to hold one).
-    """
-    obj: Optional[dict] = None
-    try:
-        text = _decode(payload, max_bytes)
-        obj = _json_object(text)
-        if kind == "health":
-            return HealthRequest(), None
-        if kind == "say":
-            if obj is None:
-                return parse_request({"type": "speak", "text": text.strip()}), None
-            if obj.get("type", "speak") != "speak":
-                raise RequestError(f"the say topic takes speak requests, got type {obj.get('type')!r}; "
-                                   f"send cancel/health to their own topics")
-            req = parse_request({**obj, "type": "speak"})
-            if req.return_audio:
-                raise RequestError("return_audio is not available over MQTT; use the UNIX socket for PCM")
-            return req, None
-        if kind == "cancel":
-            if obj is None:
-                rid = text.strip()
-                if not rid:
-                    raise RequestError("cancel payload is empty; send a request id or {\"channel\": ...}")
-                obj = {"id": rid}
-            if obj.get("type", "cancel") != "cancel":
-                raise RequestError(f"the cancel topic takes cancel requests, got type {obj.get('type')!r}")
-            return parse_request({**obj, "type": "cancel"}), None
-        raise RequestError(f"unknown command topic {kind!r} (known: {', '.join(COMMANDS)})")
-    except RequestError as e:
-        rid = obj.get("id") if isinstance(obj, dict) and isinstance(obj.get("id"), str) else None
-        return None, error_event(e, rid)
-
-
-def event_payload(msg: Any) -> bytes:
-    """An event dataclass as an MQTT payload: the socket's JSON line without its newline."""
-    return to_json(msg).rstrip(b"\n")
-
-
-# ---------------------------------------------------------------- de-duplication
-
-
-class RecentIds:
-    """Bounded LRU of request ids seen on ``say`` (thread-safe).
-
-    Each id is ``pending`` (handed to the daemon) or ``accepted`` (the daemon sent ``accepted``).
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._ids: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, rid: str) -> bool:
-        """Remember ``rid`` as pending; False if it is already there (a duplicate)."""
-        with self._lock:
-            if rid in self._ids:
-                self._ids.move_to_end(rid)
-                return False
-            self._ids[rid] = "pending"
-            while len(self._ids) > self.size:
-                self._ids.popitem(last=False)
-            return True
-
-    def accepted(self, rid: str) -> None:
-        with self._lock:
-            if rid in self._ids:
-                self._ids[rid] = "accepted"
-
-    def refused(self, rid: str) -> None:
-        """Forget ``rid`` if it was never accepted (so the sender may retry with it)."""
-        with self._lock:
-            if self._ids.get(rid) == "pending":
-                del self._ids[rid]
-
-    def __contains__(self, rid: str) -> bool:
-        with self._lock:
-            return rid in self._ids
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._ids)
-
-
-# ---------------------------------------------------------------- the bridge
 
 
 class MQTTBridge:
@@ -262,21 +92,23 @@ class MQTTBridge:
 
     Args:
         cfg: validated configuration (``cfg.mqtt`` used; TLS paths resolved against the config).
-        handle_line: ``(line: bytes, sink) -> Future``, normally ``Daemon.handle_line_threadsafe``;
-            may raise :class:`~appliance.errors.ApplianceError` (e.g. busy while stopping).
+        submit: ``(request, sink) -> Future``, normally
+            :meth:`~appliance.service.dispatch.Dispatcher.handle_request_threadsafe`; may raise
+            :class:`~appliance.errors.ApplianceError` (e.g. busy while stopping).
         status: ``() -> StatusReply``, normally ``Daemon.status``.
 
     Raises:
         ConfigError: ``mqtt.ca_file`` is set but missing, or TLS cannot be set up with it.
     """
 
-    def __init__(self, cfg: Config, handle_line: Callable[[bytes, Any], Any], status: Callable[[], Any]) -> None:
+    def __init__(self, cfg: Config, submit: Callable[[Request, EventSink], Future],
+                 status: Callable[[], StatusReply]) -> None:
         import paho.mqtt.client as paho
 
         self.cfg = cfg
         self.m = cfg.mqtt
         self.topics = Topics.from_config(cfg)
-        self.handle_line = handle_line
+        self.submit = submit
         self.status = status
         self.recent = RecentIds(self.m.dedup_ids)
         self.duplicates = 0
@@ -401,11 +233,11 @@ class MQTTBridge:
                 log.info("mqtt: say %s is a duplicate (redelivered or re-sent); dropped", req.id)
                 return
         try:
-            self.handle_line(to_json(req), self.sink)
+            self.submit(req, self.sink)
         except ApplianceError as e:
             self.sink(error_event(e, getattr(req, "id", None)), None)
 
-    def sink(self, event: Any, payload: Optional[bytes] = None) -> None:
+    def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
         """The :data:`EventSink` of every MQTT request: publishes ``event`` on ``event`` (QoS 1).
 
         One sink for all requests, so a cancel sent over MQTT does not add a second ``cancelled``
@@ -422,7 +254,7 @@ class MQTTBridge:
         try:
             self.client.publish(self.topics.event, event_payload(event), qos=1)
         except Exception:
-            log.exception("mqtt: cannot publish %s event", getattr(event, "type", "?"))
+            log.exception("mqtt: cannot publish %s event", event.type)
 
     # ------------------------------------------------------------------ status
 

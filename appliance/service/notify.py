@@ -1,4 +1,4 @@
-"""systemd integration: sd_notify messages, the watchdog, journald logging.
+"""systemd integration: sd_notify messages and the watchdog.
 
 Everything here is a no-op outside systemd (no ``$NOTIFY_SOCKET``, no ``$WATCHDOG_USEC``), so
 the daemon calls it unconditionally. (Socket activation is
@@ -22,8 +22,8 @@ Public API used by the daemon (see each docstring):
 * :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
   heartbeat (:meth:`Watchdog.beat`) is fresh.
 * :class:`SystemdBridge` – the daemon's ``Hooks`` as sd_notify calls (``Hooks(**bridge.hooks())``).
-* :func:`setup_logging` – journald (structured fields) under systemd, stderr otherwise;
-  :func:`log_fields` builds the ``extra=`` mapping for per-request fields.
+
+Logging (journald under systemd, stderr otherwise) is set up in :mod:`appliance.service.logsetup`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
+
+from .protocol import StatusReply
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,6 @@ try:  # pragma: no cover - depends on the machine
     from systemd import daemon as _sd_daemon
 except ImportError:  # pragma: no cover
     _sd_daemon = None
-
-try:  # pragma: no cover
-    from systemd import journal as _sd_journal
-except ImportError:  # pragma: no cover
-    _sd_journal = None
 
 #: ``"libsystemd"`` (systemd-python) or ``"stdlib"``: how :class:`Notifier` sends.
 TRANSPORT = "libsystemd" if _sd_daemon is not None else "stdlib"
@@ -259,11 +255,6 @@ class Watchdog:
         now = self._clock()
         return [n for n in self.require if now - self._beats.get(n, float("-inf")) > self.stale_after_s]
 
-    def heartbeat_age_s(self, name: str = "worker") -> Optional[float]:
-        """Seconds since ``name`` last beat, or None if it never did."""
-        t = self._beats.get(name)
-        return None if t is None else self._clock() - t
-
     def tick(self) -> bool:
         """One watchdog decision: ping if every required heartbeat is fresh. Returns True
         when ``WATCHDOG=1`` was sent."""
@@ -367,9 +358,9 @@ class SystemdBridge:
         self.notifier.ready(format_status("ready"))
         self.watchdog.start()
 
-    def on_status(self, reply: Any) -> None:
-        chans = getattr(reply, "channels", {}) or {}
-        busy = sum(1 for c in chans.values() if isinstance(c, dict) and c.get("active"))
+    def on_status(self, reply: StatusReply) -> None:
+        chans = reply.channels
+        busy = sum(1 for c in chans.values() if c.get("active"))
         self.notifier.status(format_status(
             reply.state, busy=busy, channels=len(chans) or None, last_rtf=reply.last_rtf,
             last_ttfb_ms=reply.last_ttfb_ms, temperature_c=reply.temperature_c, throttle=reply.throttle))
@@ -394,106 +385,3 @@ class SystemdBridge:
         self.watchdog.stop()
         if self._extender is not None:
             self._extender.join(timeout=2)
-
-
-# ---------------------------------------------------------------------------- logging
-
-#: attributes every LogRecord has; anything else on a record came from ``extra=``.
-_STD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-
-def log_fields(**fields: object) -> dict:
-    """``extra=`` mapping for per-request log fields, journald-style (upper-case keys).
-
-    Example: ``log.info("done", extra=log_fields(request_id=rid, channel="main", ttfb_ms=312.5,
-    rtf=0.41))`` gives journal fields ``REQUEST_ID``, ``CHANNEL``, ``TTFB_MS``, ``RTF``
-    (journald drops lower-case field names) and `` request_id=… channel=…`` on stderr.
-    None values are left out.
-    """
-    return {k.upper(): v for k, v in fields.items() if v is not None}
-
-
-class _UpperFieldsFilter(logging.Filter):
-    """Gives every ``extra=`` field of a record an upper-case alias (``request_id`` ->
-    ``REQUEST_ID``), so fields logged by code that does not use :func:`log_fields` still
-    reach the journal (which drops lower-case field names) and the stderr suffix."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        for k in [k for k in record.__dict__ if k not in _STD_ATTRS and not k.isupper()]:
-            up = k.upper()
-            if up.replace("_", "").isalnum() and up not in record.__dict__:
-                record.__dict__[up] = record.__dict__[k]
-        return True
-
-
-class _FieldsFormatter(logging.Formatter):
-    """Appends the ``extra=`` fields (:func:`log_fields`) as ``key=value`` to the message."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        extra = {k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS and k.isupper()}
-        if extra:
-            text += " [" + " ".join(f"{k.lower()}={v}" for k, v in extra.items()) + "]"
-        return text
-
-
-class _PriorityPrefixFormatter(_FieldsFormatter):
-    """stderr under systemd without systemd-python: ``<N>`` syslog priority prefixes, which
-    journald's stream reader turns into PRIORITY= (sd-daemon(3))."""
-
-    _PRI = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
-
-    def format(self, record: logging.LogRecord) -> str:
-        pri = self._PRI.get(record.levelno, 6 if record.levelno > logging.DEBUG else 7)
-        return f"<{pri}>" + super().format(record)
-
-
-def under_systemd(environ: Optional[dict] = None) -> bool:
-    """True when started by systemd with output to the journal (``$JOURNAL_STREAM`` or
-    ``$INVOCATION_ID`` set)."""
-    env = os.environ if environ is None else environ
-    return bool(env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"))
-
-
-def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
-                  environ: Optional[dict] = None, journal_sender: Optional[Callable] = None) -> str:
-    """Configure the root logger once, at the entry point (library code never does).
-
-    Under systemd: a ``systemd.journal.JournalHandler`` (fields ``SYSLOG_IDENTIFIER``,
-    ``LOGGER``, ``THREAD_NAME``, ``CODE_*`` and every :func:`log_fields` key) when
-    systemd-python is importable; otherwise stderr lines with ``<N>`` priority prefixes and the
-    fields appended as text. Outside systemd: stderr with timestamps and the fields appended.
-
-    Args:
-        verbose: DEBUG instead of INFO.
-        identifier: ``SYSLOG_IDENTIFIER`` in the journal.
-        environ: environment to decide from (default ``os.environ``).
-        journal_sender: replaces ``systemd.journal.send`` (tests).
-
-    Returns:
-        ``"journal"``, ``"stderr-journal"`` or ``"stderr"``: which setup was chosen.
-    """
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-        h.close()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    if under_systemd(environ) and _sd_journal is not None:
-        kw = {"SYSLOG_IDENTIFIER": identifier}
-        if journal_sender is not None:
-            kw["sender_function"] = journal_sender
-        handler: logging.Handler = _sd_journal.JournalHandler(**kw)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        mode = "journal"
-    elif under_systemd(environ):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_PriorityPrefixFormatter("%(name)s: %(message)s"))
-        mode = "stderr-journal"
-    else:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        mode = "stderr"
-    handler.addFilter(_UpperFieldsFilter())
-    root.addHandler(handler)
-    log.debug("logging to %s", mode)
-    return mode

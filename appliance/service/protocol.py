@@ -221,6 +221,16 @@ EVENT_TYPES: dict[str, type] = {
     "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
 }
 
+Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest]
+"""A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
+
+Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
+"""An event the daemon sends to a client."""
+
+EventSink = typing.Callable[[Event, Optional[bytes]], None]
+"""``sink(event, payload)``: deliver an event and optional raw bytes that follow it (``audio``
+events). Thread-safe, never blocks on the network, never raises; a gone client makes it a no-op."""
+
 
 def _check_value(where: str, value: Any, tp: Any) -> Any:
     origin = typing.get_origin(tp)
@@ -265,7 +275,7 @@ def _params(obj: Any) -> SynthParams:
     return SynthParams(**kw)
 
 
-def parse_request(obj: Any) -> Speak | Cancel | StatusRequest | HealthRequest:
+def parse_request(obj: Any) -> Request:
     """Validate a decoded JSON object and build the request dataclass.
 
     A ``speak`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
@@ -309,7 +319,7 @@ def parse_request(obj: Any) -> Speak | Cancel | StatusRequest | HealthRequest:
     return cls(**kw)
 
 
-def parse_line(line: bytes, max_bytes: int = 65536) -> Speak | Cancel | StatusRequest | HealthRequest:
+def parse_line(line: bytes, max_bytes: int = 65536) -> Request:
     """Decode one request line (bytes, without or with its newline).
 
     Raises:

@@ -23,10 +23,10 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 from ..errors import ConfigError, RequestError
-from .protocol import error_event, to_json
+from .protocol import Event, EventSink, error_event, to_json
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ SD_LISTEN_FDS_START = 3
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 """Unsent bytes (events + audio) a connection may hold before it is dropped."""
 
-Handler = Callable[[bytes, Callable[[Any, Optional[bytes]], None]], Awaitable[None]]
+Handler = Callable[[bytes, EventSink], Awaitable[None]]
+"""``async handler(line, sink)``: one request line and the connection's event sink."""
 
 
 def check_socket_path(path: Path) -> None:
@@ -141,7 +142,7 @@ class Connection:
         self.eof = False                 # the client sent EOF (half-close or gone)
         self.pending: set[str] = set()   # accepted request ids without their done/error yet
 
-    def send(self, msg: Any, payload: Optional[bytes] = None) -> None:
+    def send(self, msg: Event, payload: Optional[bytes] = None) -> None:
         """Queue an event (and raw bytes after it) for this client; safe from any thread."""
         if self.closed:
             return
@@ -150,11 +151,11 @@ class Connection:
         except RuntimeError:  # loop closed: the daemon is gone
             self.closed = True
 
-    def _send(self, msg: Any, payload: Optional[bytes]) -> None:
+    def _send(self, msg: Event, payload: Optional[bytes]) -> None:
         if self.closed or self.writer.is_closing():
             self.closed = True
             return
-        kind = getattr(msg, "type", "")
+        kind = msg.type
         if kind == "accepted":
             self.pending.add(msg.id)
         elif kind in ("done", "error") and getattr(msg, "id", None) in self.pending:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from ..config import ThrottleConfig
-from .telemetry import Reading, Trip
+from .telemetry_reading import Reading, Trip
 
 log = logging.getLogger(__name__)
 

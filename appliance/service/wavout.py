@@ -39,6 +39,12 @@ def to_int16(pcm: np.ndarray) -> np.ndarray:
     return np.round(np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2")
 
 
+def encode_pcm(pcm: np.ndarray, sample_format: str) -> bytes:
+    """float32 ``[n]`` -> the bytes of a ``return_audio`` payload: little-endian ``float32``, or
+    ``int16`` (:func:`to_int16`) when ``sample_format`` is ``"int16"`` (``stream.sample_format``)."""
+    return to_int16(pcm).tobytes() if sample_format == "int16" else pcm.astype("<f4").tobytes()
+
+
 class WavWriter:
     """Stream float32 mono PCM into a 16-bit WAV file.
 

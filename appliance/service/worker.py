@@ -1,7 +1,8 @@
-"""The scheduler: per-channel queues and the ONE inference thread that batches the channels.
+"""The worker: the ONE inference thread that drives the pipeline's batch engine for all channels.
 
-Transport-neutral: a request arrives as an :class:`Item` holding a prepared pipeline job and
-an :data:`EventSink` (the socket connection, or the MQTT publisher). Events per request::
+Transport-neutral: a request arrives as an :class:`~appliance.service.scheduler.Item` holding a
+prepared pipeline job and an :data:`~appliance.service.protocol.EventSink` (the socket
+connection, or the MQTT publisher). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
     worker   -> Started -> [AudioChunk + PCM bytes]* -> (audio played / WAV written) -> Done
@@ -12,25 +13,16 @@ an :data:`EventSink` (the socket connection, or the MQTT publisher). Events per 
 Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`Worker._settle`
 is idempotent).
 
-Scheduling (all on the worker thread, which owns the pipeline's
-:class:`~appliance.synth.batch.BatchEngine`):
+What runs next is decided by the :class:`~appliance.service.scheduler.Scheduler` (queues,
+memory and throttle admission, preemption); this module is the thread around it, which owns
+the pipeline's :class:`~appliance.synth.batch.BatchEngine`:
 
-* Each channel has its own bounded queue (``service.channels[].queue_len``, then ``busy``),
-  ordered ``alert > normal > background``, FIFO within a priority.
-* At most ONE request per channel synthesizes at a time; up to ``max_running`` channels
-  synthesize *together*: every running request is a row of the same batched decode step, a new
-  one joins at the next step, a finished or cancelled one leaves without stalling the others.
-  A channel's next request may start while the previous one still plays (its audio queues
-  behind, in the same device lane).
-* ``max_running = min(engine slots, memory budget, throttle)``. Memory: every synthesizing
-  channel holds one KV cache (``kv_bytes_per_token * max_seq_len``) beside the weights
-  (``weight_bytes``); a request that would take the total over ``service.memory_budget_mb``
-  waits (its ``accepted`` event and the channel's status say why, and the log), and a budget
-  too small for even one channel refuses every request (``over_capacity``). The throttle
-  (:class:`~appliance.service.throttle.Monitor`) lowers ``max_running`` and holds back
-  priorities outside ``Limits.run_priorities``; new requests stream with
+* up to ``max_running`` channels synthesize *together*: every running request is a row of the
+  same batched decode step, a new one joins at the next step, a finished or cancelled one leaves
+  without stalling the others. A channel's next request may start while the previous one still
+  plays (its audio queues behind, in the same device lane). New requests stream with
   ``chunk_tokens * Limits.chunk_scale``.
-* An ``alert`` preempts a lower-priority request running or playing on ITS channel: synthesis
+* an ``alert`` preempts a lower-priority request running or playing on ITS channel: synthesis
   stops at the next step and unplayed audio is dropped at once; then, by
   ``channels[].on_preempt``, the interrupted request is queued again right after the alert
   (``resume``: it restarts from the beginning, same seed so same audio) or ends with an error
@@ -43,7 +35,7 @@ Hooks (called from the worker thread; must be quick and must not raise):
 ``on_finished(item, event)`` after each request's terminal event.
 
 Known limit: the PCM sinks run on the worker thread, so a device FIFO holding more than
-``sound.MAX_BUFFER_S`` of a *sounding* request makes the whole batch wait for playback.
+``sound_device.MAX_BUFFER_S`` of a *sounding* request makes the whole batch wait for playback.
 """
 
 from __future__ import annotations
@@ -52,85 +44,39 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core import PcmChunk
-from ..errors import (
-    ApplianceError,
-    BusyError,
-    CancelledError,
-    CapacityError,
-    PreemptedError,
-    RequestError,
-)
+from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
 from .protocol import (
-    PRIORITIES,
     Accepted,
     AudioChunk,
     Done,
     ErrorEvent,
+    Event,
+    EventSink,
     Preempted,
-    Speak,
     Started,
     error_event,
 )
-from .wavout import to_int16
+from .scheduler import Item, Scheduler, ThrottlePolicy, memory_plan
+from .wavout import encode_pcm
+
+if TYPE_CHECKING:
+    from ..synth.pipeline import Pipeline
+    from .sound import AudioOutput
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[Any, Optional[bytes]], None]
-"""``sink(message, payload)``: deliver an event (protocol dataclass) and optional raw bytes
-that follow it (``audio`` events). Thread-safe, never blocks on the network, never raises;
-a gone client makes it a no-op."""
-
-MIB = 1024 * 1024
-
-
-@dataclass(eq=False)
-class Item:
-    """One accepted request.
-
-    Attributes:
-        speak: the request. job: ``Pipeline.prepare(speak)``'s result. channel: resolved name.
-        sink: where its events go. accepted_at: ``time.monotonic()`` at accept.
-        cancel: set to stop synthesis at the next decode step.
-        state: ``queued`` -> ``running`` -> ``playing`` -> ``settled``.
-        task: its :class:`~appliance.synth.batch.Task` while synthesizing.
-        preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
-    """
-
-    speak: Speak
-    job: Any
-    channel: str
-    sink: EventSink
-    accepted_at: float = field(default_factory=time.monotonic)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    state: str = "queued"
-    audio: Any = None
-    first_pcm_at: Optional[float] = None
-    task: Any = None
-    preempted_by: Optional[str] = None
-    restarts: int = 0
-
-    @property
-    def id(self) -> str:
-        return self.speak.id
-
-    @property
-    def rank(self) -> int:
-        """0 (alert) .. 2 (background)."""
-        return PRIORITIES.index(self.speak.priority)
-
 
 class Worker:
-    """The scheduler: queues + one synthesis thread driving a batch engine (module docstring).
+    """Queues (:class:`~appliance.service.scheduler.Scheduler`) + one synthesis thread driving a
+    batch engine (module docstring).
 
     Args:
-        pipeline: object with ``engine`` (a :class:`~appliance.synth.batch.BatchEngine`) and
-            ``info`` (``weight_bytes``, ``kv_bytes_per_token``, ``max_seq_len``); None only for
-            queue tests that never start the thread.
-        audio: :class:`~appliance.service.sound.AudioOutput`.
+        pipeline: the :class:`~appliance.synth.pipeline.Pipeline` (its ``engine`` and ``info``);
+            None only for queue tests that never start the thread.
+        audio: the :class:`~appliance.service.sound.AudioOutput` (None with ``pipeline``).
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
@@ -141,17 +87,15 @@ class Worker:
             ``observe_rtf()``), or None.
     """
 
-    def __init__(self, pipeline: Any, audio: Any, queue_len: dict[str, int], heartbeat_s: float = 1.0,
-                 on_heartbeat: Optional[Callable[[], None]] = None,
-                 on_finished: Optional[Callable[[Item, Any], None]] = None,
+    def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
+                 heartbeat_s: float = 1.0, on_heartbeat: Optional[Callable[[], None]] = None,
+                 on_finished: Optional[Callable[[Item, Event], None]] = None,
                  audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
-                 memory_budget_mb: Optional[float] = None, throttle: Any = None) -> None:
+                 memory_budget_mb: Optional[float] = None, throttle: Optional[ThrottlePolicy] = None) -> None:
         self.pipeline = pipeline
-        self.engine = getattr(pipeline, "engine", None)
+        self.engine = pipeline.engine if pipeline is not None else None
         self.audio_format = audio_format
         self.audio = audio
-        self.queue_len = dict(queue_len)
-        self.on_preempt = dict(on_preempt or {})
         self.heartbeat_s = heartbeat_s
         self.on_heartbeat = on_heartbeat
         self.on_finished = on_finished
@@ -161,45 +105,15 @@ class Worker:
         self.completed = 0
         self.failed = 0
         self._cv = threading.Condition()
-        self._queue: list[Item] = []           # all channels, priority order, FIFO within one
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
-        self._active: dict[str, Item] = {}     # queued, running or playing, by id
-        self._running: dict[str, Item] = {}    # channel -> the item synthesizing on it
-        self._waiting: dict[str, str] = {}     # channel -> why its head request cannot start
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
-        self.slots = self.engine.capacity if self.engine is not None else len(self.queue_len)
         if self.engine is not None:   # heartbeats also while a health check drives the engine
             self.engine.on_step = self._beat
-        self.mem_channels, self.mem_text = self._memory_plan(memory_budget_mb)
-
-    # ------------------------------------------------------------------ memory budget
-
-    def _memory_plan(self, budget_mb: Optional[float]) -> tuple[int, str]:
-        """How many channels may synthesize at once within the budget, and the sentence that says so."""
-        info = getattr(self.pipeline, "info", None)
-        if budget_mb is None or info is None:
-            return 1 << 30, "no memory budget"
-        weights = float(getattr(info, "weight_bytes", 0) or 0)
-        kv = float(getattr(info, "kv_bytes_per_token", 0) or 0) * float(getattr(info, "max_seq_len", 0) or 0)
-        budget = float(budget_mb) * MIB
-        n = int((budget - weights) // kv) if kv > 0 else (1 << 30)
-        n = max(0, n)
-        text = (f"memory budget: weights {weights / MIB:.0f} MiB + {kv / MIB:.1f} MiB of KV cache per synthesizing "
-                f"channel (model.max_seq_len {getattr(info, 'max_seq_len', '?')}) fit {n} channel(s) at once in "
-                f"service.memory_budget_mb {budget_mb:g} MiB")
-        log.info("%s", text)
-        slots = int(getattr(info, "max_batch", 0) or 0)
-        allocated = weights + slots * kv
-        if allocated > budget:
-            # the runners allocate every KV slot at load: the admission limit above bounds how many
-            # channels synthesize at once, not the memory already held
-            log.warning("memory budget: the backend holds %.0f MiB (weights + KV cache for all %d slots, "
-                        "allocated at load), over service.memory_budget_mb %g MiB; lower model.max_batch or "
-                        "model.max_seq_len, or use a smaller precision (int8 engines / fp16)",
-                        allocated / MIB, slots, budget_mb)
-        return n, text
+        mem_channels, mem_text = memory_plan(pipeline.info if pipeline is not None else None, memory_budget_mb)
+        self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
+                               mem_channels, mem_text, throttle, on_preempt)
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -222,36 +136,12 @@ class Worker:
             CapacityError: the memory budget does not hold even one channel.
             RequestError: a request with the same id is still queued, running or playing.
         """
-        victims: list[Item] = []
         with self._cv:
             if self._stopping:
                 raise BusyError("the daemon is stopping; send the request again after it restarts")
-            if self.mem_channels < 1:
-                raise CapacityError(f"request refused: {self.mem_text}; raise service.memory_budget_mb "
-                                    f"or lower model.max_seq_len")
-            if item.id in self._active:
-                raise RequestError(f"request id {item.id!r} is already queued or running; use a new id")
-            limit = self.queue_len.get(item.channel, 16)
-            same = [q for q in self._queue if q.channel == item.channel]
-            if len(same) >= limit:
-                raise BusyError(f"channel {item.channel!r} has {len(same)} requests queued (limit {limit}, "
-                                f"service.channels[].queue_len); retry later")
-            pos = sum(1 for q in same if q.rank <= item.rank)
-            waiting = None
-            if item.channel not in self._running and pos == 0:
-                ahead = set(self._running) | {q.channel for q in self._queue
-                                              if q.channel != item.channel and q.rank <= item.rank}
-                waiting = self._why_waiting(item, len(ahead), self._limits())
+            pos, waiting = self.sched.check(item)
             item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
-            self._insert(item)
-            self._active[item.id] = item
-            if item.speak.priority == "alert":
-                for v in self._active.values():
-                    if (v.channel == item.channel and v.state in ("running", "playing") and v.rank > item.rank
-                            and v.preempted_by is None):
-                        v.preempted_by = item.id
-                        v.cancel.set()
-                        victims.append(v)
+            victims = self.sched.enqueue(item)
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
                  item.channel, pos, len(item.speak.text), f"; waits: {waiting}" if waiting else "")
@@ -282,15 +172,14 @@ class Worker:
         """Cancel a queued, running or still-playing request by id, or all on ``channel``.
         Each gets an ``error`` event with code ``cancelled`` on its own sink; returns the items."""
         with self._cv:
-            targets = [it for it in self._active.values()
-                       if (request_id and it.id == request_id) or (channel and it.channel == channel)]
+            targets = self.sched.targets(request_id, channel)
             states = {}
             for it in targets:
                 states[it] = it.state
                 it.cancel.set()
                 it.preempted_by = None
                 if it.state == "queued":
-                    self._queue.remove(it)
+                    self.sched.queue.remove(it)
         for it in targets:
             st = states[it]
             if it.audio is not None:
@@ -303,44 +192,23 @@ class Worker:
         return targets
 
     def status(self) -> dict:
-        """Per channel: ``queued`` (count), ``active`` (synthesizing request id or None),
-        ``playing`` (ids whose audio is still playing), ``waiting`` (why the head of its queue
-        cannot start, or None), ``batch_rows`` (rows of the decode step its request is in)."""
+        """Per channel status (:meth:`~appliance.service.scheduler.Scheduler.status`)."""
         with self._cv:
-            chans = {name: {"queued": 0, "active": None, "playing": [], "waiting": None, "batch_rows": 0}
-                     for name in self.queue_len}
-            blank = {"queued": 0, "active": None, "playing": [], "waiting": None, "batch_rows": 0}
-            for it in self._queue:
-                chans.setdefault(it.channel, dict(blank))["queued"] += 1
-            for ch, it in self._running.items():
-                c = chans.setdefault(ch, dict(blank))
-                c["active"] = it.id
-                c["batch_rows"] = it.task.max_rows if it.task is not None else 0
-            for it in self._active.values():
-                if it.state == "playing":
-                    chans.setdefault(it.channel, dict(blank))["playing"].append(it.id)
-            for ch, why in self._waiting.items():
-                if ch in chans and chans[ch]["queued"]:
-                    chans[ch]["waiting"] = why
-        return chans
+            return self.sched.status()
 
     @property
     def busy(self) -> bool:
         """True while a request is queued, running or playing."""
         with self._cv:
-            return bool(self._active)
+            return bool(self.sched.active)
 
     def stop(self, timeout_s: Optional[float] = None) -> list[Item]:
         """Stop taking work: queued requests are removed and returned (not yet settled: the
         caller spools them or sends errors); the running ones finish. Waits for the thread."""
         with self._cv:
             self._stopping = True
-            left = list(self._queue)
-            self._queue.clear()
+            left = self.sched.drain_queue()
             tasks, self._tasks = self._tasks, []
-            for it in left:
-                self._active.pop(it.id, None)
-                it.state = "settled"
             self._cv.notify_all()
         for _, sink in tasks:
             sink(error_event(BusyError("the daemon is stopping; ask again after it restarts")), None)
@@ -352,73 +220,12 @@ class Worker:
         """Wait until no request is queued, running or playing; False on timeout."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
-            while self._active:
+            while self.sched.active:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cv.wait(min(left, 0.1))
         return True
-
-    # ------------------------------------------------------------------ scheduling (lock held)
-
-    def _insert(self, item: Item) -> None:
-        """Into the queue after every request of the same or higher priority."""
-        pos = len(self._queue)
-        while pos > 0 and self._queue[pos - 1].rank > item.rank:
-            pos -= 1
-        self._queue.insert(pos, item)
-
-    def _limits(self) -> Any:
-        if self.throttle is None:
-            return None
-        try:
-            return self.throttle.limits()
-        except Exception:  # noqa: BLE001 - a telemetry failure must not stop synthesis
-            log.exception("throttle limits")
-            return None
-
-    def _max_running(self, lim: Any) -> tuple[int, str]:
-        """Channels that may synthesize at once now, and the binding limit in words."""
-        cands = [(self.slots, f"all {self.slots} synthesis slots are busy (model.max_batch)"),
-                 (self.mem_channels, self.mem_text)]
-        if lim is not None:
-            cands.append((lim.max_channels, f"throttle level {lim.level.value if hasattr(lim.level, 'value') else lim.level} "
-                                            f"allows {lim.max_channels} channel(s) at once"))
-        return min(cands, key=lambda c: c[0])
-
-    def _why_waiting(self, item: Item, running: int, lim: Any) -> Optional[str]:
-        """Why ``item`` cannot start with ``running`` channels synthesizing under throttle
-        limits ``lim`` (from :meth:`_limits`, fetched once per admission pass); None = it can."""
-        if lim is not None and item.speak.priority not in lim.run_priorities:
-            lvl = lim.level.value if hasattr(lim.level, "value") else lim.level
-            return f"throttle level {lvl}: {item.speak.priority} requests wait"
-        n, why = self._max_running(lim)
-        return why if running >= n else None
-
-    def _admit(self) -> list[Item]:
-        """Move the queued items that may start now to running; remember why others wait."""
-        lim = self._limits()
-        start: list[Item] = []
-        waiting: dict[str, str] = {}
-        busy = set(self._running)
-        for it in self._queue:
-            if it.channel in busy or it.channel in waiting:
-                continue
-            why = self._why_waiting(it, len(self._running) + len(start), lim)
-            if why is not None:
-                waiting[it.channel] = why
-                continue
-            start.append(it)
-            busy.add(it.channel)
-        for it in start:
-            self._queue.remove(it)
-            it.state = "running"
-            self._running[it.channel] = it
-        for ch, why in waiting.items():
-            if self._waiting.get(ch) != why:
-                log.info("channel %s: %s waits: %s", ch, next(q.id for q in self._queue if q.channel == ch), why)
-        self._waiting = waiting
-        return start
 
     # ------------------------------------------------------------------ worker thread
 
@@ -436,11 +243,11 @@ class Worker:
         eng = self.engine
         while True:
             with self._cv:
-                if self._stopping and not self._running and not self._queue:
+                if self._stopping and not self.sched.running and not self.sched.queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
-                start = [] if self._stopping or task is not None else self._admit()   # the task needs a slot
-                if task is None and not start and not self._running:
+                start = [] if self._stopping or task is not None else self.sched.admit()   # the task needs a slot
+                if task is None and not start and not self.sched.running:
                     self._cv.wait(self.heartbeat_s)
                     idle = True
                 else:
@@ -461,9 +268,7 @@ class Worker:
             if eng.tasks:
                 eng.step()
             with self._cv:
-                ended = [it for it in self._running.values() if it.task is None or it.task.finished]
-                for it in ended:
-                    del self._running[it.channel]
+                ended = self.sched.ended()
             for it in ended:
                 try:
                     self._complete(it)
@@ -473,10 +278,10 @@ class Worker:
 
     def _start(self, item: Item) -> None:
         item.sink(Started(id=item.id, channel=item.channel), None)
-        log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self._running))
+        log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             item.audio = self.audio.open(item.id, item.channel, beat=self._beat)
-            lim = self._limits()
+            lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
         except Exception as e:  # noqa: BLE001
@@ -491,7 +296,7 @@ class Worker:
             item.first_pcm_at = time.monotonic()
         item.audio.write(pcm)
         if item.speak.return_audio:
-            data = to_int16(pcm).tobytes() if self.audio_format == "int16" else pcm.astype("<f4").tobytes()
+            data = encode_pcm(pcm, self.audio_format)
             item.sink(AudioChunk(id=item.id, bytes=len(data), rate=chunk.rate, format=self.audio_format), data)
         self._beat()
 
@@ -520,7 +325,7 @@ class Worker:
 
     def _after_preempt(self, item: Item) -> None:
         """Resume (re-queue from the start) or drop an item an alert interrupted."""
-        policy = self.on_preempt.get(item.channel, "resume")
+        policy = self.sched.on_preempt.get(item.channel, "resume")
         with self._cv:
             by = item.preempted_by
             if by is None or item.state in ("settled", "queued"):
@@ -528,11 +333,7 @@ class Worker:
             item.preempted_by = None
             resume = policy == "resume" and not self._stopping
             if resume:
-                item.state = "queued"
-                item.cancel = threading.Event()
-                item.audio, item.task, item.first_pcm_at = None, None, None
-                item.restarts += 1
-                self._insert(item)
+                self.sched.requeue(item)
                 self._cv.notify_all()
         item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"), None)
         if resume:
@@ -567,19 +368,14 @@ class Worker:
                         "batch_rows": rows})
         return Done(id=item.id, channel=item.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
                     audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
-                    steps_per_s=round(float(st.steps_per_s), 2), seed=getattr(item.job, "seed", None),
-                    unspeakable=list(getattr(item.job, "unspeakable", []) or []))
+                    steps_per_s=round(float(st.steps_per_s), 2), seed=item.job.seed,
+                    unspeakable=list(item.job.unspeakable))
 
     def _settle(self, item: Item, event: Any) -> None:
         """Emit the request's one terminal event (idempotent)."""
         with self._cv:
-            if item.state == "settled":
+            if not self.sched.remove(item):
                 return
-            if item.state == "queued" and item in self._queue:
-                self._queue.remove(item)
-            item.state = "settled"
-            if self._active.get(item.id) is item:
-                del self._active[item.id]
             if isinstance(event, Done):
                 self.completed += 1
             else:

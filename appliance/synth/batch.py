@@ -7,18 +7,18 @@
 1. drops every task whose ``cancel`` event is set (its KV slot is freed at once);
 2. joins every task waiting for a slot: the prefill of its next sentence runs *between* decode
    steps, so a job that arrives mid-way decodes with the others from the next step on;
-3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences; the hidden
-   state of each row goes to its own task;
-4. per task, pushes its hidden states through its own :class:`~appliance.synth.vocoder.WindowedVocoder`
-   (one per task slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first
-   chunk after ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
+3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences (the runner
+   keeps each row's hidden states in its slot);
+4. per task, advances its own :class:`~appliance.synth.vocoder.WindowedVocoder` (one per task
+   slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first chunk after
+   ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
    vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
    without stalling the others.
 
 Same seed => same PCM alone or batched: every row has its own KV slot, its own sampler state and
-``numpy`` RNG (:class:`~appliance.engines.sampling.Sampler` is indexed by slot), its own vocoder; the
-runner's decode is row-wise (per-row attention over that row's own positions), so batch
+counter-based random stream (:mod:`appliance.engines.rng`), its own vocoder; the runner's decode
+is row-wise (per-row attention over that row's own positions), so batch
 composition only changes floating-point rounding inside the batched matmuls (see
 ``tests/test_channels_batch.py`` for the measured tolerance). Upstream ChatTTS batches only
 requests that start together (``GPT.generate`` over a padded batch); joining mid-way is ours
@@ -71,7 +71,6 @@ class Task:
     voc: int = -1
     k: int = 0
     seq: Optional[Sequence] = None
-    pending: list = field(default_factory=list)
     emitted: int = 0
     samples: int = 0
     steps: int = 0
@@ -177,14 +176,12 @@ class BatchEngine:
         for t in decoding:
             t.max_rows = max(t.max_rows, b)
         try:
-            seqs, hidden = self.loop.step()
+            self.loop.step()
         except Exception as e:  # noqa: BLE001
             log.error("batched decode step failed for %s: %s", ", ".join(t.job.id for t in decoding), e)
             for t in decoding:
                 self._end(t, "failed", e)
             return ended + decoding
-        for i, s in enumerate(seqs):
-            self._by_seq[s].pending.append(hidden[i:i + 1])
         for t in decoding:
             try:
                 self._advance(t)
@@ -199,18 +196,16 @@ class BatchEngine:
     def _join(self, t: Task) -> None:
         job = t.job
         voc = self.vocoders[t.voc]
-        voc.reset()
         if getattr(job, "refine_prompts", None) is not None and self.refiner is not None:
             self.refiner(job, t.k)  # refine-text: rewrites job.prompts[t.k] (worker thread, free slot)
         seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k)
-        t.seq, t.pending, t.emitted = seq, [], 0
-        h0 = self.loop.join(seq)
+        t.seq, t.emitted = seq, 0
+        self.loop.join(seq)
+        voc.reset(seq.slot)
         if t.joined_at_step < 0:
             t.joined_at_step = self.steps_run
         self._by_seq[seq] = t
         t.state = "decoding"
-        if h0 is not None:
-            t.pending.append(h0[None])
         if seq.finished:
             self._sentence_end(t)
 
@@ -218,9 +213,8 @@ class BatchEngine:
         seq = t.seq
         voc = self.vocoders[t.voc]
         target = self.first if t.emitted == 0 and t.k == 0 else self.every * t.chunk_scale
-        if t.pending and seq.steps - voc.lookahead_tokens - t.emitted >= target:
-            pcm = voc.push(np.concatenate(t.pending))
-            t.pending.clear()
+        if seq.steps - voc.lookahead_tokens - t.emitted >= target:
+            pcm = voc.push(seq.steps)
             t.emitted = max(0, seq.steps - voc.lookahead_tokens)
             self._out(t, pcm)
         if seq.finished:
@@ -228,9 +222,8 @@ class BatchEngine:
 
     def _sentence_end(self, t: Task) -> None:
         seq, voc = t.seq, self.vocoders[t.voc]
-        tail = voc.push(np.concatenate(t.pending)) if t.pending else np.zeros(0, np.float32)
-        t.pending = []
-        tail = np.concatenate([tail, voc.finish()])
+        tail = np.concatenate([voc.push(seq.steps), voc.finish()]) if seq.steps else np.zeros(0, np.float32)
+        self.loop.release(seq)
         t.steps += seq.steps
         if seq.steps == 0:
             log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
@@ -262,7 +255,6 @@ class BatchEngine:
             self.loop.leave(t.seq, "left")
             self._by_seq.pop(t.seq, None)
             t.seq = None
-        t.pending = []
         t.state, t.error = state, error
         if t in self.tasks:
             self.tasks.remove(t)

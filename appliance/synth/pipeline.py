@@ -53,6 +53,10 @@ from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
 
+#: Upstream ``RefineTextParams`` defaults (``ChatTTS/core.py``): temperature 0.7, top-P 0.7,
+#: top-K 20, no repetition penalty, at most 384 tokens.
+REFINE_PARAMS = SamplingParams(temperature=0.7, top_p=0.7, top_k=20, repetition_penalty=1.0, max_new_tokens=384)
+
 
 @dataclass
 class JobStats:
@@ -115,7 +119,7 @@ class Pipeline:
     SAMPLE_RATE = SAMPLE_RATE
 
     def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer):
-        if cfg.synthesis.refine_text and not getattr(runner, "supports_text_mode", False):
+        if cfg.synthesis.refine_text and not runner.info.text_mode:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode (torch on CPU); "
                               f"{runner.info.backend} has none: set it to false")
         self.cfg = cfg
@@ -158,6 +162,10 @@ class Pipeline:
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
         return self.runner.info
+
+    def device_memory_bytes(self) -> int:
+        """Accelerator memory the backend holds now (0 on a CPU: RSS counts it)."""
+        return self.runner.device_memory_bytes()
 
     def close(self) -> None:
         """Release the backend."""
@@ -210,7 +218,7 @@ class Pipeline:
         refine = p.refine_text if p.refine_text is not None else s.refine_text
         refine_prompts = None
         if refine:
-            if not getattr(self.runner, "supports_text_mode", False):
+            if not self.runner.info.text_mode:
                 raise RequestError(f"refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
             # upstream speaker.py decorate_text_prompts: [Sbreak]{text}[Pbreak]{prompt}
             refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
@@ -226,7 +234,8 @@ class Pipeline:
         below ``[break_0]`` (``core.py`` ``_infer``); a refined text that no longer fits
         ``model.max_prompt_tokens`` keeps the unrefined prompt (logged)."""
         tok = self.tokenizer
-        ids = self.loop.refine(job.refine_prompts[k], eos_id=tok.id_of("[Ebreak]"), seed=job.seed + 1000 + k)
+        ids = self.loop.refine(job.refine_prompts[k], eos_id=tok.id_of("[Ebreak]"), seed=job.seed + 1000 + k,
+                               params=REFINE_PARAMS)
         ids = ids[ids < tok.id_of("[break_0]")]
         text = tok.decode(ids).strip()
         job.meta.setdefault("refined", {})[k] = text

@@ -1,0 +1,311 @@
+"""Scheduling policy: which accepted request synthesizes next, and why the others wait.
+
+No threads here: :class:`Scheduler` is the state and the decisions, and every method is called
+by the :class:`~appliance.service.worker.Worker` with its lock held.
+
+* Each channel has its own bounded queue (``service.channels[].queue_len``, then ``busy``),
+  ordered ``alert > normal > background``, FIFO within a priority.
+* At most ONE request per channel synthesizes at a time; up to ``max_running`` channels
+  synthesize *together* (rows of one batched decode step).
+* ``max_running = min(engine slots, memory budget, throttle)``. Memory (:func:`memory_plan`):
+  every synthesizing channel holds one KV cache (``kv_bytes_per_token * max_seq_len``) beside
+  the weights (``weight_bytes``); a request that would take the total over
+  ``service.memory_budget_mb`` waits (its ``accepted`` event and the channel's status say why,
+  and the log), and a budget too small for even one channel refuses every request
+  (``over_capacity``). The throttle (:class:`~appliance.service.throttle.Monitor`) lowers
+  ``max_running`` and holds back priorities outside ``Limits.run_priorities``.
+* An ``alert`` preempts a lower-priority request running or playing on ITS channel
+  (:meth:`Scheduler.enqueue` names the victims; the worker stops them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Protocol
+
+from ..errors import BusyError, CapacityError, RequestError
+from .protocol import PRIORITIES, EventSink, Speak
+from .throttle import Limits
+
+if TYPE_CHECKING:
+    from ..synth.batch import Task
+    from ..synth.pipeline import Job
+    from .sound_request import RequestAudio
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+class ThrottlePolicy(Protocol):
+    """What the scheduler asks of a throttle (:class:`~appliance.service.throttle.Monitor`
+    or :class:`~appliance.service.throttle.Throttle`)."""
+
+    def limits(self) -> Limits: ...
+
+    def observe_rtf(self, rtf: float) -> None: ...
+
+
+@dataclass(eq=False)
+class Item:
+    """One accepted request.
+
+    Attributes:
+        speak: the request. job: ``Pipeline.prepare(speak)``'s result. channel: resolved name.
+        sink: where its events go. accepted_at: ``time.monotonic()`` at accept.
+        cancel: set to stop synthesis at the next decode step.
+        state: ``queued`` -> ``running`` -> ``playing`` -> ``settled``.
+        audio: its :class:`~appliance.service.sound_request.RequestAudio` once started.
+        first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
+        task: its :class:`~appliance.synth.batch.Task` while synthesizing.
+        preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
+        restarts: times it was resumed from the start after a preemption.
+    """
+
+    speak: Speak
+    job: Optional[Job]
+    channel: str
+    sink: EventSink
+    accepted_at: float = field(default_factory=time.monotonic)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    state: str = "queued"
+    audio: Optional[RequestAudio] = None
+    first_pcm_at: Optional[float] = None
+    task: Optional[Task] = None
+    preempted_by: Optional[str] = None
+    restarts: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.speak.id
+
+    @property
+    def rank(self) -> int:
+        """0 (alert) .. 2 (background)."""
+        return PRIORITIES.index(self.speak.priority)
+
+
+def memory_plan(info, budget_mb: Optional[float]) -> tuple[int, str]:
+    """How many channels may synthesize at once within the memory budget, and the sentence
+    that says so (logged).
+
+    Args:
+        info: the runner's ``RunnerInfo`` (``weight_bytes``, ``kv_bytes_per_token``,
+            ``max_seq_len``, ``max_batch``), or None (no pipeline: no limit).
+        budget_mb: ``service.memory_budget_mb``, MiB; None = no memory limit.
+    """
+    if budget_mb is None or info is None:
+        return 1 << 30, "no memory budget"
+    weights = float(info.weight_bytes)
+    kv = float(info.kv_bytes_per_token) * float(info.max_seq_len)
+    budget = float(budget_mb) * MIB
+    n = int((budget - weights) // kv) if kv > 0 else (1 << 30)
+    n = max(0, n)
+    text = (f"memory budget: weights {weights / MIB:.0f} MiB + {kv / MIB:.1f} MiB of KV cache per synthesizing "
+            f"channel (model.max_seq_len {info.max_seq_len}) fit {n} channel(s) at once in "
+            f"service.memory_budget_mb {budget_mb:g} MiB")
+    log.info("%s", text)
+    slots = int(info.max_batch)
+    allocated = weights + slots * kv
+    if allocated > budget:
+        # the runners allocate every KV slot at load: the admission limit above bounds how many
+        # channels synthesize at once, not the memory already held
+        log.warning("memory budget: the backend holds %.0f MiB (weights + KV cache for all %d slots, "
+                    "allocated at load), over service.memory_budget_mb %g MiB; lower model.max_batch or "
+                    "model.max_seq_len, or use a smaller precision (int8 engines / fp16)",
+                    allocated / MIB, slots, budget_mb)
+    return n, text
+
+
+class Scheduler:
+    """Queues, admission and preemption decisions (module docstring); the caller holds the lock.
+
+    Args:
+        queue_len: channel name -> most queued requests before :class:`BusyError`.
+        slots: synthesis slots of the batch engine (``model.max_batch``).
+        mem_channels, mem_text: :func:`memory_plan`'s result.
+        throttle: a :class:`ThrottlePolicy`, or None.
+        on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
+
+    Attributes:
+        queue: queued items of all channels, priority order, FIFO within one.
+        active: queued, running or playing items by id.
+        running: channel -> the item synthesizing on it.
+        waiting: channel -> why the head of its queue cannot start.
+    """
+
+    def __init__(self, queue_len: dict[str, int], slots: int, mem_channels: int, mem_text: str,
+                 throttle: Optional[ThrottlePolicy] = None, on_preempt: Optional[dict[str, str]] = None) -> None:
+        self.queue_len = dict(queue_len)
+        self.slots = slots
+        self.mem_channels, self.mem_text = mem_channels, mem_text
+        self.throttle = throttle
+        self.on_preempt = dict(on_preempt or {})
+        self.queue: list[Item] = []
+        self.active: dict[str, Item] = {}
+        self.running: dict[str, Item] = {}
+        self.waiting: dict[str, str] = {}
+
+    def check(self, item: Item) -> tuple[int, Optional[str]]:
+        """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
+        it would wait (None = it can start now).
+
+        Raises:
+            CapacityError: the memory budget does not hold even one channel.
+            RequestError: a request with the same id is still queued, running or playing.
+            BusyError: the channel's queue is full.
+        """
+        if self.mem_channels < 1:
+            raise CapacityError(f"request refused: {self.mem_text}; raise service.memory_budget_mb "
+                                f"or lower model.max_seq_len")
+        if item.id in self.active:
+            raise RequestError(f"request id {item.id!r} is already queued or running; use a new id")
+        limit = self.queue_len.get(item.channel, 16)
+        same = [q for q in self.queue if q.channel == item.channel]
+        if len(same) >= limit:
+            raise BusyError(f"channel {item.channel!r} has {len(same)} requests queued (limit {limit}, "
+                            f"service.channels[].queue_len); retry later")
+        pos = sum(1 for q in same if q.rank <= item.rank)
+        waiting = None
+        if item.channel not in self.running and pos == 0:
+            ahead = set(self.running) | {q.channel for q in self.queue
+                                         if q.channel != item.channel and q.rank <= item.rank}
+            waiting = self.why_waiting(item, len(ahead), self.limits())
+        return pos, waiting
+
+    def enqueue(self, item: Item) -> list[Item]:
+        """Queue a checked ``item``; an ``alert`` marks the lower-priority items running or
+        playing on its channel as preempted (``preempted_by``, ``cancel`` set) and returns them."""
+        self.insert(item)
+        self.active[item.id] = item
+        victims = []
+        if item.speak.priority == "alert":
+            for v in self.active.values():
+                if (v.channel == item.channel and v.state in ("running", "playing") and v.rank > item.rank
+                        and v.preempted_by is None):
+                    v.preempted_by = item.id
+                    v.cancel.set()
+                    victims.append(v)
+        return victims
+
+    def insert(self, item: Item) -> None:
+        """Into the queue after every request of the same or higher priority."""
+        pos = len(self.queue)
+        while pos > 0 and self.queue[pos - 1].rank > item.rank:
+            pos -= 1
+        self.queue.insert(pos, item)
+
+    def limits(self) -> Optional[Limits]:
+        """The throttle's limits now; None without a throttle or when it fails (logged)."""
+        if self.throttle is None:
+            return None
+        try:
+            return self.throttle.limits()
+        except Exception:  # noqa: BLE001 - a telemetry failure must not stop synthesis
+            log.exception("throttle limits")
+            return None
+
+    def max_running(self, lim: Optional[Limits]) -> tuple[int, str]:
+        """Channels that may synthesize at once now, and the binding limit in words."""
+        cands = [(self.slots, f"all {self.slots} synthesis slots are busy (model.max_batch)"),
+                 (self.mem_channels, self.mem_text)]
+        if lim is not None:
+            cands.append((lim.max_channels, f"throttle level {lim.level.value} "
+                                            f"allows {lim.max_channels} channel(s) at once"))
+        return min(cands, key=lambda c: c[0])
+
+    def why_waiting(self, item: Item, running: int, lim: Optional[Limits]) -> Optional[str]:
+        """Why ``item`` cannot start with ``running`` channels synthesizing under throttle
+        limits ``lim`` (from :meth:`limits`, fetched once per admission pass); None = it can."""
+        if lim is not None and item.speak.priority not in lim.run_priorities:
+            return f"throttle level {lim.level.value}: {item.speak.priority} requests wait"
+        n, why = self.max_running(lim)
+        return why if running >= n else None
+
+    def admit(self) -> list[Item]:
+        """Move the queued items that may start now to running; remember why others wait."""
+        lim = self.limits()
+        start: list[Item] = []
+        waiting: dict[str, str] = {}
+        busy = set(self.running)
+        for it in self.queue:
+            if it.channel in busy or it.channel in waiting:
+                continue
+            why = self.why_waiting(it, len(self.running) + len(start), lim)
+            if why is not None:
+                waiting[it.channel] = why
+                continue
+            start.append(it)
+            busy.add(it.channel)
+        for it in start:
+            self.queue.remove(it)
+            it.state = "running"
+            self.running[it.channel] = it
+        for ch, why in waiting.items():
+            if self.waiting.get(ch) != why:
+                log.info("channel %s: %s waits: %s", ch, next(q.id for q in self.queue if q.channel == ch), why)
+        self.waiting = waiting
+        return start
+
+    def ended(self) -> list[Item]:
+        """Remove and return the running items whose synthesis is over (or never began)."""
+        out = [it for it in self.running.values() if it.task is None or it.task.finished]
+        for it in out:
+            del self.running[it.channel]
+        return out
+
+    def requeue(self, item: Item) -> None:
+        """Queue a preempted item again from the start (policy ``resume``)."""
+        item.state = "queued"
+        item.cancel = threading.Event()
+        item.audio, item.task, item.first_pcm_at = None, None, None
+        item.restarts += 1
+        self.insert(item)
+
+    def targets(self, request_id: Optional[str], channel: Optional[str]) -> list[Item]:
+        """The active items a cancel by id or by channel hits."""
+        return [it for it in self.active.values()
+                if (request_id and it.id == request_id) or (channel and it.channel == channel)]
+
+    def remove(self, item: Item) -> bool:
+        """Forget a settled item; False if it was settled already."""
+        if item.state == "settled":
+            return False
+        if item.state == "queued" and item in self.queue:
+            self.queue.remove(item)
+        item.state = "settled"
+        if self.active.get(item.id) is item:
+            del self.active[item.id]
+        return True
+
+    def drain_queue(self) -> list[Item]:
+        """Remove every queued item (stop) and return them, marked settled."""
+        left = list(self.queue)
+        self.queue.clear()
+        for it in left:
+            self.active.pop(it.id, None)
+            it.state = "settled"
+        return left
+
+    def status(self) -> dict:
+        """Per channel: ``queued`` (count), ``active`` (synthesizing request id or None),
+        ``playing`` (ids whose audio is still playing), ``waiting`` (why the head of its queue
+        cannot start, or None), ``batch_rows`` (rows of the decode step its request is in)."""
+        blank = {"queued": 0, "active": None, "playing": [], "waiting": None, "batch_rows": 0}
+        chans = {name: dict(blank, playing=[]) for name in self.queue_len}
+        for it in self.queue:
+            chans.setdefault(it.channel, dict(blank, playing=[]))["queued"] += 1
+        for ch, it in self.running.items():
+            c = chans.setdefault(ch, dict(blank, playing=[]))
+            c["active"] = it.id
+            c["batch_rows"] = it.task.max_rows if it.task is not None else 0
+        for it in self.active.values():
+            if it.state == "playing":
+                chans.setdefault(it.channel, dict(blank, playing=[]))["playing"].append(it.id)
+        for ch, why in self.waiting.items():
+            if ch in chans and chans[ch]["queued"]:
+                chans[ch]["waiting"] = why
+        return chans
