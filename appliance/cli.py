@@ -8,6 +8,8 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``serve --config config.yaml`` – run the daemon (:mod:`appliance.service.daemon`).
 * ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
+* ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
+  (``--socket`` asks a running one) (same module).
 * ``health`` – field health check (:mod:`appliance.service.health`).
 * ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`).
 
@@ -34,6 +36,7 @@ _COMMANDS = {
     "health": ("appliance.service.health", "cli_main"),
     "status": ("appliance.service.client", "status_main"),
     "cancel": ("appliance.service.client", "cancel_main"),
+    "normalize": ("appliance.service.client", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
 }
@@ -82,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
             g = c.add_mutually_exclusive_group(required=True)
             g.add_argument("--id", default=None, help="request id")
             g.add_argument("--channel", default=None, help="channel name")
+
+    n = sub.add_parser("normalize", help="print what TEXT would be said as, without synthesizing (dry run)")
+    n.add_argument("text", help="the text a speak request would carry")
+    n.add_argument("--config", default=None, help="config whose model.path tokenizer and limits to use "
+                   "(default: ./config.yaml if it exists)")
+    n.add_argument("--socket", default=None, help="ask the running daemon on this socket instead")
+    n.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon's reply")
+    n.add_argument("--json", action="store_true", help="print the normalized reply as JSON")
 
     h = sub.add_parser("health", help="field health check (exit 1 when unhealthy)")
     h.add_argument("--config", default="config.yaml")

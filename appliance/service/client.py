@@ -1,4 +1,5 @@
-"""``chattts-appliance say TEXT``: send one ``speak`` over the UNIX socket and report.
+"""``chattts-appliance say TEXT``: send one ``speak`` over the UNIX socket and report; also
+``status``, ``cancel`` and ``normalize`` (a dry run: what would be said, see :func:`normalize_main`).
 
 Prints ``accepted`` / ``started`` / ``done`` as they arrive, in human form (TTFB in ms, RTF,
 seconds of audio, decode steps/s, where the audio went), or the raw JSON lines with
@@ -149,8 +150,10 @@ def _human(ev: dict) -> str:
         s = (f"done      {ev['id']}: TTFB {ev['ttfb_ms']:.0f} ms, RTF {ev['rtf']:.3f} "
              f"({ev['audio_s']:.2f} s of audio, {ev['steps']} steps at {ev['steps_per_s']:.1f}/s), "
              f"seed {ev.get('seed')}, -> {ev.get('output')}")
+        for k, sent in enumerate(ev.get("spoken") or []):
+            s += f"\n          said {k + 1}: {sent}"
         if ev.get("unspeakable"):
-            s += f"\n          could not speak: {' '.join(ev['unspeakable'])}"
+            s += f"\n          could not speak: {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
         return s
     return json.dumps(ev, ensure_ascii=False)
 
@@ -280,3 +283,40 @@ def cancel_main(args: Any) -> int:
         return EXIT_DONE
     print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
     return EXIT_ERROR
+
+
+def normalize_main(args: Any) -> int:
+    """``chattts-appliance normalize TEXT``: print what the box would say, sentence by sentence
+    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized.
+
+    Without ``--socket`` it needs no daemon: it reads ``--config`` (else ``./config.yaml``, else
+    the defaults) and the checkpoint's tokenizer under ``model.path``, and runs the daemon's own
+    normalizer and sentence split (:mod:`appliance.text.dryrun`). With ``--socket`` it asks the
+    running daemon (a ``normalize`` request), which answers with its live configuration.
+
+    Exit status: 0; 1 when the text cannot be spoken at all (message on stderr); 2 when the
+    tokenizer or the daemon cannot be reached.
+    """
+    if args.socket:
+        rc, ev = _one_reply(args, {"type": "normalize", "text": args.text}, "normalize")
+        if ev is None:
+            return rc
+        if ev.get("type") == "error":
+            print(f"normalize: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+            return EXIT_ERROR
+    else:
+        from ..errors import TextError
+        from ..text.dryrun import cli_config, dry_run
+        try:
+            ev = {"type": "normalized", **dry_run(args.text, cli_config(args.config))}
+        except TextError as e:
+            print(f"normalize: {e}", file=sys.stderr)
+            return EXIT_ERROR
+    if args.json:
+        print(json.dumps(ev, ensure_ascii=False))
+        return EXIT_DONE
+    for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
+        print(f"{k + 1}. {sent}    [{n} tokens]")
+    if ev.get("unspeakable"):
+        print("could not speak: " + ", ".join(ev.get("unspeakable_names") or ev["unspeakable"]))
+    return EXIT_DONE

@@ -7,7 +7,8 @@ from their own thread (paho-mqtt's network thread), :meth:`Dispatcher.handle_req
 Each passes its own :data:`~appliance.service.protocol.EventSink` (thread-safe, non-blocking).
 Every failure becomes an ``error`` event on that sink; nothing raises back into the transport.
 
-``speak``: limits and channel are checked here, then ``Pipeline.prepare`` runs on its own single
+``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
+sentences it would say. ``speak``: limits and channel are checked here, then ``Pipeline.prepare`` runs on its own single
 ``prepare`` thread (so bad text is answered at once, even while a long request synthesizes)
 concurrently with the worker thread, which drives the pipeline's ``BatchEngine``: prepare must
 only read the tokenizer/normalizer, never the runner or decode state.
@@ -29,12 +30,15 @@ from ..errors import (
     TextError,
     UnknownChannelError,
 )
+from ..text.scripts import describe
 from .protocol import (
     Cancel,
     ErrorEvent,
     EventSink,
     HealthReply,
     HealthRequest,
+    Normalized,
+    NormalizeRequest,
     Request,
     Speak,
     StatusReply,
@@ -105,11 +109,13 @@ class Dispatcher:
         return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink), loop)
 
     async def handle_request(self, req: Request, sink: EventSink) -> None:
-        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest)."""
-        rid = req.id if isinstance(req, (Speak, Cancel)) else None
+        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest)."""
+        rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
                 await self._speak(req, sink)
+            elif isinstance(req, NormalizeRequest):
+                await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
                 sink(self.status(), None)
             elif isinstance(req, Cancel):
@@ -127,15 +133,26 @@ class Dispatcher:
             log.exception("request %s failed", rid or "-")
             sink(error_event(e, rid), None)
 
-    async def _speak(self, req: Speak, sink: EventSink) -> None:
+    def _check_text(self, text: str) -> None:
         if self.state() != "ready" or self.worker is None or self.pipeline is None:
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        n = len(req.text)
+        n = len(text)
         limit = self.max_text_chars
         if n > limit:
             raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
-        if not req.text.strip():
+        if not text.strip():
             raise TextError("text is empty; send something to say")
+
+    async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
+        self._check_text(req.text)
+        job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
+                                                               req.synthesis_request())
+        sink(Normalized(id=req.id, spoken=list(job.sentences), tokens=[int(p.size) for p in job.prompts],
+                        unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
+             None)
+
+    async def _speak(self, req: Speak, sink: EventSink) -> None:
+        self._check_text(req.text)
         channel = req.channel if req.channel is not None else self.channels[0]
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")

@@ -6,9 +6,9 @@ bytes of PCM (little-endian, the ``format`` given, mono, ``rate`` Hz). MQTT carr
 JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
-:class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
-:class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
-:class:`HealthReply`.
+:class:`HealthRequest`, :class:`NormalizeRequest`. Events (daemon -> client): :class:`Accepted`,
+:class:`Started`, :class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`,
+:class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`.
 
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
@@ -29,8 +29,6 @@ from ..core import SynthesisRequest, SynthParams
 from ..errors import ApplianceError, RequestError
 
 PRIORITIES = ("alert", "normal", "background")
-
-
 
 
 #: Allowed ranges of request parameters: the same bounds as the config's defaults
@@ -98,6 +96,22 @@ class HealthRequest:
     type: str = "health"
 
 
+@dataclass(frozen=True)
+class NormalizeRequest:
+    """Dry run: what a ``speak`` of ``text`` (with this ``voice`` and ``params.prompt``) would
+    say, sentence by sentence, without synthesizing; answered by :class:`Normalized`."""
+
+    text: str
+    id: str = ""
+    voice: Optional[str] = None
+    params: SynthParams = field(default_factory=SynthParams)
+    type: str = "normalize"
+
+    def synthesis_request(self) -> SynthesisRequest:
+        """The pipeline's view of this request."""
+        return SynthesisRequest(id=self.id, text=self.text, voice=self.voice, params=self.params)
+
+
 # ---------------------------------------------------------------- events
 
 
@@ -162,7 +176,10 @@ class Done:
         steps: decode steps run; steps_per_s: their rate.
         output: ``device:<name>`` or the WAV path written.
         seed: the sampling seed used (for reproduction).
-        unspeakable: characters of the text that could not be spoken and were skipped.
+        spoken: the text that was spoken, sentence by sentence (after normalization; a sentence
+            rewritten by refine-text as rewritten).
+        unspeakable: characters of the text that could not be spoken and were skipped;
+            unspeakable_names: the same with code point and Unicode name.
     """
 
     id: str
@@ -174,8 +191,24 @@ class Done:
     steps_per_s: float
     output: str = ""
     seed: Optional[int] = None
+    spoken: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
+    unspeakable_names: list = field(default_factory=list)
     type: str = "done"
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """Reply to :class:`NormalizeRequest`: ``spoken`` sentences (one generation each) with the
+    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), ``unspeakable`` characters
+    and their ``unspeakable_names``."""
+
+    id: str
+    spoken: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    unspeakable: list = field(default_factory=list)
+    unspeakable_names: list = field(default_factory=list)
+    type: str = "normalized"
 
 
 @dataclass(frozen=True)
@@ -215,16 +248,18 @@ class HealthReply:
     type: str = "health"
 
 
-REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
+REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest,
+                                   "normalize": NormalizeRequest}
 EVENT_TYPES: dict[str, type] = {
     "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
-    "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
+    "error": ErrorEvent, "status": StatusReply, "health": HealthReply, "normalized": Normalized,
 }
 
-Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest]
+Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
 
-Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
+Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply,
+                     Normalized]
 """An event the daemon sends to a client."""
 
 EventSink = typing.Callable[[Event, Optional[bytes]], None]
@@ -278,7 +313,7 @@ def _params(obj: Any) -> SynthParams:
 def parse_request(obj: Any) -> Request:
     """Validate a decoded JSON object and build the request dataclass.
 
-    A ``speak`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
+    A ``speak`` or ``normalize`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
 
     Raises:
         RequestError: not an object, unknown ``type``, unknown field, wrong type or range.
@@ -306,10 +341,11 @@ def parse_request(obj: Any) -> Request:
         seed = kw.get("seed")
         if seed is not None and not 0 <= seed < 2**63:
             raise RequestError(f"field 'seed' = {seed} must be in [0, 2**63)")
-        if "text" not in kw or kw["text"] is None:
-            raise RequestError("field 'text' is required in speak")
         if kw.get("priority", "normal") not in PRIORITIES:
             raise RequestError(f"field 'priority' must be one of {', '.join(PRIORITIES)}, got {kw['priority']!r}")
+    if cls in (Speak, NormalizeRequest):
+        if "text" not in kw or kw["text"] is None:
+            raise RequestError(f"field 'text' is required in {kind}")
         if not kw.get("id"):
             kw["id"] = uuid.uuid4().hex[:12]
         elif len(kw["id"]) > 128:

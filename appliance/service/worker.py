@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core import PcmChunk
 from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
+from ..text.scripts import describe
 from .protocol import (
     Accepted,
     AudioChunk,
@@ -369,7 +370,9 @@ class Worker:
         return Done(id=item.id, channel=item.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
                     audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
                     steps_per_s=round(float(st.steps_per_s), 2), seed=item.job.seed,
-                    unspeakable=list(item.job.unspeakable))
+                    spoken=[item.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(item.job.sentences)],
+                    unspeakable=list(item.job.unspeakable),
+                    unspeakable_names=[describe(u) for u in item.job.unspeakable])
 
     def _settle(self, item: Item, event: Any) -> None:
         """Emit the request's one terminal event (idempotent)."""

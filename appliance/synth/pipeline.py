@@ -194,7 +194,7 @@ class Pipeline:
         text = speak.text
         if len(text) > cfg.service.max_text_chars:
             raise TextError(f"text of {len(text)} characters is over the limit of {cfg.service.max_text_chars} (service.max_text_chars); split it")
-        norm = self.normalizer(text)
+        norm = self.normalizer(text, request_id=speak.id)
         p = speak.params
         s = cfg.synthesis
         params = SamplingParams.from_config(
@@ -208,10 +208,10 @@ class Pipeline:
         prompt = p.prompt if p.prompt is not None else s.prompt
         voice = speak.voice if speak.voice is not None else s.voice
         spk_emb = resolve_voice(voice, self.runner.info.hidden_size)
-        sentences = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
-                               with_speaker=spk_emb is not None)
-        prompts = [self.tokenizer.code_prompt(sent, prompt=prompt, with_speaker=spk_emb is not None)
-                   for sent in sentences]
+        split = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
+                           with_speaker=spk_emb is not None)
+        sentences = [sent.text for sent in split]
+        prompts = [sent.ids for sent in split]   # tokenized once, by split_text
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
