@@ -39,6 +39,7 @@ _COMMANDS = {
     "normalize": ("appliance.service.client", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
+    "calibrate": ("appliance.build.calibrate", "cli_main"),
 }
 
 
@@ -115,6 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
     b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
+    for x in (ex, b):
+        x.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")
+
+    cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need")
+    cal.add_argument("--config", default="config.yaml")
+    cal.add_argument("--threshold-db", type=float, default=None,
+                     help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
+    cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")
     return p
 
 

@@ -74,8 +74,11 @@ class SynthesisConfig:
 class StreamConfig:
     """How decode steps become PCM chunks."""
 
-    chunk_tokens: int = _f(24, "Decode steps per streamed chunk (24 steps = 512 ms of audio).", min=1, max=512)
-    first_chunk_tokens: int = _f(12, "Decode steps in the first chunk (smaller: earlier first audio).", min=1, max=512)
+    chunk_tokens: int = _f(48, "Largest streamed chunk, in decode steps (48 steps = 1.02 s of audio); chunks grow from first_chunk_tokens up to this.", min=1, max=512)
+    first_chunk_tokens: int = _f(4, "Decode steps in the first chunk of a request (smaller: earlier first audio; 4 steps = 85 ms of audio).", min=1, max=512)
+    chunk_growth: float = _f(2.0, "Each next chunk is this many times the previous one (capped by chunk_tokens and by what the audio already queued can cover: the device never waits); 1 = fixed chunks.", min=1.0, max=8.0)
+    lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
+    lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 
@@ -245,6 +248,8 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
             return True, float(value)
         return False, value
     if tp is str:
+        if isinstance(value, int) and not isinstance(value, bool):   # e.g. stream.lookahead: 16
+            return True, str(value)
         return isinstance(value, str), value
     return True, value
 
@@ -317,6 +322,9 @@ def _cross_check(cfg: Config) -> None:
         )
     if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
         raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
+    la = cfg.stream.lookahead
+    if la not in ("auto", "exact") and not (la.isdigit() and 1 <= int(la) <= 256):
+        raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
 
 
 def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:

@@ -10,8 +10,10 @@
 3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences (the runner
    keeps each row's hidden states in its slot);
 4. per task, advances its own :class:`~appliance.synth.vocoder.WindowedVocoder` (one per task
-   slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first chunk after
-   ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
+   slot, allocated once by the pipeline) when the next chunk of the task's
+   :class:`~appliance.synth.schedule.ChunkSchedule` is decoded (a small first chunk, then growing
+   ones that the audio already queued can cover) and hands the PCM that became final to the
+   task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
    vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
    without stalling the others.
@@ -39,6 +41,7 @@ import numpy as np
 from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
 from .decode_loop import DecodeLoop, Sequence
+from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,7 @@ class Task:
     Attributes:
         job: the :class:`~appliance.synth.pipeline.Job`. sink: where its PCM goes.
         cancel: set (any thread) to remove the task at the next step.
-        chunk_scale: ``chunk_tokens`` is multiplied by this (throttle: fewer, larger chunks).
+        chunk_scale: the schedule's largest chunk is multiplied by this (throttle: fewer, larger chunks).
         state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
             ``failed`` or ``cancelled``.
         error: the exception of a failed/cancelled task.
@@ -72,10 +75,12 @@ class Task:
     k: int = 0
     seq: Optional[Sequence] = None
     emitted: int = 0
+    last_chunk: int = 0
     samples: int = 0
     steps: int = 0
     t0: float = field(default_factory=time.perf_counter)
     ttfb: Optional[float] = None
+    first_at: float = 0.0
     max_rows: int = 0
     joined_at_step: int = -1
 
@@ -91,7 +96,7 @@ class BatchEngine:
     Args:
         loop: the decode loop (owns the runner's KV slots and the per-slot samplers).
         vocoders: one :class:`WindowedVocoder` per task slot (allocated once).
-        first_chunk_tokens, chunk_tokens: streaming chunk sizes in decode steps.
+        schedule: streamed chunk sizes (:class:`~appliance.synth.schedule.ChunkSchedule`).
         job_stats: ``(job, ttfb_s, wall_s, samples, steps) -> None`` fills ``job.stats``
             (the pipeline's JobStats); None leaves jobs untouched.
         refiner: ``(job, k) -> None`` runs refine-text for sentence ``k`` of a job whose
@@ -101,8 +106,8 @@ class BatchEngine:
     ``cancel`` events may be set from other threads.
     """
 
-    def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], first_chunk_tokens: int,
-                 chunk_tokens: int, job_stats: Optional[Callable] = None,
+    def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], schedule: ChunkSchedule,
+                 job_stats: Optional[Callable] = None,
                  refiner: Optional[Callable] = None) -> None:
         self.loop = loop
         self.refiner = refiner
@@ -110,8 +115,9 @@ class BatchEngine:
         #: engine: the scheduler, or a health check running Pipeline.run on the worker thread
         self.on_step: Optional[Callable[[], None]] = None
         self.vocoders = vocoders
-        self.first = max(1, int(first_chunk_tokens))
-        self.every = max(1, int(chunk_tokens))
+        self.schedule = schedule
+        #: wall seconds per engine step (moving average; decode, windows and sinks included)
+        self.step_s = 0.0
         self.job_stats = job_stats
         self.capacity = min(loop.max_batch, len(vocoders))
         self.tasks: list[Task] = []
@@ -152,6 +158,7 @@ class BatchEngine:
             task (bad prompt, empty result) fail that task only; a runner error in the batched
             decode fails every task that was decoding.
         """
+        t_step = time.perf_counter()
         ended: list[Task] = []
         if self.on_step is not None:
             self.on_step()
@@ -189,6 +196,8 @@ class BatchEngine:
                 self._end(t, "failed", e)
             if t.finished:
                 ended.append(t)
+        dt = time.perf_counter() - t_step
+        self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
         return ended
 
     # ------------------------------------------------------------------ internals
@@ -212,10 +221,15 @@ class BatchEngine:
     def _advance(self, t: Task) -> None:
         seq = t.seq
         voc = self.vocoders[t.voc]
-        target = self.first if t.emitted == 0 and t.k == 0 else self.every * t.chunk_scale
+        if t.last_chunk == 0:
+            target = self.schedule.first
+        else:
+            buffered = t.samples / SAMPLE_RATE - (time.perf_counter() - t.first_at)
+            target = self.schedule.next(t.last_chunk, buffered, self.step_s, t.chunk_scale)
         if seq.steps - voc.lookahead_tokens - t.emitted >= target:
             pcm = voc.push(seq.steps)
-            t.emitted = max(0, seq.steps - voc.lookahead_tokens)
+            new = max(0, seq.steps - voc.lookahead_tokens)
+            t.last_chunk, t.emitted = new - t.emitted, new
             self._out(t, pcm)
         if seq.finished:
             self._sentence_end(t)
@@ -246,7 +260,8 @@ class BatchEngine:
     def _out(self, t: Task, pcm: np.ndarray) -> None:
         if pcm.size:
             if t.ttfb is None:
-                t.ttfb = time.perf_counter() - t.t0
+                t.first_at = time.perf_counter()
+                t.ttfb = t.first_at - t.t0
             t.samples += pcm.size
             t.sink(PcmChunk(pcm, SAMPLE_RATE))
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..config import Config
 from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..engines.lookahead import choose as choose_lookahead
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
     CheckpointError,
@@ -49,6 +50,7 @@ from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
 from .batch import BatchEngine
 from .decode_loop import DecodeLoop
+from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
@@ -130,8 +132,15 @@ class Pipeline:
         self.loop = DecodeLoop(runner)
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
         self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
-        self.engine = BatchEngine(self.loop, self.vocoders, cfg.stream.first_chunk_tokens,
-                                  cfg.stream.chunk_tokens, job_stats=self._job_stats,
+        info = runner.info
+        self.lookahead = choose_lookahead(cfg.stream.lookahead, cfg.resolve(cfg.model.engine_dir),
+                                          cfg.resolve(cfg.model.path), info.backend, info.precision,
+                                          cfg.stream.lookahead_threshold_db)
+        self.set_lookahead(self.lookahead.tokens)
+        log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
+        st = cfg.stream
+        self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
+                                                                          st.chunk_growth), job_stats=self._job_stats,
                                   refiner=self._refine)
 
     @classmethod
@@ -162,6 +171,15 @@ class Pipeline:
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
         return self.runner.info
+
+    def set_lookahead(self, tokens: Optional[int]) -> None:
+        """Right context of every vocoder window, decode steps (None: exact). Worker thread only."""
+        for v in self.vocoders:
+            v.set_lookahead(tokens)
+
+    def describe_lookahead(self) -> str:
+        """One line for logs, STATUS and the health report, e.g. ``16 steps (calibrated ...)``."""
+        return self.lookahead.describe(self.vocoders[0].exact_lookahead)
 
     def device_memory_bytes(self) -> int:
         """Accelerator memory the backend holds now (0 on a CPU: RSS counts it)."""
@@ -254,8 +272,9 @@ class Pipeline:
         """Synthesize ``job``; yield :class:`~appliance.core.PcmChunk` (float32 mono, 24 kHz) as
         they become final.
 
-        Chunks are cut every ``stream.chunk_tokens`` decode steps (the first after
-        ``stream.first_chunk_tokens``) once the windowed Decoder/Vocos can produce them exactly.
+        The first chunk carries ``stream.first_chunk_tokens`` decode steps, later ones grow up to
+        ``stream.chunk_tokens`` (:class:`~appliance.synth.schedule.ChunkSchedule`); a chunk's
+        audio is committed once the look-ahead (exact or calibrated) exists to its right.
         This is the one-job use of :attr:`engine` (:class:`~appliance.synth.batch.BatchEngine`),
         the same code path the scheduler drives for several jobs at once.
 

@@ -1,0 +1,158 @@
+"""``chattts-appliance calibrate``: measure how much look-ahead the vocoder windows really need.
+
+The Decoder and Vocos are convolution stacks with a theoretical receptive field of ±75 and ±27
+mel frames at full size: exact streaming waits 53 decode steps (1.1 s of audio) before a token's
+audio is final. How far the *trained* weights really look is a property of the checkpoint, so it
+is measured here, on the installed checkpoint, backend and precision:
+
+1. A fixed set of sentences (Chinese, English, mixed) is synthesized with several voices and
+   seeds through the pipeline's own decode loop (the runner keeps each sentence's hidden states).
+2. The exact PCM of each sentence is one vocoder window over all of it.
+3. For increasing look-ahead ``r`` the sentence is streamed through
+   :class:`~appliance.synth.vocoder.WindowedVocoder` with ``r`` steps of right context, in chunks
+   of 2 decode steps (the most joins, and every frame committed with the least context: the worst
+   case of any chunk schedule), and the error is ``20 log10(max |streamed - exact| / max |exact|)``.
+4. The smallest ``r`` whose worst error over all sentences is at or below
+   ``stream.lookahead_threshold_db`` (default -60 dB) is the result; with none, the exact field.
+
+The result and the whole curve go to ``<model.engine_dir>/calibration.json``
+(:mod:`appliance.engines.lookahead`), keyed by the checkpoint's sha256, backend and precision;
+``engines export`` / ``engines build`` and ``scripts/install_jetson.sh`` run this after building.
+Random weights prove nothing about real ones: on a box, calibrate with the weights it speaks with.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from typing import Optional
+
+import numpy as np
+
+from ..core import SynthesisRequest, SynthParams
+from ..engines import manifest as mf
+from ..engines.lookahead import Calibration, save
+from ..engines.runner import VocodeWindow
+from ..synth.decode_loop import Sequence
+from ..synth.istft import istft
+from ..synth.vocoder import WindowedVocoder
+
+log = logging.getLogger(__name__)
+
+#: (language, text): what a car or home box says; each is spoken with every voice of VOICES.
+SENTENCES = (
+    ("zh", "今天天气很好，我们一起去公园散步吧。"),
+    ("en", "The next train to the airport leaves from platform two in five minutes."),
+    ("mixed", "请在十点四十五分之前到达 Terminal B 的登机口。"),
+)
+VOICES = (("seed:2", 11), ("seed:7", 23))
+CANDIDATES = (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48)
+CHUNK = 2
+TOKENS = (60, 120)   # min / max decode steps per sentence
+
+
+def error_db(streamed: np.ndarray, exact: np.ndarray) -> float:
+    """``20 log10(max |streamed - exact| / max |exact|)``; -inf when identical."""
+    peak = float(np.abs(exact).max())
+    err = float(np.abs(streamed - exact).max()) if streamed.shape == exact.shape else peak
+    return -math.inf if err == 0.0 else 20.0 * math.log10(err / max(peak, 1e-12))
+
+
+def _stream(voc: WindowedVocoder, slot: int, n: int, r: Optional[int], chunk: int) -> np.ndarray:
+    voc.set_lookahead(r)
+    voc.reset(slot)
+    parts = [voc.push(k) for k in range(chunk, n, chunk)]
+    parts.append(voc.push(n))
+    parts.append(voc.finish())
+    return np.concatenate(parts)
+
+
+def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHUNK, sentences=SENTENCES,
+              voices=VOICES, tokens=TOKENS) -> Calibration:
+    """Measure the look-ahead curve on ``pipe`` (a :class:`~appliance.synth.pipeline.Pipeline`) and
+    return the calibration (not saved). Uses the pipeline's decode loop and runner slots; run it
+    while nothing else synthesizes."""
+    loop, runner = pipe.loop, pipe.runner
+    voc = WindowedVocoder(runner, runner.info.max_seq_len)
+    exact_r = voc.exact_lookahead
+    cands = [r for r in candidates if r < exact_r]
+    jobs = [(lang, text, voice, seed) for lang, text in sentences for voice, seed in voices]
+    worst = {r: -math.inf for r in cands}
+    per: list[dict] = []
+    for i in range(0, len(jobs), loop.max_batch):
+        batch = jobs[i:i + loop.max_batch]
+        seqs = []
+        for lang, text, voice, seed in batch:
+            job = pipe.prepare(SynthesisRequest(id=f"calibrate-{lang}", text=text, voice=voice, seed=seed,
+                                                params=SynthParams(min_new_tokens=tokens[0], max_new_tokens=tokens[1])))
+            seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=job.seed)
+            loop.join(seq)
+            seqs.append(seq)
+        while loop.active:
+            loop.step()
+        try:
+            for (lang, text, voice, seed), seq in zip(batch, seqs):
+                n = seq.steps
+                re, im = runner.vocode(seq.slot, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+                exact = istft(re.copy(), im.copy())
+                curve = {}
+                for r in cands:
+                    curve[r] = error_db(_stream(voc, seq.slot, n, r, chunk), exact)
+                    worst[r] = max(worst[r], curve[r])
+                per.append({"lang": lang, "voice": voice, "seed": seed, "tokens": n,
+                            "error_db": {str(r): round(v, 1) for r, v in curve.items()}})
+                log.info("calibrate %s %s: %s", lang, voice, {r: round(v, 1) for r, v in curve.items()})
+        finally:
+            for seq in seqs:
+                loop.release(seq)
+    chosen = next((r for r in cands if worst[r] <= threshold_db), exact_r)
+    return Calibration(
+        backend=runner.info.backend, precision=runner.info.precision, lookahead_tokens=int(chosen),
+        exact_lookahead=exact_r, threshold_db=float(threshold_db), chunk_tokens=chunk,
+        curve=[{"tokens": r, "worst_db": round(worst[r], 1)} for r in cands],
+        sentences=per, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def run(cfg, threshold_db: Optional[float] = None) -> tuple[Calibration, str]:
+    """Open the configured backend, calibrate, save beside the engines; returns (calibration, path)."""
+    from ..synth.pipeline import Pipeline
+
+    thr = cfg.stream.lookahead_threshold_db if threshold_db is None else threshold_db
+    t = time.perf_counter()
+    pipe = Pipeline.from_config(cfg)
+    try:
+        cal = calibrate(pipe, thr)
+    finally:
+        pipe.close()
+    ident = mf.checkpoint_identity(cfg.resolve(cfg.model.path))
+    cal = Calibration(**{**asdict(cal), "checkpoint": ident})
+    path = save(cfg.resolve(cfg.model.engine_dir), cal)
+    log.info("calibration took %.1f s", time.perf_counter() - t)
+    return cal, str(path)
+
+
+def report(cal: Calibration, path: str) -> str:
+    """A short table for people."""
+    lines = [f"look-ahead calibration ({cal.backend}, {cal.precision}, threshold {cal.threshold_db:g} dB, "
+             f"chunks of {cal.chunk_tokens} steps):", "  steps  worst error"]
+    lines += [f"  {c['tokens']:5d}  {c['worst_db']:7.1f} dB" + ("  <- chosen" if c["tokens"] == cal.lookahead_tokens else "")
+              for c in cal.curve]
+    if cal.lookahead_tokens >= cal.exact_lookahead:
+        lines.append(f"  no shorter look-ahead met the threshold: exact ({cal.exact_lookahead} steps)")
+    lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}); saved in {path}")
+    return "\n".join(lines)
+
+
+def cli_main(args) -> int:
+    """``chattts-appliance calibrate``: returns 0; errors propagate as ApplianceError (exit 2)."""
+    from .cli import _config
+
+    cfg = _config(args.config)
+    cal, path = run(cfg, args.threshold_db)
+    print(json.dumps(asdict(cal), indent=1) if args.json else report(cal, path))
+    return 0
