@@ -209,3 +209,21 @@ def test_same_seed_cuda_fp32_equals_host(tiny_ckpt, tiny_config):
         r.prefill(1, ids, None)
         out.append(np.concatenate([r.start(1, p, 42)[None]] + [r.step(np.array([1]), 1)[:, 0].copy() for _ in range(99)]))
     np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_compile_auto_compiles_where_triton_works_and_caches(tiny_ckpt, tiny_config, tmp_path, caplog):
+    """On a desktop GPU with Triton, model.compile: auto -> the compiled step, with inductor's cache
+    in engine_dir/torch_compile (a restart reuses it)."""
+    import logging
+
+    from appliance.engines.cuda_runner import compile_mode
+    from appliance.engines.select import open_runner
+
+    assert compile_mode("auto")[0] == "default"
+    m = dataclasses.replace(tiny_config.model, device="cuda", compile="auto", engine_dir=str(tmp_path / "eng"),
+                            max_batch=1, max_seq_len=256)
+    with caplog.at_level(logging.INFO, logger="appliance.engines.select"):
+        r = open_runner(dataclasses.replace(tiny_config, model=m))
+    assert r.compiled == "default" and "Triton found" in caplog.text
+    assert any((tmp_path / "eng" / "torch_compile").iterdir())
+    r.close()

@@ -54,6 +54,24 @@ from .torch_runner import _DTYPES, pick_device
 log = logging.getLogger(__name__)
 
 QUANT_MODES = (None, "int8", "fp8")
+
+
+def compile_mode(setting: str) -> tuple[Optional[str], str]:
+    """``model.compile`` -> (torch.compile mode or None, why): ``auto`` compiles where Triton works
+    (inductor's GPU kernels are Triton kernels; JetPack's PyTorch ships without it), else plain
+    CUDA graphs of the eager step."""
+    if setting == "off":
+        return None, "plain CUDA graphs (model.compile: off)"
+    if setting != "auto":
+        return setting, f"compiled ({setting}) inside CUDA graphs (model.compile: {setting})"
+    try:
+        from torch.utils._triton import has_triton
+        ok = has_triton()
+    except ImportError:
+        ok = False
+    if ok:
+        return "default", "compiled inside CUDA graphs (model.compile: auto, Triton found)"
+    return None, "plain CUDA graphs (model.compile: auto, no working Triton: e.g. JetPack's PyTorch)"
 # CudaRunner(compile=...) -> torch.compile mode ("default" = inductor's default; None = not compiled)
 COMPILE_MODES = {False: None, True: "default", "none": None, "off": None, "default": "default",
                  "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
@@ -75,6 +93,8 @@ class CudaRunner(Runner):
         step_chunk: steps one :meth:`step` call should run (``info.step_chunk``; ring size 2x).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
         prefill_buckets: prompt-length buckets (default powers of two from 32, then max_prompt_tokens).
+        compile_cache: directory for inductor's compiled kernels and graphs (``TORCHINDUCTOR_CACHE_DIR``
+            unless already set), so that a restart reuses them; None: inductor's default (``/tmp``).
 
     Raises:
         CheckpointError, CapacityError: bad checkpoint, max_seq_len past the model's positions.
@@ -84,7 +104,8 @@ class CudaRunner(Runner):
 
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
                  compile: bool | str = False, buckets: Optional[list[int]] = None, step_chunk: int = 8,
-                 capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None):
+                 capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None,
+                 compile_cache: Optional[str] = None):
         quant = None if quant in (None, "none") else quant
         mode = COMPILE_MODES.get(compile, compile) if isinstance(compile, (bool, str)) else compile
         if mode not in COMPILE_MODES.values():
@@ -149,7 +170,13 @@ class CudaRunner(Runner):
         self.seam = GraphSeam(cuda=cuda if graphs is None else bool(graphs and cuda), warmup=3 if mode else 2)
         self._body = self._step_body
         if mode is not None:
+            import os
+
             import torch._dynamo as dyn
+
+            if compile_cache:
+                os.makedirs(compile_cache, exist_ok=True)
+                os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache)
 
             for k in ("cache_size_limit", "recompile_limit"):
                 if hasattr(dyn.config, k):
