@@ -212,7 +212,8 @@ class CudaRunner(Runner):
         m, sl = self.model, slice(0, b)
         pos, rows = self.pos[sl], self._ar[sl]
         x = m.embed.embed_codes(self.codes_in[sl]).unsqueeze(1)  # [b, 1, D]
-        h = m.gpt(x, pos.unsqueeze(1), DecodeRows(m.gpt.k_cache, m.gpt.v_cache, b, pos, L, rows))[:, 0]  # [b, D]
+        g = m.gpt
+        h = g(x, pos.unsqueeze(1), DecodeRows(g.k_cache, g.v_cache, b, pos, L, rows, g.kpos))[:, 0]  # [b, D]
         self.hid.index_put_((self.row_slot[sl], self.sampler.steps[sl]), h)  # hidden n of each row's sentence
         new = self.sampler.sample(m.embed.audio_logits(h).float(), sl)
         self.codes_ring.index_put_((self.t.expand(b), rows), new)

@@ -135,6 +135,7 @@ class GPT(nn.Module):
         cos, sin = rope_table(s.max_pos, s.head_dim, s.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, hd] float32
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("kpos", torch.arange(s.max_pos), persistent=False)  # [max_pos] int64: key positions
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.max_batch = 0
@@ -194,5 +195,5 @@ class GPT(nn.Module):
         ``0..pos[b]`` of that slot. ``kv_len`` (a host int, > max(pos)) bounds the cache span read;
         None reads the whole cache (fixed shapes). Returns hidden ``[B, D]``.
         """
-        plan = DecodeSlots(self.k_cache, self.v_cache, slots, pos, self.max_seq if kv_len is None else kv_len)
+        plan = DecodeSlots(self.k_cache, self.v_cache, slots, pos, self.max_seq if kv_len is None else kv_len, self.kpos)
         return self(emb, pos.unsqueeze(1), plan)[:, 0]
