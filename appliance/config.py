@@ -62,7 +62,7 @@ class SynthesisConfig:
     top_k: int = _f(20, "Top-K codes kept (at least 3 are always kept, as upstream).", min=1, max=626)
     repetition_penalty: float = _f(1.05, "Multiplicative penalty per repeat over the last 16 codes of a codebook; 1 = off.", min=1.0, max=5.0)
     min_new_tokens: int = _f(0, "End-of-sequence is masked before this many codes.", min=0, max=4096)
-    max_new_tokens: int = _f(2048, "Hard stop in decode steps per sentence (46.875 steps = 1 s of audio).", min=1, max=4096)
+    max_new_tokens: int = _f(2048, "Hard stop in decode steps for EACH SENTENCE, not for the whole request: the GPT generation limit (the text is split into sentences of at most model.max_prompt_tokens and each generates up to this many codes; 46.875 steps = 1 s of audio). A request's params.max_new_tokens may lower it.", min=1, max=4096)
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
     seed: Optional[int] = _f(None, "Default sampling seed (0 <= seed < 2**63); None = a fresh seed per request (reported in the reply).", min=0, max=2**63 - 1)
@@ -246,6 +246,8 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
         return False, value
     if tp is str:
         return isinstance(value, str), value
+    if tp is tuple:     # a YAML list
+        return isinstance(value, (list, tuple)), tuple(value) if isinstance(value, list) else value
     return True, value
 
 
@@ -329,6 +331,18 @@ def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:
     cfg = dataclasses.replace(cfg, base_dir=str(Path(base_dir).resolve()))
     _cross_check(cfg)
     return cfg
+
+
+CONFIG_ENV = "CHATTTS_APPLIANCE_CONFIG"
+CONFIG_SEARCH = ("config.local.yaml", "config.yaml")
+
+
+def find_config(explicit: str | os.PathLike | None = None) -> Optional[Path]:
+    """The config file every command uses: ``explicit`` (``--config``), else ``$CHATTTS_APPLIANCE_CONFIG``
+    (both returned even if missing, so reading fails naming them), else the first of
+    :data:`CONFIG_SEARCH` in the current directory; None when there is none."""
+    named = explicit or os.environ.get(CONFIG_ENV)
+    return Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
 
 
 def load_config(path: str | os.PathLike | None) -> Config:

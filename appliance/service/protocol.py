@@ -8,7 +8,7 @@ JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
 :class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
-:class:`HealthReply`.
+:class:`HealthReply`, :class:`CancelDone` (the end of the reply to a ``cancel``).
 
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
@@ -104,7 +104,8 @@ class HealthRequest:
 @dataclass(frozen=True)
 class Accepted:
     """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
-    cannot start at once although its channel is free (memory budget, throttle), else None."""
+    cannot start at once (its channel is busy with another request, requests are queued before
+    it, the memory budget, the throttle level), else None."""
 
     id: str
     channel: str
@@ -189,6 +190,21 @@ class ErrorEvent:
 
 
 @dataclass(frozen=True)
+class CancelDone:
+    """The end of the reply to a ``cancel``: ``cancelled`` requests were hit (their ids in
+    ``ids``). Each of them also ends with an ``error`` ``cancelled`` on its own client's
+    connection; the canceller gets that event too (before this one) for requests that are not
+    its own. ``id`` / ``channel``: what the cancel asked for. A cancel that hits nothing is
+    answered with one ``error`` (``bad_request``) instead."""
+
+    cancelled: int
+    ids: list = field(default_factory=list)
+    id: Optional[str] = None
+    channel: Optional[str] = None
+    type: str = "cancel_done"
+
+
+@dataclass(frozen=True)
 class StatusReply:
     """Daemon status: channels busy, queues, last timings, throttle level, temperature (C)."""
 
@@ -204,7 +220,11 @@ class StatusReply:
 
 @dataclass(frozen=True)
 class HealthReply:
-    """Result of the field health check (see :mod:`appliance.service.health`)."""
+    """Result of the field health check (see :mod:`appliance.service.health`).
+
+    ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
+    ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
+    config, so a client can show them without reading that config."""
 
     healthy: bool
     rtf: Optional[float] = None
@@ -212,19 +232,21 @@ class HealthReply:
     steps_per_s: Optional[float] = None
     memory_mib: Optional[float] = None
     reasons: list = field(default_factory=list)
+    limits: dict = field(default_factory=dict)
     type: str = "health"
 
 
 REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
 EVENT_TYPES: dict[str, type] = {
     "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
-    "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
+    "error": ErrorEvent, "status": StatusReply, "health": HealthReply, "cancel_done": CancelDone,
 }
 
 Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
 
-Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
+Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply,
+                     CancelDone]
 """An event the daemon sends to a client."""
 
 EventSink = typing.Callable[[Event, Optional[bytes]], None]
