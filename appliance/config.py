@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -189,6 +190,31 @@ class ThrottleConfig:
 
 
 @dataclass(frozen=True)
+class WyomingVoiceConfig:
+    """One voice offered to Wyoming clients (Home Assistant lists it by ``name``)."""
+
+    name: str = _f("default", "Voice name shown to clients and sent back in their requests (letters, digits, '-', '_', '.').")
+    voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
+    description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
+
+
+@dataclass(frozen=True)
+class WyomingConfig:
+    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.service.wyoming_server`.
+    Its requests go through the same scheduler as socket and MQTT requests, on ``channel``."""
+
+    enabled: bool = _f(False, "Serve the Wyoming protocol on the URIs below.")
+    uris: tuple = _f(("tcp://0.0.0.0:10200",), "Where to listen: tcp://HOST:PORT and/or unix://PATH (relative paths: to the config file). 10200 is the port Home Assistant suggests for TTS.")
+    channel: Optional[str] = _f(None, "Channel (service.channels[].name) whose queue Wyoming requests join; None = the first channel.")
+    priority: str = _f("normal", "Priority of Wyoming requests on that channel: alert, normal or background.", choices=("alert", "normal", "background"))
+    play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
+    streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
+    voices: tuple = _f((WyomingVoiceConfig(),), "Voices offered (list of {name, voice, description}); the first is the default. Also the options of the MQTT voice select.")
+    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package).")
+    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config` or ``Config()`` for defaults."""
 
@@ -201,6 +227,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
     source: str = field(default="", metadata={"help": "The file this config was read from ('' when built in code; set by load_config; not a YAML key)."})
 
@@ -219,7 +246,7 @@ class Config:
 # building and validation
 # --------------------------------------------------------------------------------------------
 
-_SECTION_ITEM = {("service", "channels"): ChannelConfig}
+_SECTION_ITEM = {("service", "channels"): ChannelConfig, ("wyoming", "voices"): WyomingVoiceConfig}
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -319,6 +346,19 @@ def _cross_check(cfg: Config) -> None:
         )
     if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
         raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
+    _check_wyoming(cfg.wyoming, names)
+
+
+def _check_wyoming(w: WyomingConfig, channels: list[str]) -> None:
+    """URIs, channel and voice names of the ``wyoming`` section (checked even while disabled)."""
+    for u in w.uris or [""]:
+        if not isinstance(u, str) or not re.fullmatch(r"tcp://[^/]+:\d{1,5}/?|unix://.+", u):
+            raise ConfigError(f"wyoming.uris: {u!r} is not tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or unix://PATH")
+    if w.channel is not None and w.channel not in channels:
+        raise ConfigError(f"wyoming.channel: {w.channel!r} is not a configured channel ({', '.join(channels)})")
+    names = [v.name for v in w.voices]
+    if not names or len(set(names)) < len(names) or not all(re.fullmatch(r"[\w.-]{1,64}", n, re.A) for n in names):
+        raise ConfigError(f"wyoming.voices: {names} must be 1 or more unique names of 1-64 letters, digits, '-', '_', '.'")
 
 
 def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:

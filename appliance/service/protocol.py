@@ -58,6 +58,8 @@ class Speak:
         seed: sampling seed for reproducible output; None = config default / fresh.
         params: sampling overrides.
         return_audio: also send the PCM back as ``audio`` events.
+        play: False = the audio is neither played on the box nor written to a WAV file: it only
+            goes back to the client (needs ``return_audio``; the Wyoming server's requests).
     """
 
     text: str
@@ -68,6 +70,7 @@ class Speak:
     seed: Optional[int] = None
     params: SynthParams = field(default_factory=SynthParams)
     return_audio: bool = False
+    play: bool = True
     type: str = "speak"
 
     def synthesis_request(self) -> SynthesisRequest:
@@ -332,6 +335,8 @@ def parse_request(obj: Any) -> Request:
             raise RequestError("field 'text' is required in speak")
         if kw.get("priority", "normal") not in PRIORITIES:
             raise RequestError(f"field 'priority' must be one of {', '.join(PRIORITIES)}, got {kw['priority']!r}")
+        if kw.get("play") is False and not kw.get("return_audio"):
+            raise RequestError("field 'play' is false without 'return_audio': the audio would go nowhere")
         if not kw.get("id"):
             kw["id"] = uuid.uuid4().hex[:12]
         elif len(kw["id"]) > 128:
