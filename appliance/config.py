@@ -138,6 +138,8 @@ class MQTTConfig:
     reconnect_max_s: int = _f(60, "Longest reconnect delay, s.", min=1, max=3600)
     status_interval_s: float = _f(30.0, "Retained status is republished at least this often, s (and at once on change).", min=1.0, max=86400.0)
     dedup_ids: int = _f(1024, "Recent say ids remembered to drop redelivered duplicates.", min=16, max=1 << 20)
+    discovery: bool = _f(True, "Publish Home Assistant MQTT discovery configs (retained): the box as one device with say, stop, voice, sensors (service.mqtt_discovery).")
+    discovery_prefix: str = _f("homeassistant", "Home Assistant's discovery prefix; its <prefix>/status 'online' makes the box publish the configs again.")
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     stats = job.stats
     rss = process_memory_mib()
     dev = _device_memory_mib(pipeline)
-    memory = None if rss is None and dev is None else (rss or 0.0) + (dev or 0.0)
+    memory = None if rss is None and dev is None else round((rss or 0.0) + (dev or 0.0), 1)   # as reported
     reasons = []
     if stats.rtf > h.max_rtf:
         reasons.append(f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
