@@ -127,11 +127,13 @@ def test_third_party_noise_is_quiet_without_verbose():
         "logging.getLogger('torch.onnx._internal.exporter._registration').warning('torchvision is not installed')\n"
         "warnings.warn_explicit('deprecated thing', FutureWarning, 'copyreg.py', 105, module='copyreg')\n"
         "logging.getLogger('appliance.build.export').info('exported gpt')\n"
+        "logging.getLogger('appliance.x').info('done', extra={'rtf': 0.2659693373526134, 'steps': 531})\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TORCH_LOGS", None)
     quiet = subprocess.run([sys.executable, "-c", code, "q"], capture_output=True, text=True, env=env, timeout=120)
     assert "exported gpt" in quiet.stderr, quiet.stderr
+    assert "done [rtf=0.266 steps=531]" in quiet.stderr, quiet.stderr          # fields readable, not 0.2659693373526134
     for noise in ("Skipping constant folding", "torchvision", "deprecated thing"):
         assert noise not in quiet.stderr, quiet.stderr
     loud = subprocess.run([sys.executable, "-c", code, "v"], capture_output=True, text=True, env=env, timeout=120)

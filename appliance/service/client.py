@@ -156,7 +156,7 @@ def _human(ev: dict) -> str:
              f"({ev['audio_s']:.2f} s of audio, {ev['steps']} steps at {ev['steps_per_s']:.1f}/s), "
              f"seed {ev.get('seed')}, -> {ev.get('output')}")
         if ev.get("unspeakable"):
-            s += f"\n          could not speak: {' '.join(ev['unspeakable'])}"
+            s += f"\n          could not speak (skipped): {' '.join(ev['unspeakable'])}"
         return s
     return json.dumps(ev, ensure_ascii=False)
 
@@ -212,9 +212,10 @@ def cli_main(args: Any) -> int:
                 return EXIT_DONE
     except Unreachable as e:
         cfg = f" --config {args.config}" if args.config else ""
+        box = "" if args.config and args.config.endswith("config.local.yaml") else \
+            " (or `systemctl start chattts-appliance`)"
         print(f"say: the daemon is not reachable: {e}.\n"
-              f"Start it with `chattts-appliance serve{cfg}` (or `systemctl start chattts-appliance`), "
-              f"or pass --socket / --config.", file=sys.stderr)
+              f"Start it with `chattts-appliance serve{cfg}`{box}, or pass --socket / --config.", file=sys.stderr)
         return EXIT_UNREACHABLE
     except socket.timeout:
         print(f"say: no 'done' within {args.timeout:g} s (--timeout)", file=sys.stderr)

@@ -45,13 +45,15 @@ class _UpperFieldsFilter(logging.Filter):
 
 
 class _FieldsFormatter(logging.Formatter):
-    """Appends the ``extra=`` fields as ``key=value`` to the message."""
+    """Appends the ``extra=`` fields as ``key=value`` to the message (floats to 4 significant
+    digits: ``rtf=0.266``, not ``rtf=0.2659693373526134``; the journal keeps them whole)."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         extra = {k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS and k.isupper()}
         if extra:
-            text += " [" + " ".join(f"{k.lower()}={v}" for k, v in extra.items()) + "]"
+            text += " [" + " ".join(f"{k.lower()}={v:.4g}" if isinstance(v, float) else f"{k.lower()}={v}"
+                                    for k, v in extra.items()) + "]"
         return text
 
 
