@@ -136,10 +136,12 @@ fi
 step "speaking: $TEXT"
 "$CLI" say --config config.local.yaml ${SAY_ARGS[@]+"${SAY_ARGS[@]}"} "$TEXT"
 
-cat <<NEXT
-
-==> done. Where the sentence went: the 'done' line above ('-> device:...' or the WAV file in out/).
-    Next, in this directory (every command reads config.local.yaml):
-      .venv/bin/chattts-appliance serve                 # the daemon; Ctrl-C stops it
-      .venv/bin/chattts-appliance say "Hello there."    # in another terminal; also: status, cancel, health --daemon
-NEXT
+echo
+echo "==> done. Where the sentence went: the 'done' line above ('-> device:...' or the WAV file in out/)."
+echo "    Next, in this directory (every command reads config.local.yaml; source .venv/bin/activate first):"
+if [ -n "$DAEMON" ]; then
+  echo "      chattts-appliance serve                 # the daemon; Ctrl-C stops it"
+else
+  echo "      (the daemon you started keeps running on $SOCK)"
+fi
+echo "      chattts-appliance say \"Hello there.\"    # in another terminal; also: status, cancel, health --daemon"
