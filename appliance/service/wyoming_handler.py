@@ -172,7 +172,7 @@ class WyomingHandler(AsyncEventHandler):
             if self._stream is not None:
                 return                      # the whole text again, for servers that do not stream
             syn = Synthesize.from_event(event)
-            voice = self._voice(syn.voice, fatal=True)
+            voice = self._voice(syn.voice)
             utt = _Utterance(streaming=False)
             self._segments.put_nowait(utt)
             if voice is not _BAD:
@@ -185,7 +185,7 @@ class WyomingHandler(AsyncEventHandler):
             if self._stream is not None:     # a new stream without a stop: end the old one first
                 await self._stop_stream()
             start = SynthesizeStart.from_event(event)
-            voice = self._voice(start.voice, fatal=True)
+            voice = self._voice(start.voice)
             utt = _Utterance(streaming=True, ended=voice is _BAD)
             self._stream = _Stream(utt, None if voice is _BAD else voice, SentenceBuffer(self.ctx.max_chars))
             self._segments.put_nowait(utt)
@@ -224,7 +224,7 @@ class WyomingHandler(AsyncEventHandler):
         buf = SentenceBuffer(self.ctx.max_chars)
         return buf.add(text) + buf.finish()
 
-    def _voice(self, v: Optional[SynthesizeVoice], fatal: bool) -> object:
+    def _voice(self, v: Optional[SynthesizeVoice]) -> object:
         """The voice string for a requested voice name (None = the default voice); ``_BAD`` (after
         queueing a fatal error) for a name this server does not offer."""
         name = v.name if v is not None and v.name else None
