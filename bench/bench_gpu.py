@@ -78,13 +78,14 @@ class Report:
         (self.out / "bench_gpu.json").write_text(json.dumps(self.data, indent=1, default=str))
 
 
-def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048, **stream):
+def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048, engine_dir=None, **stream):
     from appliance.config import config_from_dict
 
-    return config_from_dict({"model": {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype,
-                                       "threads": 0, "max_batch": max_batch, "max_seq_len": max_seq,
-                                       "max_prompt_tokens": 256, "compile": compile},
-                             "stream": stream, "synthesis": {"max_new_tokens": 1024}})
+    model = {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype, "threads": 0,
+             "max_batch": max_batch, "max_seq_len": max_seq, "max_prompt_tokens": 256, "compile": compile}
+    if engine_dir:
+        model["engine_dir"] = str(engine_dir)
+    return config_from_dict({"model": model, "stream": stream, "synthesis": {"max_new_tokens": 1024}})
 
 
 def _pipeline(cfg):
@@ -249,8 +250,9 @@ def _channels(p, n, steps, join_third_at=None):
 
 def section_ours(rep, args, torch, variant):
     key = f"ours_{variant}"
-    cfg = _cfg(args.ckpt, args.device, compile="default" if variant == "compiled" else "off",
-               max_seq=args.compiled_max_seq if variant == "compiled" else 2048)
+    cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
+               max_seq=args.compiled_max_seq if variant == "compiled" else 2048,
+               engine_dir=args.engine_dir if not LEGACY else None)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     p, load_s = _pipeline(cfg)
@@ -265,6 +267,20 @@ def section_ours(rep, args, torch, variant):
         print(f"[{key}] B={b}: {res[f'b{b}']}", flush=True)
     res.update(_ttfb(p))
     print(f"[{key}] ttfb {res['ttfb_ms']:.1f} ms (internal {res['internal_ttfb_ms']:.1f})", flush=True)
+    if args.calibrate and not LEGACY:
+        from appliance.build.calibrate import calibrate
+
+        t = time.perf_counter()
+        cal = calibrate(p, -60.0)
+        res["calibration"] = {"lookahead_tokens": cal.lookahead_tokens, "exact": cal.exact_lookahead,
+                              "curve": cal.curve, "s": time.perf_counter() - t,
+                              "floor_db": max(s["streaming_floor_db"] for s in cal.sentences)}
+        res["ttfb_exact_ms"] = res["ttfb_ms"]
+        p.set_lookahead(cal.lookahead_tokens)
+        res["lookahead_tokens"] = p.vocoders[0].lookahead_tokens
+        res.update(_ttfb(p))
+        print(f"[{key}] calibrated look-ahead {cal.lookahead_tokens} (exact {cal.exact_lookahead}, curve {cal.curve}): "
+              f"ttfb {res['ttfb_ms']:.1f} ms (exact {res['ttfb_exact_ms']:.1f})", flush=True)
     steps = int(5 * AUDIO_STEPS_PER_S)
     one = _channels(p, 1, steps)
     three = _channels(p, 3, steps)
@@ -374,7 +390,8 @@ def records(rep, args, env):
                          "notes": f"{args.label}: production path (select -> CudaRunner, Pipeline, BatchEngine), "
                                   f"{variant} step, KV {o.get('max_seq_len')} positions, replay {o[f'b{b}'].get('replay_ms')} ms, "
                                   f"start-up {o['load_s']:.1f} s, "
-                                  f"look-ahead {o['lookahead_tokens']} tokens, first chunk {o['first_chunk_tokens']}; "
+                                  f"look-ahead {o['lookahead_tokens']} tokens (TTFB with the exact one: "
+                                  f"{o.get('ttfb_exact_ms')}), first chunk {o['first_chunk_tokens']}; "
                                   + ("TTFB = Pipeline.run to first PCM" if b == 1 else
                                      "TTFB = the third channel joining two running ones")})
     rep.data["records"] = recs
@@ -391,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="plain,compiled")
     ap.add_argument("--sections", default="ours,copies,fidelity")
     ap.add_argument("--label", default="after the one-generation-path redesign")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate the look-ahead, then measure with it too")
+    ap.add_argument("--engine-dir", default=None, help="engine dir (calibration record, compile cache)")
     ap.add_argument("--compiled-max-seq", type=int, default=2048,
                     help="KV length of the compiled variant (fewer attention buckets: fewer compilations)")
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip later sections past this many seconds")

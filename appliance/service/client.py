@@ -10,9 +10,10 @@ Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeo
 daemon closing the connection early; 2 when the daemon cannot be reached (the message says
 how to start it).
 
-The socket path: ``--socket``, else ``service.socket`` of ``--config``, else of
-``./config.yaml`` if it exists, else the built-in default. Only the stdlib (plus numpy for
-``--wav``) is imported, so ``say`` starts fast.
+The socket path: ``--socket``, else ``service.socket`` of the config every subcommand uses
+(``--config``, else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else
+``./config.yaml``), else the built-in default. Only the stdlib (plus numpy for ``--wav``) is
+imported, so ``say`` starts fast.
 """
 
 from __future__ import annotations
@@ -35,13 +36,18 @@ class Unreachable(Exception):
 
 
 def socket_path(config: Optional[str], sock: Optional[str]) -> Path:
-    """Resolve the socket path from ``--socket`` / ``--config`` / ``./config.yaml`` / defaults."""
+    """The daemon's socket: ``--socket``, else ``service.socket`` of the config
+    (:func:`~appliance.config.find_config`: ``--config``, ``$CHATTTS_APPLIANCE_CONFIG``,
+    ``./config.local.yaml``, ``./config.yaml``), else the built-in default.
+
+    Raises:
+        ConfigError: the config file named cannot be read or is invalid.
+    """
     if sock:
         return Path(sock)
-    from ..config import Config, load_config
-    if config is None and Path("config.yaml").exists():
-        config = "config.yaml"
-    cfg = load_config(config) if config else Config()
+    from ..config import Config, find_config, load_config
+    found = find_config(config)
+    cfg = load_config(found) if found is not None else Config()
     return cfg.resolve(cfg.service.socket)
 
 
@@ -153,14 +159,15 @@ def _human(ev: dict) -> str:
         for k, sent in enumerate(ev.get("spoken") or []):
             s += f"\n          said {k + 1}: {sent}"
         if ev.get("unspeakable"):
-            s += f"\n          could not speak: {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
+            s += f"\n          could not speak (skipped): {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
         return s
     return json.dumps(ev, ensure_ascii=False)
 
 
 def cli_main(args: Any) -> int:
-    """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority, wav,
-    timeout, json); returns the exit status (see the module docstring)."""
+    """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority,
+    max_new_tokens (per sentence), wav, timeout, json); returns the exit status (see the module
+    docstring)."""
     try:
         path = socket_path(args.config, args.socket)
     except ApplianceError as e:
@@ -170,6 +177,8 @@ def cli_main(args: Any) -> int:
     for k in ("channel", "voice", "seed"):
         if getattr(args, k, None) is not None:
             req[k] = getattr(args, k)
+    if getattr(args, "max_new_tokens", None) is not None:
+        req["params"] = {"max_new_tokens": args.max_new_tokens}
     if args.wav:
         parent = os.path.dirname(os.path.abspath(args.wav))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
@@ -205,9 +214,11 @@ def cli_main(args: Any) -> int:
                         print(f"wrote {args.wav}", flush=True)
                 return EXIT_DONE
     except Unreachable as e:
+        cfg = f" --config {args.config}" if args.config else ""
+        box = "" if args.config and args.config.endswith("config.local.yaml") else \
+            " (or `systemctl start chattts-appliance`)"
         print(f"say: the daemon is not reachable: {e}.\n"
-              f"Start it with `chattts-appliance serve --config config.yaml` "
-              f"(or `systemctl start chattts-appliance`), or pass --socket / --config.", file=sys.stderr)
+              f"Start it with `chattts-appliance serve{cfg}`{box}, or pass --socket / --config.", file=sys.stderr)
         return EXIT_UNREACHABLE
     except socket.timeout:
         print(f"say: no 'done' within {args.timeout:g} s (--timeout)", file=sys.stderr)
@@ -250,6 +261,11 @@ def _one_reply(args: Any, request: dict, prog: str) -> tuple[int, Optional[dict]
     return EXIT_ERROR, None
 
 
+def _num(v: Any, spec: str, unit: str = "") -> str:
+    """``v`` formatted with ``spec`` (and ``unit``), or ``n/a`` when the daemon has no value."""
+    return "n/a" if v is None else f"{format(v, spec)}{unit}"
+
+
 def status_main(args: Any) -> int:
     """``chattts-appliance status``: print the daemon's status (JSON with ``--json``)."""
     rc, ev = _one_reply(args, {"type": "status"}, "status")
@@ -259,29 +275,56 @@ def status_main(args: Any) -> int:
         print(json.dumps(ev, ensure_ascii=False))
         return rc
     print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
-          f"last RTF {ev.get('last_rtf')}, last TTFB {ev.get('last_ttfb_ms')} ms, "
-          f"temperature {ev.get('temperature_c')} C")
+          f"last RTF {_num(ev.get('last_rtf'), '.3f')}, last TTFB {_num(ev.get('last_ttfb_ms'), '.0f', ' ms')}, "
+          f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
     for name, ch in (ev.get("channels") or {}).items():
         print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
-              + "".join(f", {k} {v}" for k, v in ch.items() if k not in ("active", "queued")))
+              + "".join(f", {k} {_field(v)}" for k, v in ch.items() if k not in ("active", "queued")))
     return rc
 
 
+def _field(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v)) or "-"
+    return str(v)
+
+
 def cancel_main(args: Any) -> int:
-    """``chattts-appliance cancel (--id ID | --channel NAME)``: exit 0 when something was
-    cancelled, 1 when there was nothing to cancel (message on stderr)."""
+    """``chattts-appliance cancel (--id ID | --channel NAME)``: prints one ``cancelled ID`` line per
+    request hit (from the daemon's ``cancel_done``); exit 0 when something was cancelled, 1 when
+    there was nothing to cancel (message on stderr), 2 when the daemon is not reachable."""
     req: dict = {"type": "cancel"}
     if args.id:
         req["id"] = args.id
     if args.channel:
         req["channel"] = args.channel
-    rc, ev = _one_reply(args, req, "cancel")
-    if ev is None:
-        return rc
-    if ev.get("code") == "cancelled":   # the daemon tells a canceller which request it stopped
-        print(f"cancelled {ev.get('id')}")
-        return EXIT_DONE
-    print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+    try:
+        path = socket_path(args.config, args.socket)
+        c = Client(path, args.timeout)
+    except (ApplianceError, Unreachable) as e:
+        print(f"cancel: the daemon is not reachable: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        c.send(req)
+        for ev, _ in c.events():
+            t = ev.get("type")
+            if t == "cancel_done":
+                for rid in ev.get("ids") or []:
+                    print(f"cancelled {rid}")
+                return EXIT_DONE
+            if t == "error" and ev.get("code") != "cancelled":
+                print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+                return EXIT_ERROR
+    except (socket.timeout, OSError, ValueError) as e:
+        print(f"cancel: no reply from {path}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        c.close()
+    print("cancel: the daemon closed the connection without a reply", file=sys.stderr)
     return EXIT_ERROR
 
 

@@ -4,8 +4,10 @@ Start-up order: :func:`~appliance.config.load_config` (every key validated befor
 heavy) -> ``Pipeline.from_config`` (weights, tokenizer) -> ``pipeline.warmup()`` (if
 ``service.warmup``) -> audio outputs opened (:class:`~appliance.service.sound.AudioOutput`) ->
 worker thread started -> UNIX socket listening (an inherited systemd socket if there is one)
--> MQTT bridge connecting (if ``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the
-model loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
+-> Wyoming server listening (if ``wyoming.enabled``; :mod:`appliance.service.wyoming_server`; its
+ports are checked before the model loads) -> MQTT bridge connecting (if ``mqtt.enabled``;
+:mod:`appliance.service.mqtt`; built before the model loads so a bad ``mqtt.ca_file`` fails
+fast) -> ``on_ready``.
 
 Threads and how events flow::
 
@@ -28,13 +30,15 @@ beside it.
 
 The loop never runs synthesis; the worker never touches a socket. Dispatch is transport-neutral:
 MQTT parses its messages into the same request dataclasses and, from its own thread, calls
-``Dispatcher.handle_request_threadsafe`` with its own sink.
+``Dispatcher.handle_request_threadsafe`` with its own sink; each Wyoming connection (on the loop)
+calls ``Dispatcher.handle_request`` with ``return_audio`` requests and forwards their audio.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default: the spool,
 :func:`~appliance.service.spool.spool_items`: their clients get an ``error`` ``spooled`` and
 they are spoken after the next start) -> the running request finishes and plays out (drain) -> audio
-streams closed -> MQTT: last status, ``offline``, disconnect -> connections flushed and closed
+streams closed -> MQTT: last status, ``offline``, disconnect -> Wyoming connections and listeners
+closed -> connections flushed and closed
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
@@ -89,6 +93,7 @@ if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
     from .mqtt import MQTTBridge
     from .throttle import Change, Monitor
+    from .wyoming_server import WyomingServer
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +165,7 @@ class Daemon:
         self.last_health: Optional[HealthReply] = None
         self.throttle: Optional[Monitor] = None   # telemetry -> level -> scheduler limits
         self.mqtt: Optional[MQTTBridge] = None    # when mqtt.enabled (built in _load, started at ready)
+        self.wyoming: Optional[WyomingServer] = None   # when wyoming.enabled (started with the socket)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -179,6 +185,9 @@ class Daemon:
             try:
                 if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
                     check_socket_path(self.cfg.resolve(self.cfg.service.socket))
+                if self.cfg.wyoming.enabled:                 # ... or the Wyoming port
+                    from .wyoming_server import check_free
+                    check_free(self.cfg)
                 self._load()
             except _StopDuringStart as e:
                 log.info("%s during start-up; exiting", e)
@@ -257,6 +266,17 @@ class Daemon:
             sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
         self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes)
         await self.server.start()
+        if self.cfg.wyoming.enabled:
+            from .wyoming_server import WyomingServer
+            self.wyoming = WyomingServer(self.cfg, self.dispatch)
+            try:
+                await self.wyoming.start()
+            except ApplianceError:
+                await self.wyoming.stop()
+                await self.server.close()
+                if self._socket_path is not None:
+                    self._socket_path.unlink(missing_ok=True)
+                raise
         self.state = "ready"
         log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
         if self.mqtt is not None:
@@ -320,6 +340,8 @@ class Daemon:
         _call(self.hooks.on_status, self.status())
         if self.mqtt is not None:      # after the drain: the last events, then 'offline'
             await loop.run_in_executor(None, self.mqtt.stop)
+        if self.wyoming is not None:   # after the drain: the running request's audio went out
+            await self.wyoming.stop()
         await self.server.close()
         if self._socket_path is not None:
             try:
@@ -350,7 +372,7 @@ class Daemon:
             chans[name] = c
         return StatusReply(
             state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,
-            last_rtf=self.worker.last_rtf if self.worker else None,
+            last_rtf=round(self.worker.last_rtf, 4) if self.worker and self.worker.last_rtf is not None else None,
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,

@@ -33,6 +33,7 @@ from ..errors import (
 from ..text.scripts import describe
 from .protocol import (
     Cancel,
+    CancelDone,
     ErrorEvent,
     EventSink,
     HealthReply,
@@ -172,3 +173,4 @@ class Dispatcher:
         for it in items:   # the request's own client got its event; tell a different canceller too
             if it.sink != sink:
                 sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id), None)
+        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel), None)

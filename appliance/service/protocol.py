@@ -8,7 +8,8 @@ JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`, :class:`NormalizeRequest`. Events (daemon -> client): :class:`Accepted`,
 :class:`Started`, :class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`,
-:class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`.
+:class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`, :class:`CancelDone` (the end of the
+reply to a ``cancel``).
 
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
@@ -56,6 +57,8 @@ class Speak:
         seed: sampling seed for reproducible output; None = config default / fresh.
         params: sampling overrides.
         return_audio: also send the PCM back as ``audio`` events.
+        play: False = the audio is neither played on the box nor written to a WAV file: it only
+            goes back to the client (needs ``return_audio``; the Wyoming server's requests).
     """
 
     text: str
@@ -66,6 +69,7 @@ class Speak:
     seed: Optional[int] = None
     params: SynthParams = field(default_factory=SynthParams)
     return_audio: bool = False
+    play: bool = True
     type: str = "speak"
 
     def synthesis_request(self) -> SynthesisRequest:
@@ -118,7 +122,8 @@ class NormalizeRequest:
 @dataclass(frozen=True)
 class Accepted:
     """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
-    cannot start at once although its channel is free (memory budget, throttle), else None."""
+    cannot start at once (its channel is busy with another request, requests are queued before
+    it, the memory budget, the throttle level), else None."""
 
     id: str
     channel: str
@@ -222,6 +227,21 @@ class ErrorEvent:
 
 
 @dataclass(frozen=True)
+class CancelDone:
+    """The end of the reply to a ``cancel``: ``cancelled`` requests were hit (their ids in
+    ``ids``). Each of them also ends with an ``error`` ``cancelled`` on its own client's
+    connection; the canceller gets that event too (before this one) for requests that are not
+    its own. ``id`` / ``channel``: what the cancel asked for. A cancel that hits nothing is
+    answered with one ``error`` (``bad_request``) instead."""
+
+    cancelled: int
+    ids: list = field(default_factory=list)
+    id: Optional[str] = None
+    channel: Optional[str] = None
+    type: str = "cancel_done"
+
+
+@dataclass(frozen=True)
 class StatusReply:
     """Daemon status: channels busy, queues, last timings, throttle level, temperature (C)."""
 
@@ -237,7 +257,11 @@ class StatusReply:
 
 @dataclass(frozen=True)
 class HealthReply:
-    """Result of the field health check (see :mod:`appliance.service.health`)."""
+    """Result of the field health check (see :mod:`appliance.service.health`).
+
+    ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
+    ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
+    config, so a client can show them without reading that config."""
 
     healthy: bool
     rtf: Optional[float] = None
@@ -245,6 +269,7 @@ class HealthReply:
     steps_per_s: Optional[float] = None
     memory_mib: Optional[float] = None
     reasons: list = field(default_factory=list)
+    limits: dict = field(default_factory=dict)
     type: str = "health"
 
 
@@ -252,14 +277,14 @@ REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": St
                                    "normalize": NormalizeRequest}
 EVENT_TYPES: dict[str, type] = {
     "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
-    "error": ErrorEvent, "status": StatusReply, "health": HealthReply, "normalized": Normalized,
+    "error": ErrorEvent, "status": StatusReply, "health": HealthReply, "normalized": Normalized, "cancel_done": CancelDone,
 }
 
 Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
 
 Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply,
-                     Normalized]
+                     Normalized, CancelDone]
 """An event the daemon sends to a client."""
 
 EventSink = typing.Callable[[Event, Optional[bytes]], None]
@@ -343,6 +368,8 @@ def parse_request(obj: Any) -> Request:
             raise RequestError(f"field 'seed' = {seed} must be in [0, 2**63)")
         if kw.get("priority", "normal") not in PRIORITIES:
             raise RequestError(f"field 'priority' must be one of {', '.join(PRIORITIES)}, got {kw['priority']!r}")
+        if kw.get("play") is False and not kw.get("return_audio"):
+            raise RequestError("field 'play' is false without 'return_audio': the audio would go nowhere")
     if cls in (Speak, NormalizeRequest):
         if "text" not in kw or kw["text"] is None:
             raise RequestError(f"field 'text' is required in {kind}")

@@ -151,7 +151,9 @@ class Scheduler:
 
     def check(self, item: Item) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
-        it would wait (None = it can start now).
+        it would wait (None = it can start now): its channel synthesizes another request
+        (``channel 'main' is busy with request X``), requests are queued before it, or the
+        memory budget / throttle hold it.
 
         Raises:
             CapacityError: the memory budget does not hold even one channel.
@@ -169,8 +171,14 @@ class Scheduler:
             raise BusyError(f"channel {item.channel!r} has {len(same)} requests queued (limit {limit}, "
                             f"service.channels[].queue_len); retry later")
         pos = sum(1 for q in same if q.rank <= item.rank)
-        waiting = None
-        if item.channel not in self.running and pos == 0:
+        busy = self.running.get(item.channel)
+        if busy is not None:
+            waiting: Optional[str] = f"channel {item.channel!r} is busy with request {busy.id}"
+            if pos:
+                waiting += f" and {pos} queued before it"
+        elif pos:
+            waiting = f"{pos} request(s) queued before it on channel {item.channel!r}"
+        else:
             ahead = set(self.running) | {q.channel for q in self.queue
                                          if q.channel != item.channel and q.rank <= item.rank}
             waiting = self.why_waiting(item, len(ahead), self.limits())

@@ -1,7 +1,8 @@
 """The spool: accepted requests that never started survive a stop.
 
 At stop, each queued request is written as its ``speak`` JSON (plus its resolved ``channel``)
-to ``service.spool_dir`` and its client gets an ``error`` with code ``spooled``
+to ``service.spool_dir`` and its client gets an ``error`` with code ``spooled`` (a request
+with ``play: false``, whose audio only goes back to its client, gets ``cancelled`` instead)
 (:func:`spool_items`); after the next start :func:`replay_spool` submits them again, oldest
 first. Files are written to ``<name>.tmp`` and renamed, so a crash mid-write leaves no
 half-written request behind.
@@ -27,6 +28,11 @@ def spool_items(spool_dir: Path, items: list[Item]) -> None:
     spool cannot be written the request is reported ``cancelled`` instead (never silently lost)."""
     d = spool_dir
     for n, it in enumerate(items):
+        if not it.speak.play:     # its audio goes only to its client, who is gone after the restart
+            it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
+                               message=f"request {it.id} was not started before the daemon stopped; its audio "
+                                       f"would only go back to this connection, so it is not spooled: send it again"), None)
+            continue
         try:
             d.mkdir(parents=True, exist_ok=True)
             obj = to_dict(it.speak)

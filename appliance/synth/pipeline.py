@@ -160,9 +160,10 @@ class Pipeline:
                 f"official one with 'chattts-appliance model fetch DIR' (or copy the asset/ folder of "
                 f"2Noise/ChatTTS into DIR), or write a random one with 'chattts-appliance model random --size "
                 f"tiny DIR'; then set model.path to DIR in {cfg.file_hint}")
-        if (asset.parent / "RANDOM_WEIGHTS").exists():   # written by `model random` beside asset/
+        marker = asset.parent / "RANDOM_WEIGHTS"          # written by `model random` beside asset/
+        if marker.exists():
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
-                        "the real weights)", asset.parent)
+                        "the real weights). %s", asset.parent, marker.read_text(encoding="utf-8", errors="replace").strip())
         tokenizer = Tokenizer.from_dir(asset / "tokenizer")
         runner = open_runner(cfg)
         return cls(cfg, runner, tokenizer)
