@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = "今天天气很好，我们去公园散步吧。"
 
@@ -56,10 +54,11 @@ def run(args, legacy: bool) -> dict:
     from appliance.config import config_from_dict
 
     if legacy:
-        from appliance.service.protocol import Speak as Req
-        from appliance.service.protocol import SynthParams
         from appliance.tts.generate import Sequence
         from appliance.tts.pipeline import Pipeline
+
+        from appliance.service.protocol import Speak as Req
+        from appliance.service.protocol import SynthParams
     else:
         from appliance.core import SynthesisRequest as Req
         from appliance.core import SynthParams

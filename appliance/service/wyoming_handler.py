@@ -53,7 +53,14 @@ from wyoming.event import Event as WyEvent
 from wyoming.info import Describe
 from wyoming.ping import Ping, Pong
 from wyoming.server import AsyncEventHandler
-from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
 
 from ..core import SAMPLE_RATE
 from ..errors import CancelledError, PreemptedError, RequestError, SpeakerError

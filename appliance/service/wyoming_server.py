@@ -30,7 +30,6 @@ import logging
 import os
 import socket
 from functools import partial
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
