@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")
 
     cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need")
-    cal.add_argument("--config", default="config.yaml")
+    cal.add_argument("--config", default=None, help="config file (default: $CHATTTS_APPLIANCE_CONFIG, "
+                     "./config.local.yaml, ./config.yaml)")
     cal.add_argument("--threshold-db", type=float, default=None,
                      help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
     cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")

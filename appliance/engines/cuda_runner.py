@@ -192,7 +192,8 @@ class CudaRunner(Runner):
             backend=f"torch-{dev.type}", precision=quant or precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=Tmax, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
-            text_mode=False, step_chunk=self.step_chunk, device=str(dev), **receptive_fields(s.dec_layers, s.voc_layers))
+            text_mode=False, step_chunk=self.step_chunk, device=str(dev), window_quantum=16 if cuda else 1,
+            **receptive_fields(s.dec_layers, s.voc_layers))
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):
                 for L in self.buckets:

@@ -44,6 +44,7 @@ class Calibration:
     exact_lookahead: int
     threshold_db: float
     chunk_tokens: int
+    floor_db: float = -200.0
     curve: list = field(default_factory=list)
     sentences: list = field(default_factory=list)
     date: str = ""

@@ -67,6 +67,9 @@ class RunnerInfo:
         step_chunk: decode steps one :meth:`Runner.step` call should run (1 on a host; a device
             runner runs several per host sync).
         device: ``cpu``, ``cuda:0``, ...
+        window_quantum: vocoder windows are widened (with more left context, which changes
+            nothing) to a multiple of this many tokens: a GPU backend then meets few distinct
+            shapes (each new one costs cuDNN/TensorRT set-up time); 1 = no widening (host).
     """
 
     backend: str
@@ -86,6 +89,7 @@ class RunnerInfo:
     text_mode: bool = False
     step_chunk: int = 1
     device: str = "cpu"
+    window_quantum: int = 1
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:

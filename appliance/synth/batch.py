@@ -183,7 +183,7 @@ class BatchEngine:
         for t in decoding:
             t.max_rows = max(t.max_rows, b)
         try:
-            self.loop.step()
+            self.loop.step(self._due(decoding))
         except Exception as e:  # noqa: BLE001
             log.error("batched decode step failed for %s: %s", ", ".join(t.job.id for t in decoding), e)
             for t in decoding:
@@ -218,15 +218,23 @@ class BatchEngine:
         if seq.finished:
             self._sentence_end(t)
 
+    def _target(self, t: Task) -> int:
+        """Decode steps in the task's next chunk (the schedule, from what is queued now)."""
+        if t.last_chunk == 0:
+            return self.schedule.first
+        buffered = t.samples / SAMPLE_RATE - (time.perf_counter() - t.first_at)
+        return self.schedule.next(t.last_chunk, buffered, self.step_s, t.chunk_scale)
+
+    def _due(self, decoding: list[Task]) -> int:
+        """Steps until the first of ``decoding`` has its next chunk (>= 1)."""
+        due = [self.vocoders[t.voc].lookahead_tokens + t.emitted + self._target(t) - t.seq.steps
+               for t in decoding if t.seq is not None]
+        return max(1, min(due, default=1))
+
     def _advance(self, t: Task) -> None:
         seq = t.seq
         voc = self.vocoders[t.voc]
-        if t.last_chunk == 0:
-            target = self.schedule.first
-        else:
-            buffered = t.samples / SAMPLE_RATE - (time.perf_counter() - t.first_at)
-            target = self.schedule.next(t.last_chunk, buffered, self.step_s, t.chunk_scale)
-        if seq.steps - voc.lookahead_tokens - t.emitted >= target:
+        if seq.steps - voc.lookahead_tokens - t.emitted >= self._target(t):
             pcm = voc.push(seq.steps)
             new = max(0, seq.steps - voc.lookahead_tokens)
             t.last_chunk, t.emitted = new - t.emitted, new

@@ -57,6 +57,7 @@ class WindowedVocoder:
         self.runner = runner
         self.rf_dec = info.decoder_rf
         self.rf_voc = info.vocos_rf
+        self.quantum = max(1, info.window_quantum)
         self.max_tokens = max_tokens
         self._istft = StreamingISTFT(N_FFT, HOP_LENGTH, max_frames_per_push=2 * max_tokens)
         self.slot = -1
@@ -103,6 +104,10 @@ class WindowedVocoder:
         self.n = max(self.n, int(n))
         return self._advance(final=False)
 
+    @staticmethod
+    def _widen(n: int, q: int) -> int:
+        return -(-n // q) * q
+
     def finish(self) -> np.ndarray:
         """Flush: every remaining frame is exact now (true zero padding past the end)."""
         if self.n == 0:
@@ -124,8 +129,10 @@ class WindowedVocoder:
             m0, m1 = self.mel_done, need
             h0 = max(0, (m0 - self.rf_dec) // 2)
             h1 = min(self.n, (m1 + self.rf_dec + 1) // 2)
+            h0 = max(0, h1 - self._widen(h1 - h0, self.quantum))   # more left context: same frames
             self.mel_done = min(need, exact_end)
         v0 = max(0, self.spec_done - self.rf_voc)
+        v0 = max(0, need - self._widen(need - v0, 2 * self.quantum))
         re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, need, self.spec_done, spec_end))
         self.spec_done = spec_end
         return self._istft.push(re, im)
