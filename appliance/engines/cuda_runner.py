@@ -4,9 +4,12 @@
 in the style of gpt-fast (pytorch-labs/gpt-fast ``generate.py``: static KV cache, the decode step
 captured once and replayed, optionally compiled):
 
-* Weights in FP16/BF16 (or FP32), q/k/v and gate/up fused by the model itself; optionally INT8 or
-  FP8 weight-only (:mod:`appliance.model.quant`; ``model.quant``). The text head is dropped (no
-  text mode on this runner).
+* GPT weights in FP16/BF16 (or FP32), q/k/v and gate/up fused by the model itself; optionally INT8
+  or FP8 weight-only (:mod:`appliance.model.quant`; ``model.quant``). The text head is dropped (no
+  text mode on this runner). The Decoder and Vocos run in FP32: in FP16 their windows rounded
+  differently by position, -54 dB against the exact stream on the H200 (random full weights),
+  which kept the calibrated look-ahead at 40 of 53 steps, where the same weights in FP32 need 14
+  (measured on the CPU); FP32 costs 39 M parameters x 2 extra bytes (80 MB). Not yet timed on a GPU.
 * The static KV cache is the model's (``GPT.setup_cache``: one K and one V tensor
   ``[S, H, Lmax, hd]`` per layer). Rows are *physical*: before a step for logical slots
   ``[s0, s1, ...]`` the runner permutes rows so that slot ``s_i`` sits in row ``i``
@@ -93,8 +96,9 @@ class CudaRunner(Runner):
         step_chunk: steps one :meth:`step` call should run (``info.step_chunk``; ring size 2x).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
         prefill_buckets: prompt-length buckets (default powers of two from 32, then max_prompt_tokens).
-        compile_cache: directory for inductor's compiled kernels and graphs (``TORCHINDUCTOR_CACHE_DIR``
-            unless already set), so that a restart reuses them; None: inductor's default (``/tmp``).
+        compile_cache: directory for inductor's compiled kernels and graphs (``TORCHINDUCTOR_CACHE_DIR``,
+            set here: torch fills that variable with its default as soon as inductor is imported),
+            so that a restart reuses them; None: inductor's default (``/tmp/torchinductor_<user>``).
 
     Raises:
         CheckpointError, CapacityError: bad checkpoint, max_seq_len past the model's positions.
@@ -126,7 +130,9 @@ class CudaRunner(Runner):
             m.embed.head_text = nn.Identity()  # no text mode here (saves 32 MB at full size)
             if quant:
                 quantize_(m.gpt, quant)
-            self.model = m.to(dtype=dt).to(dev)
+            m.gpt.to(dtype=dt)   # the Decoder and Vocos stay FP32 (module doc)
+            m.embed.to(dtype=dt)
+            self.model = m.to(dev)
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {dev} failed: {e}") from e
         s = self.shapes = self.model.shapes
@@ -143,7 +149,7 @@ class CudaRunner(Runner):
         self.last_logits = torch.zeros(S, Q, V, device=dev)
         self.row_slot = torch.arange(S, device=dev)                          # physical row -> logical slot
         self.hid = torch.zeros(S, Lmax, D, dtype=dt, device=dev)            # per logical slot
-        self.mel = torch.zeros(S, s.n_mels, 2 * Lmax, dtype=dt, device=dev)
+        self.mel = torch.zeros(S, s.n_mels, 2 * Lmax, device=dev)             # FP32, as the vocoder
         self.step_chunk = max(1, int(step_chunk))
         self.ring = 2 * self.step_chunk
         self.codes_ring = torch.zeros(self.ring, S, Q, dtype=torch.int64, device=dev)
@@ -176,7 +182,7 @@ class CudaRunner(Runner):
 
             if compile_cache:
                 os.makedirs(compile_cache, exist_ok=True)
-                os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache)
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
 
             for k in ("cache_size_limit", "recompile_limit"):
                 if hasattr(dyn.config, k):
@@ -358,7 +364,7 @@ class CudaRunner(Runner):
             with torch.inference_mode():
                 m = self.model
                 if w.h1 > w.h0:
-                    mel = m.decoder(self.hid[slot, w.h0:w.h1].T.unsqueeze(0))[0]  # [100, 2(h1-h0)]
+                    mel = m.decoder(self.hid[slot, w.h0:w.h1].T.unsqueeze(0).float())[0]  # [100, 2(h1-h0)]
                     self.mel[slot, :, w.m0:w.m1] = mel[:, w.m0 - 2 * w.h0:w.m1 - 2 * w.h0]
                 if w.s1 == w.s0:
                     return self._no_spec, self._no_spec

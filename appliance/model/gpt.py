@@ -53,7 +53,7 @@ def rope_table(max_pos: int, head_dim: int, theta: float, device=None) -> tuple[
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, T, 2, H, hd]`` (q and k together) by ``cos/sin [B, T, 1, 1, hd]``
+    """Rotate ``x [N, 2, H, hd]`` (q and k of N = B*T tokens together) by ``cos/sin [N, 1, 1, hd]``
     (``rotate_half`` convention)."""
     h = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
@@ -72,14 +72,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, attend: Attend) -> torch.Tensor:
         """``x [B, T, D]`` -> ``[B, T, D]``; ``attend(layer, q, k, v)`` reads/writes the cache.
 
-        q and k are rotated together in the projection's own layout ``[B, T, 2, H, hd]`` (inner
-        dims contiguous: vectorized kernels; measured on the H200: a permuted layout cost 3 more
-        elementwise kernels per layer and 1-2 % of the decode step), then seen as ``[B, H, T, hd]``.
+        q and k are rotated together as ``[B*T, 2, H, hd]``, the projection's own layout without a
+        size-1 T dimension (measured on the H200: with it, or with a permuted layout, the rotation's
+        concatenation left CUDA's batched-copy kernel for 2-3 elementwise kernels per layer and the
+        step got 1-2 % slower), then seen as ``[B, H, T, hd]``.
         """
         b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
-        qk = apply_rope(qkv[:, :, :2], cos, sin)  # [B, T, 2, H, hd]
-        y = attend(layer, qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2))
+        h, hd = self.n_heads, self.head_dim
+        qkv = self.qkv(x).view(b * t, 3, h, hd)
+        qk = apply_rope(qkv[:, :2], cos, sin).view(b, t, 2, h, hd)
+        v = qkv[:, 2].view(b, t, h, hd)
+        y = attend(layer, qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), v.transpose(1, 2))
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
@@ -172,8 +175,9 @@ class GPT(nn.Module):
         return 2 * self.shapes.n_layers * self.shapes.hidden * el
 
     def rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``pos [B, T]`` int64 -> cos, sin ``[B, T, 1, 1, hd]`` in ``dtype`` (see :func:`apply_rope`)."""
-        return self.rope_cos[pos][:, :, None, None].to(dtype), self.rope_sin[pos][:, :, None, None].to(dtype)
+        """``pos [B, T]`` int64 -> cos, sin ``[B*T, 1, 1, hd]`` in ``dtype`` (see :func:`apply_rope`)."""
+        hd = self.shapes.head_dim
+        return (self.rope_cos[pos].reshape(-1, 1, 1, hd).to(dtype), self.rope_sin[pos].reshape(-1, 1, 1, hd).to(dtype))
 
     # ------------------------------------------------------------------ the one forward
     def forward(self, x: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
