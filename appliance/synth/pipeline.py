@@ -319,8 +319,8 @@ class Pipeline:
         First calls allocate (ONNX Runtime's arena grows to the largest shape it has seen, torch's
         caching allocator, cuDNN picks algorithms) and prepack weights: the first prefill after a
         start measured 821 ms on the 2-core CPU instead of 175. So this runs prefills of the longest
-        and of a typical prompt, one short sentence through the whole stream, and one vocoder
-        window as large as the chunk schedule's largest (its input values do not matter).
+        and of a typical prompt, one short sentence through the whole stream, and vocoder windows up
+        to the chunk schedule's largest (every widened shape on a GPU; input values do not matter).
         Must run before the daemon serves (it uses KV slot 0).
         """
         from ..engines.runner import VocodeWindow
@@ -338,5 +338,10 @@ class Pipeline:
         except EmptyResultError:
             pass
         h = min(self.engine.schedule.cap + 2 * voc.exact_lookahead, voc.max_tokens)
-        self.runner.vocode(0, VocodeWindow(0, h, 0, 2 * h, 0, 2 * h, 0, 2 * h))
+        q = self.info.window_quantum
+        # every window shape the stream can produce on a GPU backend (windows are widened to
+        # multiples of q tokens there; each new shape costs cuDNN / TensorRT set-up once)
+        for n in (range(q, h + q, q) if q > 1 else (h,)):
+            n = min(n, voc.max_tokens)
+            self.runner.vocode(0, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
         return time.perf_counter() - t
