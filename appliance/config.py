@@ -78,6 +78,7 @@ class StreamConfig:
     chunk_tokens: int = _f(48, "Largest streamed chunk, in decode steps (48 steps = 1.02 s of audio); chunks grow from first_chunk_tokens up to this.", min=1, max=512)
     first_chunk_tokens: int = _f(4, "Decode steps in the first chunk of a request (smaller: earlier first audio; 4 steps = 85 ms of audio).", min=1, max=512)
     chunk_growth: float = _f(2.0, "Each next chunk is this many times the previous one (capped by chunk_tokens and by what the audio already queued can cover: the device never waits); 1 = fixed chunks.", min=1.0, max=8.0)
+    realtime_share: float = _f(0.9, "Share of real time the stream may spend making audio when it sizes chunks (measured step and window times): a first chunk grows until the second one is made before it has played.", min=0.1, max=1.0)
     lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))

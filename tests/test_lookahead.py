@@ -128,11 +128,22 @@ def test_daemon_uses_the_record_for_its_checkpoint_only(tiny_ckpt, tmp_path):
     p.close()
 
 
-def test_chunk_schedule_grows_but_never_past_the_queued_audio():
-    s = ChunkSchedule(first=4, cap=48, growth=2.0, safety=0.5)
-    assert s.next(4, buffered_s=10.0, step_s=0.01) == 8
-    assert s.next(32, buffered_s=10.0, step_s=0.01) == 48          # capped
-    assert s.next(32, buffered_s=10.0, step_s=0.01, scale=2) == 64  # throttle: larger chunks
-    assert s.next(16, buffered_s=0.2, step_s=0.01) == 10             # 0.5 * 0.2 s / 10 ms
-    assert s.next(16, buffered_s=-1.0, step_s=0.01) == 4             # already dry: the smallest chunk
-    assert s.next(16, buffered_s=0.0, step_s=0.0) == 32              # nothing measured yet: plain growth
+def test_chunk_schedule_small_first_chunk_growth_and_keeping_up():
+    a = 512 / 24000
+    s = ChunkSchedule(first=4, cap=48, growth=2.0, safety=0.8)
+    # a fast GPU (0.8 ms per step, 3 ms per window): a 4-step first chunk, then doubling
+    assert s.first_chunk(0.0008, 0.003) == 4
+    assert s.next(4, buffered_s=0.08, step_s=0.0008, window_s=0.003) == 8
+    assert s.next(32, buffered_s=10.0, step_s=0.0008, window_s=0.003) == 48            # capped
+    assert s.next(32, buffered_s=10.0, step_s=0.0008, window_s=0.003, scale=2) == 64  # throttle
+    # a 2-core CPU (13 ms per step, 250 ms per window): windows that small never keep up
+    sus = s.sustainable(0.013, 0.25)
+    assert sus == 48 and 0.8 * a - 0.013 > 0                       # 250 ms / (17 - 13 ms) > cap
+    first = s.first_chunk(0.013, 0.25)
+    assert first == 48 and first * 0.8 * a >= sus * 0.013 + 0.25 - 1e-9 or first == s.cap
+    assert s.next(4, buffered_s=0.05, step_s=0.013, window_s=0.25) == sus   # short of audio: keep up
+    # a middle case: the first chunk grows just enough to cover the second one's making
+    c1 = s.sustainable(0.005, 0.05)
+    f = s.first_chunk(0.005, 0.05)
+    assert f * 0.8 * a >= c1 * 0.005 + 0.05 and (f - 1) * 0.8 * a < c1 * 0.005 + 0.05
+    assert s.first_chunk(0.0, 0.0) == 4 and s.next(4, 0.0, 0.0) == 8   # nothing measured yet

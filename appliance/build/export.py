@@ -46,9 +46,8 @@ M = ``max_batch``:
 Precision lives in the graph (TensorRT-RTX and TensorRT 10 are strongly typed): ``fp32``
 (ONNX Runtime default), ``fp16`` (weights and activations FP16, RMSNorm/RoPE tables in FP32 as
 the model computes them; input of TensorRT plans), ``int8`` (ONNX Runtime: the fp32 graphs
-with every constant-weight MatMul of the GPT replaced by ``MatMulNBits`` 8-bit blockwise,
-weight-only, see :mod:`appliance.build.graph_precision`; the Decoder and Vocos stay fp32, see
-:func:`export_all`). TensorRT int8/fp8 graphs are made from the fp16
+with every constant-weight MatMul replaced by ``MatMulNBits`` 8-bit blockwise, weight-only;
+see :mod:`appliance.build.graph_precision`). TensorRT int8/fp8 graphs are made from the fp16
 export at build time.
 
 Errors: :class:`~appliance.errors.CheckpointError` (bad checkpoint),
@@ -304,8 +303,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
     """Export the graphs of checkpoint ``ckpt_dir`` into ``<engine_dir>/onnx/<precision>/``.
 
     Returns the directory (with ``manifest.json``). ``progress(graph_name)`` is called before
-    each graph. Precision ``int8`` exports fp32 and rewrites the GPT's MatMuls to ``MatMulNBits``
-    (the Decoder and Vocos stay fp32).
+    each graph. Precision ``int8`` exports fp32 and rewrites MatMuls to ``MatMulNBits``.
 
     Raises:
         CheckpointError, ConfigError, EngineError: see module doc.
@@ -335,11 +333,12 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         t0 = time.perf_counter()
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
-        if precision == "int8" and name == "gpt":
-            # the GPT only: its decode step is bound by reading weights. The Decoder and Vocos stay
-            # FP32: measured on the 2-core CPU (full size), INT8 made them only 1.1-1.5x faster but
-            # 1.5-2.3e-2 off FP32 (-34 dB), and ONNX Runtime's MatMulNBits rounds matrices of at
-            # most 64 rows another way, so streamed windows differed from a one-shot pass by -36 dB
+        if precision == "int8":
+            # ONNX Runtime's MatMulNBits rounds matrices of at most 64 rows another way than larger
+            # ones (a Vocos window of 62 frames differed from a one-shot pass by 1.3e-3, one of 68 by
+            # 0): the runner keeps vocoder windows above that (RunnerInfo.min_window_tokens). An FP32
+            # Decoder/Vocos was tried: exact at every size, but 1.1-1.5x slower and +285 MiB RSS
+            # on the 2-core CPU, which took the stream's RTF from 1.0 to over 2 with small chunks
             from .graph_precision import matmul_nbits
 
             matmul_nbits(f, f, bits=8)

@@ -30,9 +30,10 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   for three. Our torch CPU runner in the same runs: 62-65 ms at B=1. Hence int8 is preferred
   when exported. Peak RSS with 3 x 2048 fp32 KV slots: int8 0.76 GiB, fp32 1.3 GiB.
 
-Precision directory: ``int8`` if it was exported (the GPT's MatMuls as MatMulNBits 8-bit
-weight-only, block 32, int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster;
-the Decoder and Vocos fp32), else ``fp32``;
+Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
+int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster; its vocoder windows are
+kept above 64 matrix rows, where MatMulNBits rounds a window like a one-shot pass:
+``RunnerInfo.min_window_tokens``), else ``fp32``;
 the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
 GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
 fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
@@ -187,7 +188,8 @@ class OnnxRunner(HostRunner):
             backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
-            num_text_tokens=self._n_text, **receptive_fields(s["dec_layers"], s["voc_layers"]),
+            num_text_tokens=self._n_text, min_window_tokens=40 if precision == "int8" else 0,
+            **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)

@@ -116,8 +116,9 @@ class BatchEngine:
         self.on_step: Optional[Callable[[], None]] = None
         self.vocoders = vocoders
         self.schedule = schedule
-        #: wall seconds per engine step (moving average; decode, windows and sinks included)
+        #: wall seconds per engine decode step and per vocoder window (moving averages)
         self.step_s = 0.0
+        self.window_s = 0.0
         self.job_stats = job_stats
         self.capacity = min(loop.max_batch, len(vocoders))
         self.tasks: list[Task] = []
@@ -158,7 +159,6 @@ class BatchEngine:
             task (bad prompt, empty result) fail that task only; a runner error in the batched
             decode fails every task that was decoding.
         """
-        t_step = time.perf_counter()
         ended: list[Task] = []
         if self.on_step is not None:
             self.on_step()
@@ -182,6 +182,7 @@ class BatchEngine:
         decoding = [self._by_seq[s] for s in self.loop.active]
         for t in decoding:
             t.max_rows = max(t.max_rows, b)
+        t_step = time.perf_counter()
         try:
             self.loop.step(self._due(decoding))
         except Exception as e:  # noqa: BLE001
@@ -189,6 +190,8 @@ class BatchEngine:
             for t in decoding:
                 self._end(t, "failed", e)
             return ended + decoding
+        dt = time.perf_counter() - t_step
+        self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
         for t in decoding:
             try:
                 self._advance(t)
@@ -196,8 +199,6 @@ class BatchEngine:
                 self._end(t, "failed", e)
             if t.finished:
                 ended.append(t)
-        dt = time.perf_counter() - t_step
-        self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
         return ended
 
     # ------------------------------------------------------------------ internals
@@ -221,9 +222,9 @@ class BatchEngine:
     def _target(self, t: Task) -> int:
         """Decode steps in the task's next chunk (the schedule, from what is queued now)."""
         if t.last_chunk == 0:
-            return self.schedule.first
+            return self.schedule.first_chunk(self.step_s, self.window_s)
         buffered = t.samples / SAMPLE_RATE - (time.perf_counter() - t.first_at)
-        return self.schedule.next(t.last_chunk, buffered, self.step_s, t.chunk_scale)
+        return self.schedule.next(t.last_chunk, buffered, self.step_s, self.window_s, t.chunk_scale)
 
     def _due(self, decoding: list[Task]) -> int:
         """Steps until the first of ``decoding`` has its next chunk (>= 1)."""
@@ -235,7 +236,10 @@ class BatchEngine:
         seq = t.seq
         voc = self.vocoders[t.voc]
         if seq.steps - voc.lookahead_tokens - t.emitted >= self._target(t):
+            tw = time.perf_counter()
             pcm = voc.push(seq.steps)
+            dw = time.perf_counter() - tw
+            self.window_s = dw if self.window_s == 0.0 else 0.8 * self.window_s + 0.2 * dw
             new = max(0, seq.steps - voc.lookahead_tokens)
             t.last_chunk, t.emitted = new - t.emitted, new
             self._out(t, pcm)

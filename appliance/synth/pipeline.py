@@ -140,7 +140,8 @@ class Pipeline:
         log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
         st = cfg.stream
         self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
-                                                                          st.chunk_growth), job_stats=self._job_stats,
+                                                                          st.chunk_growth, st.realtime_share),
+                                  job_stats=self._job_stats,
                                   refiner=self._refine)
 
     @classmethod
