@@ -1,4 +1,4 @@
-"""CudaRunner on a real GPU (run through the device tool; skipped without CUDA): graph replay equals
+"""CudaRunner on a real GPU (skipped without CUDA): graph replay equals
 eager, the captured prefill equals the eager model, the compiled step equals the plain graph,
 FP16 close to FP32 (logits within 1e-2, greedy codes equal for 200+ steps on the tiny golden
 checkpoint; the full one too when ``APPLIANCE_FULL_CKPT`` names a checkpoint), INT8/FP8 close,
