@@ -147,3 +147,17 @@ def test_chunk_schedule_small_first_chunk_growth_and_keeping_up():
     f = s.first_chunk(0.005, 0.05)
     assert f * 0.8 * a >= c1 * 0.005 + 0.05 and (f - 1) * 0.8 * a < c1 * 0.005 + 0.05
     assert s.first_chunk(0.0, 0.0) == 4 and s.next(4, 0.0, 0.0) == 8   # nothing measured yet
+
+
+def test_a_rebuild_of_the_engines_invalidates_the_calibration(tiny_ckpt, tmp_path):
+    from appliance.engines import manifest as mf
+    from appliance.engines.lookahead import Calibration, choose, save
+
+    ident = mf.checkpoint_identity(tiny_ckpt)
+    save(tmp_path, Calibration(backend="onnxruntime", precision="int8", lookahead_tokens=9, exact_lookahead=14,
+                               threshold_db=-60.0, chunk_tokens=2, engine_id="manifest-A", checkpoint=ident))
+    got = choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "int8", -60.0, "manifest-A")
+    assert got.tokens == 9
+    got = choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "int8", -60.0, "manifest-B")
+    assert got.tokens is None and "rebuilt" in got.source
+    assert choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "fp32", -60.0, "manifest-A").tokens is None

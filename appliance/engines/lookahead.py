@@ -45,6 +45,7 @@ class Calibration:
     threshold_db: float
     chunk_tokens: int
     floor_db: float = -200.0
+    engine_id: str = ""
     curve: list = field(default_factory=list)
     sentences: list = field(default_factory=list)
     date: str = ""
@@ -100,7 +101,7 @@ def save(engine_dir: str | os.PathLike, cal: Calibration) -> Path:
 
 
 def choose(setting: str, engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, backend: str, precision: str,
-           threshold_db: float) -> LookaheadChoice:
+           threshold_db: float, engine_id: str = "") -> LookaheadChoice:
     """The look-ahead for ``stream.lookahead = setting`` (``auto``, ``exact`` or a number).
 
     ``auto`` takes the record's entry for this checkpoint/backend/precision when its threshold is
@@ -116,6 +117,10 @@ def choose(setting: str, engine_dir: str | os.PathLike, ckpt_dir: str | os.PathL
         return LookaheadChoice(None, str(e))
     if not entries:
         return LookaheadChoice(None, f"not calibrated for {backend}/{precision}: run 'chattts-appliance calibrate'")
+    entries = [e for e in entries if e.get("engine_id", "") == engine_id]
+    if not entries:
+        return LookaheadChoice(None, f"the engines were rebuilt since the calibration of {backend}/{precision}: "
+                                     f"run 'chattts-appliance calibrate'")
     ident = None
     for e in entries:
         known = e.get("checkpoint") or {}

@@ -189,6 +189,7 @@ class OnnxRunner(HostRunner):
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
             num_text_tokens=self._n_text, min_window_tokens=40 if precision == "int8" else 0,
+            engine_id=mf.file_sha256(d / mf.MANIFEST),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",

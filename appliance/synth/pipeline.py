@@ -135,7 +135,7 @@ class Pipeline:
         info = runner.info
         self.lookahead = choose_lookahead(cfg.stream.lookahead, cfg.resolve(cfg.model.engine_dir),
                                           cfg.resolve(cfg.model.path), info.backend, info.precision,
-                                          cfg.stream.lookahead_threshold_db)
+                                          cfg.stream.lookahead_threshold_db, info.engine_id)
         self.set_lookahead(self.lookahead.tokens)
         log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
         st = cfg.stream
