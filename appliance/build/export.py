@@ -12,7 +12,7 @@ M = ``max_batch``:
     decode step), ``pos [B] int64`` (position of each row's first new token), ``slots [B] int64``
     and per layer ``k_cache.i`` / ``v_cache.i [P, M, H, hd]`` (graph dtype): the filled prefix of
     the runner's position-major cache ``[S, M, H, hd]`` (P >= max(pos), >= 1), bound by pointer
-    (no copy in, nothing copied out); only the filled part of the cache is read (DESIGN.md §2);
+    (no copy in, nothing copied out); only the filled part of the cache is read;
     out ``logits [B, Q, V] float32`` and ``hidden [B, D] float32`` of each row's last new token,
     ``k_new`` / ``v_new [L, B, T, H, hd]`` that the runner writes at ``[pos[b] + j, slots[b]]``.
     Prefill is B=1, T=prompt, pos=0; a decode step is T=1 (B x L x 2 x D values written).

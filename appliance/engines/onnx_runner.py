@@ -5,7 +5,7 @@ Loads the graphs (``gpt``, ``decoder``, ``vocos``) that ``chattts-appliance engi
 checks their manifest against the config and the checkpoint, and implements the network passes
 of a :class:`~appliance.engines.host_runner.HostRunner` (sampling and per-slot buffers: numpy).
 
-KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
+KV cache in place (measured: ~10 ms per step for a cache copied in and out):
 the cache is two numpy arrays ``[L, S, M, H, hd]`` (S = ``max_seq_len`` positions first,
 M = ``max_batch`` slots) allocated once. Positions first makes the filled part of every
 layer a contiguous prefix ``[:P]``, so each step binds (IO binding, a pointer and a shape, no
@@ -17,7 +17,7 @@ Nothing else is copied per step (the host-side write of the new rows: ~0.02 ms a
 Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026-11-30,
 ``bench/results/engines-2026-11-30-cpu-2core.json``; min of 30 steps, GPT step only):
 
-* DESIGN.md §2's naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
+* a naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
   positions, 54.2 ms at 512.
 * first in-place graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered, K/V
   concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's

@@ -219,17 +219,3 @@ class Normalizer:
             log.debug("request %s: wetext (%s) failed on %r (%s); read by our own rules", rid, lang, core, e,
                       extra={"request_id": rid})
             return s
-
-
-_default: Optional[Normalizer] = None
-
-
-def normalize(text: str, tokenizer=None) -> NormalizedText:
-    """Normalize with a shared :class:`Normalizer` (created on first use; with ``tokenizer``, a
-    new one each call: prefer keeping your own ``Normalizer(tokenizer)``)."""
-    global _default
-    if tokenizer is not None:
-        return Normalizer(tokenizer)(text)
-    if _default is None:
-        _default = Normalizer()
-    return _default(text)
