@@ -5,12 +5,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/gpu_final}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-CKPT=/tmp/ckpt_full
-PYTHONPATH=/tmp/site:$PWD python3 -c "from appliance.build.random_ckpt import write_random_checkpoint as w; w('$CKPT','full',seed=0)" > /dev/null 2>&1
-run() { local name=$1 t=$2; shift 2; echo "== $name"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep '^\[' "$OUT/$name.log" | tail -6; }
+# shellcheck source=bench/gpu_env.sh
+. bench/gpu_env.sh
 PYTHONPATH=/tmp/site:$PWD run tests 120 python3 -m pytest -p no:cacheprovider -q -rA tests/test_gpu_cuda.py tests/test_same_seed.py
 tail -2 "$OUT/tests.log"
 APPLIANCE_TREE=$PWD/.old run kernels-old 45 python3 bench/step_kernels.py $CKPT

@@ -7,16 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/gpu_side_by_side}
-VARIANTS=${1:-plain,compiled}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1
-CKPT=/tmp/ckpt_full
-[ -d $CKPT/asset ] || PYTHONPATH=${PYTHONPATH:-}:$PWD python3 -c \
-  "from appliance.build.random_ckpt import write_random_checkpoint as w; w('$CKPT','full',seed=0)"
+# shellcheck source=bench/gpu_env.sh
+. bench/gpu_env.sh
 [ "${SKIP_TESTS:-0}" = 1 ] || {
 echo "== CUDA tests"
 APPLIANCE_FULL_CKPT=$CKPT PYTHONPATH=${PYTHONPATH:-}:$PWD timeout 240 python3 -m pytest -p no:cacheprovider -q -rA \
