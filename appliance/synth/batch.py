@@ -39,6 +39,7 @@ import numpy as np
 from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
 from .decode_loop import DecodeLoop, Sequence
+from .guard import check_pcm
 from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ class BatchEngine:
 
     def _out(self, t: Task, pcm: np.ndarray) -> None:
         if pcm.size:
+            check_pcm(pcm, t.job.id, self.loop.runner, t.seq)   # NaN/Inf fails the task, never reaches a sink
             if t.ttfb is None:
                 t.ttfb = time.perf_counter() - t.t0
             t.samples += pcm.size
