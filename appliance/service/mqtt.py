@@ -9,7 +9,8 @@ published as the same JSON objects the socket sends (without the trailing newlin
 
 Topics (``say``, ``cancel``, ``health`` in; ``event``, ``status``, ``availability`` out) and
 payloads: :mod:`appliance.service.mqtt_payload`. ``status`` is published (retained) at connect,
-on change (polled every 0.5 s; ``buffered_ms`` and ``temperature_c`` alone do not count) and
+on change (polled every 0.5 s; ``buffered_ms``, ``temperature_c`` and ``memory_mib`` alone do
+not count) and
 every ``mqtt.status_interval_s``; ``availability`` is ``online`` after connect and ``offline``
 at a clean stop and as the last will.
 
@@ -83,7 +84,7 @@ STATUS_POLL_S = 0.5
 MAX_QUEUED = 1000
 """Most outgoing messages paho keeps while disconnected (older events are kept, newer dropped)."""
 
-_VOLATILE = ("buffered_ms", "temperature_c")
+_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib")
 
 
 

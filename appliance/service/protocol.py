@@ -7,7 +7,7 @@ JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
-:class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
+:class:`Preempted`, :class:`Replayed`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
 :class:`HealthReply`.
 
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
@@ -128,6 +128,23 @@ class Preempted:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """After a restart, a request accepted before it is found again (see
+    :mod:`appliance.service.recovery`): sent on MQTT when it is resubmitted, and to a socket
+    client that sends a ``speak`` with its id again (instead of speaking it twice).
+
+    Attributes:
+        state: ``queued``, ``running``, ``playing`` (it is being spoken again from its beginning;
+            its later events follow), ``done`` or ``error`` (it had ended; that event follows).
+    """
+
+    id: str
+    channel: str
+    state: str
+    type: str = "replayed"
+
+
+@dataclass(frozen=True)
 class Started:
     """Synthesis of the request began (its prefill runs)."""
 
@@ -190,7 +207,10 @@ class ErrorEvent:
 
 @dataclass(frozen=True)
 class StatusReply:
-    """Daemon status: channels busy, queues, last timings, throttle level, temperature (C)."""
+    """Daemon status: channels busy, queues, last timings, throttle level, temperature (C);
+    ``memory_mib`` (RSS + the backend's device memory, MiB) against ``memory_budget_mib``
+    (``service.memory_budget_mb``), and ``memory_note`` when the runner was sized down at start
+    to fit it (what was lowered)."""
 
     state: str
     backend: str
@@ -199,6 +219,9 @@ class StatusReply:
     last_ttfb_ms: Optional[float] = None
     throttle: str = "normal"
     temperature_c: Optional[float] = None
+    memory_mib: Optional[float] = None
+    memory_budget_mib: Optional[float] = None
+    memory_note: Optional[str] = None
     type: str = "status"
 
 
@@ -217,14 +240,14 @@ class HealthReply:
 
 REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
 EVENT_TYPES: dict[str, type] = {
-    "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
+    "accepted": Accepted, "preempted": Preempted, "replayed": Replayed, "started": Started, "audio": AudioChunk, "done": Done,
     "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
 }
 
 Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
 
-Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
+Event = typing.Union[Accepted, Preempted, Replayed, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
 """An event the daemon sends to a client."""
 
 EventSink = typing.Callable[[Event, Optional[bytes]], None]
@@ -252,6 +275,10 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if not isinstance(value, str):
             raise RequestError(f"field '{where}' must be a string, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:   # JSON "\ud800": a lone surrogate is not text
+            raise RequestError(f"field '{where}' holds a lone UTF-16 surrogate at character {e.start}") from e
     return value
 
 
@@ -345,8 +372,13 @@ def to_dict(msg: Any) -> dict:
 
 
 def to_json(msg: Any) -> bytes:
-    """One JSON line (UTF-8, newline-terminated) for a message dataclass."""
-    return (json.dumps(to_dict(msg), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    """One JSON line (UTF-8, newline-terminated) for a message dataclass. A string holding a
+    lone surrogate (e.g. an unknown field name echoed in an error) is written as a JSON escape."""
+    d = to_dict(msg)
+    try:
+        return (json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(d, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
 
 
 def error_event(exc: BaseException, request_id: Optional[str] = None) -> ErrorEvent:
