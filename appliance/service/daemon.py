@@ -100,8 +100,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.0
-"""Worker heartbeat period, s (systemd's WatchdogSec should be several times this)."""
+HEARTBEAT_S = 0.25
+"""Worker heartbeat period, s: well below the shortest useful WatchdogSec (1 s), so a heartbeat
+never ages past the watchdog's staleness limit between two beats (a beat only stores a time)."""
 
 DRAIN_TIMEOUT_S = 600.0
 """Longest wait for the running request to finish and play out at stop, s."""

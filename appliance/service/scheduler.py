@@ -231,6 +231,10 @@ class Scheduler:
         self.waiting = waiting
         return start
 
+    def running_items(self) -> list[Item]:
+        """The items synthesizing now."""
+        return list(self.running.values())
+
     def ended(self) -> list[Item]:
         """Remove and return the running items whose synthesis is over (or never began)."""
         out = [it for it in self.running.values() if it.task is None or it.task.finished]

@@ -38,13 +38,15 @@ class StallWatch:
 
     Args:
         stall_s: ``safety.stall_s``, s.
-        running: ``() -> [Item]``: the items synthesizing now (the worker takes its lock).
+        running: ``() -> [Item]``: the items synthesizing now (called with ``lock`` held).
         settle: ``settle(item, event)``: the worker's idempotent terminal-event path.
+        lock: the worker's lock.
     """
 
     def __init__(self, stall_s: float, running: Callable[[], list[Item]],
-                 settle: Callable[[Item, Event], None]) -> None:
+                 settle: Callable[[Item, Event], None], lock) -> None:
         self.running = running
+        self.lock = lock
         self.settle = settle
         self.stall_s = float(stall_s)
         self.ended = 0
@@ -81,8 +83,9 @@ class StallWatch:
     def check(self, now: Optional[float] = None) -> list[Item]:
         """End the stalled running items now; returns them."""
         now = time.monotonic() if now is None else now
-        stalled = [it for it in self.running()
-                   if it.state == "running" and it.progress_at and now - it.progress_at > self.stall_s]
+        with self.lock:
+            stalled = [it for it in self.running()
+                       if it.state == "running" and it.progress_at and now - it.progress_at > self.stall_s]
         for it in stalled:
             idle = now - it.progress_at
             log.error("request %s on %s made no progress for %.1f s (safety.stall_s %g); ending it",

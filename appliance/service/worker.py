@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
     from .journal import Journal
     from .sound import AudioOutput
+    from .sound_request import RequestAudio
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Worker:
         self.failed = 0
         self._cv = threading.Condition()
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
+        self._spent: list[RequestAudio] = []      # ended requests' audio, released on this thread
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
@@ -121,7 +123,7 @@ class Worker:
             self.engine.on_step = self._beat
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt)
-        self.stall = StallWatch(stall_s, self._running, self._settle) if stall_s else None
+        self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -216,10 +218,6 @@ class Worker:
         with self._cv:
             return self.sched.status()
 
-    def _running(self) -> list[Item]:
-        with self._cv:
-            return list(self.sched.running.values())
-
     @property
     def busy(self) -> bool:
         """True while a request is queued, running or playing."""
@@ -227,8 +225,8 @@ class Worker:
             return bool(self.sched.active)
 
     def stop(self, timeout_s: Optional[float] = None) -> list[Item]:
-        """Stop taking work: queued requests are removed and returned (not yet settled: the
-        caller spools them or sends errors); the running ones finish. Waits for the thread."""
+        """Stop taking work: queued requests are removed and returned (not yet settled: the caller
+        tells their clients); the running ones finish. Waits for the thread."""
         if self.stall is not None:
             self.stall.stop()
         with self._cv:
@@ -269,6 +267,7 @@ class Worker:
         eng = self.engine
         while True:
             with self._cv:
+                spent, self._spent = self._spent, []
                 if self._stopping and not self.sched.running and not self.sched.queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
@@ -278,6 +277,8 @@ class Worker:
                     idle = True
                 else:
                     idle = False
+            for ra in spent:      # freed on the thread that allocated it (sound_request: Memory)
+                ra.release()
             self._beat()
             if idle:
                 continue
@@ -402,6 +403,8 @@ class Worker:
                 self.completed += 1
             else:
                 self.failed += 1
+            if item.audio is not None:
+                self._spent.append(item.audio)
             self._cv.notify_all()
         if self.journal is not None and item.journal is not None:
             self.journal.end(item.journal, to_dict(event))    # durable before the client hears it
