@@ -125,7 +125,7 @@ class MQTTConfig:
     host: str = _f("localhost", "Broker host.")
     port: int = _f(1883, "Broker port.", min=1, max=65535)
     username: Optional[str] = _f(None, "User name.")
-    password: Optional[str] = _f(None, "Password.")
+    password: Optional[str] = _f(None, "Password (never logged, nor shown in error messages).", secret=True)
     tls: bool = _f(False, "Use TLS.")
     ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
     topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability}.")
@@ -304,7 +304,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         if not ok and value is False and "off" in f.metadata.get("choices", ()):
             ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
         if not ok:
-            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+            shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}")
         kwargs[name] = v
     obj = cls(**kwargs)
     _check(obj, where)
