@@ -313,7 +313,7 @@ def parse_request(obj: Any) -> Request:
     if not isinstance(obj, dict):
         raise RequestError(f"a request must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("type", "speak" if "text" in obj else None)
-    if kind not in REQUEST_TYPES:
+    if not isinstance(kind, str) or kind not in REQUEST_TYPES:
         raise RequestError(f"unknown request type {kind!r} (known: {', '.join(REQUEST_TYPES)})")
     cls = REQUEST_TYPES[kind]
     hints = typing.get_type_hints(cls)
@@ -363,6 +363,8 @@ def parse_line(line: bytes, max_bytes: int = 65536) -> Request:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RequestError(f"request is not valid JSON: {e.msg} at column {e.colno}") from e
+    except RecursionError as e:
+        raise RequestError("request JSON is nested too deeply") from e
     return parse_request(obj)
 
 
