@@ -253,6 +253,7 @@ class Journal:
                 return
             self._live_bytes -= e.size
             e.ev = _slim(event)
+            e.req = {"id": e.id, "channel": e.req.get("channel")}   # the text is not needed any more
             self._finished[n] = e
             while len(self._finished) > KEEP_FINISHED:
                 self._finished.popitem(last=False)
