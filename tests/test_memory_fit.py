@@ -37,6 +37,13 @@ def test_shrinks_max_seq_len_first_then_max_batch():
     assert f"model.max_batch 3 -> {g.max_batch}" in g.text and g.footprint_mib <= 1500
 
 
+def test_fixed_size_engines_start_as_built_and_say_what_to_rebuild():
+    f = plan_fit(1000.0, 0.0, _info(), 1500.0, 256, resizable=False)
+    assert f.action == "over" and (f.max_seq_len, f.max_batch) == (2048, 3)
+    assert "model.max_seq_len 2048 -> 1408" in f.text and "rebuild" in f.text and "onnxruntime" in f.text
+    assert plan_fit(1480.0, 0.0, _info(), 1500.0, 256, resizable=False).action == "refuse"
+
+
 def test_refuses_naming_what_to_lower():
     f = plan_fit(1480.0, 0.0, _info(), 1500.0, 256)
     assert f.action == "refuse"

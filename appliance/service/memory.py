@@ -12,9 +12,11 @@ on top; an upper bound). :func:`plan_fit` compares it with the budget. If it doe
 ``max_seq_len`` is lowered (in steps of 64) to what fits, down to ``max_prompt_tokens`` +
 :data:`MIN_DECODE_TOKENS`; then ``max_batch`` (fewer channels synthesize at once; the others
 wait); if one slot at that length does not fit either, the daemon refuses to start, naming what
-to lower. :func:`fit_pipeline` applies the plan (the pipeline is opened again with the smaller
-sizes, which fixed-size engines such as exported ONNX graphs or TensorRT plans refuse: then the
-message names the export to redo).
+to lower. :func:`fit_pipeline` applies the plan: the torch backends are opened again with the
+smaller sizes; engines built ahead of time for fixed sizes (exported ONNX graphs, TensorRT plans:
+:data:`FIXED_SIZE_BACKENDS`) cannot be, so the daemon starts as built, says in the log and STATUS
+what to rebuild them for, and relies on the run-time throttle (on a CPU their KV pages fill only
+as far as the longest sentence reaches, so the full figure is a worst case).
 
 At run time the throttle watches the same sum (RSS + NvMap on Jetson / NVML on desktop GPUs, else
 the backend's own device memory) and lowers the channels before the kernel's OOM killer acts;
@@ -42,6 +44,8 @@ MIN_DECODE_TOKENS = 256
 """Decode positions a slot must hold beyond the longest prompt to be useful (5.5 s of audio)."""
 SEQ_STEP = 64
 """``max_seq_len`` is lowered in steps of this many positions."""
+FIXED_SIZE_BACKENDS = ("onnxruntime", "tensorrt")
+"""Backends whose engines are built for one ``max_batch`` x ``max_seq_len`` (a rebuild resizes them)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class MemoryFit:
     """The decision of :func:`plan_fit`.
 
     Attributes:
-        action: ``fits``, ``shrink`` or ``refuse``.
+        action: ``fits``, ``shrink`` (reopen smaller), ``over`` (would shrink, but the engines are
+            built for fixed sizes: start as built, warn) or ``refuse``.
         max_seq_len, max_batch: the sizes to run with.
         footprint_mib: the estimated footprint at those sizes, MiB. budget_mib: the budget.
         text: one sentence for the log and STATUS (what was measured, what changed, what to lower).
@@ -80,7 +85,8 @@ def current_mib(pipeline: Optional[Pipeline]) -> Optional[float]:
     return round(rss + (device_mib(pipeline) if pipeline is not None else 0.0), 1)
 
 
-def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt_tokens: int) -> MemoryFit:
+def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt_tokens: int,
+             resizable: bool = True) -> MemoryFit:
     """Decide the sizes (module docstring) from a measurement after warm-up.
 
     Args:
@@ -89,6 +95,8 @@ def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt
             ``weight_bytes``).
         budget_mib: ``service.memory_budget_mb``.
         max_prompt_tokens: ``model.max_prompt_tokens``.
+        resizable: the backend can be opened again with other sizes (False for
+            :data:`FIXED_SIZE_BACKENDS`: ``shrink`` becomes ``over``).
     """
     kvpt = float(info.kv_bytes_per_token) / MIB
     S, B = int(info.max_seq_len), int(info.max_batch)
@@ -109,6 +117,12 @@ def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt
         if s >= floor:
             est = fixed + kvpt * s * b
             changes = [f"model.max_seq_len {S} -> {s}"] + ([f"model.max_batch {B} -> {b}"] if b != B else [])
+            if not resizable:
+                return MemoryFit("over", S, B, footprint, budget_mib,
+                                 f"memory: at worst {footprint:.0f} MiB, over service.memory_budget_mb {budget_mib:g} "
+                                 f"MiB ({what}); the {info.backend} engines are built for these sizes: to fit, set "
+                                 f"{' and '.join(changes)} and rebuild them (chattts-appliance engines export / "
+                                 f"build); until then the throttle limits the channels at run time")
             return MemoryFit("shrink", s, b, est, budget_mib,
                              f"memory: {', '.join(changes)} to fit service.memory_budget_mb {budget_mib:g} MiB "
                              f"({what}; now {est:.0f} MiB)")
@@ -132,9 +146,9 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
     """
     info = pipeline.info
     fit = plan_fit(process_memory_mib() or 0.0, device_mib(pipeline), info, float(cfg.service.memory_budget_mb),
-                   cfg.model.max_prompt_tokens)
-    if fit.action == "fits":
-        log.info("%s", fit.text)
+                   cfg.model.max_prompt_tokens, resizable=info.backend not in FIXED_SIZE_BACKENDS)
+    if fit.action in ("fits", "over"):
+        (log.info if fit.action == "fits" else log.warning)("%s", fit.text)
         return pipeline, fit
     if fit.action == "refuse":
         raise ConfigError(fit.text)
@@ -146,8 +160,7 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
         pipeline = factory(small)
     except ApplianceError as e:
         raise ConfigError(f"{fit.text}; but the backend cannot run at that size: {e}. Set model.max_seq_len "
-                          f"{fit.max_seq_len} and model.max_batch {fit.max_batch} in {cfg.file_hint} and rebuild "
-                          f"the engines for them") from e
+                          f"{fit.max_seq_len} and model.max_batch {fit.max_batch} in {cfg.file_hint}") from e
     if warmup:
         pipeline.warmup()
     log.info("memory after resizing: %.0f MiB RSS + %.0f MiB device memory", process_memory_mib() or 0.0,
