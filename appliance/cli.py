@@ -6,11 +6,18 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
   official layout (:mod:`appliance.build.random_ckpt`).
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
 * ``model sums DIR`` – record a checkpoint's sha256 sums, checked at every start (:mod:`appliance.model.integrity`).
-* ``serve --config config.yaml`` – run the daemon (:mod:`appliance.service.daemon`).
+* ``serve`` – run the daemon (:mod:`appliance.service.daemon`).
 * ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
-* ``health`` – field health check (:mod:`appliance.service.health`).
+* ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
+  (``--socket`` asks a running one) (same module).
+* ``health`` – field health check, here or by the running daemon (:mod:`appliance.service.health`).
 * ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`).
+
+Every subcommand reads the same config file (:func:`appliance.config.find_config`): ``--config``,
+else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else ``./config.yaml``; the
+clients (``say``, ``status``, ``cancel``, ``health --daemon``) take the daemon's socket from it,
+so ``--socket`` is only needed for a socket that config does not name.
 
 Every :class:`~appliance.errors.ApplianceError` ends the command with exit status 2 and its
 message on stderr (no traceback); other exit codes are documented per subcommand.
@@ -23,7 +30,14 @@ import importlib
 import logging
 import sys
 
+from .config import find_config
 from .errors import ApplianceError
+
+CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
+               "./config.yaml)")
+
+#: Subcommands that also work without a config file (they only need the socket path).
+_CLIENTS = ("say", "status", "cancel", "health")
 
 # subcommand -> (module, function). The function takes the parsed argparse namespace and
 # returns an exit status.
@@ -36,8 +50,10 @@ _COMMANDS = {
     "health": ("appliance.service.health", "cli_main"),
     "status": ("appliance.service.client", "status_main"),
     "cancel": ("appliance.service.client", "cancel_main"),
+    "normalize": ("appliance.service.client", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
+    "calibrate": ("appliance.build.calibrate", "cli_main"),
 }
 
 
@@ -59,17 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("dir")
 
     s = sub.add_parser("serve", help="run the daemon")
-    s.add_argument("--config", default="config.yaml")
+    s.add_argument("--config", default=None, help=CONFIG_HELP)
 
     y = sub.add_parser("say", help="speak TEXT through a running daemon")
     y.add_argument("text", help="what to say (UTF-8; control tokens like [uv_break] allowed)")
-    y.add_argument("--config", default=None, help="read the socket path from this config")
+    y.add_argument("--config", default=None, help="read the socket path from this " + CONFIG_HELP)
     y.add_argument("--socket", default=None, help="socket path (overrides --config)")
     y.add_argument("--channel", default=None, help="channel name from config (default: the first channel)")
     y.add_argument("--voice", default=None, help="'seed:N' or an upstream speaker string (default: synthesis.voice)")
     y.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= N < 2**63: same seed, same audio")
     y.add_argument("--priority", default="normal", choices=("alert", "normal", "background"),
                    help="an alert preempts what plays on its channel")
+    y.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="cap EACH SENTENCE at N decode steps (46.875 = 1 s of audio; params.max_new_tokens); "
+                        "default synthesis.max_new_tokens")
     y.add_argument("--wav", default=None, help="also write the returned audio to this WAV file")
     y.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for 'done'")
     y.add_argument("--json", action="store_true", help="print the events as JSON lines")
@@ -77,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, hlp in (("status", "print a running daemon's status"),
                       ("cancel", "cancel a request (--id) or everything on a channel (--channel)")):
         c = sub.add_parser(name, help=hlp)
-        c.add_argument("--config", default=None, help="read the socket path from this config")
+        c.add_argument("--config", default=None, help="read the socket path from this " + CONFIG_HELP)
         c.add_argument("--socket", default=None, help="socket path (overrides --config)")
         c.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
         if name == "status":
@@ -87,27 +106,47 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument("--id", default=None, help="request id")
             g.add_argument("--channel", default=None, help="channel name")
 
+    n = sub.add_parser("normalize", help="print what TEXT would be said as, without synthesizing (dry run)")
+    n.add_argument("text", help="the text a speak request would carry")
+    n.add_argument("--config", default=None, help="config whose model.path tokenizer and limits to use "
+                   "(default: ./config.yaml if it exists)")
+    n.add_argument("--socket", default=None, help="ask the running daemon on this socket instead")
+    n.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon's reply")
+    n.add_argument("--json", action="store_true", help="print the normalized reply as JSON")
+
     h = sub.add_parser("health", help="field health check (exit 1 when unhealthy)")
-    h.add_argument("--config", default="config.yaml")
+    h.add_argument("--config", default=None, help=CONFIG_HELP)
     h.add_argument("--json", action="store_true")
-    h.add_argument("--socket", default=None, help="ask a running daemon instead of loading the engines here")
+    h.add_argument("--daemon", action="store_true",
+                   help="ask the running daemon (at the config's service.socket) instead of loading the engines here")
+    h.add_argument("--socket", default=None, help="ask the running daemon at this socket (implies --daemon)")
 
     e = sub.add_parser("engines", help="ONNX export and TensorRT build").add_subparsers(dest="sub", required=True)
     ex = e.add_parser("export", help="export ONNX graphs from a checkpoint")
-    ex.add_argument("--config", default="config.yaml")
+    ex.add_argument("--config", default=None, help=CONFIG_HELP)
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"))
     ex.add_argument("--window-tokens", type=int, default=None,
                     help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")
-    b.add_argument("--config", default="config.yaml")
+    b.add_argument("--config", default=None, help=CONFIG_HELP)
     b.add_argument("--dir", default=None, help="engine dir (default: model.engine_dir)")
     b.add_argument("--precision", default="fp16", choices=("fp16", "int8", "fp8"))
     b.add_argument("--target", default=None, help="compute capability to build for, e.g. 8.7 (default: this GPU)")
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
     b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
+    for x in (ex, b):
+        x.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                       help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")
+
+    cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need")
+    cal.add_argument("--config", default=None, help="config file (default: $CHATTTS_APPLIANCE_CONFIG, "
+                     "./config.local.yaml, ./config.yaml)")
+    cal.add_argument("--threshold-db", type=float, default=None,
+                     help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
+    cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")
     return p
 
 
@@ -120,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
 
         setup_logging(args.verbose)
     key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
+    if "config" in args:   # one config for every subcommand (find_config); clients may run without
+        found = find_config(args.config)
+        args.config = str(found) if found is not None else (None if key in _CLIENTS else "config.yaml")
     module, func = _COMMANDS[key]
     try:
         fn = getattr(importlib.import_module(module), func)

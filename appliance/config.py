@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class ModelConfig:
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
-    compile: str = _f("off", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs: off, default or max-autotune-no-cudagraphs. H200: 0.83 ms/step instead of 1.59 (bench/RESULTS.md), at the cost of ~15 s of start-up per captured graph.", choices=("off", "default", "max-autotune-no-cudagraphs"))
+    compile: str = _f("auto", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs. auto: compiled where Triton works (desktop x86 GPUs), plain CUDA graphs where it does not (JetPack's PyTorch has no Triton); off; default; max-autotune-no-cudagraphs. H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md). The compiled kernels are cached in model.engine_dir/torch_compile, so only the first start compiles.", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
     quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
 
@@ -62,7 +63,7 @@ class SynthesisConfig:
     top_k: int = _f(20, "Top-K codes kept (at least 3 are always kept, as upstream).", min=1, max=626)
     repetition_penalty: float = _f(1.05, "Multiplicative penalty per repeat over the last 16 codes of a codebook; 1 = off.", min=1.0, max=5.0)
     min_new_tokens: int = _f(0, "End-of-sequence is masked before this many codes.", min=0, max=4096)
-    max_new_tokens: int = _f(2048, "Hard stop in decode steps per sentence (46.875 steps = 1 s of audio).", min=1, max=4096)
+    max_new_tokens: int = _f(2048, "Hard stop in decode steps for EACH SENTENCE, not for the whole request: the GPT generation limit (the text is split into sentences of at most model.max_prompt_tokens and each generates up to this many codes; 46.875 steps = 1 s of audio). A request's params.max_new_tokens may lower it.", min=1, max=4096)
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
     seed: Optional[int] = _f(None, "Default sampling seed (0 <= seed < 2**63); None = a fresh seed per request (reported in the reply).", min=0, max=2**63 - 1)
@@ -74,8 +75,12 @@ class SynthesisConfig:
 class StreamConfig:
     """How decode steps become PCM chunks."""
 
-    chunk_tokens: int = _f(24, "Decode steps per streamed chunk (24 steps = 512 ms of audio).", min=1, max=512)
-    first_chunk_tokens: int = _f(12, "Decode steps in the first chunk (smaller: earlier first audio).", min=1, max=512)
+    chunk_tokens: int = _f(48, "Largest streamed chunk, in decode steps (48 steps = 1.02 s of audio); chunks grow from first_chunk_tokens up to this.", min=1, max=512)
+    first_chunk_tokens: int = _f(4, "Decode steps in the first chunk of a request (smaller: earlier first audio; 4 steps = 85 ms of audio).", min=1, max=512)
+    chunk_growth: float = _f(2.0, "Each next chunk is this many times the previous one (capped by chunk_tokens and by what the audio already queued can cover: the device never waits); 1 = fixed chunks.", min=1.0, max=8.0)
+    realtime_share: float = _f(0.9, "Share of real time the stream may spend making audio when it sizes chunks (measured step and window times): a first chunk grows until the second one is made before it has played.", min=0.1, max=1.0)
+    lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
+    lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 
@@ -138,6 +143,8 @@ class MQTTConfig:
     reconnect_max_s: int = _f(60, "Longest reconnect delay, s.", min=1, max=3600)
     status_interval_s: float = _f(30.0, "Retained status is republished at least this often, s (and at once on change).", min=1.0, max=86400.0)
     dedup_ids: int = _f(1024, "Recent say ids remembered to drop redelivered duplicates.", min=16, max=1 << 20)
+    discovery: bool = _f(True, "Publish Home Assistant MQTT discovery configs (retained): the box as one device with say, stop, voice, sensors (service.mqtt_discovery).")
+    discovery_prefix: str = _f("homeassistant", "Home Assistant's discovery prefix; its <prefix>/status 'online' makes the box publish the configs again.")
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,31 @@ class ThrottleConfig:
 
 
 @dataclass(frozen=True)
+class WyomingVoiceConfig:
+    """One voice offered to Wyoming clients (Home Assistant lists it by ``name``)."""
+
+    name: str = _f("default", "Voice name shown to clients and sent back in their requests (letters, digits, '-', '_', '.').")
+    voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
+    description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
+
+
+@dataclass(frozen=True)
+class WyomingConfig:
+    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.service.wyoming_server`.
+    Its requests go through the same scheduler as socket and MQTT requests, on ``channel``."""
+
+    enabled: bool = _f(False, "Serve the Wyoming protocol on the URIs below.")
+    uris: tuple = _f(("tcp://0.0.0.0:10200",), "Where to listen: tcp://HOST:PORT and/or unix://PATH (relative paths: to the config file). 10200 is the port Home Assistant suggests for TTS.")
+    channel: Optional[str] = _f(None, "Channel (service.channels[].name) whose queue Wyoming requests join; None = the first channel.")
+    priority: str = _f("normal", "Priority of Wyoming requests on that channel: alert, normal or background.", choices=("alert", "normal", "background"))
+    play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
+    streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
+    voices: tuple = _f((WyomingVoiceConfig(),), "Voices offered (list of {name, voice, description}); the first is the default. Also the options of the MQTT voice select.")
+    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package).")
+    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
+
+
+@dataclass(frozen=True)
 class JournalConfig:
     """Crash-safe accepted requests (:mod:`appliance.service.journal`): what is replayed after a
     restart. The journal file lives in ``service.spool_dir``."""
@@ -226,6 +258,7 @@ class Config:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
@@ -246,7 +279,7 @@ class Config:
 # building and validation
 # --------------------------------------------------------------------------------------------
 
-_SECTION_ITEM = {("service", "channels"): ChannelConfig}
+_SECTION_ITEM = {("service", "channels"): ChannelConfig, ("wyoming", "voices"): WyomingVoiceConfig}
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -272,7 +305,11 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
             return True, float(value)
         return False, value
     if tp is str:
+        if isinstance(value, int) and not isinstance(value, bool):   # e.g. stream.lookahead: 16
+            return True, str(value)
         return isinstance(value, str), value
+    if tp is tuple:     # a YAML list
+        return isinstance(value, (list, tuple)), tuple(value) if isinstance(value, list) else value
     return True, value
 
 
@@ -345,6 +382,22 @@ def _cross_check(cfg: Config) -> None:
         )
     if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
         raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
+    la = cfg.stream.lookahead
+    if la not in ("auto", "exact") and not (la.isdigit() and 1 <= int(la) <= 256):
+        raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
+    _check_wyoming(cfg.wyoming, names)
+
+
+def _check_wyoming(w: WyomingConfig, channels: list[str]) -> None:
+    """URIs, channel and voice names of the ``wyoming`` section (checked even while disabled)."""
+    for u in w.uris or [""]:
+        if not isinstance(u, str) or not re.fullmatch(r"tcp://[^/]+:\d{1,5}/?|unix://.+", u):
+            raise ConfigError(f"wyoming.uris: {u!r} is not tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or unix://PATH")
+    if w.channel is not None and w.channel not in channels:
+        raise ConfigError(f"wyoming.channel: {w.channel!r} is not a configured channel ({', '.join(channels)})")
+    names = [v.name for v in w.voices]
+    if not names or len(set(names)) < len(names) or not all(re.fullmatch(r"[\w.-]{1,64}", n, re.A) for n in names):
+        raise ConfigError(f"wyoming.voices: {names} must be 1 or more unique names of 1-64 letters, digits, '-', '_', '.'")
 
 
 def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:
@@ -357,6 +410,18 @@ def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:
     cfg = dataclasses.replace(cfg, base_dir=str(Path(base_dir).resolve()))
     _cross_check(cfg)
     return cfg
+
+
+CONFIG_ENV = "CHATTTS_APPLIANCE_CONFIG"
+CONFIG_SEARCH = ("config.local.yaml", "config.yaml")
+
+
+def find_config(explicit: str | os.PathLike | None = None) -> Optional[Path]:
+    """The config file every command uses: ``explicit`` (``--config``), else ``$CHATTTS_APPLIANCE_CONFIG``
+    (both returned even if missing, so reading fails naming them), else the first of
+    :data:`CONFIG_SEARCH` in the current directory; None when there is none."""
+    named = explicit or os.environ.get(CONFIG_ENV)
+    return Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
 
 
 def load_config(path: str | os.PathLike | None) -> Config:

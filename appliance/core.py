@@ -92,7 +92,7 @@ class SynthParams:
         top_k: codes kept, 1..626.
         repetition_penalty: >= 1.
         min_new_tokens: EOS masked before this many decode steps.
-        max_new_tokens: hard stop in decode steps (46.875 per second of audio).
+        max_new_tokens: hard stop in decode steps for EACH SENTENCE (46.875 per second of audio).
         prompt: control tokens put before the text, e.g. ``[speed_5][oral_2]``.
         refine_text: run the refine-text pass for this request (default: ``synthesis.refine_text``).
     """

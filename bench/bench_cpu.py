@@ -1,23 +1,21 @@
-"""First CPU benchmark of the main job: full-size random checkpoint, B=1, our pipeline.
+"""CPU benchmark of the main job through the production path: Pipeline.from_config (the backend
+``appliance.engines.select`` picks), its warm-up, decode loop, vocoder windows and chunk schedule.
 
-Measures, per backend available here (``torch`` CPU always; ``onnxruntime`` when exported graphs
-exist in ``--engine-dir``):
+Measures for one tree (this checkout, or ``--tree DIR``: e.g. a checkout of the commit before a
+change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.py):
 
-* ``ms_per_step`` / ``steps_per_s``: GPT decode steps alone (``DecodeLoop.step`` incl. host
-  sampling), after a warm-up, at batch 1;
-* ``ttfb_ms``: from ``Pipeline.run`` start to the first PCM chunk (prefill + the decode steps of
-  the first chunk and the Decoder/Vocos look-ahead);
-* ``rtf``: wall seconds per second of audio for a whole utterance (fixed length: EOS masked);
-* ``peak_mem_mib``: peak RSS of the process.
+* ``load_s`` / ``warmup_s``: ``Pipeline.from_config`` and ``Pipeline.warmup``;
+* ``ms_per_step``: decode steps alone at B=1 (``DecodeLoop.step`` incl. sampling), median of 100;
+* ``ttfb_ms``: ``Pipeline.run`` start to the first PCM chunk for a short sentence (prefill,
+  look-ahead, first chunk, first vocoder window), median of ``--ttfb-runs`` after warm-up;
+  ``first_ttfb_ms``: the first request after the warm-up alone (is anything still cold?);
+* ``rtf``: wall / audio seconds for a ``--steps`` utterance (EOS masked); ``peak_mem_mib``: RSS.
+* ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
 
-Prints a table and appends records in the DESIGN.md §7 format to
-``bench/results/cpu-<date>-<machine>.json``. Upstream ``chattts`` cannot run on this machine
-(it imports torchaudio, which has no build for torch 2.13 CPU), so ``baseline_ms_per_step`` is
-DESIGN.md's measured upstream GPT loop on this machine (46 ms at B=1), marked in ``notes``.
-
-Usage::
-
-    python bench/bench_cpu.py --checkpoint /path/to/random-full [--steps 200] [--machine cpu-2core]
+Appends one record per run (DESIGN §7 fields, ``bench: cpu_pipeline``) to ``--out`` (default
+``bench/results/cpu-<date>-<machine>.json``); ``bench/cpu_side_by_side.sh`` alternates trees.
+``--upstream`` adds upstream chattts's GPT loop (transformers Llama + its sampling) when it is
+importable, as ``baseline_ms_per_step``.
 """
 
 from __future__ import annotations
@@ -25,104 +23,135 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from appliance.config import config_from_dict  # noqa: E402
-from appliance.core import (
-    SynthesisRequest,
-    SynthParams,  # noqa: E402
-)
-from appliance.synth.decode_loop import Sequence  # noqa: E402
-from appliance.synth.pipeline import Pipeline  # noqa: E402
-
-UPSTREAM_CPU_MS = 46.0  # DESIGN.md §2, measured 2026-11-30 on this 2-core machine (GPT loop only)
 SENTENCE = "今天天气很好，我们去公园散步吧。"
+
+
+def _import_tree(tree: str | None):
+    sys.path.insert(0, tree or str(ROOT))
+    if tree:   # an editable install of another tree must not fill in missing modules
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    try:
+        from appliance.core import SynthesisRequest  # noqa: F401
+        return False
+    except ImportError:
+        return True
 
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def bench_backend(ckpt: Path, backend: str, steps: int, engine_dir: str | None) -> dict:
-    # KV limits as the engines are exported by default (3 slots x 2048); one slot is used (B=1)
-    model = {"path": str(ckpt), "backend": backend, "device": "cpu", "max_batch": 3, "max_seq_len": 2048}
-    if engine_dir:
-        model["engine_dir"] = engine_dir
-    cfg = config_from_dict({"model": model,
-                            "synthesis": {"max_new_tokens": steps, "min_new_tokens": steps, "seed": 1},
-                            "service": {"channels": [{"name": "main"}]}})
+def run(args, legacy: bool) -> dict:
+    from appliance.config import config_from_dict
+
+    if legacy:
+        from appliance.tts.generate import Sequence
+        from appliance.tts.pipeline import Pipeline
+
+        from appliance.service.protocol import Speak as Req
+        from appliance.service.protocol import SynthParams
+    else:
+        from appliance.core import SynthesisRequest as Req
+        from appliance.core import SynthParams
+        from appliance.synth.decode_loop import Sequence
+        from appliance.synth.pipeline import Pipeline
+    model = {"path": args.checkpoint, "backend": args.backend, "device": "cpu", "max_batch": 3, "max_seq_len": 2048,
+             "threads": args.threads}
+    if args.engine_dir:
+        model["engine_dir"] = args.engine_dir
+    data = {"model": model, "synthesis": {"max_new_tokens": max(args.steps, 200)}}
+    if not legacy:
+        data["stream"] = {"lookahead": args.lookahead}
+    cfg = config_from_dict(data)
     t = time.perf_counter()
     pipe = Pipeline.from_config(cfg)
     load_s = time.perf_counter() - t
-    job = pipe.prepare(SynthesisRequest(text=SENTENCE, id="bench", seed=1, params=SynthParams()))
+    t = time.perf_counter()
+    pipe.warmup()
+    warmup_s = time.perf_counter() - t
 
-    # decode steps alone
+    def ttfb_once(i, steps=60):
+        t0 = time.perf_counter()
+        job = pipe.prepare(Req(text=SENTENCE, id=f"t{i}", seed=i, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps)))
+        it = pipe.run(job)
+        next(it)
+        ms = 1e3 * (time.perf_counter() - t0)
+        for _ in it:
+            pass
+        return ms
+
+    first_ttfb = ttfb_once(0)
+    ttfbs = [ttfb_once(i + 1) for i in range(args.ttfb_runs)]
+    # decode steps alone, B=1
+    job = pipe.prepare(Req(text=SENTENCE, id="steps", seed=1, params=SynthParams(min_new_tokens=400, max_new_tokens=400)))
     loop = pipe.loop
     seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=1)
     loop.join(seq)
     for _ in range(5):
         loop.step()
-    n = min(steps - 10, 100)
-    t = time.perf_counter()
-    for _ in range(n):
+    ts = []
+    for _ in range(100):
+        t = time.perf_counter()
         loop.step()
-    ms_step = 1000 * (time.perf_counter() - t) / n
+        ts.append(time.perf_counter() - t)
     loop.leave(seq)
-
-    # whole utterance: TTFB and RTF
-    pcm = [c.samples for c in pipe.run(job)]
+    # a whole utterance: RTF
+    job = pipe.prepare(Req(text=SENTENCE, id="rtf", seed=2, params=SynthParams(min_new_tokens=args.steps, max_new_tokens=args.steps)))
+    samples = sum((c.size if legacy else c.samples.size) for c in pipe.run(job))
     st = job.stats
     info = pipe.info
+    la = "exact (pre-redesign)" if legacy else pipe.describe_lookahead()
     pipe.close()
-    return {
-        "backend": info.backend, "precision": info.precision, "batch": 1,
-        "ms_per_step": round(ms_step, 2), "steps_per_s": round(1000 / ms_step, 2),
-        "rtf": round(st.rtf, 3), "ttfb_ms": round(st.ttfb_ms, 1), "peak_mem_mib": round(peak_rss_mib(), 1),
-        "audio_s": round(sum(p.size for p in pcm) / 24000, 2), "load_s": round(load_s, 1),
-    }
+    return {"backend": info.backend, "precision": info.precision, "batch": 1,
+            "ms_per_step": round(1e3 * statistics.median(ts), 2), "steps_per_s": round(1 / statistics.median(ts), 2),
+            "rtf": round(st.rtf, 3), "ttfb_ms": round(statistics.median(ttfbs), 1), "first_ttfb_ms": round(first_ttfb, 1),
+            "ttfb_runs_ms": [round(x, 1) for x in ttfbs], "peak_mem_mib": round(peak_rss_mib(), 1),
+            "audio_s": round(samples / 24000, 2), "load_s": round(load_s, 1), "warmup_s": round(warmup_s, 1),
+            "lookahead": la}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="full-size checkpoint dir (chattts-appliance model random --size full DIR)")
-    ap.add_argument("--steps", type=int, default=200, help="decode steps per utterance (EOS masked)")
+    ap.add_argument("--checkpoint", required=True, help="checkpoint dir (chattts-appliance model random --size full DIR)")
+    ap.add_argument("--engine-dir", default=None, help="exported ONNX graphs (onnxruntime backend)")
+    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"))
+    ap.add_argument("--tree", default=None, help="import appliance from this checkout instead of this one")
+    ap.add_argument("--lookahead", default="auto", help="stream.lookahead: auto (calibrated if recorded), exact or N")
+    ap.add_argument("--steps", type=int, default=200, help="decode steps of the RTF utterance (EOS masked)")
+    ap.add_argument("--ttfb-runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--machine", default="cpu-2core")
-    ap.add_argument("--backends", default="torch", help="comma list: torch,onnxruntime")
-    ap.add_argument("--engine-dir", default=None, help="exported ONNX graphs for the onnxruntime backend")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    ckpt = Path(args.checkpoint).resolve()
-    size = "full" if json.loads((ckpt / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
+    legacy = _import_tree(args.tree)
+    load0 = os.getloadavg()[0]
+    r = run(args, legacy)
     today = dt.date.today().isoformat()
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
-    records = []
-    for backend in args.backends.split(","):
-        r = bench_backend(ckpt, backend, args.steps, args.engine_dir)
-        records.append({
-            "bench": "cpu_pipeline", "date": today, "machine": args.machine, "checkpoint": size,
-            **{k: r[k] for k in ("backend", "precision", "batch", "ms_per_step", "steps_per_s", "rtf", "ttfb_ms", "peak_mem_mib")},
-            "baseline_ms_per_step": UPSTREAM_CPU_MS,
-            "notes": f"{args.steps} decode steps (EOS masked), {r['audio_s']} s audio, load {r['load_s']} s; "
-                     f"CPU {cpu}; numpy {np.__version__}; baseline = upstream chattts GPT loop on this machine "
-                     f"(DESIGN.md §2), not re-run: upstream needs torchaudio, which has no torch 2.13 CPU build",
-        })
-    print(f"\n{'backend':<14}{'prec':<6}{'ms/step':>9}{'steps/s':>9}{'RTF':>7}{'TTFB ms':>9}{'RSS MiB':>9}{'upstream ms':>13}")
-    for r in records:
-        print(f"{r['backend']:<14}{r['precision']:<6}{r['ms_per_step']:>9}{r['steps_per_s']:>9}{r['rtf']:>7}"
-              f"{r['ttfb_ms']:>9}{r['peak_mem_mib']:>9}{r['baseline_ms_per_step']:>13}")
-    out = ROOT / "bench" / "results" / f"cpu-{today}-{args.machine}.json"
+    size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
+    rec = {"bench": "cpu_pipeline", "date": today, "machine": args.machine, "checkpoint": size,
+           **{k: r[k] for k in ("backend", "precision", "batch", "ms_per_step", "steps_per_s", "rtf", "ttfb_ms",
+                                "peak_mem_mib")},
+           "baseline_ms_per_step": None,
+           "notes": f"{args.label}; look-ahead {r['lookahead']}; first request after warm-up TTFB {r['first_ttfb_ms']} ms; "
+                    f"TTFB runs {r['ttfb_runs_ms']}; {args.steps}-step utterance {r['audio_s']} s audio; load {r['load_s']} s, "
+                    f"warm-up {r['warmup_s']} s; 1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}; CPU {cpu}",
+           "tree": args.tree or "this checkout", "lookahead": r["lookahead"], "first_ttfb_ms": r["first_ttfb_ms"]}
+    print(json.dumps(rec, ensure_ascii=False))
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu-{today}-{args.machine}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(out.read_text()) if out.exists() else []
-    out.write_text(json.dumps(old + records, indent=1, ensure_ascii=False) + "\n")
-    print(f"records appended to {out.relative_to(ROOT)}")
+    out.write_text(json.dumps(old + [rec], indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -66,10 +66,10 @@ def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
     load_rss = _rss_mib()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, min(20000, r.shapes.num_text_tokens if kind == "torch" else r._n_text), 64)
-    r.prefill(0, ids, None)  # warm-up (first-call allocations, weight prepacking)
+    r.forward_prefill(0, ids, None)  # warm-up (first-call allocations, weight prepacking)
     t0 = time.perf_counter()
     for slot in range(M):
-        r.prefill(slot, ids, None)
+        r.forward_prefill(slot, ids, None)
     prefill_ms = (time.perf_counter() - t0) * 1e3 / M
     out = {"load_rss_mib": load_rss, "prefill_ms": prefill_ms, "steps": {}}
     for b in (1, 3):
@@ -78,11 +78,11 @@ def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
             codes = np.zeros((b, 4), np.int64)
             pos = np.full(b, fill, np.int64)
             for _ in range(3):
-                r.decode(slots, codes, pos)
+                r.forward_decode(slots, codes, pos)
             ts = []
             for i in range(steps):
                 t0 = time.perf_counter()
-                r.decode(slots, codes, pos + i)
+                r.forward_decode(slots, codes, pos + i)
                 ts.append((time.perf_counter() - t0) * 1e3)
             # median, and min: the machine is shared, the min is the least disturbed step
             out["steps"][f"{b}/{fill}"] = (float(np.median(ts)), float(np.min(ts)))
@@ -96,15 +96,15 @@ def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
         out["kv_write_ms_b3"] = (time.perf_counter() - t0) * 1e3 / 100
     h = rng.standard_normal((47 + 80, r.info.hidden_size)).astype(np.float32)  # 1 s + receptive-field context
     mel = rng.standard_normal((100, 94 + 60)).astype(np.float32)
-    r.decoder(h)
-    r.vocos(mel)
+    r.forward_decoder(h)
+    r.forward_vocos(mel)
     t0 = time.perf_counter()
     for _ in range(3):
-        r.decoder(h)
+        r.forward_decoder(h)
     out["decoder_ms_per_s"] = (time.perf_counter() - t0) * 1e3 / 3
     t0 = time.perf_counter()
     for _ in range(3):
-        re, im = r.vocos(mel)
+        re, im = r.forward_vocos(mel)
     out["vocos_ms_per_s"] = (time.perf_counter() - t0) * 1e3 / 3
     from appliance.synth.istft import istft
 

@@ -20,6 +20,12 @@ written to ``OUT/bench_gpu.json`` as soon as it is done (a timeout still leaves 
 Usage: ``python bench/bench_gpu.py --out DIR [--ckpt DIR] [--size full|tiny] [--device cuda|cpu]
 [--variants plain,compiled] [--sections ours,copies,fidelity] [--budget-s 400]``. Without a GPU,
 ``--device cpu --size tiny`` dry-runs every code path (eager seam).
+
+Side by side with an older tree: ``APPLIANCE_TREE=DIR`` imports ``appliance`` from DIR instead of
+this checkout. For the tree before the one-generation-path redesign (commit bed065c) a few calls
+map onto its API (``Speak`` instead of ``SynthesisRequest``, ``begin``/``decode_many`` instead of
+``start``/``step``, arrays instead of ``PcmChunk``): the same measurements then run through each
+tree's own production path (``bench/gpu_side_by_side.sh``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("APPLIANCE_TREE") or str(ROOT))
+if os.environ.get("APPLIANCE_TREE"):   # an editable install of another tree must not fill in missing modules
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+try:
+    from appliance.core import SynthesisRequest  # noqa: F401
+    LEGACY = False
+except ImportError:   # the tree before the one-generation-path redesign
+    LEGACY = True
 
 SENTENCE_20 = "今天天气很好我们一起去公园散步吧你说好吗"  # 20 characters, no digits
 TEXTS = [SENTENCE_20, "请注意前方路口右转然后直行三百米到达目的地", "明天早上七点有雨出门记得带伞路上注意安全"]
@@ -65,18 +78,22 @@ class Report:
         (self.out / "bench_gpu.json").write_text(json.dumps(self.data, indent=1, default=str))
 
 
-def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048, **stream):
+def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048, engine_dir=None, **stream):
     from appliance.config import config_from_dict
 
-    return config_from_dict({"model": {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype,
-                                       "threads": 0, "max_batch": max_batch, "max_seq_len": max_seq,
-                                       "max_prompt_tokens": 256, "compile": compile},
-                             "stream": stream, "synthesis": {"max_new_tokens": 1024}})
+    model = {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype, "threads": 0,
+             "max_batch": max_batch, "max_seq_len": max_seq, "max_prompt_tokens": 256, "compile": compile}
+    if engine_dir:
+        model["engine_dir"] = str(engine_dir)
+    return config_from_dict({"model": model, "stream": stream, "synthesis": {"max_new_tokens": 1024}})
 
 
 def _pipeline(cfg):
     """The production objects: Pipeline.from_config (select -> runner; tokenizer)."""
-    from appliance.synth.pipeline import Pipeline
+    if LEGACY:
+        from appliance.tts.pipeline import Pipeline
+    else:
+        from appliance.synth.pipeline import Pipeline
 
     t = time.perf_counter()
     p = Pipeline.from_config(cfg)
@@ -117,31 +134,60 @@ def section_env(rep, args, torch):
 
 
 def _request(text, rid, seed, steps):
+    if LEGACY:
+        from appliance.service.protocol import Speak, SynthParams
+
+        return Speak(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
     from appliance.core import SynthesisRequest, SynthParams
 
     return SynthesisRequest(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
 
 
-def _step_ms(torch, r, b, reps=25):
-    """ms per decode step at batch b: runner.step wall (sync + codes copy incl.) and replay alone."""
-    from appliance.core import SamplingParams
+def _samples(chunk) -> int:
+    return chunk.size if LEGACY else chunk.samples.size
+
+
+def _sampling_params(**kw):
+    if LEGACY:
+        from appliance.tts.sampler import SamplingParams
+    else:
+        from appliance.core import SamplingParams
+    return SamplingParams(**kw)
+
+
+def _start(r, slot, ids, params, seed):
+    r.prefill(slot, ids, None)
+    return r.begin(slot, params, seed) if LEGACY else r.start(slot, params, seed)
+
+
+def _steps(r, slots, k):
+    return r.decode_many(slots, k)[0] if LEGACY else r.step(slots, k)
+
+
+def _bucket(r, n):
+    if LEGACY:
+        return r._bucket(n)
     from appliance.engines.cuda_graphs import bucket
 
+    return bucket(r.buckets, n)
+
+
+def _step_ms(torch, r, b, reps=25):
+    """ms per decode step at batch b: runner.step wall (sync + codes copy incl.) and replay alone."""
     rng = np.random.default_rng(0)
     for s in range(b):
-        r.prefill(s, rng.integers(0, min(1000, r.info.num_text_tokens), 24), None)
-        r.start(s, SamplingParams(min_new_tokens=4000, max_new_tokens=4000), s)
+        _start(r, s, rng.integers(0, 400, 24), _sampling_params(min_new_tokens=4000, max_new_tokens=4000), s)
     slots = np.arange(b)
-    k = r.info.step_chunk
-    r.step(slots, k)
+    k = 8
+    _steps(r, slots, k)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        r.step(slots, k)
+        _steps(r, slots, k)
         ts.append((time.perf_counter() - t) / k)
     out = {"ms_per_step": 1e3 * statistics.median(ts), "k": k}
     if torch.cuda.is_available():
-        run = r._graph(b, bucket(r.buckets, int(r.pos_host[:b].max()) + 50))
+        run = r._graph(b, _bucket(r, int(r.pos_host[:b].max()) + 50))
         ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.inference_mode():
             ev0.record()
@@ -181,7 +227,7 @@ def _channels(p, n, steps, join_third_at=None):
 
     def sink(i):
         def f(chunk):
-            samples[i] += chunk.samples.size
+            samples[i] += _samples(chunk)
             first.setdefault(i, time.perf_counter())
         return f
 
@@ -204,20 +250,43 @@ def _channels(p, n, steps, join_third_at=None):
 
 def section_ours(rep, args, torch, variant):
     key = f"ours_{variant}"
-    cfg = _cfg(args.ckpt, args.device, compile="default" if variant == "compiled" else "off")
+    cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
+               max_seq=args.compiled_max_seq if variant == "compiled" else 2048,
+               engine_dir=args.engine_dir if not LEGACY else None)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     p, load_s = _pipeline(cfg)
     r = p.runner
     res = {"load_s": load_s, "backend": r.info.backend, "compiled": getattr(r, "compiled", None),
+           "max_seq_len": cfg.model.max_seq_len,
            "lookahead_tokens": p.vocoders[0].lookahead_tokens, "first_chunk_tokens": cfg.stream.first_chunk_tokens}
     print(f"[{key}] loaded in {load_s:.1f} s", flush=True)
+    if args.load_only:   # a cold start: the load (compilations, captures) is the measurement
+        rep.put(key, res)
+        p.close()
+        return res
+    t = time.perf_counter()
     p.warmup()
+    res["warmup_s"] = time.perf_counter() - t
     for b in (1, 3):
         res[f"b{b}"] = _step_ms(torch, r, b)
         print(f"[{key}] B={b}: {res[f'b{b}']}", flush=True)
     res.update(_ttfb(p))
     print(f"[{key}] ttfb {res['ttfb_ms']:.1f} ms (internal {res['internal_ttfb_ms']:.1f})", flush=True)
+    if args.calibrate and not LEGACY:
+        from appliance.build.calibrate import calibrate
+
+        t = time.perf_counter()
+        cal = calibrate(p, -60.0)
+        res["calibration"] = {"lookahead_tokens": cal.lookahead_tokens, "exact": cal.exact_lookahead,
+                              "curve": cal.curve, "s": time.perf_counter() - t,
+                              "floor_db": max(s["streaming_floor_db"] for s in cal.sentences)}
+        res["ttfb_exact_ms"] = res["ttfb_ms"]
+        p.set_lookahead(cal.lookahead_tokens)
+        res["lookahead_tokens"] = p.vocoders[0].lookahead_tokens
+        res.update(_ttfb(p))
+        print(f"[{key}] calibrated look-ahead {cal.lookahead_tokens} (exact {cal.exact_lookahead}, curve {cal.curve}): "
+              f"ttfb {res['ttfb_ms']:.1f} ms (exact {res['ttfb_exact_ms']:.1f})", flush=True)
     steps = int(5 * AUDIO_STEPS_PER_S)
     one = _channels(p, 1, steps)
     three = _channels(p, 3, steps)
@@ -227,7 +296,8 @@ def section_ours(rep, args, torch, variant):
     if torch.cuda.is_available():
         res["peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
         res["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
-    res["device_memory_mib"] = p.device_memory_bytes() / 2**20
+    if not LEGACY:
+        res["device_memory_mib"] = p.device_memory_bytes() / 2**20
     print(f"[{key}] rtf 1ch {res['rtf_1ch']:.3f} 3ch {res['rtf_3ch']:.3f}; third channel joining: "
           f"{res['third_join_ttfb_ms']:.1f} ms; peak {res.get('peak_reserved_mib')}", flush=True)
     rep.put(key, res)
@@ -239,22 +309,30 @@ def section_copies(rep, args, torch):
     """Kernels and host<->device copies of one decode chunk and one vocoder window (profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from appliance.core import SamplingParams
-    from appliance.engines.runner import VocodeWindow
-
     cfg = _cfg(args.ckpt, args.device)
     p, _ = _pipeline(cfg)
     r = p.runner
     for s in range(3):
-        r.prefill(s, np.arange(1, 25), None)
-        r.start(s, SamplingParams(min_new_tokens=500, max_new_tokens=500), s)
+        _start(r, s, np.arange(1, 25), _sampling_params(min_new_tokens=500, max_new_tokens=500), s)
     for _ in range(10):
-        r.step(np.arange(3), 8)
-    w = VocodeWindow(20, 60, 60, 80, 40, 80, 54, 80)
-    r.vocode(0, w)
+        _steps(r, np.arange(3), 8)
+    if LEGACY:   # what its WindowedVocoder did per window: Decoder on host hidden, Vocos on host mel
+        h = np.random.default_rng(0).standard_normal((40, r.info.hidden_size)).astype(np.float32)
+
+        def window():
+            mel = r.decoder(h)
+            r.vocos(np.ascontiguousarray(mel[:, 20:60]))
+    else:
+        from appliance.engines.runner import VocodeWindow
+
+        w = VocodeWindow(20, 60, 60, 80, 40, 80, 54, 80)
+
+        def window():
+            r.vocode(0, w)
+    window()
     out = {}
-    for name, fn in (("decode chunk (8 steps, B=3)", lambda: r.step(np.arange(3), 8)),
-                     ("vocoder window (20 new mel frames)", lambda: r.vocode(0, w))):
+    for name, fn in (("decode chunk (8 steps, B=3)", lambda: _steps(r, np.arange(3), 8)),
+                     ("vocoder window (40 tokens in, 26 spectrum frames out)", window)):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=acts) as prof:
             fn()
@@ -316,8 +394,10 @@ def records(rep, args, env):
                          "ttfb_ms": o["ttfb_ms"] if b == 1 else o["third_join_ttfb_ms"],
                          "peak_mem_mib": o.get("peak_reserved_mib"), "baseline_ms_per_step": None,
                          "notes": f"{args.label}: production path (select -> CudaRunner, Pipeline, BatchEngine), "
-                                  f"{variant} step, replay {o[f'b{b}'].get('replay_ms')} ms, start-up {o['load_s']:.1f} s, "
-                                  f"look-ahead {o['lookahead_tokens']} tokens, first chunk {o['first_chunk_tokens']}; "
+                                  f"{variant} step, KV {o.get('max_seq_len')} positions, replay {o[f'b{b}'].get('replay_ms')} ms, "
+                                  f"start-up {o['load_s']:.1f} s, "
+                                  f"look-ahead {o['lookahead_tokens']} tokens (TTFB with the exact one: "
+                                  f"{o.get('ttfb_exact_ms')}), first chunk {o['first_chunk_tokens']}; "
                                   + ("TTFB = Pipeline.run to first PCM" if b == 1 else
                                      "TTFB = the third channel joining two running ones")})
     rep.data["records"] = recs
@@ -334,13 +414,21 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="plain,compiled")
     ap.add_argument("--sections", default="ours,copies,fidelity")
     ap.add_argument("--label", default="after the one-generation-path redesign")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate the look-ahead, then measure with it too")
+    ap.add_argument("--load-only", action="store_true", help="measure the start-up only (cold compile cache)")
+    ap.add_argument("--engine-dir", default=None, help="engine dir (calibration record, compile cache)")
+    ap.add_argument("--compiled-max-seq", type=int, default=2048,
+                    help="KV length of the compiled variant (fewer attention buckets: fewer compilations)")
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip later sections past this many seconds")
     args = ap.parse_args(argv)
     import torch
 
     rep = Report(Path(args.out))
     if args.ckpt is None or not (Path(args.ckpt) / "asset").is_dir():
-        from appliance.build.random_ckpt import write_random_checkpoint
+        if LEGACY:
+            from appliance.model.random_ckpt import write_random_checkpoint
+        else:
+            from appliance.build.random_ckpt import write_random_checkpoint
 
         args.ckpt = args.ckpt or str(Path(args.out) / f"ckpt_{args.size}")
         write_random_checkpoint(args.ckpt, args.size, seed=0)
@@ -361,7 +449,7 @@ def main(argv=None) -> int:
             rep.data["errors"][name] = traceback.format_exc()
             print(f"[{name}] FAILED\n{traceback.format_exc()}", flush=True)
             rep.save()
-    for r in records(rep, args, env):
+    for r in ([] if args.load_only else records(rep, args, env)):
         print(json.dumps(r), flush=True)
     return 0
 

@@ -381,6 +381,8 @@ step_engines() {
     else
         die "$EXIT_FAIL" "no ONNX graphs in $onnx and no torch in $VENV to export them: run 'chattts-appliance engines export --precision fp16 --out DIR' on a machine with torch and pass --onnx-dir DIR"
     fi
+    # engines build then measures the vocoder look-ahead these plans and this checkpoint need
+    # (chattts-appliance calibrate) and records it beside them: the daemon's first audio depends on it
     run "$CLI" engines build --config "$CONFIG" --precision "$PRECISION"
 }
 

@@ -4,12 +4,18 @@
 #   1. installs the system packages (PortAudio for sounddevice) when run as root and missing,
 #   2. creates .venv and installs chattts-appliance with the [torch] extra,
 #   3. uses the real checkpoint in models/chattts if it is there, else writes a RANDOM one
-#      (random weights speak noise: the pipeline is real, the voice is not),
+#      (random weights speak noise: the pipeline is real, the voice is not), and points
+#      models/local (config.local.yaml's model.path) at it,
 #   4. exports the model to ONNX (int8 weight-only) so the daemon runs on ONNX Runtime, the CPU
-#      default (no torch at run time; on a machine with a GPU, backend auto picks the GPU path),
-#   5. starts the daemon on a UNIX socket in out/, sends one sentence with `chattts-appliance say`,
-#      and plays it on the sound device, or writes out/<request-id>.wav when there is none,
-#   6. stops the daemon.
+#      default (no torch at run time; on a machine with a GPU, backend auto picks the GPU path);
+#      engines/build/local (config.local.yaml's model.engine_dir) points at that export,
+#   5. starts the daemon with config.local.yaml (socket out/appliance.sock), sends one sentence
+#      with `chattts-appliance say`, and plays it on the sound device, or writes
+#      out/<request-id>.wav when there is none, then stops the daemon (a daemon already running on
+#      that socket is used and left running).
+#
+# Output: one line per step; the details go to out/quickstart.log (install, export) and
+# out/daemon.log (the daemon).
 #
 # Options: --full   generate the full-size random checkpoint (1.2 GB, slow on a CPU) instead of tiny
 #          --text T the sentence to speak
@@ -22,80 +28,120 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --full) SIZE=full ;;
     --text) shift; TEXT=$1 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 64 ;;
   esac
   shift
 done
 
-say() { printf '\n==> %s\n' "$*"; }
+mkdir -p out
+LOG=out/quickstart.log
+: >"$LOG"
+step() { printf '==> %s\n' "$*"; }
+# run a step quietly: its output goes to the log; on failure show the end of the log
+quiet() {
+  if ! "$@" >>"$LOG" 2>&1; then
+    echo "failed: $*" >&2
+    tail -25 "$LOG" >&2
+    echo "(full log: $LOG)" >&2
+    exit 1
+  fi
+}
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q libportaudio.so.2; then
-  say "installing PortAudio (apt)"
-  apt-get update -qq && apt-get install -y -qq libportaudio2 >/dev/null
+  step "installing PortAudio (apt)"
+  quiet apt-get update -qq
+  quiet apt-get install -y -qq libportaudio2
 fi
 
 if [ ! -x .venv/bin/python ]; then
-  say "creating .venv"
-  python3 -m venv .venv
+  step "creating .venv"
+  quiet python3 -m venv .venv
 fi
 PY=$ROOT/.venv/bin/python
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  say "installing PyTorch (${TORCH_SPEC:=torch==2.13.0}; set TORCH_SPEC to choose another build)"
-  "$PY" -m pip install -q "$TORCH_SPEC"
+  step "installing PyTorch (${TORCH_SPEC:=torch==2.13.0}; set TORCH_SPEC to choose another build)"
+  quiet "$PY" -m pip install -q "$TORCH_SPEC"
 fi
-say "installing chattts-appliance"
-"$PY" -m pip install -q -e ".[torch]"
+step "installing chattts-appliance into .venv"
+quiet "$PY" -m pip install -q -e ".[torch]"
 CLI=$ROOT/.venv/bin/chattts-appliance
 
-mkdir -p out
 CKPT=models/chattts
-MAXTOK=2048
+SAY_ARGS=()
 if [ -f "$CKPT/asset/gpt/config.json" ] && [ ! -f "$CKPT/RANDOM_WEIGHTS" ]; then
-  say "using the checkpoint in $CKPT"
+  step "using the checkpoint in $CKPT"
+  RANDOM_CKPT=0
 else
   CKPT=models/random-$SIZE
-  MAXTOK=300   # random weights rarely emit end-of-sequence: cap the utterance at 6.4 s
+  RANDOM_CKPT=1
+  # random weights rarely draw end-of-sequence: cap each SENTENCE (max_new_tokens is per sentence)
+  # at 300 decode steps = 6.4 s of audio
+  SAY_ARGS=(--max-new-tokens 300)
   if [ ! -f "$CKPT/asset/gpt/config.json" ]; then
-    say "no checkpoint in models/chattts: writing a RANDOM $SIZE checkpoint to $CKPT"
-    "$CLI" model random --size "$SIZE" "$CKPT"
+    step "no checkpoint in models/chattts: writing a RANDOM $SIZE checkpoint to $CKPT"
+    quiet "$CLI" model random --size "$SIZE" "$CKPT"
   fi
-  cat <<'WARN'
+fi
+ln -sfn "$(basename "$CKPT")" models/local
+NAME=$(basename "$CKPT")
+mkdir -p "engines/build/quickstart-$NAME"
+ln -sfn "quickstart-$NAME" engines/build/local
+step "config.local.yaml: model models/local -> $CKPT, engines engines/build/local -> engines/build/quickstart-$NAME"
+
+if [ "$RANDOM_CKPT" = 1 ]; then
+  cat <<WARN
 
   ****************************************************************************************
   *  RANDOM WEIGHTS: the daemon, the model and the audio path are real, but the voice is  *
   *  noise. For speech put the official checkpoint (2Noise/ChatTTS, CC BY-NC 4.0) in      *
   *  models/chattts (chattts-appliance model fetch models/chattts) and run this again.    *
-  ****************************************************************************************
 WARN
+  if [ "$SIZE" = tiny ]; then
+    cat <<'WARN'
+  *  The tiny checkpoint's tokenizer knows only 336 common Chinese characters (and       *
+  *  ASCII): other characters are skipped and listed as "could not speak". The full-size *
+  *  one (--full) and the real checkpoint know all of them.                               *
+WARN
+  fi
+  echo "  ****************************************************************************************"
+  echo
 fi
 
-ENGINES=engines/build/quickstart-$(basename "$CKPT")
-cat > out/quickstart.yaml <<YAML
-model: {path: ../$CKPT, backend: auto, engine_dir: ../$ENGINES}
-synthesis: {max_new_tokens: $MAXTOK, seed: 7}
-audio: {output: auto, wav_dir: .}
-service: {socket: quickstart.sock}
-YAML
-
-if [ ! -f "$ENGINES/onnx/int8/manifest.json" ]; then
-  say "exporting ONNX graphs (int8 weight-only) to $ENGINES"
-  "$CLI" engines export --config out/quickstart.yaml --precision int8
+if [ ! -f engines/build/local/onnx/int8/manifest.json ]; then
+  step "exporting ONNX graphs (int8 weight-only) to engines/build/quickstart-$NAME (a minute or two; log: $LOG)"
+  t0=$SECONDS
+  quiet "$CLI" engines export --config config.local.yaml --precision int8
+  step "exported in $((SECONDS - t0)) s"
 fi
 
-say "starting the daemon (log: out/daemon.log)"
-"$CLI" serve --config out/quickstart.yaml >out/daemon.log 2>&1 &
-DAEMON=$!
-trap 'kill $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  [ -S out/quickstart.sock ] && break
-  if ! kill -0 $DAEMON 2>/dev/null; then echo "the daemon exited; see out/daemon.log:" >&2; tail -20 out/daemon.log >&2; exit 1; fi
-  sleep 0.5
-done
-[ -S out/quickstart.sock ] || { echo "the daemon did not open its socket in time; see out/daemon.log" >&2; exit 1; }
-grep -E "inference backend|audio output" out/daemon.log || true
+SOCK=out/appliance.sock
+DAEMON=
+if "$CLI" status --config config.local.yaml >/dev/null 2>&1; then
+  step "a daemon is already running on $SOCK: using it"
+else
+  step "starting the daemon: chattts-appliance serve --config config.local.yaml (log: out/daemon.log)"
+  "$CLI" serve --config config.local.yaml >out/daemon.log 2>&1 &
+  DAEMON=$!
+  trap 'kill $DAEMON 2>/dev/null || true; wait $DAEMON 2>/dev/null || true' EXIT
+  for _ in $(seq 1 600); do
+    "$CLI" status --config config.local.yaml >/dev/null 2>&1 && break
+    if ! kill -0 $DAEMON 2>/dev/null; then echo "the daemon exited; see out/daemon.log:" >&2; tail -20 out/daemon.log >&2; exit 1; fi
+    sleep 0.5
+  done
+  "$CLI" status --config config.local.yaml >/dev/null 2>&1 || { echo "the daemon did not answer in time; see out/daemon.log" >&2; exit 1; }
+  grep -hoE "inference backend.*|audio output: .*" out/daemon.log | sed 's/^/    /' || true
+fi
 
-say "speaking: $TEXT"
-"$CLI" say --socket out/quickstart.sock "$TEXT"
-say "done. Daemon log: out/daemon.log; WAV files (if no sound device): out/*.wav"
-ls -l out/*.wav 2>/dev/null || true
+step "speaking: $TEXT"
+"$CLI" say --config config.local.yaml ${SAY_ARGS[@]+"${SAY_ARGS[@]}"} "$TEXT"
+
+echo
+echo "==> done. Where the sentence went: the 'done' line above ('-> device:...' or the WAV file in out/)."
+echo "    Next, in this directory (every command reads config.local.yaml; source .venv/bin/activate first):"
+if [ -n "$DAEMON" ]; then
+  echo "      chattts-appliance serve                 # the daemon; Ctrl-C stops it"
+else
+  echo "      (the daemon you started keeps running on $SOCK)"
+fi
+echo "      chattts-appliance say \"Hello there.\"    # in another terminal; also: status, cancel, health --daemon"

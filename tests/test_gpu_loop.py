@@ -205,3 +205,17 @@ def test_padded_prefill_equals_torch_runner(runners):
         np.testing.assert_array_equal(a[0], a[1])
         np.testing.assert_array_equal(r.step(np.array([1]), 3), ref.step(np.array([1]), 3))
         np.testing.assert_allclose(r.hidden(1, 0, 4), ref.hidden(1, 0, 4), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_auto_is_plain_graphs_without_triton():
+    """model.compile: auto compiles only where Triton works; here (no CUDA Triton) and on a Jetson
+    (JetPack's PyTorch has none) it is the plain captured step. The GPU side is in test_gpu_cuda."""
+    from torch.utils._triton import has_triton
+
+    from appliance.engines.cuda_runner import compile_mode
+
+    mode, why = compile_mode("auto")
+    assert (mode == "default") == has_triton()
+    assert ("Triton found" in why) == has_triton() and ("no working Triton" in why) != has_triton()
+    assert compile_mode("off") == (None, "plain CUDA graphs (model.compile: off)")
+    assert compile_mode("max-autotune-no-cudagraphs")[0] == "max-autotune-no-cudagraphs"

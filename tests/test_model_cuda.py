@@ -1,4 +1,4 @@
-"""The torch model on CUDA (run through the device tool; skipped without a GPU): golden parity in
+"""The torch model on CUDA (skipped without a GPU): golden parity in
 FP32, FP16/BF16 closeness, and a CUDA-graph capture of ``GPT.decode_step`` equal to eager."""
 
 from __future__ import annotations

@@ -198,6 +198,16 @@ def test_health_over_mqtt(mq):
     assert isinstance(ev["healthy"], bool) and ev["rtf"] > 0 and ev["steps_per_s"] > 0
 
 
+def test_normalize_over_mqtt_is_a_dry_run(mq):
+    d, lst = mq
+    rid = _rid("norm")
+    lst.publish("normalize", {"text": "你好😀，A12B34", "id": rid})
+    ev = lst.wait_event(rid, types=("normalized", "error"))
+    assert ev["type"] == "normalized" and ev["spoken"] == ["你好，A一二B三四"], ev
+    assert ev["unspeakable_names"] == ["😀 (U+1F600 GRINNING FACE)"]
+    assert [e["type"] for e in lst.events(rid)] == ["normalized"]   # nothing queued or spoken
+
+
 def test_last_will_offline_when_the_daemon_is_killed(tiny_ckpt, tmp_path, mqtt_broker):
     """SIGKILL -> the broker publishes the last will ``offline`` (retained); a say sent while the
     daemon is dead waits in its persistent session and is spoken when it is back (same client

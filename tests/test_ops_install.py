@@ -162,3 +162,11 @@ def test_rerun_is_idempotent_and_keeps_the_config(prefix_install):
     assert "keeping the existing config" in r.stdout and "config validates" in r.stdout
     assert "+ " + py + " -m venv" not in r.stdout and "mkdir" not in r.stdout
     assert cfg_path.read_text() == edited
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+@pytest.mark.parametrize("script", sorted((Path(__file__).resolve().parents[1]).glob("*/*.sh")), ids=lambda p: p.name)
+def test_every_shell_script_is_shellcheck_clean(script):
+    r = subprocess.run(["shellcheck", "-x", "--severity=style", str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=script.parents[1])
+    assert r.returncode == 0, r.stdout

@@ -272,9 +272,9 @@ def _nvml_gpu() -> bool:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not _nvml_gpu(), reason="needs nvidia-ml-py and an NVIDIA GPU (device tool)")
+@pytest.mark.skipif(not _nvml_gpu(), reason="needs nvidia-ml-py and an NVIDIA GPU")
 def test_nvml_on_a_real_gpu():
-    # Measured on the device tool's H200 (2026-11-30): gpu 41 C, 82.8 W, slowdown trip 89 C.
+    # Measured on an H200 (2026-11-30): gpu 41 C, 82.8 W, slowdown trip 89 C.
     tel = open_telemetry("auto", jtop_socket="/nonexistent/jtop.sock", tegrastats="")
     try:
         r = tel.read()

@@ -139,10 +139,11 @@ def test_cancel_queued_and_playing(dev_daemon):
     b = dev_daemon.connect()
     try:   # cancelled from another connection: the canceller is told too
         b.send({"type": "cancel", "id": "c-b"})
-        assert b.events(("error",))[-1] == {"type": "error", "code": "cancelled", "id": "c-b",
-                                            "message": "request c-b was cancelled"}
+        got = b.events(("cancel_done",))          # the reply to a cancel ends with cancel_done
+        assert got[-2] == {"type": "error", "code": "cancelled", "id": "c-b", "message": "request c-b was cancelled"}
+        assert got[-1]["cancelled"] == 1 and got[-1]["ids"] == ["c-b"]
         b.send({"type": "cancel", "id": "c-a"})
-        assert b.events(("error",))[-1]["code"] == "cancelled"
+        assert b.events(("cancel_done",))[-2]["code"] == "cancelled"
         b.send({"type": "cancel", "id": "no-such-request"})
         (ev,) = b.events(("error",))
         assert ev["code"] == "bad_request" and "no-such-request" in ev["message"]

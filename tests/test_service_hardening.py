@@ -61,8 +61,8 @@ def test_rate_limiter_is_a_token_bucket_per_client_process():
 
 def test_secret_values_stay_out_of_error_messages():
     with pytest.raises(ConfigError) as e:
-        config_from_dict({"mqtt": {"password": 123456789}})
-    assert "123456789" not in str(e.value) and "mqtt.password" in str(e.value)
+        config_from_dict({"mqtt": {"password": 1234.56789}})        # a float is no password: refused
+    assert "1234.56789" not in str(e.value) and "mqtt.password" in str(e.value)
 
 
 def test_daemon_logs_peer_credentials_limits_rate_and_never_logs_secrets(tiny_ckpt, tmp_path):

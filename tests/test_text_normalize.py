@@ -6,7 +6,8 @@ import re
 import pytest
 
 from appliance.errors import TextError
-from appliance.text.normalize import Normalizer, en_int, verbalize_numbers, zh_int
+from appliance.text.normalize import Normalizer
+from appliance.text.numbers import en_int, verbalize_numbers, zh_int
 from appliance.text.tokenizer import Tokenizer
 from tests.test_text_tokenizer import make_tiny_tokenizer
 

@@ -23,11 +23,14 @@ def squash(s: str) -> str:
 
 
 def check(tok, text, limit, **kw):
-    pieces = split_text(text, tok, limit, **kw)
+    sentences = split_text(text, tok, limit, **kw)
+    pieces = [s.text for s in sentences]
     assert squash("".join(pieces)) == squash(text)  # nothing lost, nothing repeated
-    for p in pieces:
+    for p, ids in sentences:
         assert p == p.strip() and p
-        assert tok.code_prompt(p, with_speaker=kw.get("with_speaker", True), prompt=kw.get("prompt", "")).size <= limit
+        want = tok.code_prompt(p, with_speaker=kw.get("with_speaker", True), prompt=kw.get("prompt", ""))
+        assert want.size <= limit
+        assert np.array_equal(ids, want) and ids.dtype == np.int64  # the ids counted are the prompt's
     return pieces
 
 
@@ -86,8 +89,7 @@ def test_text_path_on_random_checkpoint(tiny_ckpt):
     text = ("今天天气很好，我们去公园散步吧！" * 6 + "我有3个苹果😀。[uv_break]你是谁？\n" + "一二三四五六七八九十" * 8)
     r = norm(text)
     assert "😀" in r.unspeakable and "苹" in r.unspeakable  # not in the tiny vocabulary
-    pieces = split_text(r.text, t, 24, prompt="[speed_5]")
-    assert squash("".join(pieces)) == squash(r.text)
+    pieces = check(t, r.text, 24, prompt="[speed_5]")
     for p in pieces:
         ids = t.code_prompt(p, prompt="[speed_5]", max_tokens=24)
         assert t.unk_id not in ids

@@ -62,7 +62,26 @@ def cli_export(args) -> int:
     finally:
         bar.close()
     print(f"exported {len(GRAPHS)} graphs to {d}")
+    if getattr(args, "calibrate", False) and args.precision in ("fp32", "int8") and not args.checkpoint and not args.out:
+        _calibrate(cfg, backend="onnxruntime")
     return 0
+
+
+def _calibrate(cfg: Config, backend: str) -> None:
+    """Run ``chattts-appliance calibrate`` on what was just built (the configured checkpoint and
+    engine dir); a failure is reported, not fatal (the daemon then uses the exact look-ahead)."""
+    import dataclasses
+
+    from ..errors import ApplianceError
+    from .calibrate import report, run
+
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backend=backend))
+    try:
+        cal, path = run(cfg)
+    except ApplianceError as e:
+        print(f"look-ahead calibration skipped ({e}); run 'chattts-appliance calibrate' where the engines run")
+        return
+    print(report(cal, path))
 
 
 def cli_build(args) -> int:
@@ -99,4 +118,6 @@ def cli_build(args) -> int:
     mem = m["memory"]
     print(f"  {'total':12s} weights {mem['weights_bytes'] / 2**20:8.1f} MiB  activations {mem['activation_bytes'] / 2**20:8.1f} MiB"
           f"  (budget service.memory_budget_mb = {cfg.service.memory_budget_mb} MiB, KV cache not included)")
+    if getattr(args, "calibrate", False) and not args.dir:
+        _calibrate(cfg, backend="tensorrt")
     return 0

@@ -12,7 +12,7 @@ M = ``max_batch``:
     decode step), ``pos [B] int64`` (position of each row's first new token), ``slots [B] int64``
     and per layer ``k_cache.i`` / ``v_cache.i [P, M, H, hd]`` (graph dtype): the filled prefix of
     the runner's position-major cache ``[S, M, H, hd]`` (P >= max(pos), >= 1), bound by pointer
-    (no copy in, nothing copied out); only the filled part of the cache is read (DESIGN.md §2);
+    (no copy in, nothing copied out); only the filled part of the cache is read;
     out ``logits [B, Q, V] float32`` and ``hidden [B, D] float32`` of each row's last new token,
     ``k_new`` / ``v_new [L, B, T, H, hd]`` that the runner writes at ``[pos[b] + j, slots[b]]``.
     Prefill is B=1, T=prompt, pos=0; a decode step is T=1 (B x L x 2 x D values written).
@@ -334,6 +334,11 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
         if precision == "int8":
+            # ONNX Runtime's MatMulNBits rounds matrices of at most 64 rows another way than larger
+            # ones (a Vocos window of 62 frames differed from a one-shot pass by 1.3e-3, one of 68 by
+            # 0): the runner keeps vocoder windows above that (RunnerInfo.min_window_tokens). An FP32
+            # Decoder/Vocos was tried: exact at every size, but 1.1-1.5x slower and +285 MiB RSS
+            # on the 2-core CPU, which took the stream's RTF from 1.0 to over 2 with small chunks
             from .graph_precision import matmul_nbits
 
             matmul_nbits(f, f, bits=8)

@@ -1,7 +1,7 @@
 """Precision rewrites of exported ONNX graphs (no torch needed).
 
 TensorRT-RTX and TensorRT 10 build *strongly typed* networks: there are no FP16/INT8/FP8
-builder flags, the graph itself says what each tensor is (DESIGN.md §3). So:
+builder flags, the graph itself says what each tensor is. So:
 
 * :func:`qdq_weights` — weight-only quantization for TensorRT: every constant weight of a
   ``MatMul`` (``[K, N]``) or ``Gemm`` (``transB``: ``[N, K]``) becomes an INT8 (symmetric,
@@ -12,7 +12,7 @@ builder flags, the graph itself says what each tensor is (DESIGN.md §3). So:
   is raised) and an sm >= 8.9 target; the caller checks the target first.
 * :func:`matmul_nbits` — weight-only quantization for ONNX Runtime on CPU: constant-weight
   MatMuls become ``com.microsoft.MatMulNBits`` (8-bit, blockwise, symmetric) through
-  onnxruntime's own ``MatMulNBitsQuantizer``. DESIGN.md §2 measured ``quantize_dynamic`` INT8
+  onnxruntime's own ``MatMulNBitsQuantizer``. Measured: ``quantize_dynamic`` INT8
   (activation quantization) at 28-38 ms/step; weight-only blockwise is what this uses instead.
 
 Both read ``src`` and write ``dst`` (weights in ``dst.data``), and return the number of

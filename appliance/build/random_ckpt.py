@@ -84,6 +84,15 @@ def build_vocab(size: str) -> list[str]:
     return base
 
 
+def vocab_note(vocab: list[str]) -> str:
+    """What the tiny vocabulary cannot say, in words (for the marker file and the CLI): its
+    tokenizer knows a few hundred common CJK characters, so ordinary Chinese text has characters
+    it reports as unspeakable (skipped, listed in ``done.unspeakable``)."""
+    n = sum(1 for t in vocab if len(t) == 1 and "\u4e00" <= t <= "\u9fff")
+    return (f"its tokenizer knows only {n} common Chinese characters (and ASCII): other characters are "
+            f"skipped and reported as unspeakable; the full-size random checkpoint and the real one know them all")
+
+
 def write_tokenizer(out: Path, vocab: list[str]) -> int:
     """Write ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``; returns the
     total vocabulary size (base + 50 control tokens)."""
@@ -291,8 +300,8 @@ def write_random_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int =
     # a marker beside asset/ (the official layout inside asset/ stays exact): the pipeline logs a
     # warning and scripts/quickstart.sh caps the utterance length when it sees it
     (asset.parent / "RANDOM_WEIGHTS").write_text(
-        f"random {size} checkpoint, seed {seed}, written by chattts-appliance: these weights speak noise\n",
-        encoding="utf-8")
+        f"random {size} checkpoint, seed {seed}, written by chattts-appliance: these weights speak noise"
+        + (f"; {vocab_note(vocab)}" if size == "tiny" else "") + "\n", encoding="utf-8")
     write_sums(asset.parent)    # SHA256SUMS.json: the daemon verifies the files against it at load
     if bar is not None:
         bar.close()
@@ -304,4 +313,6 @@ def cli_main(args) -> int:
     """``chattts-appliance model random --size tiny|full [--seed N] OUT_DIR``."""
     asset = write_random_checkpoint(args.out_dir, args.size, args.seed, show_progress=args.size == "full")
     print(f"random {args.size} checkpoint (seed {args.seed}) written to {asset}; random weights speak noise")
+    if args.size == "tiny":
+        print(f"note: {vocab_note(build_vocab('tiny'))}")
     return 0

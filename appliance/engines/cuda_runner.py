@@ -4,9 +4,12 @@
 in the style of gpt-fast (pytorch-labs/gpt-fast ``generate.py``: static KV cache, the decode step
 captured once and replayed, optionally compiled):
 
-* Weights in FP16/BF16 (or FP32), q/k/v and gate/up fused by the model itself; optionally INT8 or
-  FP8 weight-only (:mod:`appliance.model.quant`; ``model.quant``). The text head is dropped (no
-  text mode on this runner).
+* GPT weights in FP16/BF16 (or FP32), q/k/v and gate/up fused by the model itself; optionally INT8
+  or FP8 weight-only (:mod:`appliance.model.quant`; ``model.quant``). The text head is dropped (no
+  text mode on this runner). The Decoder and Vocos run in FP32: in FP16 their windows rounded
+  differently by position, -54 dB against the exact stream on the H200 (random full weights),
+  which kept the calibrated look-ahead at 40 of 53 steps, where the same weights in FP32 need 14
+  (measured on the CPU); FP32 costs 39 M parameters x 2 extra bytes (80 MB). Not yet timed on a GPU.
 * The static KV cache is the model's (``GPT.setup_cache``: one K and one V tensor
   ``[S, H, Lmax, hd]`` per layer). Rows are *physical*: before a step for logical slots
   ``[s0, s1, ...]`` the runner permutes rows so that slot ``s_i`` sits in row ``i``
@@ -54,6 +57,24 @@ from .torch_runner import _DTYPES, pick_device
 log = logging.getLogger(__name__)
 
 QUANT_MODES = (None, "int8", "fp8")
+
+
+def compile_mode(setting: str) -> tuple[Optional[str], str]:
+    """``model.compile`` -> (torch.compile mode or None, why): ``auto`` compiles where Triton works
+    (inductor's GPU kernels are Triton kernels; JetPack's PyTorch ships without it), else plain
+    CUDA graphs of the eager step."""
+    if setting == "off":
+        return None, "plain CUDA graphs (model.compile: off)"
+    if setting != "auto":
+        return setting, f"compiled ({setting}) inside CUDA graphs (model.compile: {setting})"
+    try:
+        from torch.utils._triton import has_triton
+        ok = has_triton()
+    except ImportError:
+        ok = False
+    if ok:
+        return "default", "compiled inside CUDA graphs (model.compile: auto, Triton found)"
+    return None, "plain CUDA graphs (model.compile: auto, no working Triton: e.g. JetPack's PyTorch)"
 # CudaRunner(compile=...) -> torch.compile mode ("default" = inductor's default; None = not compiled)
 COMPILE_MODES = {False: None, True: "default", "none": None, "off": None, "default": "default",
                  "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
@@ -75,6 +96,9 @@ class CudaRunner(Runner):
         step_chunk: steps one :meth:`step` call should run (``info.step_chunk``; ring size 2x).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
         prefill_buckets: prompt-length buckets (default powers of two from 32, then max_prompt_tokens).
+        compile_cache: directory for inductor's compiled kernels and graphs (``TORCHINDUCTOR_CACHE_DIR``,
+            set here: torch fills that variable with its default as soon as inductor is imported),
+            so that a restart reuses them; None: inductor's default (``/tmp/torchinductor_<user>``).
 
     Raises:
         CheckpointError, CapacityError: bad checkpoint, max_seq_len past the model's positions.
@@ -84,7 +108,8 @@ class CudaRunner(Runner):
 
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
                  compile: bool | str = False, buckets: Optional[list[int]] = None, step_chunk: int = 8,
-                 capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None):
+                 capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None,
+                 compile_cache: Optional[str] = None):
         quant = None if quant in (None, "none") else quant
         mode = COMPILE_MODES.get(compile, compile) if isinstance(compile, (bool, str)) else compile
         if mode not in COMPILE_MODES.values():
@@ -105,7 +130,9 @@ class CudaRunner(Runner):
             m.embed.head_text = nn.Identity()  # no text mode here (saves 32 MB at full size)
             if quant:
                 quantize_(m.gpt, quant)
-            self.model = m.to(dtype=dt).to(dev)
+            m.gpt.to(dtype=dt)   # the Decoder and Vocos stay FP32 (module doc)
+            m.embed.to(dtype=dt)
+            self.model = m.to(dev)
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {dev} failed: {e}") from e
         s = self.shapes = self.model.shapes
@@ -122,7 +149,7 @@ class CudaRunner(Runner):
         self.last_logits = torch.zeros(S, Q, V, device=dev)
         self.row_slot = torch.arange(S, device=dev)                          # physical row -> logical slot
         self.hid = torch.zeros(S, Lmax, D, dtype=dt, device=dev)            # per logical slot
-        self.mel = torch.zeros(S, s.n_mels, 2 * Lmax, dtype=dt, device=dev)
+        self.mel = torch.zeros(S, s.n_mels, 2 * Lmax, device=dev)             # FP32, as the vocoder
         self.step_chunk = max(1, int(step_chunk))
         self.ring = 2 * self.step_chunk
         self.codes_ring = torch.zeros(self.ring, S, Q, dtype=torch.int64, device=dev)
@@ -149,7 +176,13 @@ class CudaRunner(Runner):
         self.seam = GraphSeam(cuda=cuda if graphs is None else bool(graphs and cuda), warmup=3 if mode else 2)
         self._body = self._step_body
         if mode is not None:
+            import os
+
             import torch._dynamo as dyn
+
+            if compile_cache:
+                os.makedirs(compile_cache, exist_ok=True)
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
 
             for k in ("cache_size_limit", "recompile_limit"):
                 if hasattr(dyn.config, k):
@@ -165,7 +198,9 @@ class CudaRunner(Runner):
             backend=f"torch-{dev.type}", precision=quant or precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=Tmax, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
-            text_mode=False, step_chunk=self.step_chunk, device=str(dev), **receptive_fields(s.dec_layers, s.voc_layers))
+            text_mode=False, step_chunk=self.step_chunk, device=str(dev), window_quantum=16 if cuda else 1,
+            engine_id=f"torch {torch.__version__} {quant or precision} compile={mode}",
+            **receptive_fields(s.dec_layers, s.voc_layers))
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):
                 for L in self.buckets:
@@ -185,7 +220,8 @@ class CudaRunner(Runner):
         m, sl = self.model, slice(0, b)
         pos, rows = self.pos[sl], self._ar[sl]
         x = m.embed.embed_codes(self.codes_in[sl]).unsqueeze(1)  # [b, 1, D]
-        h = m.gpt(x, pos.unsqueeze(1), DecodeRows(m.gpt.k_cache, m.gpt.v_cache, b, pos, L, rows))[:, 0]  # [b, D]
+        g = m.gpt
+        h = g(x, pos.unsqueeze(1), DecodeRows(g.k_cache, g.v_cache, b, pos, L, rows, g.kpos))[:, 0]  # [b, D]
         self.hid.index_put_((self.row_slot[sl], self.sampler.steps[sl]), h)  # hidden n of each row's sentence
         new = self.sampler.sample(m.embed.audio_logits(h).float(), sl)
         self.codes_ring.index_put_((self.t.expand(b), rows), new)
@@ -329,7 +365,7 @@ class CudaRunner(Runner):
             with torch.inference_mode():
                 m = self.model
                 if w.h1 > w.h0:
-                    mel = m.decoder(self.hid[slot, w.h0:w.h1].T.unsqueeze(0))[0]  # [100, 2(h1-h0)]
+                    mel = m.decoder(self.hid[slot, w.h0:w.h1].T.unsqueeze(0).float())[0]  # [100, 2(h1-h0)]
                     self.mel[slot, :, w.m0:w.m1] = mel[:, w.m0 - 2 * w.h0:w.m1 - 2 * w.h0]
                 if w.s1 == w.s0:
                     return self._no_spec, self._no_spec

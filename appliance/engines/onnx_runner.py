@@ -5,7 +5,7 @@ Loads the graphs (``gpt``, ``decoder``, ``vocos``) that ``chattts-appliance engi
 checks their manifest against the config and the checkpoint, and implements the network passes
 of a :class:`~appliance.engines.host_runner.HostRunner` (sampling and per-slot buffers: numpy).
 
-KV cache in place (DESIGN.md §2 measured ~10 ms per step for a cache copied in and out):
+KV cache in place (measured: ~10 ms per step for a cache copied in and out):
 the cache is two numpy arrays ``[L, S, M, H, hd]`` (S = ``max_seq_len`` positions first,
 M = ``max_batch`` slots) allocated once. Positions first makes the filled part of every
 layer a contiguous prefix ``[:P]``, so each step binds (IO binding, a pointer and a shape, no
@@ -17,7 +17,7 @@ Nothing else is copied per step (the host-side write of the new rows: ~0.02 ms a
 Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026-11-30,
 ``bench/results/engines-2026-11-30-cpu-2core.json``; min of 30 steps, GPT step only):
 
-* DESIGN.md §2's naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
+* a naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
   positions, 54.2 ms at 512.
 * first in-place graph (cache ``[M, H, S, hd]`` sliced to ``P`` then gathered, K/V
   concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's
@@ -31,7 +31,9 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   when exported. Peak RSS with 3 x 2048 fp32 KV slots: int8 0.76 GiB, fp32 1.3 GiB.
 
 Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
-int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
+int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster; its vocoder windows are
+kept above 64 matrix rows, where MatMulNBits rounds a window like a one-shot pass:
+``RunnerInfo.min_window_tokens``), else ``fp32``;
 the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
 GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
 fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
@@ -186,7 +188,9 @@ class OnnxRunner(HostRunner):
             backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
-            num_text_tokens=self._n_text, **receptive_fields(s["dec_layers"], s["voc_layers"]),
+            num_text_tokens=self._n_text, min_window_tokens=40 if precision == "int8" else 0,
+            engine_id=mf.file_sha256(d / mf.MANIFEST),
+            **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)

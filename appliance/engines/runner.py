@@ -67,6 +67,14 @@ class RunnerInfo:
         step_chunk: decode steps one :meth:`Runner.step` call should run (1 on a host; a device
             runner runs several per host sync).
         device: ``cpu``, ``cuda:0``, ...
+        window_quantum: vocoder windows are widened (with more left context, which changes
+            nothing) to a multiple of this many tokens: a GPU backend then meets few distinct
+            shapes (each new one costs cuDNN/TensorRT set-up time); 1 = no widening (host).
+        engine_id: what identifies the built engines (sha256 of their manifest; the torch version
+            and dtype for torch): a look-ahead calibration holds only for the same engines.
+        min_window_tokens: vocoder windows are widened (left context) to at least this many
+            tokens (Vocos: twice as many frames) where the sentence allows: ONNX Runtime's INT8
+            matrix products round matrices of at most 64 rows differently.
     """
 
     backend: str
@@ -86,6 +94,9 @@ class RunnerInfo:
     text_mode: bool = False
     step_chunk: int = 1
     device: str = "cpu"
+    window_quantum: int = 1
+    min_window_tokens: int = 0
+    engine_id: str = ""
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:

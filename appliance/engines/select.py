@@ -87,10 +87,12 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
         raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
 
     if pick_device(cfg.model.device).type == "cuda":
-        from .cuda_runner import CudaRunner
+        from .cuda_runner import CudaRunner, compile_mode
 
-        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant,
-                          compile=False if cfg.model.compile == "off" else cfg.model.compile)
+        mode, why = compile_mode(cfg.model.compile)
+        log.info("decode step: %s", why)
+        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant, compile=mode or False,
+                          compile_cache=str(cfg.resolve(cfg.model.engine_dir) / "torch_compile") if mode else None)
     return TorchRunner(cfg, reason=reason)
 
 

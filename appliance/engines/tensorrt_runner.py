@@ -127,7 +127,8 @@ class TensorRTRunner(Runner):
             max_seq_len=S, max_prompt_tokens=lim["max_prompt_tokens"],
             weight_bytes=int(m.get("memory", {}).get("weights_bytes") or 0),
             kv_bytes_per_token=2 * L * D * self._k.element_size(), reason=reason, num_text_tokens=s["num_text_tokens"],
-            step_chunk=self.step_chunk, device="cuda", **receptive_fields(s["dec_layers"], s["voc_layers"]))
+            step_chunk=self.step_chunk, device="cuda", window_quantum=16, engine_id=mf.file_sha256(d / mf.MANIFEST),
+            **receptive_fields(s["dec_layers"], s["voc_layers"]))
         log.info("tensorrt runner: %s (%s %s), %s", d, m["runtime"]["name"], m["runtime"]["version"], m["precision"])
 
     # ------------------------------------------------------------------ execution

@@ -75,6 +75,7 @@ class TorchRunner(HostRunner):
             max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1), weight_bytes=int(weight_bytes),
             kv_bytes_per_token=self.model.gpt.kv_bytes_per_token(), reason=reason,
             num_text_tokens=s.num_text_tokens, text_mode=True, device=str(self.device),
+            engine_id=f"torch {torch.__version__} {precision}",
             **receptive_fields(s.dec_layers, s.voc_layers),
         )
         # host output buffers, allocated once

@@ -2,7 +2,7 @@
 
 Jetson (JetPack 5.1 / 6.x) and desktop installs ship ``tensorrt`` (8.5 ... 10.x); machines
 without a JetPack can ``pip install tensorrt-rtx`` (module ``tensorrt_rtx``), whose builder
-runs without a GPU (ahead-of-time builds in CI; its engines refuse sm_90, DESIGN.md §3).
+runs without a GPU (ahead-of-time builds in CI; its engines refuse sm_90).
 Everything else in the appliance calls this module and never imports either directly, so no
 ``if tensorrt_rtx`` is scattered through the code.
 

@@ -30,11 +30,14 @@ class Attend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
-def decode_mask(pos: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+def decode_mask(pos: torch.Tensor, length: int, dtype: torch.dtype, kpos: torch.Tensor | None = None) -> torch.Tensor:
     """Additive mask ``[B, 1, 1, length]``: 0 where key position <= the row's ``pos [B]``, else
-    -inf (a float mask: torch's CPU SDPA is ~40x slower with a boolean one)."""
-    valid = (torch.arange(length, device=pos.device).unsqueeze(0) <= pos.unsqueeze(1)).view(-1, 1, 1, length)
-    return torch.zeros(valid.shape, dtype=dtype, device=pos.device).masked_fill_(~valid, float("-inf"))
+    -inf (a float mask: torch's CPU SDPA is ~40x slower with a boolean one). ``kpos`` is a cached
+    ``arange`` (``GPT.kpos``) of at least ``length``; with it the mask is three kernels."""
+    b = pos.shape[0]
+    keys = torch.arange(length, device=pos.device) if kpos is None else kpos[:length]
+    later = (keys.unsqueeze(0) > pos.unsqueeze(1)).view(b, 1, 1, length)
+    return torch.zeros((b, 1, 1, length), dtype=dtype, device=pos.device).masked_fill_(later, float("-inf"))
 
 
 class Causal:
@@ -69,8 +72,8 @@ class DecodeSlots:
     """One new token per row; row b lives in slot ``slots[b]`` at position ``pos[b]`` and attends
     to positions ``0..pos[b]``; the first ``length`` cache positions of each slot are gathered."""
 
-    def __init__(self, k_cache, v_cache, slots: torch.Tensor, pos: torch.Tensor, length: int):
-        self.k, self.v, self.slots, self.pos, self.length = k_cache, v_cache, slots, pos, length
+    def __init__(self, k_cache, v_cache, slots: torch.Tensor, pos: torch.Tensor, length: int, kpos=None):
+        self.k, self.v, self.slots, self.pos, self.length, self.kpos = k_cache, v_cache, slots, pos, length, kpos
         self.mask = None
 
     def __call__(self, layer, q, k, v):
@@ -78,7 +81,7 @@ class DecodeSlots:
         kc[self.slots, :, self.pos] = k[:, :, 0]  # per-row write: [B, H, hd]
         vc[self.slots, :, self.pos] = v[:, :, 0]
         if self.mask is None:
-            self.mask = decode_mask(self.pos, self.length, q.dtype)
+            self.mask = decode_mask(self.pos, self.length, q.dtype, self.kpos)
         keys, vals = kc[self.slots, :, :self.length], vc[self.slots, :, :self.length]
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self.mask)
 
@@ -91,8 +94,9 @@ class DecodeRows:
     runner's captured decode step.
     """
 
-    def __init__(self, k_cache, v_cache, b: int, pos: torch.Tensor, length: int, rows: torch.Tensor):
+    def __init__(self, k_cache, v_cache, b: int, pos: torch.Tensor, length: int, rows: torch.Tensor, kpos=None):
         self.k, self.v, self.b, self.pos, self.length, self.rows = k_cache, v_cache, b, pos, length, rows
+        self.kpos = kpos
         self.mask = None
 
     def __call__(self, layer, q, k, v):
@@ -100,5 +104,5 @@ class DecodeRows:
         kc[self.rows, :, self.pos] = k[:, :, 0]
         vc[self.rows, :, self.pos] = v[:, :, 0]
         if self.mask is None:
-            self.mask = decode_mask(self.pos, L, q.dtype)
+            self.mask = decode_mask(self.pos, L, q.dtype, self.kpos)
         return F.scaled_dot_product_attention(q, kc[:b, :, :L], vc[:b, :, :L], attn_mask=self.mask)

@@ -5,7 +5,7 @@ back from ``asset/gpt/config.json`` and from the tensor shapes. The presets are 
 :mod:`appliance.build.random_ckpt` writes.
 
 Source of the FULL values: upstream ``ChatTTS/config/config.py`` (0.2.5), the HF
-``2Noise/ChatTTS`` ``asset/gpt/config.json``, vocos 0.1.0 (see DESIGN.md §1).
+``2Noise/ChatTTS`` ``asset/gpt/config.json``, vocos 0.1.0.
 """
 
 from __future__ import annotations

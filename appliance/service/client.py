@@ -1,4 +1,5 @@
-"""``chattts-appliance say TEXT``: send one ``speak`` over the UNIX socket and report.
+"""``chattts-appliance say TEXT``: send one ``speak`` over the UNIX socket and report; also
+``status``, ``cancel`` and ``normalize`` (a dry run: what would be said, see :func:`normalize_main`).
 
 Prints ``accepted`` / ``started`` / ``done`` as they arrive, in human form (TTFB in ms, RTF,
 seconds of audio, decode steps/s, where the audio went), or the raw JSON lines with
@@ -9,9 +10,10 @@ Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeo
 daemon closing the connection early; 2 when the daemon cannot be reached (the message says
 how to start it).
 
-The socket path: ``--socket``, else ``service.socket`` of ``--config``, else of
-``./config.yaml`` if it exists, else the built-in default. Only the stdlib (plus numpy for
-``--wav``) is imported, so ``say`` starts fast.
+The socket path: ``--socket``, else ``service.socket`` of the config every subcommand uses
+(``--config``, else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else
+``./config.yaml``), else the built-in default. Only the stdlib (plus numpy for ``--wav``) is
+imported, so ``say`` starts fast.
 """
 
 from __future__ import annotations
@@ -34,13 +36,18 @@ class Unreachable(Exception):
 
 
 def socket_path(config: Optional[str], sock: Optional[str]) -> Path:
-    """Resolve the socket path from ``--socket`` / ``--config`` / ``./config.yaml`` / defaults."""
+    """The daemon's socket: ``--socket``, else ``service.socket`` of the config
+    (:func:`~appliance.config.find_config`: ``--config``, ``$CHATTTS_APPLIANCE_CONFIG``,
+    ``./config.local.yaml``, ``./config.yaml``), else the built-in default.
+
+    Raises:
+        ConfigError: the config file named cannot be read or is invalid.
+    """
     if sock:
         return Path(sock)
-    from ..config import Config, load_config
-    if config is None and Path("config.yaml").exists():
-        config = "config.yaml"
-    cfg = load_config(config) if config else Config()
+    from ..config import Config, find_config, load_config
+    found = find_config(config)
+    cfg = load_config(found) if found is not None else Config()
     return cfg.resolve(cfg.service.socket)
 
 
@@ -149,15 +156,18 @@ def _human(ev: dict) -> str:
         s = (f"done      {ev['id']}: TTFB {ev['ttfb_ms']:.0f} ms, RTF {ev['rtf']:.3f} "
              f"({ev['audio_s']:.2f} s of audio, {ev['steps']} steps at {ev['steps_per_s']:.1f}/s), "
              f"seed {ev.get('seed')}, -> {ev.get('output')}")
+        for k, sent in enumerate(ev.get("spoken") or []):
+            s += f"\n          said {k + 1}: {sent}"
         if ev.get("unspeakable"):
-            s += f"\n          could not speak: {' '.join(ev['unspeakable'])}"
+            s += f"\n          could not speak (skipped): {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
         return s
     return json.dumps(ev, ensure_ascii=False)
 
 
 def cli_main(args: Any) -> int:
-    """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority, wav,
-    timeout, json); returns the exit status (see the module docstring)."""
+    """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority,
+    max_new_tokens (per sentence), wav, timeout, json); returns the exit status (see the module
+    docstring)."""
     try:
         path = socket_path(args.config, args.socket)
     except ApplianceError as e:
@@ -167,6 +177,8 @@ def cli_main(args: Any) -> int:
     for k in ("channel", "voice", "seed"):
         if getattr(args, k, None) is not None:
             req[k] = getattr(args, k)
+    if getattr(args, "max_new_tokens", None) is not None:
+        req["params"] = {"max_new_tokens": args.max_new_tokens}
     if args.wav:
         parent = os.path.dirname(os.path.abspath(args.wav))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
@@ -202,9 +214,11 @@ def cli_main(args: Any) -> int:
                         print(f"wrote {args.wav}", flush=True)
                 return EXIT_DONE
     except Unreachable as e:
+        cfg = f" --config {args.config}" if args.config else ""
+        box = "" if args.config and args.config.endswith("config.local.yaml") else \
+            " (or `systemctl start chattts-appliance`)"
         print(f"say: the daemon is not reachable: {e}.\n"
-              f"Start it with `chattts-appliance serve --config config.yaml` "
-              f"(or `systemctl start chattts-appliance`), or pass --socket / --config.", file=sys.stderr)
+              f"Start it with `chattts-appliance serve{cfg}`{box}, or pass --socket / --config.", file=sys.stderr)
         return EXIT_UNREACHABLE
     except socket.timeout:
         print(f"say: no 'done' within {args.timeout:g} s (--timeout)", file=sys.stderr)
@@ -247,6 +261,11 @@ def _one_reply(args: Any, request: dict, prog: str) -> tuple[int, Optional[dict]
     return EXIT_ERROR, None
 
 
+def _num(v: Any, spec: str, unit: str = "") -> str:
+    """``v`` formatted with ``spec`` (and ``unit``), or ``n/a`` when the daemon has no value."""
+    return "n/a" if v is None else f"{format(v, spec)}{unit}"
+
+
 def status_main(args: Any) -> int:
     """``chattts-appliance status``: print the daemon's status (JSON with ``--json``)."""
     rc, ev = _one_reply(args, {"type": "status"}, "status")
@@ -256,27 +275,91 @@ def status_main(args: Any) -> int:
         print(json.dumps(ev, ensure_ascii=False))
         return rc
     print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
-          f"last RTF {ev.get('last_rtf')}, last TTFB {ev.get('last_ttfb_ms')} ms, "
-          f"temperature {ev.get('temperature_c')} C")
+          f"last RTF {_num(ev.get('last_rtf'), '.3f')}, last TTFB {_num(ev.get('last_ttfb_ms'), '.0f', ' ms')}, "
+          f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
     for name, ch in (ev.get("channels") or {}).items():
         print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
-              + "".join(f", {k} {v}" for k, v in ch.items() if k not in ("active", "queued")))
+              + "".join(f", {k} {_field(v)}" for k, v in ch.items() if k not in ("active", "queued")))
     return rc
 
 
+def _field(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    if isinstance(v, (list, tuple)):
+        return ",".join(map(str, v)) or "-"
+    return str(v)
+
+
 def cancel_main(args: Any) -> int:
-    """``chattts-appliance cancel (--id ID | --channel NAME)``: exit 0 when something was
-    cancelled, 1 when there was nothing to cancel (message on stderr)."""
+    """``chattts-appliance cancel (--id ID | --channel NAME)``: prints one ``cancelled ID`` line per
+    request hit (from the daemon's ``cancel_done``); exit 0 when something was cancelled, 1 when
+    there was nothing to cancel (message on stderr), 2 when the daemon is not reachable."""
     req: dict = {"type": "cancel"}
     if args.id:
         req["id"] = args.id
     if args.channel:
         req["channel"] = args.channel
-    rc, ev = _one_reply(args, req, "cancel")
-    if ev is None:
-        return rc
-    if ev.get("code") == "cancelled":   # the daemon tells a canceller which request it stopped
-        print(f"cancelled {ev.get('id')}")
-        return EXIT_DONE
-    print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+    try:
+        path = socket_path(args.config, args.socket)
+        c = Client(path, args.timeout)
+    except (ApplianceError, Unreachable) as e:
+        print(f"cancel: the daemon is not reachable: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        c.send(req)
+        for ev, _ in c.events():
+            t = ev.get("type")
+            if t == "cancel_done":
+                for rid in ev.get("ids") or []:
+                    print(f"cancelled {rid}")
+                return EXIT_DONE
+            if t == "error" and ev.get("code") != "cancelled":
+                print(f"cancel: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+                return EXIT_ERROR
+    except (socket.timeout, OSError, ValueError) as e:
+        print(f"cancel: no reply from {path}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        c.close()
+    print("cancel: the daemon closed the connection without a reply", file=sys.stderr)
     return EXIT_ERROR
+
+
+def normalize_main(args: Any) -> int:
+    """``chattts-appliance normalize TEXT``: print what the box would say, sentence by sentence
+    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized.
+
+    Without ``--socket`` it needs no daemon: it reads ``--config`` (else ``./config.yaml``, else
+    the defaults) and the checkpoint's tokenizer under ``model.path``, and runs the daemon's own
+    normalizer and sentence split (:mod:`appliance.text.dryrun`). With ``--socket`` it asks the
+    running daemon (a ``normalize`` request), which answers with its live configuration.
+
+    Exit status: 0; 1 when the text cannot be spoken at all (message on stderr); 2 when the
+    tokenizer or the daemon cannot be reached.
+    """
+    if args.socket:
+        rc, ev = _one_reply(args, {"type": "normalize", "text": args.text}, "normalize")
+        if ev is None:
+            return rc
+        if ev.get("type") == "error":
+            print(f"normalize: error [{ev.get('code')}]: {ev.get('message')}", file=sys.stderr)
+            return EXIT_ERROR
+    else:
+        from ..errors import TextError
+        from ..text.dryrun import cli_config, dry_run
+        try:
+            ev = {"type": "normalized", **dry_run(args.text, cli_config(args.config))}
+        except TextError as e:
+            print(f"normalize: {e}", file=sys.stderr)
+            return EXIT_ERROR
+    if args.json:
+        print(json.dumps(ev, ensure_ascii=False))
+        return EXIT_DONE
+    for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
+        print(f"{k + 1}. {sent}    [{n} tokens]")
+    if ev.get("unspeakable"):
+        print("could not speak: " + ", ".join(ev.get("unspeakable_names") or ev["unspeakable"]))
+    return EXIT_DONE

@@ -3,12 +3,15 @@
 Start-up order: :func:`~appliance.config.load_config` (every key validated before anything
 heavy) -> the directories it writes to checked and created (:mod:`appliance.service.paths`) ->
 ``Pipeline.from_config`` (checkpoint sha256 verified, weights, tokenizer) -> ``pipeline.warmup()``
-(if ``service.warmup``) -> audio outputs opened (:class:`~appliance.service.sound.AudioOutput`)
--> the request journal read (:mod:`appliance.service.journal`) -> worker thread started -> the
-journal's unfinished requests submitted again (:mod:`appliance.service.recovery`) -> UNIX socket
-listening (an inherited systemd socket if there is one) -> MQTT bridge connecting (if
-``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the model loads so a bad
-``mqtt.ca_file`` fails fast) -> ``on_ready``.
+(if ``service.warmup``) -> the runner sized to ``service.memory_budget_mb``
+(:mod:`appliance.service.memory`) -> audio outputs opened
+(:class:`~appliance.service.sound.AudioOutput`) -> the request journal read
+(:mod:`appliance.service.journal`) -> worker thread started -> the journal's unfinished requests
+submitted again (:mod:`appliance.service.recovery`) -> UNIX socket listening (an inherited
+systemd socket if there is one) -> Wyoming server listening (if ``wyoming.enabled``;
+:mod:`appliance.service.wyoming_server`; its ports are checked before the model loads) -> MQTT
+bridge connecting (if ``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the model
+loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
 
 Threads and how events flow::
 
@@ -31,14 +34,15 @@ beside it.
 
 The loop never runs synthesis; the worker never touches a socket. Dispatch is transport-neutral:
 MQTT parses its messages into the same request dataclasses and, from its own thread, calls
-``Dispatcher.handle_request_threadsafe`` with its own sink.
+``Dispatcher.handle_request_threadsafe`` with its own sink; each Wyoming connection (on the loop)
+calls ``Dispatcher.handle_request`` with ``return_audio`` requests and forwards their audio.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default:
 :func:`~appliance.service.recovery.tell_stopped`: they stay in the journal, their clients get an
 ``error`` ``spooled``, and they are spoken after the next start) -> the running request
-finishes and plays out (drain) -> audio
-streams closed -> MQTT: last status, ``offline``, disconnect -> connections flushed and closed
+finishes and plays out (drain) -> audio streams closed -> MQTT: last status, ``offline``,
+disconnect -> Wyoming connections and listeners closed -> connections flushed and closed
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
@@ -81,7 +85,7 @@ from .journal import Journal
 from .memory import MemoryFit, current_mib, device_mib, fit_pipeline
 from .paths import prepare_dirs
 from .protocol import Event, HealthReply, StatusReply
-from .recovery import Recovery, tell_stopped
+from .recovery import Recovery, open_journal, tell_stopped
 from .reload import plan_reload
 from .scheduler import Item
 from .socket_server import (
@@ -97,6 +101,7 @@ if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
     from .mqtt import MQTTBridge
     from .throttle import Change, Monitor
+    from .wyoming_server import WyomingServer
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +178,7 @@ class Daemon:
         self.last_health: Optional[HealthReply] = None
         self.throttle: Optional[Monitor] = None   # telemetry -> level -> scheduler limits
         self.mqtt: Optional[MQTTBridge] = None    # when mqtt.enabled (built in _load, started at ready)
+        self.wyoming: Optional[WyomingServer] = None   # when wyoming.enabled (started with the socket)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -193,6 +199,9 @@ class Daemon:
                 prepare_dirs(self.cfg, socket_inherited=bool(os.environ.get("LISTEN_FDS")))
                 if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
                     check_socket_path(self.cfg.resolve(self.cfg.service.socket))
+                if self.cfg.wyoming.enabled:                 # ... or the Wyoming port
+                    from .wyoming_server import check_free
+                    check_free(self.cfg)
                 self._load()
             except _StopDuringStart as e:
                 log.info("%s during start-up; exiting", e)
@@ -230,11 +239,7 @@ class Daemon:
             self._health_check()
         _call(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
-        if self.cfg.journal.enabled:
-            j = self.cfg.journal
-            self.journal = Journal(self.cfg.resolve(self.cfg.service.spool_dir), j.max_bytes, j.fsync)
-            self.recovery = Recovery(self.journal, self.journal.open(), j)
-            self.dispatch.journal, self.dispatch.recovery = self.journal, self.recovery
+        self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
         self.throttle = self._open_throttle()
         self.worker = Worker(
             self.pipeline, self.audio,
@@ -277,13 +282,21 @@ class Daemon:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
             sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
         if self.recovery is not None:   # before the socket accepts: a returning client finds its request
-            await self.recovery.replay(self.dispatch.resubmit, self.mqtt.sink if self.mqtt is not None else None)
-            if self.mqtt is not None:
-                for r in self.recovery.replays.values():
-                    self.mqtt.recent.add(r.id)      # a QoS 1 redelivery of it is a duplicate
+            await self.recovery.replay(self.dispatch.resubmit, self.mqtt)
         self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes,
                                    on_gone=self.dispatch.client_gone)
         await self.server.start()
+        if self.cfg.wyoming.enabled:
+            from .wyoming_server import WyomingServer
+            self.wyoming = WyomingServer(self.cfg, self.dispatch)
+            try:
+                await self.wyoming.start()
+            except ApplianceError:
+                await self.wyoming.stop()
+                await self.server.close()
+                if self._socket_path is not None:
+                    self._socket_path.unlink(missing_ok=True)
+                raise
         self.state = "ready"
         log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
         if self.mqtt is not None:
@@ -346,6 +359,8 @@ class Daemon:
         _call(self.hooks.on_status, self.status())
         if self.mqtt is not None:      # after the drain: the last events, then 'offline'
             await loop.run_in_executor(None, self.mqtt.stop)
+        if self.wyoming is not None:   # after the drain: the running request's audio went out
+            await self.wyoming.stop()
         await self.server.close()
         if self.journal is not None:
             self.journal.close()
@@ -378,7 +393,7 @@ class Daemon:
             chans[name] = c
         return StatusReply(
             state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,
-            last_rtf=self.worker.last_rtf if self.worker else None,
+            last_rtf=round(self.worker.last_rtf, 4) if self.worker and self.worker.last_rtf is not None else None,
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,

@@ -7,14 +7,16 @@ from their own thread (paho-mqtt's network thread), :meth:`Dispatcher.handle_req
 Each passes its own :data:`~appliance.service.protocol.EventSink` (thread-safe, non-blocking).
 Every failure becomes an ``error`` event on that sink; nothing raises back into the transport.
 
-``speak``: a client returning after a restart with the id of a replayed request is attached to
-it (:meth:`~appliance.service.recovery.Recovery.attach`: ``replayed``, never spoken twice);
-otherwise limits and channel are checked here, then ``Pipeline.prepare`` runs on its own single
-``prepare`` thread (so bad text is answered at once, even while a long request synthesizes)
-concurrently with the worker thread, which drives the pipeline's ``BatchEngine``: prepare must
-only read the tokenizer/normalizer, never the runner or decode state. Then the request is
-written to the journal (:mod:`appliance.service.journal`, fsynced, on the same thread) and
-only then queued, which sends ``accepted``: an accepted request survives a crash.
+``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
+sentences it would say. ``speak``: a client returning after a restart with the id of a replayed
+request is attached to it (:meth:`~appliance.service.recovery.Recovery.attach`: ``replayed``, never
+spoken twice); otherwise limits and channel are checked here, then ``Pipeline.prepare`` runs on
+its own single ``prepare`` thread (so bad text is answered at once, even while a long request
+synthesizes) concurrently with the worker thread, which drives the pipeline's ``BatchEngine``:
+prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
+request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
+thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
+(except ``play: false`` ones, whose audio only goes back to their client: not journaled).
 
 Socket clients (a :class:`~appliance.service.clients.Peer` each) are rate limited
 (``safety.max_requests_per_s``); one that closes its connection has its requests cancelled on
@@ -37,13 +39,17 @@ from ..errors import (
     TextError,
     UnknownChannelError,
 )
+from ..text.scripts import describe
 from .clients import Peer, RateLimiter
 from .protocol import (
     Cancel,
+    CancelDone,
     ErrorEvent,
     EventSink,
     HealthReply,
     HealthRequest,
+    Normalized,
+    NormalizeRequest,
     Request,
     Speak,
     StatusReply,
@@ -143,12 +149,15 @@ class Dispatcher:
 
     async def handle_request(self, req: Request, sink: EventSink, origin: str = "socket",
                              peer: Optional[Peer] = None) -> None:
-        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest); ``origin``
-        (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a restart)."""
-        rid = req.id if isinstance(req, (Speak, Cancel)) else None
+        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest);
+        ``origin`` (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a
+        restart)."""
+        rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
                 await self._speak(req, sink, origin, peer)
+            elif isinstance(req, NormalizeRequest):
+                await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
                 sink(self.status(), None)
             elif isinstance(req, Cancel):
@@ -166,24 +175,35 @@ class Dispatcher:
             log.exception("request %s failed", rid or "-")
             sink(error_event(e, rid), None)
 
-    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer]) -> None:
-        if self.recovery is not None and self.recovery.attach(req, sink):
-            return
+    def _check_text(self, text: str) -> None:
         if self.state() != "ready" or self.worker is None or self.pipeline is None:
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        n = len(req.text)
+        n = len(text)
         limit = self.max_text_chars
         if n > limit:
             raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
-        if not req.text.strip():
+        if not text.strip():
             raise TextError("text is empty; send something to say")
+
+    async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
+        self._check_text(req.text)
+        job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
+                                                               req.synthesis_request())
+        sink(Normalized(id=req.id, spoken=list(job.sentences), tokens=[int(p.size) for p in job.prompts],
+                        unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
+             None)
+
+    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer]) -> None:
+        if self.recovery is not None and self.recovery.attach(req, sink):
+            return
+        self._check_text(req.text)
         channel = req.channel if req.channel is not None else self.channels[0]
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
         item = Item(speak=req, job=job, channel=channel, sink=sink)
-        if self.journal is not None:
+        if self.journal is not None and req.play:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)
             item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
@@ -226,3 +246,4 @@ class Dispatcher:
         for it in items:   # the request's own client got its event; tell a different canceller too
             if it.sink != sink:
                 sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id), None)
+        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel), None)

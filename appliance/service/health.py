@@ -77,6 +77,9 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
         the run failed) and the ``reasons`` it is unhealthy (empty when healthy).
     """
     h = cfg.health
+    mem_limit = h.max_memory_mib if h.max_memory_mib is not None else float(cfg.service.memory_budget_mb)
+    limits = {"max_rtf": h.max_rtf, "max_ttfb_ms": h.max_ttfb_ms, "min_steps_per_s": h.min_steps_per_s,
+              "max_memory_mib": mem_limit}
     cancel = threading.Event()
     timer = threading.Timer(h.timeout_s, cancel.set)
     timer.daemon = True
@@ -92,16 +95,17 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
                 nonfinite += int(np.count_nonzero(~np.isfinite(x)))
                 peak = max(peak, float(np.max(np.abs(np.nan_to_num(x)))))
     except CancelledError:
-        return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"])
+        return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"],
+                           limits=limits)
     except ApplianceError as e:
         log.warning("health check failed: %s (%s)", e, e.code)
-        return HealthReply(healthy=False, reasons=[f"{e.code}: {e}"])
+        return HealthReply(healthy=False, reasons=[f"{e.code}: {e}"], limits=limits)
     finally:
         timer.cancel()
     stats = job.stats
     rss = process_memory_mib()
     dev = _device_memory_mib(pipeline)
-    memory = None if rss is None and dev is None else round((rss or 0.0) + (dev or 0.0), 1)
+    memory = None if rss is None and dev is None else round((rss or 0.0) + (dev or 0.0), 1)   # as reported
     reasons = []
     if nonfinite:
         reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
@@ -113,12 +117,12 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
         reasons.append(f"ttfb {stats.ttfb_ms:.0f} ms > max {h.max_ttfb_ms:.0f} ms")
     if h.min_steps_per_s > 0 and stats.steps_per_s < h.min_steps_per_s:
         reasons.append(f"steps/s {stats.steps_per_s:.1f} < min {h.min_steps_per_s:.1f}")
-    mem_limit = h.max_memory_mib if h.max_memory_mib is not None else float(cfg.service.memory_budget_mb)
     if memory is not None and memory > mem_limit:
         reasons.append(f"memory {memory:.0f} MiB > max {mem_limit:.0f} MiB")
     reply = HealthReply(healthy=not reasons, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
                         steps_per_s=round(stats.steps_per_s, 2),
-                        memory_mib=round(memory, 1) if memory is not None else None, reasons=reasons)
+                        memory_mib=round(memory, 1) if memory is not None else None, reasons=reasons,
+                        limits=limits)
     log.info("health %s: rtf %.3f, ttfb %.0f ms, %.1f steps/s, %.2f s audio in %.2f s, memory %s MiB%s",
              "ok" if reply.healthy else "UNHEALTHY", stats.rtf, stats.ttfb_ms, stats.steps_per_s,
              stats.audio_s, time.perf_counter() - t0, reply.memory_mib,
@@ -161,19 +165,33 @@ def ask_daemon(path: str, timeout_s: float) -> HealthReply:
     raise ConfigError(f"daemon at {path} sent no health reply within {timeout_s:g} s")
 
 
+def _limits(reply: HealthReply, cfg: Optional[Config]) -> dict:
+    """The thresholds to show: the daemon's own (``reply.limits``), else the local config's."""
+    if reply.limits:
+        return reply.limits
+    if cfg is None:
+        return {}
+    h = cfg.health
+    return {"max_rtf": h.max_rtf, "max_ttfb_ms": h.max_ttfb_ms, "min_steps_per_s": h.min_steps_per_s,
+            "max_memory_mib": h.max_memory_mib if h.max_memory_mib is not None else cfg.service.memory_budget_mb}
+
+
 def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
-    h = cfg.health if cfg is not None else None
-    limit_mem = None
-    if cfg is not None:
-        limit_mem = h.max_memory_mib if h.max_memory_mib is not None else cfg.service.memory_budget_mb
+    lim = _limits(reply, cfg)
 
     def fmt(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
-    rows = [("RTF", fmt(reply.rtf, ".3f"), f"<= {h.max_rtf:g}" if h else ""),
-            ("TTFB ms", fmt(reply.ttfb_ms, ".0f"), f"<= {h.max_ttfb_ms:g}" if h else ""),
-            ("steps/s", fmt(reply.steps_per_s, ".1f"), f">= {h.min_steps_per_s:g}" if h and h.min_steps_per_s else ""),
-            ("memory MiB", fmt(reply.memory_mib, ".0f"), f"<= {limit_mem:g}" if limit_mem else "")]
+    def bound(key: str, op: str) -> str:
+        v = lim.get(key)
+        if v is None:
+            return ""
+        return "not checked" if key == "min_steps_per_s" and not v else f"{op} {v:g}"
+
+    rows = [("RTF", fmt(reply.rtf, ".3f"), bound("max_rtf", "<=")),
+            ("TTFB ms", fmt(reply.ttfb_ms, ".0f"), bound("max_ttfb_ms", "<=")),
+            ("steps/s", fmt(reply.steps_per_s, ".1f"), bound("min_steps_per_s", ">=")),
+            ("memory MiB", fmt(reply.memory_mib, ".0f"), bound("max_memory_mib", "<="))]
     verdict = "healthy" if reply.healthy else "UNHEALTHY"
     try:
         from rich.console import Console
@@ -198,20 +216,24 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
 
 
 def cli_main(args: Any) -> int:
-    """``chattts-appliance health [--config PATH] [--json] [--socket PATH]``.
+    """``chattts-appliance health [--config PATH] [--json] [--daemon | --socket PATH]``.
 
-    Without ``--socket``: loads config and the pipeline here, warms up (if ``service.warmup``),
-    runs :func:`run_health_check`. With ``--socket``: asks the running daemon (config is read
-    only if the file exists, for the limits column). Prints a table, or one JSON line with
-    ``--json``. Returns 0 healthy, 1 unhealthy, 2 error (message on stderr).
+    Without ``--daemon`` / ``--socket``: loads config and the pipeline here, warms up (if
+    ``service.warmup``), runs :func:`run_health_check`. With ``--daemon``: asks the running daemon
+    at the config's ``service.socket``; ``--socket PATH``: at that socket (the config is then read
+    only if the file exists). The limits column shows the daemon's own thresholds
+    (``HealthReply.limits``). Prints a table, or one JSON line with ``--json``. Returns 0
+    healthy, 1 unhealthy, 2 error (message on stderr).
     """
     try:
         cfg: Optional[Config] = None
-        if args.socket:
+        if args.socket or getattr(args, "daemon", False):
             if args.config and os.path.exists(args.config):
                 cfg = load_config(args.config)
+            path = args.socket or str(cfg.resolve(cfg.service.socket) if cfg is not None
+                                      else Config().resolve(Config().service.socket))
             timeout = (cfg.health.timeout_s if cfg is not None else 300.0) + 30.0
-            reply = ask_daemon(args.socket, timeout)
+            reply = ask_daemon(path, timeout)
         else:
             cfg = load_config(args.config)
             from ..synth.pipeline import Pipeline

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,11 @@ try:  # pragma: no cover - depends on the machine
     from systemd import journal as _sd_journal
 except ImportError:  # pragma: no cover
     _sd_journal = None
+
+#: Third-party loggers that report their own internals at INFO/WARNING (the ONNX exporter prints
+#: dozens of "Skipping constant folding ..." and "torchvision is not installed" lines that look like
+#: failures); without ``--verbose`` only their errors are shown.
+QUIET_LOGGERS = ("onnxscript", "onnx_ir", "torch.onnx", "torch._dynamo", "torch.export")
 
 #: attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -39,13 +45,15 @@ class _UpperFieldsFilter(logging.Filter):
 
 
 class _FieldsFormatter(logging.Formatter):
-    """Appends the ``extra=`` fields as ``key=value`` to the message."""
+    """Appends the ``extra=`` fields as ``key=value`` to the message (floats to 4 significant
+    digits: ``rtf=0.266``, not ``rtf=0.2659693373526134``; the journal keeps them whole)."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         extra = {k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS and k.isupper()}
         if extra:
-            text += " [" + " ".join(f"{k.lower()}={v}" for k, v in extra.items()) + "]"
+            text += " [" + " ".join(f"{k.lower()}={v:.4g}" if isinstance(v, float) else f"{k.lower()}={v}"
+                                    for k, v in extra.items()) + "]"
         return text
 
 
@@ -67,6 +75,19 @@ def under_systemd(environ: Optional[dict] = None) -> bool:
     return bool(env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"))
 
 
+def _quiet_third_party() -> None:
+    """Errors only from :data:`QUIET_LOGGERS` and no Python warnings from inside torch: the
+    exporter's internals are not the user's problem (``--verbose`` shows them). torch resets its
+    own loggers when it is imported, so they are set through ``$TORCH_LOGS`` (``-onnx``: errors
+    only) unless torch is already loaded or the user set ``$TORCH_LOGS``."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if "torch" not in sys.modules:
+        os.environ.setdefault("TORCH_LOGS", "-onnx,-export")
+    warnings.filterwarnings("ignore", module=r"torch(\.|$)")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")   # torch's pytree, via copyreg
+
+
 def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
                   environ: Optional[dict] = None, journal_sender: Optional[Callable] = None) -> str:
     """Configure the root logger once, at the entry point (library code never does).
@@ -76,8 +97,10 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     systemd-python is importable; otherwise stderr lines with ``<N>`` priority prefixes and the
     fields appended as text. Outside systemd: stderr with timestamps and the fields appended.
 
+    Without ``verbose`` the :data:`QUIET_LOGGERS` show errors only.
+
     Args:
-        verbose: DEBUG instead of INFO.
+        verbose: DEBUG instead of INFO (and every third-party logger at its own level).
         identifier: ``SYSLOG_IDENTIFIER`` in the journal.
         environ: environment to decide from (default ``os.environ``).
         journal_sender: replaces ``systemd.journal.send`` (tests).
@@ -90,6 +113,8 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
         root.removeHandler(h)
         h.close()
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:
+        _quiet_third_party()
     if under_systemd(environ) and _sd_journal is not None:
         kw = {"SYSLOG_IDENTIFIER": identifier}
         if journal_sender is not None:

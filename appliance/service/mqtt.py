@@ -21,6 +21,11 @@ at a later (re)connect, so it is never spoken again at every reconnect.
 Only requests that came over MQTT have their events on ``event``; socket clients get theirs on
 the socket.
 
+Home Assistant discovery (``mqtt.discovery``): :mod:`appliance.service.mqtt_discovery` builds the
+retained configs (one device: say, stop, voice select, sensors, speaking); they are published at
+every connect and when ``<mqtt.discovery_prefix>/status`` says ``online``; the voice select sets
+the voice of ``say`` messages that name none.
+
 Refusals: a command payload over ``mqtt.max_payload_bytes``, not UTF-8, starting with ``{`` but
 not a valid JSON object, with an unknown field / bad value, ``return_audio`` (not available over
 MQTT), or one the daemon refuses (unknown channel, empty text, busy, ...) gets one ``error``
@@ -58,6 +63,7 @@ thread polls :meth:`Daemon.status`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -67,6 +73,7 @@ from typing import Any, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError, RequestError
+from .mqtt_discovery import Discovery
 from .mqtt_payload import COMMANDS, RecentIds, Topics, event_payload, parse_command
 from .protocol import (
     Accepted,
@@ -150,6 +157,7 @@ class MQTTBridge:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_message = self._on_message
+        self.discovery: Optional[Discovery] = Discovery(cfg, self.topics) if self.m.discovery else None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -191,10 +199,13 @@ class MQTTBridge:
         log.info("mqtt: connected to %s:%d (session present: %s)", self.m.host, self.m.port,
                  getattr(flags, "session_present", "?"))
         self._failures = 0
-        client.subscribe([(self.topics.of(k), 1) for k in COMMANDS])
+        client.subscribe([(self.topics.of(k), 1) for k in COMMANDS]
+                         + (self.discovery.subscriptions() if self.discovery is not None else []))
         client.publish(self.topics.availability, b"online", qos=1, retain=True)
         self.connected.set()
         self._publish_status(force=True)
+        if self.discovery is not None:
+            self.discovery.publish(client)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self.connected.clear()
@@ -214,7 +225,9 @@ class MQTTBridge:
     def _on_message(self, client, userdata, msg) -> None:
         fut = None
         try:
-            fut = self._command(msg.topic, bytes(msg.payload), bool(msg.retain))
+            handled = self.discovery is not None and self.discovery.handle(client, msg.topic, bytes(msg.payload))
+            if not handled:
+                fut = self._command(msg.topic, bytes(msg.payload), bool(msg.retain))
         except Exception:   # never let an exception reach paho's network thread
             log.exception("mqtt: message on %s failed", msg.topic)
         if fut is None:
@@ -247,6 +260,8 @@ class MQTTBridge:
             self.sink(err, None)
             return
         if isinstance(req, Speak):
+            if req.voice is None and self.discovery is not None:     # the Home Assistant voice select
+                req = dataclasses.replace(req, voice=self.discovery.voice)
             if not self.recent.add(req.id):
                 self.duplicates += 1
                 log.info("mqtt: say %s is a duplicate (redelivered or re-sent); dropped", req.id)

@@ -13,8 +13,12 @@ topic            direction QoS/ret  payload
 ``cancel``       in        1        ``{"id": ...}`` or ``{"channel": ...}``; plain text = an id
 ``health``       in        1        anything (ignored): run the field health check; the
                                     ``health`` reply goes to ``event``
+``normalize``    in        1        a ``normalize`` object ``{"text", "id", "voice", "params"}``
+                                    or plain text: a dry run; the ``normalized`` reply (what
+                                    would be said) goes to ``event``
 ``event``        out       1        ``accepted`` / ``started`` / ``preempted`` / ``done`` /
-                                    ``error`` (and ``health``) objects, exactly as on the socket
+                                    ``error`` (and ``health``, ``normalized``) objects, exactly as
+                                    on the socket
 ``status``       out       1, ret.  :class:`~appliance.service.protocol.StatusReply` JSON; at
                                     connect, on change (polled every 0.5 s; ``buffered_ms`` and
                                     ``temperature_c`` alone do not count) and every
@@ -54,7 +58,7 @@ from .protocol import (
     to_json,
 )
 
-COMMANDS = ("say", "cancel", "health")
+COMMANDS = ("say", "cancel", "health", "normalize")
 """Command topics (last topic level) the bridge subscribes to."""
 
 
@@ -121,13 +125,13 @@ def parse_command(kind: str, payload: bytes, max_bytes: int) -> tuple[Optional[R
     """Turn one MQTT command payload into a request.
 
     Args:
-        kind: the command topic's last level: ``say``, ``cancel`` or ``health``.
+        kind: the command topic's last level: ``say``, ``cancel``, ``health`` or ``normalize``.
         payload: the raw message payload.
         max_bytes: ``mqtt.max_payload_bytes``.
 
     Returns:
-        ``(request, None)`` with a :class:`Speak` (id filled in), :class:`Cancel` or
-        :class:`HealthRequest`; or ``(None, ErrorEvent)`` (code ``bad_request``, ``id`` when the
+        ``(request, None)`` with a :class:`Speak` (id filled in), :class:`Cancel`,
+        :class:`HealthRequest` or :class:`NormalizeRequest`; or ``(None, ErrorEvent)`` (code ``bad_request``, ``id`` when the
         payload was readable enough to hold one).
     """
     obj: Optional[dict] = None
@@ -146,6 +150,12 @@ def parse_command(kind: str, payload: bytes, max_bytes: int) -> tuple[Optional[R
             if req.return_audio:
                 raise RequestError("return_audio is not available over MQTT; use the UNIX socket for PCM")
             return req, None
+        if kind == "normalize":
+            if obj is None:
+                obj = {"text": text.strip()}
+            if obj.get("type", "normalize") != "normalize":
+                raise RequestError(f"the normalize topic takes normalize requests, got type {obj.get('type')!r}")
+            return parse_request({**obj, "type": "normalize"}), None
         if kind == "cancel":
             if obj is None:
                 rid = text.strip()

@@ -6,10 +6,12 @@ bytes of PCM (little-endian, the ``format`` given, mono, ``rate`` Hz). MQTT carr
 JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
-:class:`HealthRequest`. Events (daemon -> client): :class:`Accepted`, :class:`Started`,
-:class:`Preempted`, :class:`Replayed`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
-:class:`HealthReply`.
+:class:`HealthRequest`, :class:`NormalizeRequest`. Events (daemon -> client): :class:`Accepted`,
+:class:`Started`, :class:`Preempted`, :class:`Replayed`, :class:`AudioChunk`, :class:`Done`,
+:class:`ErrorEvent`, :class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`,
+:class:`CancelDone` (the end of the reply to a ``cancel``).
 
+The event dataclasses live in :mod:`appliance.service.events` and are re-exported here.
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
 :func:`to_json` turns any message into one JSON line.
@@ -27,10 +29,24 @@ from typing import Any, Optional
 from ..config import SynthesisConfig
 from ..core import SynthesisRequest, SynthParams
 from ..errors import ApplianceError, RequestError
+from .events import (  # noqa: F401 - re-exported: the protocol's names live on here
+    EVENT_TYPES,
+    Accepted,
+    AudioChunk,
+    CancelDone,
+    Done,
+    ErrorEvent,
+    Event,
+    EventSink,
+    HealthReply,
+    Normalized,
+    Preempted,
+    Replayed,
+    Started,
+    StatusReply,
+)
 
 PRIORITIES = ("alert", "normal", "background")
-
-
 
 
 #: Allowed ranges of request parameters: the same bounds as the config's defaults
@@ -58,6 +74,8 @@ class Speak:
         seed: sampling seed for reproducible output; None = config default / fresh.
         params: sampling overrides.
         return_audio: also send the PCM back as ``audio`` events.
+        play: False = the audio is neither played on the box nor written to a WAV file: it only
+            goes back to the client (needs ``return_audio``; the Wyoming server's requests).
     """
 
     text: str
@@ -68,6 +86,7 @@ class Speak:
     seed: Optional[int] = None
     params: SynthParams = field(default_factory=SynthParams)
     return_audio: bool = False
+    play: bool = True
     type: str = "speak"
 
     def synthesis_request(self) -> SynthesisRequest:
@@ -98,161 +117,27 @@ class HealthRequest:
     type: str = "health"
 
 
-# ---------------------------------------------------------------- events
-
-
 @dataclass(frozen=True)
-class Accepted:
-    """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
-    cannot start at once although its channel is free (memory budget, throttle), else None."""
+class NormalizeRequest:
+    """Dry run: what a ``speak`` of ``text`` (with this ``voice`` and ``params.prompt``) would
+    say, sentence by sentence, without synthesizing; answered by :class:`Normalized`."""
 
-    id: str
-    channel: str
-    queue_position: int = 0
-    waiting: Optional[str] = None
-    type: str = "accepted"
+    text: str
+    id: str = ""
+    voice: Optional[str] = None
+    params: SynthParams = field(default_factory=SynthParams)
+    type: str = "normalize"
 
-
-@dataclass(frozen=True)
-class Preempted:
-    """An ``alert`` (id ``by``) interrupted this request on its channel: its synthesis stopped and
-    its unplayed audio was dropped. ``action``: ``resume`` (it is queued again and will start from
-    the beginning after the alert; ``started`` follows again) or ``drop`` (an ``error`` event with
-    code ``preempted`` follows)."""
-
-    id: str
-    channel: str
-    by: str
-    action: str
-    type: str = "preempted"
+    def synthesis_request(self) -> SynthesisRequest:
+        """The pipeline's view of this request."""
+        return SynthesisRequest(id=self.id, text=self.text, voice=self.voice, params=self.params)
 
 
-@dataclass(frozen=True)
-class Replayed:
-    """After a restart, a request accepted before it is found again (see
-    :mod:`appliance.service.recovery`): sent on MQTT when it is resubmitted, and to a socket
-    client that sends a ``speak`` with its id again (instead of speaking it twice).
+REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest,
+                                   "normalize": NormalizeRequest}
 
-    Attributes:
-        state: ``queued``, ``running``, ``playing`` (it is being spoken again from its beginning;
-            its later events follow), ``done`` or ``error`` (it had ended; that event follows).
-    """
-
-    id: str
-    channel: str
-    state: str
-    type: str = "replayed"
-
-
-@dataclass(frozen=True)
-class Started:
-    """Synthesis of the request began (its prefill runs)."""
-
-    id: str
-    channel: str
-    type: str = "started"
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """Header of a PCM chunk; on the socket ``bytes`` raw bytes follow the line.
-
-    Attributes:
-        rate: sample rate in Hz. format: ``float32`` or ``int16`` (little-endian, mono).
-    """
-
-    id: str
-    bytes: int
-    rate: int = 24000
-    format: str = "float32"
-    type: str = "audio"
-
-
-@dataclass(frozen=True)
-class Done:
-    """The request finished.
-
-    Attributes:
-        ttfb_ms: time from accept to the first PCM chunk, ms.
-        rtf: synthesis seconds per second of audio.
-        audio_s: seconds of audio produced.
-        steps: decode steps run; steps_per_s: their rate.
-        output: ``device:<name>`` or the WAV path written.
-        seed: the sampling seed used (for reproduction).
-        unspeakable: characters of the text that could not be spoken and were skipped.
-    """
-
-    id: str
-    channel: str
-    ttfb_ms: float
-    rtf: float
-    audio_s: float
-    steps: int
-    steps_per_s: float
-    output: str = ""
-    seed: Optional[int] = None
-    unspeakable: list = field(default_factory=list)
-    type: str = "done"
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    """A request failed or was refused. ``code`` is the exception's ``code`` (e.g. ``bad_text``)."""
-
-    code: str
-    message: str
-    id: Optional[str] = None
-    type: str = "error"
-
-
-@dataclass(frozen=True)
-class StatusReply:
-    """Daemon status: channels busy, queues, last timings, throttle level, temperature (C);
-    ``memory_mib`` (RSS + the backend's device memory, MiB) against ``memory_budget_mib``
-    (``service.memory_budget_mb``), and ``memory_note`` when the runner was sized down at start
-    to fit it (what was lowered)."""
-
-    state: str
-    backend: str
-    channels: dict = field(default_factory=dict)
-    last_rtf: Optional[float] = None
-    last_ttfb_ms: Optional[float] = None
-    throttle: str = "normal"
-    temperature_c: Optional[float] = None
-    memory_mib: Optional[float] = None
-    memory_budget_mib: Optional[float] = None
-    memory_note: Optional[str] = None
-    type: str = "status"
-
-
-@dataclass(frozen=True)
-class HealthReply:
-    """Result of the field health check (see :mod:`appliance.service.health`)."""
-
-    healthy: bool
-    rtf: Optional[float] = None
-    ttfb_ms: Optional[float] = None
-    steps_per_s: Optional[float] = None
-    memory_mib: Optional[float] = None
-    reasons: list = field(default_factory=list)
-    type: str = "health"
-
-
-REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest}
-EVENT_TYPES: dict[str, type] = {
-    "accepted": Accepted, "preempted": Preempted, "replayed": Replayed, "started": Started, "audio": AudioChunk, "done": Done,
-    "error": ErrorEvent, "status": StatusReply, "health": HealthReply,
-}
-
-Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest]
+Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
-
-Event = typing.Union[Accepted, Preempted, Replayed, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply]
-"""An event the daemon sends to a client."""
-
-EventSink = typing.Callable[[Event, Optional[bytes]], None]
-"""``sink(event, payload)``: deliver an event and optional raw bytes that follow it (``audio``
-events). Thread-safe, never blocks on the network, never raises; a gone client makes it a no-op."""
 
 
 def _check_value(where: str, value: Any, tp: Any) -> Any:
@@ -305,7 +190,7 @@ def _params(obj: Any) -> SynthParams:
 def parse_request(obj: Any) -> Request:
     """Validate a decoded JSON object and build the request dataclass.
 
-    A ``speak`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
+    A ``speak`` or ``normalize`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
 
     Raises:
         RequestError: not an object, unknown ``type``, unknown field, wrong type or range.
@@ -333,10 +218,13 @@ def parse_request(obj: Any) -> Request:
         seed = kw.get("seed")
         if seed is not None and not 0 <= seed < 2**63:
             raise RequestError(f"field 'seed' = {seed} must be in [0, 2**63)")
-        if "text" not in kw or kw["text"] is None:
-            raise RequestError("field 'text' is required in speak")
         if kw.get("priority", "normal") not in PRIORITIES:
             raise RequestError(f"field 'priority' must be one of {', '.join(PRIORITIES)}, got {kw['priority']!r}")
+        if kw.get("play") is False and not kw.get("return_audio"):
+            raise RequestError("field 'play' is false without 'return_audio': the audio would go nowhere")
+    if cls in (Speak, NormalizeRequest):
+        if "text" not in kw or kw["text"] is None:
+            raise RequestError(f"field 'text' is required in {kind}")
         if not kw.get("id"):
             kw["id"] = uuid.uuid4().hex[:12]
         elif len(kw["id"]) > 128:

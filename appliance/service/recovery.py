@@ -29,16 +29,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from ..config import JournalConfig
+from ..config import Config, JournalConfig
 from ..errors import ApplianceError, CancelledError
 from .journal import Entry, Journal, Recovered
 from .protocol import ErrorEvent, Event, EventSink, Replayed, Speak, error_event, parse_event, parse_request
 from .scheduler import Item
 
 if TYPE_CHECKING:
-    pass
+    from .mqtt import MQTTBridge
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,11 @@ class Recovery:
             return f"accepted {age:.0f} s ago, older than journal.max_age_s {self.cfg.max_age_s:g} s"
         return None
 
-    async def replay(self, resubmit: Resubmit, mqtt_sink: Optional[EventSink]) -> int:
-        """Submit the unfinished requests again (accept order); returns how many were."""
+    async def replay(self, resubmit: Resubmit, mqtt: Optional[MQTTBridge]) -> int:
+        """Submit the unfinished requests again (accept order); returns how many were. Those that
+        came over MQTT publish their events through ``mqtt`` and enter its de-dup LRU (a QoS 1
+        redelivery of one is then a duplicate)."""
+        mqtt_sink = mqtt.sink if mqtt is not None else None
         pending = self.recovered.pending
         if not pending:
             return 0
@@ -147,6 +150,8 @@ class Recovery:
                                        "message": f"not replayed after the restart: {why}"})
                 continue
             origin = mqtt_sink if e.origin == "mqtt" else None
+            if origin is not None:
+                mqtt.recent.add(e.id)
             r = Replay(e, origin)
             with self._lock:
                 self.replays[e.id] = r
@@ -186,15 +191,38 @@ class Recovery:
         return True
 
 
+def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optional[Recovery]]:
+    """Open the journal in ``service.spool_dir`` and read what the last run left (``journal``
+    section; ``(None, None)`` when ``journal.enabled`` is false); the
+    :class:`~appliance.service.dispatch.Dispatcher` ``dispatch`` gets both.
+
+    Raises:
+        JournalError: the directory or the file cannot be created or written.
+    """
+    if not cfg.journal.enabled:
+        log.warning("request journal off (journal.enabled: false): a crash or stop loses accepted requests")
+        return None, None
+    j = cfg.journal
+    journal = Journal(cfg.resolve(cfg.service.spool_dir), j.max_bytes, j.fsync)
+    recovery = Recovery(journal, journal.open(), j)
+    dispatch.journal, dispatch.recovery = journal, recovery
+    return journal, recovery
+
+
 def tell_stopped(items: list[Item], journal_on: bool) -> None:
     """Queued requests left at a clean stop: with the journal they stay there and are spoken
-    after the next start (client gets ``error`` ``spooled``); without, they are dropped
+    after the next start (client gets ``error`` ``spooled``); without, or for a ``play: false``
+    request (never journaled: its audio only goes back to its client), they are dropped
     (``cancelled``)."""
     for it in items:
         if journal_on and it.journal is not None:
             it.sink(ErrorEvent(code="spooled", id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped; it is kept in "
                                        f"the journal and will be spoken after the restart"), None)
+        elif not it.speak.play:   # its audio goes only to its client, who is gone after the restart
+            it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
+                               message=f"request {it.id} was not started before the daemon stopped; its audio "
+                                       f"would only go back to this connection, so it is not kept: send it again"), None)
         else:
             it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped and is dropped "

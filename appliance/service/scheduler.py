@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from ..errors import BusyError, RequestError
+from ..text.scripts import describe
 from .protocol import PRIORITIES, Done, EventSink, Speak
 from .throttle import Limits
 
@@ -105,7 +106,9 @@ class Item:
         return Done(id=self.id, channel=self.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
                     audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
-                    unspeakable=list(self.job.unspeakable))
+                    spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],
+                    unspeakable=list(self.job.unspeakable),
+                    unspeakable_names=[describe(u) for u in self.job.unspeakable])
 
 
 class Scheduler:
@@ -137,7 +140,9 @@ class Scheduler:
 
     def check(self, item: Item) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
-        it would wait (None = it can start now).
+        it would wait (None = it can start now): its channel synthesizes another request
+        (``channel 'main' is busy with request X``), requests are queued before it, or the
+        memory budget / throttle hold it.
 
         Raises:
             RequestError: a request with the same id is still queued, running or playing.
@@ -151,8 +156,14 @@ class Scheduler:
             raise BusyError(f"channel {item.channel!r} has {len(same)} requests queued (limit {limit}, "
                             f"service.channels[].queue_len); retry later")
         pos = sum(1 for q in same if q.rank <= item.rank)
-        waiting = None
-        if item.channel not in self.running and pos == 0:
+        busy = self.running.get(item.channel)
+        if busy is not None:
+            waiting: Optional[str] = f"channel {item.channel!r} is busy with request {busy.id}"
+            if pos:
+                waiting += f" and {pos} queued before it"
+        elif pos:
+            waiting = f"{pos} request(s) queued before it on channel {item.channel!r}"
+        else:
             ahead = set(self.running) | {q.channel for q in self.queue
                                          if q.channel != item.channel and q.rank <= item.rank}
             waiting = self.why_waiting(item, len(ahead), self.limits())

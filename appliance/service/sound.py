@@ -42,7 +42,7 @@ from typing import Callable, Optional
 from ..config import Config
 from ..errors import AudioDeviceError
 from .sound_device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
-from .sound_request import RequestAudio
+from .sound_request import ClientOnlyAudio, RequestAudio
 from .wavout import wav_path
 
 log = logging.getLogger(__name__)
@@ -105,13 +105,17 @@ class AudioOutput:
         self._reopen = threading.Thread(target=self._reopen_failed, name="sound-reopen", daemon=True)
         self._reopen.start()
 
-    def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None) -> RequestAudio:
+    def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
+             play: bool = True) -> RequestAudio | ClientOnlyAudio:
         """A :class:`RequestAudio` for one request on ``channel``; ``beat()`` is called while a
-        write waits for room in the device FIFO (keeps the worker's heartbeat going).
+        write waits for room in the device FIFO (keeps the worker's heartbeat going). ``play``
+        False (``Speak.play``): a :class:`ClientOnlyAudio`, nothing played or written here.
 
         Raises:
             AudioDeviceError: the WAV file cannot be created either.
         """
+        if not play:
+            return ClientOnlyAudio()
         wav = wav_path(self.wav_dir, request_id)
         policy = self.cfg.audio.on_device_error
         if self.mode == "device":

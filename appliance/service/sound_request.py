@@ -264,3 +264,28 @@ class RequestAudio:
         if cb is not None and self._wav is not None:
             self._wav.close()
         return cb
+
+
+class ClientOnlyAudio:
+    """The audio of a request whose PCM only goes back to its client (``Speak.play`` false, e.g.
+    a Wyoming request): nothing is played or written; :meth:`finish` completes at once."""
+
+    output = "client"
+    lane = None
+
+    def __init__(self) -> None:
+        self._aborted = False
+
+    def write(self, pcm: np.ndarray) -> None:
+        """Nothing to do: the worker sends the PCM to the client as ``audio`` events."""
+
+    def finish(self, on_done: Callable[[str], None]) -> None:
+        """``on_done("client")`` now (unless aborted)."""
+        if not self._aborted:
+            on_done(self.output)
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def release(self) -> None:
+        """Nothing is kept (see :meth:`RequestAudio.release`)."""

@@ -312,7 +312,7 @@ class Worker:
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
-            item.audio = self.audio.open(item.id, item.channel, beat=self._beat)
+            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play)
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)

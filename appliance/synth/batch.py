@@ -10,8 +10,10 @@
 3. runs ONE batched decode step (:meth:`DecodeLoop.step`) over all active sequences (the runner
    keeps each row's hidden states in its slot);
 4. per task, advances its own :class:`~appliance.synth.vocoder.WindowedVocoder` (one per task
-   slot, allocated once by the pipeline) every ``chunk_tokens`` steps (the first chunk after
-   ``first_chunk_tokens``) and hands the PCM that became final to the task's sink;
+   slot, allocated once by the pipeline) when the next chunk of the task's
+   :class:`~appliance.synth.schedule.ChunkSchedule` is decoded (a small first chunk, then growing
+   ones that the audio already queued can cover) and hands the PCM that became final to the
+   task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
    vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
    without stalling the others.
@@ -40,6 +42,7 @@ from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
 from .decode_loop import DecodeLoop, Sequence
 from .guard import check_pcm
+from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,7 @@ class Task:
     Attributes:
         job: the :class:`~appliance.synth.pipeline.Job`. sink: where its PCM goes.
         cancel: set (any thread) to remove the task at the next step.
-        chunk_scale: ``chunk_tokens`` is multiplied by this (throttle: fewer, larger chunks).
+        chunk_scale: the schedule's largest chunk is multiplied by this (throttle: fewer, larger chunks).
         state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
             ``failed`` or ``cancelled``.
         error: the exception of a failed/cancelled task.
@@ -73,10 +76,12 @@ class Task:
     k: int = 0
     seq: Optional[Sequence] = None
     emitted: int = 0
+    last_chunk: int = 0
     samples: int = 0
     steps: int = 0
     t0: float = field(default_factory=time.perf_counter)
     ttfb: Optional[float] = None
+    first_at: float = 0.0
     max_rows: int = 0
     joined_at_step: int = -1
 
@@ -92,7 +97,7 @@ class BatchEngine:
     Args:
         loop: the decode loop (owns the runner's KV slots and the per-slot samplers).
         vocoders: one :class:`WindowedVocoder` per task slot (allocated once).
-        first_chunk_tokens, chunk_tokens: streaming chunk sizes in decode steps.
+        schedule: streamed chunk sizes (:class:`~appliance.synth.schedule.ChunkSchedule`).
         job_stats: ``(job, ttfb_s, wall_s, samples, steps) -> None`` fills ``job.stats``
             (the pipeline's JobStats); None leaves jobs untouched.
         refiner: ``(job, k) -> None`` runs refine-text for sentence ``k`` of a job whose
@@ -102,8 +107,8 @@ class BatchEngine:
     ``cancel`` events may be set from other threads.
     """
 
-    def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], first_chunk_tokens: int,
-                 chunk_tokens: int, job_stats: Optional[Callable] = None,
+    def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], schedule: ChunkSchedule,
+                 job_stats: Optional[Callable] = None,
                  refiner: Optional[Callable] = None) -> None:
         self.loop = loop
         self.refiner = refiner
@@ -111,8 +116,10 @@ class BatchEngine:
         #: engine: the scheduler, or a health check running Pipeline.run on the worker thread
         self.on_step: Optional[Callable[[], None]] = None
         self.vocoders = vocoders
-        self.first = max(1, int(first_chunk_tokens))
-        self.every = max(1, int(chunk_tokens))
+        self.schedule = schedule
+        #: wall seconds per engine decode step and per vocoder window (moving averages)
+        self.step_s = 0.0
+        self.window_s = 0.0
         self.job_stats = job_stats
         self.capacity = min(loop.max_batch, len(vocoders))
         self.tasks: list[Task] = []
@@ -176,13 +183,16 @@ class BatchEngine:
         decoding = [self._by_seq[s] for s in self.loop.active]
         for t in decoding:
             t.max_rows = max(t.max_rows, b)
+        t_step = time.perf_counter()
         try:
-            self.loop.step()
+            self.loop.step(self._due(decoding))
         except Exception as e:  # noqa: BLE001
             log.error("batched decode step failed for %s: %s", ", ".join(t.job.id for t in decoding), e)
             for t in decoding:
                 self._end(t, "failed", e)
             return ended + decoding
+        dt = time.perf_counter() - t_step
+        self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
         for t in decoding:
             try:
                 self._advance(t)
@@ -210,13 +220,29 @@ class BatchEngine:
         if seq.finished:
             self._sentence_end(t)
 
+    def _target(self, t: Task) -> int:
+        """Decode steps in the task's next chunk (the schedule, from what is queued now)."""
+        if t.last_chunk == 0:
+            return self.schedule.first_chunk(self.step_s, self.window_s)
+        buffered = t.samples / SAMPLE_RATE - (time.perf_counter() - t.first_at)
+        return self.schedule.next(t.last_chunk, buffered, self.step_s, self.window_s, t.chunk_scale)
+
+    def _due(self, decoding: list[Task]) -> int:
+        """Steps until the first of ``decoding`` has its next chunk (>= 1)."""
+        due = [self.vocoders[t.voc].lookahead_tokens + t.emitted + self._target(t) - t.seq.steps
+               for t in decoding if t.seq is not None]
+        return max(1, min(due, default=1))
+
     def _advance(self, t: Task) -> None:
         seq = t.seq
         voc = self.vocoders[t.voc]
-        target = self.first if t.emitted == 0 and t.k == 0 else self.every * t.chunk_scale
-        if seq.steps - voc.lookahead_tokens - t.emitted >= target:
+        if seq.steps - voc.lookahead_tokens - t.emitted >= self._target(t):
+            tw = time.perf_counter()
             pcm = voc.push(seq.steps)
-            t.emitted = max(0, seq.steps - voc.lookahead_tokens)
+            dw = time.perf_counter() - tw
+            self.window_s = dw if self.window_s == 0.0 else 0.8 * self.window_s + 0.2 * dw
+            new = max(0, seq.steps - voc.lookahead_tokens)
+            t.last_chunk, t.emitted = new - t.emitted, new
             self._out(t, pcm)
         if seq.finished:
             self._sentence_end(t)
@@ -248,7 +274,8 @@ class BatchEngine:
         if pcm.size:
             check_pcm(pcm, t.job.id, self.loop.runner, t.seq)   # NaN/Inf fails the task, never reaches a sink
             if t.ttfb is None:
-                t.ttfb = time.perf_counter() - t.t0
+                t.first_at = time.perf_counter()
+                t.ttfb = t.first_at - t.t0
             t.samples += pcm.size
             t.sink(PcmChunk(pcm, SAMPLE_RATE))
 

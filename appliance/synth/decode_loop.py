@@ -107,9 +107,11 @@ class DecodeLoop:
         self.active.append(seq)
         return self._accept(seq, codes)
 
-    def step(self) -> list[Sequence]:
+    def step(self, due: Optional[int] = None) -> list[Sequence]:
         """One step for every active sentence; returns those that kept a code (in batch order).
 
+        ``due``: steps until some caller needs audio (the next chunk of a task): a new runner chunk
+        then runs no further, so the first audio does not wait for a whole ``step_chunk``.
         Sentences that drew EOS or reached ``max_new_tokens`` are finished and have left the batch.
         """
         if not self.active:
@@ -122,7 +124,7 @@ class DecodeLoop:
             for i, s in enumerate(seqs):
                 self._slots[i] = s.slot
             left = max(s.params.max_new_tokens - s.steps for s in seqs)
-            codes = self.runner.step(self._slots[:b], max(1, min(self.chunk, left)))
+            codes = self.runner.step(self._slots[:b], max(1, min(self.chunk, left, due or self.chunk)))
             self._chunk = (seqs, codes, 0)
         seqs, codes, j = self._chunk
         self._chunk = None if j + 1 >= codes.shape[0] else (seqs, codes, j + 1)

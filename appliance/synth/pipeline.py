@@ -35,6 +35,7 @@ import numpy as np
 
 from ..config import Config
 from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..engines.lookahead import choose as choose_lookahead
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
     CheckpointError,
@@ -49,6 +50,7 @@ from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
 from .batch import BatchEngine
 from .decode_loop import DecodeLoop
+from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
 log = logging.getLogger(__name__)
@@ -130,8 +132,16 @@ class Pipeline:
         self.loop = DecodeLoop(runner)
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
         self.vocoders = [WindowedVocoder(runner, max_tokens) for _ in range(self.loop.max_batch)]
-        self.engine = BatchEngine(self.loop, self.vocoders, cfg.stream.first_chunk_tokens,
-                                  cfg.stream.chunk_tokens, job_stats=self._job_stats,
+        info = runner.info
+        self.lookahead = choose_lookahead(cfg.stream.lookahead, cfg.resolve(cfg.model.engine_dir),
+                                          cfg.resolve(cfg.model.path), info.backend, info.precision,
+                                          cfg.stream.lookahead_threshold_db, info.engine_id)
+        self.set_lookahead(self.lookahead.tokens)
+        log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
+        st = cfg.stream
+        self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
+                                                                          st.chunk_growth, st.realtime_share),
+                                  job_stats=self._job_stats,
                                   refiner=self._refine)
 
     @classmethod
@@ -151,9 +161,10 @@ class Pipeline:
                 f"official one with 'chattts-appliance model fetch DIR' (or copy the asset/ folder of "
                 f"2Noise/ChatTTS into DIR), or write a random one with 'chattts-appliance model random --size "
                 f"tiny DIR'; then set model.path to DIR in {cfg.file_hint}")
-        if (asset.parent / "RANDOM_WEIGHTS").exists():   # written by `model random` beside asset/
+        marker = asset.parent / "RANDOM_WEIGHTS"          # written by `model random` beside asset/
+        if marker.exists():
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
-                        "the real weights)", asset.parent)
+                        "the real weights). %s", asset.parent, marker.read_text(encoding="utf-8", errors="replace").strip())
         tokenizer = Tokenizer.from_dir(asset / "tokenizer")
         runner = open_runner(cfg)
         return cls(cfg, runner, tokenizer)
@@ -162,6 +173,15 @@ class Pipeline:
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
         return self.runner.info
+
+    def set_lookahead(self, tokens: Optional[int]) -> None:
+        """Right context of every vocoder window, decode steps (None: exact). Worker thread only."""
+        for v in self.vocoders:
+            v.set_lookahead(tokens)
+
+    def describe_lookahead(self) -> str:
+        """One line for logs, STATUS and the health report, e.g. ``16 steps (calibrated ...)``."""
+        return self.lookahead.describe(self.vocoders[0].exact_lookahead)
 
     def device_memory_bytes(self) -> int:
         """Accelerator memory the backend holds now (0 on a CPU: RSS counts it)."""
@@ -194,7 +214,7 @@ class Pipeline:
         text = speak.text
         if len(text) > cfg.service.max_text_chars:
             raise TextError(f"text of {len(text)} characters is over the limit of {cfg.service.max_text_chars} (service.max_text_chars); split it")
-        norm = self.normalizer(text)
+        norm = self.normalizer(text, request_id=speak.id)
         p = speak.params
         s = cfg.synthesis
         params = SamplingParams.from_config(
@@ -208,10 +228,10 @@ class Pipeline:
         prompt = p.prompt if p.prompt is not None else s.prompt
         voice = speak.voice if speak.voice is not None else s.voice
         spk_emb = resolve_voice(voice, self.runner.info.hidden_size)
-        sentences = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
-                               with_speaker=spk_emb is not None)
-        prompts = [self.tokenizer.code_prompt(sent, prompt=prompt, with_speaker=spk_emb is not None)
-                   for sent in sentences]
+        split = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
+                           with_speaker=spk_emb is not None)
+        sentences = [sent.text for sent in split]
+        prompts = [sent.ids for sent in split]   # tokenized once, by split_text
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
@@ -254,8 +274,9 @@ class Pipeline:
         """Synthesize ``job``; yield :class:`~appliance.core.PcmChunk` (float32 mono, 24 kHz) as
         they become final.
 
-        Chunks are cut every ``stream.chunk_tokens`` decode steps (the first after
-        ``stream.first_chunk_tokens``) once the windowed Decoder/Vocos can produce them exactly.
+        The first chunk carries ``stream.first_chunk_tokens`` decode steps, later ones grow up to
+        ``stream.chunk_tokens`` (:class:`~appliance.synth.schedule.ChunkSchedule`); a chunk's
+        audio is committed once the look-ahead (exact or calibrated) exists to its right.
         This is the one-job use of :attr:`engine` (:class:`~appliance.synth.batch.BatchEngine`),
         the same code path the scheduler drives for several jobs at once.
 
@@ -294,13 +315,34 @@ class Pipeline:
                  extra={"request_id": job.id, "ttfb_ms": job.stats.ttfb_ms, "rtf": job.stats.rtf})
 
     def warmup(self) -> float:
-        """Synthesize a short sentence and discard it; returns its wall time in seconds."""
+        """Leave nothing cold for the first real request; returns the wall time in seconds.
+
+        First calls allocate (ONNX Runtime's arena grows to the largest shape it has seen, torch's
+        caching allocator, cuDNN picks algorithms) and prepack weights: the first prefill after a
+        start measured 821 ms on the 2-core CPU instead of 175. So this runs prefills of the longest
+        and of a typical prompt, one short sentence through the whole stream, and vocoder windows up
+        to the chunk schedule's largest (every widened shape on a GPU; input values do not matter).
+        Must run before the daemon serves (it uses KV slot 0).
+        """
+        from ..engines.runner import VocodeWindow
+
         t = time.perf_counter()
+        ids = self.tokenizer.encode("你好" * self.info.max_prompt_tokens)
+        for n in (self.info.max_prompt_tokens, 32):
+            self.runner.prefill(0, ids[:max(1, min(n, len(ids)))], None)
+        voc = self.vocoders[0]
         job = self.prepare(SynthesisRequest(text="你好。", id="warmup", seed=0, params=SynthParams(
-            max_new_tokens=2 * (self.vocoders[0].lookahead_tokens + 4))))
+            max_new_tokens=2 * (voc.lookahead_tokens + self.engine.schedule.first))))
         try:
             for _ in self.run(job):
                 pass
         except EmptyResultError:
             pass
+        h = min(self.engine.schedule.cap + 2 * voc.exact_lookahead, voc.max_tokens)
+        q = self.info.window_quantum
+        # every window shape the stream can produce on a GPU backend (windows are widened to
+        # multiples of q tokens there; each new shape costs cuDNN / TensorRT set-up once)
+        for n in (range(q, h + q, q) if q > 1 else (h,)):
+            n = min(n, voc.max_tokens)
+            self.runner.vocode(0, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
         return time.perf_counter() - t

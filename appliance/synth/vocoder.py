@@ -13,9 +13,19 @@ for the inverse STFT (:class:`~appliance.synth.istft.StreamingISTFT`).
 
 Cost: each window recomputes ``2 * rf`` context frames; with 24-token chunks the Decoder does
 about 3x the work of one full pass, the price of streaming without state inside the convs.
-Latency: a frame is exact once ``rf`` frames to its right exist, so the first audio needs
-:attr:`WindowedVocoder.lookahead_tokens` decode steps beyond the audio it carries (53 for the
-full model, 13 for the tiny test model).
+
+Look-ahead. Exactly, a frame is final once ``rf`` frames to its right exist: the first audio
+waits :attr:`WindowedVocoder.exact_lookahead` decode steps beyond the audio it carries (53 for
+the full model, 14 for the tiny test model). That is the *theoretical* field; how far trained
+weights really look is measured per checkpoint and backend (``chattts-appliance calibrate``,
+:mod:`appliance.build.calibrate`). With a shorter look-ahead ``r`` a spectrum frame is committed
+once ``2r`` mel frames exist to its right: Vocos then reads mel frames that the Decoder computed
+with the hidden states available so far (provisional frames, recomputed by the next window, never
+stored as final), and its own right context is cut at the newest frame. Every frame is committed
+once, and the inverse STFT overlap-adds consecutive frames (75 % overlap), so chunks join without a
+step: the streamed PCM differs from the one-shot PCM by the per-frame error that the calibration
+bounds (it measures exactly this stream, with 2-token chunks, the worst case: a frame committed
+later has more context). ``lookahead=None`` is exact (tests: streamed == one-shot to FP32 rounding).
 """
 
 from __future__ import annotations
@@ -42,20 +52,39 @@ class WindowedVocoder:
     samples for N tokens.
     """
 
-    def __init__(self, runner: Runner, max_tokens: int):
+    def __init__(self, runner: Runner, max_tokens: int, lookahead: int | None = None):
         info = runner.info
         self.runner = runner
         self.rf_dec = info.decoder_rf
         self.rf_voc = info.vocos_rf
+        self.quantum = max(1, info.window_quantum)
+        self.min_tokens = info.min_window_tokens
         self.max_tokens = max_tokens
         self._istft = StreamingISTFT(N_FFT, HOP_LENGTH, max_frames_per_push=2 * max_tokens)
         self.slot = -1
+        self.set_lookahead(lookahead)
         self.reset(-1)
 
     @property
-    def lookahead_tokens(self) -> int:
-        """Decode steps that must exist beyond a token before its audio is final."""
+    def exact_lookahead(self) -> int:
+        """Decode steps beyond a token before its audio is exact (the theoretical receptive field)."""
         return (self.rf_dec + self.rf_voc + 2 + 1) // 2 + 1
+
+    def set_lookahead(self, tokens: int | None) -> None:
+        """Use ``tokens`` of right context (None or >= :attr:`exact_lookahead`: exact).
+
+        Sets :attr:`lookahead_tokens` (decode steps that must exist beyond a token before its
+        audio is committed) and the right context in mel frames a spectrum frame waits for.
+
+        Raises:
+            ValueError: ``tokens`` < 1.
+        """
+        exact = self.exact_lookahead
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"look-ahead of {tokens} tokens: must be >= 1")
+        self.exact = tokens is None or tokens >= exact
+        self.lookahead_tokens = exact if self.exact else int(tokens)
+        self._right = self.rf_dec + self.rf_voc if self.exact else 2 * int(tokens)
 
     def reset(self, slot: int) -> None:
         """Start a new sentence whose hidden states the runner keeps in ``slot``."""
@@ -76,6 +105,10 @@ class WindowedVocoder:
         self.n = max(self.n, int(n))
         return self._advance(final=False)
 
+    @staticmethod
+    def _widen(n: int, q: int) -> int:
+        return -(-n // q) * q
+
     def finish(self) -> np.ndarray:
         """Flush: every remaining frame is exact now (true zero padding past the end)."""
         if self.n == 0:
@@ -86,21 +119,21 @@ class WindowedVocoder:
     # ------------------------------------------------------------------ internals
 
     def _advance(self, final: bool) -> np.ndarray:
-        total_mel = 2 * self.n
-        mel_end = total_mel if final else max(0, total_mel - self.rf_dec)
+        total = 2 * self.n
+        spec_end = total if final else max(0, total - self._right)     # spectrum frames committed now
+        if spec_end <= self.spec_done:
+            return np.zeros(0, np.float32)
+        need = total if final else min(total, spec_end + self.rf_voc)   # mel frames Vocos reads
+        exact_end = total if final else max(0, total - self.rf_dec)     # mel frames that are final
         h0 = h1 = m0 = m1 = 0
-        if mel_end > self.mel_done:   # new exact mel frames [mel_done, mel_end)
-            m0, m1 = self.mel_done, mel_end
+        if need > self.mel_done:   # new mel frames [mel_done, need); those past exact_end are provisional
+            m0, m1 = self.mel_done, need
             h0 = max(0, (m0 - self.rf_dec) // 2)
             h1 = min(self.n, (m1 + self.rf_dec + 1) // 2)
-            self.mel_done = mel_end
-        spec_end = self.mel_done if final else max(0, self.mel_done - self.rf_voc)
-        if spec_end <= self.spec_done:
-            if h1 > h0:   # nothing to hear yet, but the runner keeps the new mel frames
-                self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, 0, 0, 0, 0))
-            return np.zeros(0, np.float32)
+            h0 = max(0, h1 - self._widen(max(h1 - h0, self.min_tokens), self.quantum))   # more left context: same frames
+            self.mel_done = min(need, exact_end)
         v0 = max(0, self.spec_done - self.rf_voc)
-        v1 = min(self.mel_done, spec_end + self.rf_voc)
-        re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, v1, self.spec_done, spec_end))
+        v0 = max(0, need - self._widen(max(need - v0, 2 * self.min_tokens), 2 * self.quantum))
+        re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, need, self.spec_done, spec_end))
         self.spec_done = spec_end
         return self._istft.push(re, im)

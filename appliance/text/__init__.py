@@ -1,1 +1,2 @@
-"""Text front end: normalize, split into sentences, tokenize, speakers (no model, no torch)."""
+"""Text front end (no model, no torch): normalize (scripts -> spans -> rules/wetext -> numbers,
+units), split into sentences with their token ids, tokenize, speakers; dryrun for ``normalize``."""

@@ -13,13 +13,17 @@ tokenizer, must fit ``cfg.model.max_prompt_tokens``. Order of cuts:
 
 Pieces are contiguous slices of the input with surrounding whitespace removed, so joining
 them gives the input back minus whitespace: nothing is lost or repeated. A piece with nothing
-to say (only punctuation or control tokens) is attached to its neighbour.
+to say (only punctuation or control tokens) is attached to its neighbour. Each piece comes with
+the code-prompt ids counted for it, so the caller does not tokenize it again.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from typing import NamedTuple
+
+import numpy as np
 
 from ..errors import TextError
 from .tokens import TOKEN_RE
@@ -30,13 +34,21 @@ _SENT_END_RE = re.compile(r"(?<=[。！？.!?\n])(?![。！？.!?\n”’\"')）
 _CLAUSE_RE = re.compile(r"(?<=[，,；;：:、])(?![，,；;：:、])")
 
 
+class Sentence(NamedTuple):
+    """One piece of :func:`split_text`: its text and the ids of its whole code prompt
+    (``[Stts][spk_emb]{prompt}{text}[Ptts]``, ``int64[T]``, ``T <= max_prompt_tokens``)."""
+
+    text: str
+    ids: np.ndarray
+
+
 def _speakable(piece: str) -> bool:
     rest = TOKEN_RE.sub("", piece)
     return any(c.isalnum() for c in rest)
 
 
 def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = "",
-               with_speaker: bool = True) -> list[str]:
+               with_speaker: bool = True) -> list[Sentence]:
     """Cut normalized ``text`` into pieces whose code prompt fits ``max_prompt_tokens``.
 
     Args:
@@ -47,15 +59,21 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
         with_speaker: whether the prompt holds ``[spk_emb]`` (else ``[empty_spk]``).
 
     Returns:
-        non-empty pieces, in order.
+        non-empty pieces in order, each with its code-prompt ids.
 
     Raises:
         TextError: the text has nothing to split, or the prompt alone leaves no room for text.
     """
     budget_total = max_prompt_tokens
+    ids: dict[str, np.ndarray] = {}   # every piece is tokenized once, its ids kept for the caller
+
+    def prompt_ids(piece: str) -> np.ndarray:
+        if piece not in ids:
+            ids[piece] = tokenizer.code_prompt(piece, with_speaker=with_speaker, prompt=prompt)
+        return ids[piece]
 
     def n_tokens(piece: str) -> int:
-        return int(tokenizer.code_prompt(piece, with_speaker=with_speaker, prompt=prompt).size)
+        return int(prompt_ids(piece).size)
 
     overhead = n_tokens("")
     if overhead >= budget_total:
@@ -77,7 +95,7 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
         raise TextError("nothing to speak after splitting the text")
     if len(pieces) > 1:
         log.debug("split %d characters into %d pieces", len(text), len(pieces))
-    return pieces
+    return [Sentence(p, prompt_ids(p)) for p in pieces]
 
 
 def _cut(text: str, boundary: re.Pattern) -> list[str]:

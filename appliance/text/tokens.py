@@ -3,7 +3,7 @@
 The official tokenizer (``asset/tokenizer/tokenizer.json``, a BERT WordPiece vocabulary of
 21,128 bert-base-chinese entries) has 50 ChatTTS control tokens appended at ids 21128..21177 in
 the order below (source: the layout of the HF ``2Noise/ChatTTS`` tokenizer as documented by
-third-party ports; see ../shared/reference/chattts-internals.md §2.5). Code never hard-codes the
+third-party ports). Code never hard-codes the
 numeric ids: it asks the loaded tokenizer, so a real checkpoint and a random one behave alike.
 """
 

@@ -8,7 +8,7 @@ deterministic algorithms, 4 threads. The committed file was made on 2026-11-30T0
     vector_quantize_pytorch 1.32.0, encodec 0.1.1 (wheel from sdist),
     torch 2.11.0+cu130 (run on CPU, CUDA_VISIBLE_DEVICES empty), torchaudio 2.11.0,
     transformers 5.17.0, numpy 2.5.2, tokenizers 0.23.2, safetensors 0.8.0, Python 3.12.3,
-    machine: the device tool's H200 host, CPU "Intel(R) Xeon(R) Processor" (x86-64).
+    machine: a lent H200 host, CPU "Intel(R) Xeon(R) Processor" (x86-64).
 
 Wheels carried there (``.whl/``, gitignored): chattts, vocos, encodec, vector_quantize_pytorch,
 einx, loguru, frozendict, torch-einops-utils, pybase16384 (cp312), cffi; the run was

@@ -1,0 +1,139 @@
+"""The calibrated look-ahead record, kept beside the engines: ``<model.engine_dir>/calibration.json``.
+
+``chattts-appliance calibrate`` (:mod:`appliance.build.calibrate`) measures how many decode steps
+of right context the vocoder windows need on *this* checkpoint, backend and precision for their
+PCM to stay within ``stream.lookahead_threshold_db`` of the exact stream, and writes one entry
+per (checkpoint sha256, backend, precision)::
+
+    {"entries": [{"checkpoint": {"sha256": ..., "files": {name: [size, mtime]}},
+                  "backend": "onnxruntime", "precision": "int8", "lookahead_tokens": 16,
+                  "exact_lookahead": 53, "threshold_db": -60.0, "chunk_tokens": 2,
+                  "curve": [{"tokens": 8, "worst_db": -35.1, "mean_db": -41.0}, ...],
+                  "sentences": [...], "date": "..."}]}
+
+The daemon (:meth:`appliance.synth.pipeline.Pipeline.from_config`) uses the entry that matches
+its checkpoint (hashed again only when a file's size or mtime changed), backend and precision,
+with a threshold at least as strict as the configured one; otherwise the exact look-ahead, and
+it says which (log, STATUS, health).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import EngineError
+from . import manifest as mf
+
+log = logging.getLogger(__name__)
+
+FILE = "calibration.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One measured look-ahead (see module doc for the fields)."""
+
+    backend: str
+    precision: str
+    lookahead_tokens: int
+    exact_lookahead: int
+    threshold_db: float
+    chunk_tokens: int
+    floor_db: float = -200.0
+    engine_id: str = ""
+    curve: list = field(default_factory=list)
+    sentences: list = field(default_factory=list)
+    date: str = ""
+    checkpoint: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LookaheadChoice:
+    """What the daemon uses: ``tokens`` (None = exact) and why (``source``, one line)."""
+
+    tokens: Optional[int]
+    source: str
+
+    def describe(self, exact: int) -> str:
+        """``"16 steps (calibrated ...)"`` or ``"exact (53 steps): ..."``."""
+        return f"{self.tokens} steps ({self.source})" if self.tokens is not None else f"exact ({exact} steps): {self.source}"
+
+
+def read(engine_dir: str | os.PathLike) -> list[dict]:
+    """The entries of ``engine_dir/calibration.json`` ([] when there is none).
+
+    Raises:
+        EngineError: the file exists but is not valid JSON of that shape.
+    """
+    p = Path(engine_dir) / FILE
+    if not p.is_file():
+        return []
+    try:
+        data = json.loads(p.read_text())
+        entries = data["entries"]
+        if not isinstance(entries, list):
+            raise TypeError("entries is not a list")
+        return entries
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise EngineError(f"{p}: unreadable calibration record ({e}); run 'chattts-appliance calibrate' again") from e
+
+
+def save(engine_dir: str | os.PathLike, cal: Calibration) -> Path:
+    """Add ``cal`` to the record (replacing the entry of the same checkpoint, backend, precision)."""
+    d = Path(engine_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        entries = read(d)
+    except EngineError:
+        entries = []
+    key = (cal.checkpoint.get("sha256"), cal.backend, cal.precision)
+    entries = [e for e in entries if (e.get("checkpoint", {}).get("sha256"), e.get("backend"), e.get("precision")) != key]
+    entries.append(asdict(cal))
+    tmp = d / (FILE + ".tmp")
+    tmp.write_text(json.dumps({"entries": entries}, indent=1))
+    os.replace(tmp, d / FILE)
+    return d / FILE
+
+
+def choose(setting: str, engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, backend: str, precision: str,
+           threshold_db: float, engine_id: str = "") -> LookaheadChoice:
+    """The look-ahead for ``stream.lookahead = setting`` (``auto``, ``exact`` or a number).
+
+    ``auto`` takes the record's entry for this checkpoint/backend/precision when its threshold is
+    at least as strict as ``threshold_db``; an unreadable record or no match means exact.
+    """
+    if setting == "exact":
+        return LookaheadChoice(None, "stream.lookahead: exact")
+    if setting != "auto":
+        return LookaheadChoice(int(setting), "stream.lookahead set in config")
+    try:
+        entries = [e for e in read(engine_dir) if e.get("backend") == backend and e.get("precision") == precision]
+    except EngineError as e:
+        return LookaheadChoice(None, str(e))
+    if not entries:
+        return LookaheadChoice(None, f"not calibrated for {backend}/{precision}: run 'chattts-appliance calibrate'")
+    entries = [e for e in entries if e.get("engine_id", "") == engine_id]
+    if not entries:
+        return LookaheadChoice(None, f"the engines were rebuilt since the calibration of {backend}/{precision}: "
+                                     f"run 'chattts-appliance calibrate'")
+    ident = None
+    for e in entries:
+        known = e.get("checkpoint") or {}
+        if ident is None or known.get("files") != ident.get("files"):
+            try:
+                ident = mf.checkpoint_identity(ckpt_dir, known)
+            except OSError as err:
+                return LookaheadChoice(None, f"cannot identify the checkpoint: {err}")
+        if ident["sha256"] != known.get("sha256"):
+            continue
+        if float(e.get("threshold_db", 0.0)) > threshold_db:
+            return LookaheadChoice(None, f"calibrated at {e['threshold_db']} dB, looser than stream.lookahead_threshold_db "
+                                         f"{threshold_db}: run 'chattts-appliance calibrate' again")
+        return LookaheadChoice(int(e["lookahead_tokens"]), f"calibrated {e.get('date', '')[:10]} for {backend}/{precision}, "
+                                                           f"worst error <= {e['threshold_db']} dB")
+    return LookaheadChoice(None, "the calibration was made for another checkpoint: run 'chattts-appliance calibrate'")

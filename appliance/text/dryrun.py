@@ -1,0 +1,77 @@
+"""Dry run of the text front end: what the box would say for a text, without a daemon or a model.
+
+``chattts-appliance normalize TEXT`` uses this by default: it reads the same ``config.yaml`` as
+the daemon, loads only the checkpoint's tokenizer (``model.path``; milliseconds, no weights) and
+runs the same normalizer and sentence split as ``Pipeline.prepare``, so box makers can check
+their announcements on any machine that has the checkpoint's ``tokenizer/`` folder. The result
+has the fields of the daemon's ``normalized`` reply (:class:`appliance.service.protocol.Normalized`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..config import Config
+from ..errors import CheckpointError, TextError
+from .normalize import Normalizer
+from .scripts import describe
+from .split import split_text
+from .tokenizer import Tokenizer
+
+
+def load_tokenizer(cfg: Config) -> Tokenizer:
+    """The tokenizer of ``cfg.model.path`` (a checkpoint dir, its ``asset/`` or ``tokenizer/``).
+
+    Raises:
+        CheckpointError: no ``tokenizer.json`` there (the message says how to get one).
+    """
+    root = cfg.resolve(cfg.model.path)
+    for cand in (root, root / "tokenizer"):
+        try:
+            return Tokenizer.from_dir(cand)
+        except CheckpointError:
+            if cand == root / "tokenizer":
+                raise
+    raise AssertionError("unreachable")
+
+
+def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
+            prompt: Optional[str] = None, request_id: str = "dry-run") -> dict:
+    """Normalize and split ``text`` as the daemon would.
+
+    Args:
+        text: what a ``speak`` would carry.
+        cfg: the daemon's configuration (``model.path``, ``model.max_prompt_tokens``,
+            ``synthesis.prompt``, ``service.max_text_chars``).
+        tokenizer: the checkpoint's tokenizer; None = :func:`load_tokenizer`.
+        prompt: control tokens before every sentence; None = ``synthesis.prompt``.
+
+    Returns:
+        ``{"spoken": [sentence, ...], "tokens": [prompt tokens per sentence, ...],
+        "unspeakable": [...], "unspeakable_names": [...], "lang": "zh" | "en"}``.
+
+    Raises:
+        TextError: empty, too long or unspeakable text (as the daemon answers it).
+        CheckpointError: no tokenizer under ``model.path``.
+    """
+    if len(text) > cfg.service.max_text_chars:
+        raise TextError(f"text of {len(text)} characters is over the limit of {cfg.service.max_text_chars} "
+                        f"(service.max_text_chars); split it")
+    tok = tokenizer or load_tokenizer(cfg)
+    norm = Normalizer(tok)(text, request_id=request_id)
+    prompt = cfg.synthesis.prompt if prompt is None else prompt
+    sentences = split_text(norm.text, tok, cfg.model.max_prompt_tokens, prompt=prompt)
+    return {"spoken": [s.text for s in sentences], "tokens": [int(s.ids.size) for s in sentences],
+            "unspeakable": list(norm.unspeakable), "unspeakable_names": [describe(u) for u in norm.unspeakable],
+            "lang": norm.lang}
+
+
+def cli_config(config: Optional[str]) -> Config:
+    """The configuration ``normalize`` reads: ``--config``, else ``./config.yaml`` if it
+    exists, else the defaults."""
+    from ..config import load_config
+
+    if config is None and Path("config.yaml").exists():
+        config = "config.yaml"
+    return load_config(config) if config else Config()

@@ -1,0 +1,306 @@
+"""Our own text rules, in one table: where we do not take ``wetext``'s (or upstream's) reading,
+and why.
+
+``wetext`` (PyPI, Apache-2.0; the pynini-free runtime of WeTextProcessing, the normalizer
+upstream ChatTTS recommends) reads most Chinese and English dates, times, cardinals, fractions,
+percentages and measure words right (2024年3月5日, 10:45 -> ten forty five, 2个 -> 两个,
+1/3 -> 三分之一) and is kept for those. Every row of :data:`RULES` is a case it (or the
+upstream normalizer) gets wrong, with the reason and an example of what the box says instead;
+``tests/test_text_rules.py`` speaks every example. Rows with ``stage == "before_wetext"`` are
+applied here (:func:`apply_rules`), in table order, to each span of one language; the other
+stages name the module that implements them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .numbers import en_digits, en_int, read_number, zh_digits, zh_int, zh_number
+from .units import MONEY_RE, QUANTITY_RE, read_money, read_quantity
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One of our rules.
+
+    Attributes:
+        name: short id. langs: ``"zh"``, ``"en"`` or ``"zh en"``.
+        stage: ``script`` (whole text, :mod:`.scripts`), ``before_spans`` (whole text, here),
+            ``spans`` (:mod:`.spans`), ``before_wetext`` (each span, here), ``after_wetext`` /
+            ``filter`` (:mod:`.normalize`).
+        reason: what wetext or upstream does, and why we differ.
+        example: ``(input, spoken)``, checked by the test suite.
+        apply: ``(text, lang) -> text`` for ``before_wetext`` rows.
+    """
+
+    name: str
+    langs: str
+    stage: str
+    reason: str
+    example: tuple[str, str]
+    apply: Optional[Callable[[str, str], str]] = None
+
+
+def _sub(rx: re.Pattern, fn: Callable[[re.Match, str], str]) -> Callable[[str, str], str]:
+    return lambda s, lang: rx.sub(lambda m: fn(m, lang), s)
+
+
+# -- patterns and readings ---------------------------------------------------------------------
+
+_ZH_PHONE_RES = (
+    re.compile(r"(?<!\d)(?:\+?86[\s-]?)?1[3-9]\d[\s-]?\d{4}[\s-]?\d{4}(?!\d)"),
+    re.compile(r"(?<!\d)0\d{2,3}-\d{7,8}(?!\d)"),
+    re.compile(r"(?<!\d)[48]00[\s-]?\d{3}[\s-]?\d{4}(?!\d)"),
+    re.compile(r"(?<![A-Za-z0-9+])\+\d{1,3}(?:[\s-]?\d{2,4}){2,5}(?!\d)"),
+)
+_EN_PHONE_RES = (
+    re.compile(r"(?<!\w)(?:\+\d{1,3}[\s.-]?)?\(?\d{3}\)?[\s.-]\d{3}[\s.-]\d{4}(?!\w)"),
+    re.compile(r"(?<![\w.,])\d{3}-\d{4}(?!\w)"),
+)
+_EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text|number)\b\s*:?\s*)(\+?\d[\d\s-]*\d|\d)(?![\d.,]\d)",
+                         re.IGNORECASE)
+_VERSION_RE = re.compile(r"(?<![\d.])[vV]?\d+(?:\.\d+){2,}(?![\d.]*\d)")
+_PCT_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?%\s?[-~～]\s?(?=\d+(?:\.\d+)?\s?%)")
+_ZH_DOTTED_DATE_RE = re.compile(r"(?<![\d.])(\d{4})[./](\d{1,2})[./](\d{1,2})(?![\d.])")
+_ZH_DATE_RE = re.compile(r"(\d{2,4})\s*年\s*0?(\d{1,2})\s*月(?:\s*0?(\d{1,2})\s*[日号])?")
+_TIME = r"([01]?\d|2[0-4]):([0-5]\d)(?::([0-5]\d))?"
+_ZH_TIME_RE = re.compile(rf"(?<![\d:.]){_TIME}(?:\s?[-~～至到]\s?{_TIME})?(?![\d:])")
+_ZH_HOUR_RE = re.compile(r"(?<![\d.])2(?=点(?:$|[^\d]|\d{1,2}分))")
+_ZH_ORDINAL_RE = re.compile(r"第\s?(\d+)(?![\d.])")
+_ROOMS = ("室", "房", "会议室", "教室", "病房", "房间", "号房")
+_ZH_LABEL_RE = re.compile(r"(?<![\d.,])(\d+)(?=号楼|栋|幢|单元|楼|层|号线|路|号|室|房|会议室|教室|病房|座|区|期|排|站台|"
+                          r"车厢|门|出口|入口|车道)")
+_ZH_AMPM_RE = re.compile(r"(?<![\d:])(\d{1,2})(?::([0-5]\d))?\s?([AaPp])\.?[Mm]\.?(?![A-Za-z])")
+_EN_EQUALS_RE = re.compile(r"(?<=[A-Za-z0-9)])\s?=\s?(?=[A-Za-z0-9(+-])")
+_WEB_RE = re.compile(r"(?:https?://)?[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?:https?://|www\.)[\w-]+(?:\.[\w-]+)+(?:/[\w./-]*)?",
+                     re.ASCII)
+_SERVICE_RE = re.compile(r"(?<![\d.,])(11[0249]|12[02]|1[02]\d{3})(?![\d.,])")
+_DIAL_RE = re.compile(r"(?:拨打|拨|打|电话|热线|号码|呼叫|报警|急救|求助|求救|致电)[^\d，。！？]{0,3}$")
+_DIGIT_CODE_RE = re.compile(r"((?:码|号码|编号|单号|尾号|账号|卡号|工号|密码)(?:是|为|：|:)?\s?)(\d{3,})(?![\d.,])")
+#: Letters and digits mixed in one token (a code, or a number with a suffix); not ``1.8bar``'s 8bar.
+CODE_RE = re.compile(r"(?<![A-Za-z0-9])(?<!\d\.)(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+(?:\.\d+)?"
+                     r"(?![A-Za-z0-9])")
+_EN_NOT_CODE_RE = re.compile(r"\d+(?:st|nd|rd|th|s|am|pm|AM|PM)|[a-z0-9.]+")
+_RANGE_RE = re.compile(r"(?<![\d.,:-])(\d+(?:\.\d+)?)\s?[-~～–—]\s?(?=\d+(?:\.\d+)?(?![\d.,:]|-\d|\s?=))")
+_TIMES_RE = re.compile(r"(?<=\d)\s?[xX×*]\s?(?=\d)")
+_POWER_RE = re.compile(r"(\d+(?:\.\d+)?)\^(\d+)")
+_NO_RE = re.compile(r"\b[Nn]o\.\s?(\d+)")
+_ZH_DECIMAL_RE = re.compile(r"(?<![\d.])[-−]?\d+\.\d+(?![\d.])")
+_THOUSANDS_RE = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_EN_THOUSANDS_RE = re.compile(r"(?<![\d,.])(\d{1,3}(?:,\d{3})+|[1-9]000)(?:\.(\d+))?(?![\d,])")
+_EN_DECADE_RE = re.compile(r"(?<![\d,.])(1\d|20)?(\d)0s\b")
+_DECADES = "hundreds tens twenties thirties forties fifties sixties seventies eighties nineties".split()
+_MODEL_RE = re.compile(r"(?<![A-Za-z])([a-z]+[A-Z][A-Za-z]*|[A-Z]{2,}) (\d{1,2}[mshtgl])(?![A-Za-z0-9])")
+
+
+def _spell_en(text: str) -> str:
+    groups = [g for g in re.split(r"[^\d]+", text) if g]
+    return (" plus " if text.lstrip().startswith("+") else " ") + ", ".join(en_digits(g) for g in groups) + " "
+
+
+def _phones(s: str, lang: str) -> str:
+    if lang == "zh":
+        for r in _ZH_PHONE_RES:
+            s = r.sub(lambda m: ("加" if m.group().startswith("+") else "") + zh_digits(m.group(), yao=True), s)
+        return s
+    s = _EN_CALL_RE.sub(lambda m: m.group(1) + _spell_en(m.group(2)), s)
+    for r in _EN_PHONE_RES:
+        s = r.sub(lambda m: _spell_en(m.group()), s)
+    return s
+
+
+def _service(m: re.Match, lang: str) -> str:
+    if _DIAL_RE.search(m.string[: m.start()]):
+        return zh_digits(m.group(), yao=True)
+    return zh_int(int(m.group()))
+
+
+def _zh_ampm(m: re.Match, lang: str) -> str:
+    h, mi, ap = int(m.group(1)), m.group(2), m.group(3).lower()
+    s = ("上午" if ap == "a" else "下午") + ("两" if h == 2 else zh_int(h)) + "点"
+    if mi and int(mi):
+        s += ("零" if int(mi) < 10 else "") + zh_int(int(mi)) + "分"
+    return s
+
+
+def _web(m: re.Match, lang: str) -> str:
+    words = {".": " dot ", "@": " at ", "/": " slash ", ":": " ", "-": " dash ", "_": " underscore "}
+    if lang == "zh":
+        words = {".": "点", "@": "艾特", "/": "斜杠", ":": " ", "-": "杠", "_": "下划线"}
+    return " " + "".join(words.get(c, c) for c in m.group()) + " "
+
+
+def _version(m: re.Match, lang: str) -> str:
+    parts = re.findall(r"\d+", m.group())
+    if lang == "zh":
+        return "点".join(zh_int(int(p)) for p in parts)
+    return " " + " point ".join(en_int(int(p)) for p in parts) + " "
+
+
+def _quantity(m: re.Match, lang: str) -> str:
+    if lang == "en" and m.group("a")[:1] in "-−":
+        return " minus " + read_quantity(re.match(QUANTITY_RE.pattern, m.group()[1:]), lang)
+    return read_quantity(m, lang)
+
+
+def _zh_time(m: re.Match, lang: str) -> str:
+    def clock(h: str, mi: str, sec: Optional[str]) -> str:
+        s = ("两" if int(h) == 2 else zh_int(int(h))) + "点"
+        if int(mi) or (sec and int(sec)):
+            s += ("零" if 0 < int(mi) < 10 else "") + zh_int(int(mi)) + "分"
+        if sec and int(sec):
+            s += zh_int(int(sec)) + "秒"
+        return s
+    g = m.groups()
+    return clock(*g[:3]) + ("到" + clock(*g[3:]) if g[3] else "")
+
+
+def _zh_label(m: re.Match, lang: str) -> str:
+    n, after = m.group(1), m.string[m.end():]
+    if after.startswith(_ROOMS) and len(n) >= 3 or (len(n) > 1 and n.startswith("0")):
+        return zh_digits(n)
+    return zh_int(int(n))
+
+
+def _code(m: re.Match, lang: str) -> str:
+    tok = m.group()
+    if lang == "en" and _EN_NOT_CODE_RE.fullmatch(tok):
+        return tok     # 1st, 1990s, 3pm, mp3: wetext reads these right
+    parts = re.findall(r"[A-Za-z]+|\d+(?:\.\d+)?", tok)
+    nums = [p for p in parts if p[0].isdigit()]
+    one_by_one = len(nums) > 1 or any(len(p.split(".")[0]) > 2 for p in nums)
+    out = []
+    for p in parts:
+        if not p[0].isdigit():
+            out.append(p)
+        elif one_by_one and "." not in p:
+            out.append(zh_digits(p) if lang == "zh" else en_digits(p))
+        else:
+            out.append(read_number(p, lang))
+    return "".join(out) if lang == "zh" else " " + " ".join(out) + " "
+
+
+def _decade(m: re.Match, lang: str) -> str:
+    if m.group(1) == "20" and m.group(2) == "0":
+        return "two thousands"
+    return ((en_int(int(m.group(1))) + " ") if m.group(1) else "") + _DECADES[int(m.group(2))]
+
+
+def _en_thousands(m: re.Match, lang: str) -> str:
+    return " " + en_int(int(m.group(1).replace(",", ""))) + (" point " + en_digits(m.group(2)) if m.group(2) else "") + " "
+
+
+def _power(m: re.Match, lang: str) -> str:
+    if lang == "zh":
+        return zh_number(m.group(1)) + "的" + zh_number(m.group(2)) + "次方"
+    return f" {m.group(1)} to the power of {m.group(2)} "
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+RULES: tuple[Rule, ...] = (
+    Rule("traditional", "zh", "script", "ChatTTS learned Mandarin from simplified text; OpenCC t2s "
+         "converts traditional characters first", ("臺灣的電話號碼", "台湾的电话号码")),
+    Rule("latin-letters", "zh en", "script", "accented and special Latin letters were reported unspeakable "
+         "(ß) or folded without the language's rule; now spelled in ASCII, umlauts as ae/oe/ue in "
+         "German-looking text", ("Straße und Müller", "Strasse und Mueller")),
+    Rule("superscript-power", "zh en", "script", "NFKC turns 10² into 102 (a different number)",
+         ("10²", "ten to the power of two")),
+    Rule("language-per-clause", "zh en", "spans", "upstream and wetext pick one language for the whole "
+         "request; a number is read in the language of its own clause",
+         ("Meeting starts at 10:45. 请准时参加。", "Meeting starts at ten forty five. 请准时参加。")),
+    Rule("punctuation-by-clause", "zh en", "spans", "upstream makes every comma full-width in Chinese "
+         "requests; a mark keeps the script of the clause it ends", ("Hello, 你好吗", "Hello, 你好吗")),
+    Rule("hyphen-letters-digits", "zh en", "before_spans", "wetext reads GPT-4 as GPT negative four",
+         ("GPT-4很强", "GPT 四很强"),
+         lambda s, lang: re.sub(r"(?<=[A-Za-z])-(?=\d)", " ", s)),
+    Rule("model-name", "zh en", "before_spans", "a one-letter unit glued to a number after a product name "
+         "is part of the name (iPhone 5s is not five seconds): the name and number become one code",
+         ("iPhone 5s很好", "iPhone五s很好"), lambda s, lang: _MODEL_RE.sub(r"\1\2", s)),
+    Rule("dotted-date", "zh", "before_wetext", "wetext does not know 2024.3.5 as a date",
+         ("会议在2024.3.5举行", "会议在二零二四年三月五日举行"),
+         _sub(_ZH_DOTTED_DATE_RE, lambda m, lang: f"{m.group(1)}年{int(m.group(2))}月{int(m.group(3))}日")),
+    Rule("web-address", "zh en", "before_wetext", "wetext and upstream keep the dots of an address, read as "
+         "sentence ends; e-mail and web addresses are read with dot/at/slash (点/艾特/斜杠)",
+         ("visit www.example.com", "visit www dot example dot com"), _sub(_WEB_RE, _web)),
+    Rule("version", "zh en", "before_wetext", "wetext reads 3.11.2 as a date or a decimal",
+         ("version 3.11.2", "version three point eleven point two"), _sub(_VERSION_RE, _version)),
+    Rule("phone", "zh en", "before_wetext", "wetext reads 555-1234 as a range, 911 as nine hundred eleven "
+         "and raises on +1 555 123 4567; phone numbers are read digit by digit (zh: 1 as 幺)",
+         ("我的电话是13812345678", "我的电话是幺三八幺二三四五六七八"), _phones),
+    Rule("money", "zh en", "before_wetext", "wetext loses the magnitude after a currency sign with "
+         "thousands separators (￥2,500 -> 二元五百), reads $12.50 as twelve point five dollars and 12.5美元 "
+         "as a date; zh ¥ decimals are 角/分, a repeated 元 is said once",
+         ("金额￥1,299.50元", "金额一千二百九十九元五角"), _sub(MONEY_RE, read_money)),
+    Rule("percent-range", "zh en", "before_wetext", "wetext reads 30%-40% as thirty forty percent",
+         ("growth of 30%-40%", "growth of thirty to forty percent"),
+         lambda s, lang: _PCT_RANGE_RE.sub(r"\1到" if lang == "zh" else r"\1 to ", s)),
+    Rule("power", "zh en", "before_wetext", "wetext reads ^ as circumflex", ("10^3", "ten to the power of three"),
+         _sub(_POWER_RE, _power)),
+    Rule("decade", "en", "before_wetext", "wetext reads 1990s as one thousand nine hundred and ninety seconds",
+         ("in the 1990s", "in the nineteen nineties"), _sub(_EN_DECADE_RE, _decade)),
+    Rule("units", "zh en", "before_wetext", "wetext misses μg, mL, ‰, hPa, V, W, dB, Hz, quotients with "
+         "powers (μg/m³ -> g slash m three), reads 100m and m/s as minutes and 1.5L as one.five L; every unit "
+         "of units.UNITS is read by us (Chinese numbers here, English numbers by wetext)",
+         ("今天空气中PM2.5为35μg/m³。", "今天空气中PM二点五为每立方米三十五微克。"), _sub(QUANTITY_RE, _quantity)),
+    Rule("clock", "zh", "before_wetext", "wetext reads 0:30 as a score (零比三十); 2 o'clock is 两点",
+         ("0:30出发", "零点三十分出发"), _sub(_ZH_TIME_RE, _zh_time)),
+    Rule("service-number", "zh", "before_wetext", "wetext reads 110, 119, 120, 12315 ... digit by digit "
+         "everywhere (限速120 -> 限速幺二零); only after 拨打/电话/热线/报警 ... are they a number to dial",
+         ("限速120，急救请拨打120", "限速一百二十，急救请拨打幺二零"), _sub(_SERVICE_RE, _service)),
+    Rule("digit-code", "zh", "before_wetext", "wetext reads pickup and verification codes as amounts "
+         "(取件码8527 -> 八千五百二十七); after 码/编号/尾号 ... digits are read one by one",
+         ("您的取件码是8527", "您的取件码是八五二七"),
+         _sub(_DIGIT_CODE_RE, lambda m, lang: m.group(1) + zh_digits(m.group(2), yao=True))),
+    Rule("am-pm", "zh", "before_wetext", "wetext leaves 3pm in a Chinese sentence as 三pm", ("请在3pm之前到达",
+         "请在下午三点之前到达"), _sub(_ZH_AMPM_RE, _zh_ampm)),
+    Rule("equals", "en", "before_wetext", "wetext reads x=3 as x equal sign three", ("x=3", "x equals three"),
+         lambda s, lang: _EN_EQUALS_RE.sub(" equals ", s)),
+    Rule("hour-two", "zh", "before_wetext", "wetext reads 2点半 as 二点半", ("2点半", "两点半"),
+         lambda s, lang: _ZH_HOUR_RE.sub("两", s)),
+    Rule("ordinal", "zh", "before_wetext", "wetext reads 第2名 as 第两名", ("第2名", "第二名"),
+         _sub(_ZH_ORDINAL_RE, lambda m, lang: "第" + zh_int(int(m.group(1))))),
+    Rule("range", "zh en", "before_wetext", "wetext reads 5-10 as 五减十 and 5~10 as five tilde ten",
+         ("5-10人", "五到十人"),
+         lambda s, lang: _RANGE_RE.sub(r"\1到" if lang == "zh" else r"\1 to ", s)),
+    Rule("address", "zh", "before_wetext", "wetext reads room numbers as amounts (五百零一室) and unit "
+         "numbers with 两 (两单元); rooms are digit by digit, labels plain",
+         ("3号楼2单元501室", "三号楼二单元五零一室"), _sub(_ZH_LABEL_RE, _zh_label)),
+    Rule("times-sign", "zh", "before_wetext", "wetext reads 3x4 as 三x四", ("尺寸3x4", "尺寸三乘四"),
+         lambda s, lang: _TIMES_RE.sub("乘", s)),
+    Rule("number-sign", "zh en", "before_wetext", "wetext reads No.5 as No.five",
+         ("No.5", "number five"),
+         lambda s, lang: _NO_RE.sub(r"\1号" if lang == "zh" else r"number \1", s)),
+    Rule("code", "zh en", "before_wetext", "letters mixed with digits are codes: wetext reads A12B34 as "
+         "A twelve B thirty four, also inside Chinese; read in the sentence's language, digits one by one "
+         "when there are several groups or more than two digits", ("订单号A12B34", "订单号A一二B三四"),
+         _sub(CODE_RE, _code)),
+    Rule("zero-padded-date", "zh", "before_wetext", "wetext reads 2024年03月 as 零三月",
+         ("2024年03月05日", "二零二四年三月五日"),
+         _sub(_ZH_DATE_RE, lambda m, lang: f"{m.group(1)}年{int(m.group(2))}月"
+              + (f"{int(m.group(3))}日" if m.group(3) else ""))),
+    Rule("decimal", "zh", "before_wetext", "wetext reads 12.5 as a date (十二月五日) unless a unit follows",
+         ("涨了12.5", "涨了十二点五"), _sub(_ZH_DECIMAL_RE, lambda m, lang: zh_number(m.group()))),
+    Rule("thousands", "zh en", "before_wetext", "wetext zh reads 1,000 as 一,零零零; wetext en drops the "
+         "'one' of 1,234 and reads 1000 as ten hundred",
+         ("we sold 1,234 items", "we sold one thousand two hundred thirty four items"),
+         lambda s, lang: _THOUSANDS_RE.sub(lambda m: m.group().replace(",", ""), s) if lang == "zh"
+         else _EN_THOUSANDS_RE.sub(lambda m: _en_thousands(m, lang), s)),
+    Rule("digits-left", "zh en", "after_wetext", "any digit wetext leaves (or a span where it raises) is "
+         "read by numbers.verbalize_numbers, so no digit is dropped", ("+5", "plus five")),
+    Rule("symbols", "zh en", "after_wetext", "upstream deletes symbols; units.SYMBOLS reads them, a right "
+         "arrow between words as 到/to", ("箭头→表示方向", "箭头向右箭头表示方向")),
+    Rule("apostrophe", "en", "filter", "an apostrophe inside a word is dropped as upstream does (don't -> "
+         "dont), not turned into a word break", ("don't worry", "dont worry")),
+)
+
+
+def apply_rules(text: str, lang: str, stage: str = "before_wetext") -> str:
+    """Apply the rows of :data:`RULES` of ``stage`` (``before_spans``: the whole text, any
+    language; ``before_wetext``: one span of language ``lang``), in table order."""
+    for r in RULES:
+        if r.apply is not None and r.stage == stage and (stage == "before_spans" or lang in r.langs.split()):
+            text = r.apply(text, lang)
+    return text

@@ -1,0 +1,64 @@
+"""``config.yaml`` documents every section and key the code reads, with the defaults; and
+``config.local.yaml`` (the development config README and quickstart name) is valid."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import yaml
+
+from appliance.config import _SECTION_ITEM, Config, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERNAL = ("base_dir", "source")          # set by load_config, not YAML keys
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name not in INTERNAL}
+
+
+def test_config_yaml_has_every_section_and_key():
+    data = yaml.safe_load((ROOT / "config.yaml").read_text(encoding="utf-8"))
+    sections = _sections()
+    assert sorted(data) == sorted(sections), "config.yaml sections differ from appliance/config.py's Config"
+    for name, cls in sections.items():
+        want = {f.name for f in dataclasses.fields(cls)}
+        got = set(data[name] or {})
+        assert got == want, f"config.yaml section {name}: missing {sorted(want - got)}, unknown {sorted(got - want)}"
+        for (sec, key), item_cls in _SECTION_ITEM.items():
+            if sec != name:
+                continue
+            items = data[name][key]
+            assert items, f"config.yaml {sec}.{key} shows no example entry"
+            want_item = {f.name for f in dataclasses.fields(item_cls)}
+            for i, it in enumerate(items):
+                assert set(it) == want_item, f"config.yaml {sec}.{key}[{i}]: keys {sorted(it)} != {sorted(want_item)}"
+
+
+def test_config_yaml_shows_the_defaults():
+    cfg, default = load_config(ROOT / "config.yaml"), Config()
+    diff = []
+    for name in _sections():
+        a, b = getattr(cfg, name), getattr(default, name)
+        diff += [f"{name}.{f.name}: {getattr(a, f.name)!r} != {getattr(b, f.name)!r}"
+                 for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+    assert not diff, "config.yaml says these are the defaults, the code disagrees:\n" + "\n".join(diff)
+
+
+def test_every_field_has_help():
+    for name, cls in _sections().items():
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{name}.{f.name} has no help text"
+    for item_cls in _SECTION_ITEM.values():
+        for f in dataclasses.fields(item_cls):
+            assert f.metadata.get("help"), f"{item_cls.__name__}.{f.name} has no help text"
+
+
+def test_local_config_is_valid_and_stays_in_the_checkout():
+    cfg = load_config(ROOT / "config.local.yaml")
+    for p in (cfg.model.path, cfg.model.engine_dir, cfg.service.socket, cfg.service.spool_dir, cfg.audio.wav_dir):
+        assert cfg.resolve(p).is_relative_to(ROOT), p          # nothing under /run or /var: no root needed
+    assert len(str(cfg.resolve(cfg.service.socket))) < 100    # fits a UNIX socket path

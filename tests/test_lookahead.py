@@ -1,0 +1,165 @@
+"""A calibrated look-ahead: streaming with less right context than the theoretical receptive field,
+the chunk schedule, and the calibration record the daemon reads (tiny checkpoint, torch CPU).
+
+What holds per backend is in docs/latency.md: with the exact look-ahead the streamed PCM equals the
+one-shot PCM to FP32 rounding; with a calibrated one it stays within the calibrated bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from appliance.build.calibrate import _stream, calibrate, error_db
+from appliance.config import config_from_dict
+from appliance.core import SynthesisRequest, SynthParams
+from appliance.engines.runner import VocodeWindow
+from appliance.model.integrity import write_sums
+from appliance.synth.decode_loop import Sequence
+from appliance.synth.istft import istft
+from appliance.synth.pipeline import Pipeline
+from appliance.synth.schedule import ChunkSchedule
+from appliance.synth.vocoder import WindowedVocoder
+
+
+def _cfg(tiny_ckpt, engine_dir, **stream):
+    return config_from_dict({
+        "model": {"path": str(tiny_ckpt), "backend": "torch", "device": "cpu", "threads": 1, "max_batch": 3,
+                  "max_seq_len": 512, "max_prompt_tokens": 128, "engine_dir": str(engine_dir)},
+        "synthesis": {"max_new_tokens": 120}, "stream": stream}, base_dir=str(tiny_ckpt))
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpt, tmp_path_factory):
+    p = Pipeline.from_config(_cfg(tiny_ckpt, tmp_path_factory.mktemp("eng")))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def sentence(pipe):
+    """A decoded sentence held in slot 0: (slot, tokens, exact PCM)."""
+    job = pipe.prepare(SynthesisRequest(id="la", text="你好，今天天气很好。", seed=4,
+                                        params=SynthParams(min_new_tokens=90, max_new_tokens=90)))
+    seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=job.seed)
+    pipe.loop.join(seq)
+    while pipe.loop.active:
+        pipe.loop.step()
+    n = seq.steps
+    re, im = pipe.runner.vocode(seq.slot, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+    yield seq.slot, n, istft(re.copy(), im.copy())
+    pipe.loop.release(seq)
+
+
+def test_exact_lookahead_is_exact_for_every_chunk_size(pipe, sentence):
+    slot, n, exact = sentence
+    voc = WindowedVocoder(pipe.runner, 512)
+    for chunk in (1, 2, 5, 24):
+        got = _stream(voc, slot, n, None, chunk)
+        assert got.shape == exact.shape == (512 * n - 256,)
+        np.testing.assert_allclose(got, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
+    assert voc.lookahead_tokens == voc.exact_lookahead == 14
+    voc.set_lookahead(99)
+    assert voc.exact
+
+
+def test_shorter_lookahead_error_shrinks_and_joins_stay_within_it(pipe, sentence):
+    """Less right context -> a larger error; the error is the whole story (no click at the joins:
+    a discontinuity would show as a sample error far above the bound)."""
+    slot, n, exact = sentence
+    voc = WindowedVocoder(pipe.runner, 512)
+    errs = {r: error_db(_stream(voc, slot, n, r, 2), exact) for r in (4, 8, 10, 12)}
+    assert errs[4] > errs[8] > errs[10] > errs[12], errs
+    assert errs[4] < -6.0  # even 4 steps of context is far from noise
+    got = _stream(voc, slot, n, 10, 2)
+    err = np.abs(got - exact)
+    joins = np.arange(2, n, 2) * 512                          # chunk joins in samples (within the sentence)
+    assert err[joins].max() <= err.max() and err.max() <= 10 ** (errs[10] / 20) * np.abs(exact).max() * 1.0001
+    # larger chunks commit every frame with more context: never worse than 2-step chunks (the calibrated case)
+    assert error_db(_stream(voc, slot, n, 10, 8), exact) <= errs[10] + 0.5
+
+
+def test_calibration_picks_the_smallest_lookahead_under_the_threshold(pipe):
+    free = pipe.loop.free_slots
+    cal = calibrate(pipe, -60.0, candidates=(4, 8, 10, 12), sentences=(("zh", "你好，今天天气很好。"),),
+                    voices=(("seed:2", 1),), tokens=(60, 80))
+    worst = {c["tokens"]: c["worst_db"] for c in cal.curve}
+    assert cal.lookahead_tokens == min(r for r, db in worst.items() if db <= -60.0)
+    assert cal.exact_lookahead == 14 and cal.backend == "torch-cpu" and cal.precision == "fp32"
+    assert pipe.loop.free_slots == free   # slots given back
+
+
+def test_daemon_uses_the_record_for_its_checkpoint_only(tiny_ckpt, tmp_path):
+    from appliance.build.calibrate import run
+
+    cfg = _cfg(tiny_ckpt, tmp_path / "eng")
+    p = Pipeline.from_config(cfg)
+    assert p.lookahead.tokens is None and "not calibrated" in p.describe_lookahead()
+    p.close()
+    import appliance.build.calibrate as c
+
+    small = dict(candidates=(6, 10, 12), sentences=(("zh", "你好。"),), voices=(("seed:2", 1),), tokens=(40, 50))
+    orig = c.calibrate
+    c.calibrate = lambda pipe, thr: orig(pipe, thr, **small)
+    try:
+        cal, path = run(cfg)
+    finally:
+        c.calibrate = orig
+    p = Pipeline.from_config(cfg)
+    assert p.lookahead.tokens == cal.lookahead_tokens and p.vocoders[0].lookahead_tokens == cal.lookahead_tokens
+    assert "calibrated" in p.describe_lookahead()
+    p.close()
+    # a stricter threshold than the calibration's, an explicit setting, exact
+    for stream, want in (({"lookahead_threshold_db": -100.0}, None), ({"lookahead": "7"}, 7), ({"lookahead": "exact"}, None)):
+        p = Pipeline.from_config(_cfg(tiny_ckpt, tmp_path / "eng", **stream))
+        assert p.lookahead.tokens == want, (stream, p.describe_lookahead())
+        p.close()
+    # another checkpoint (same sizes, other bytes): not this calibration
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tiny_ckpt, other)
+    blob = other / "asset" / "Decoder.safetensors"
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    write_sums(other)       # a deliberate change: its own sums (appliance.model.integrity)
+    p = Pipeline.from_config(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(other))))
+    assert p.lookahead.tokens is None and "another checkpoint" in p.describe_lookahead()
+    p.close()
+
+
+def test_chunk_schedule_small_first_chunk_growth_and_keeping_up():
+    a = 512 / 24000
+    s = ChunkSchedule(first=4, cap=48, growth=2.0, safety=0.8)
+    # a fast GPU (0.8 ms per step, 3 ms per window): a 4-step first chunk, then doubling
+    assert s.first_chunk(0.0008, 0.003) == 4
+    assert s.next(4, buffered_s=0.08, step_s=0.0008, window_s=0.003) == 8
+    assert s.next(32, buffered_s=10.0, step_s=0.0008, window_s=0.003) == 48            # capped
+    assert s.next(32, buffered_s=10.0, step_s=0.0008, window_s=0.003, scale=2) == 64  # throttle
+    # a 2-core CPU (13 ms per step, 250 ms per window): windows that small never keep up
+    sus = s.sustainable(0.013, 0.25)
+    assert sus == 48 and 0.8 * a - 0.013 > 0                       # 250 ms / (17 - 13 ms) > cap
+    first = s.first_chunk(0.013, 0.25)
+    assert first == 48 and first * 0.8 * a >= sus * 0.013 + 0.25 - 1e-9 or first == s.cap
+    assert s.next(4, buffered_s=0.05, step_s=0.013, window_s=0.25) == sus   # short of audio: keep up
+    # a middle case: the first chunk grows just enough to cover the second one's making
+    c1 = s.sustainable(0.005, 0.05)
+    f = s.first_chunk(0.005, 0.05)
+    assert f * 0.8 * a >= c1 * 0.005 + 0.05 and (f - 1) * 0.8 * a < c1 * 0.005 + 0.05
+    assert s.first_chunk(0.0, 0.0) == 4 and s.next(4, 0.0, 0.0) == 8   # nothing measured yet
+
+
+def test_a_rebuild_of_the_engines_invalidates_the_calibration(tiny_ckpt, tmp_path):
+    from appliance.engines import manifest as mf
+    from appliance.engines.lookahead import Calibration, choose, save
+
+    ident = mf.checkpoint_identity(tiny_ckpt)
+    save(tmp_path, Calibration(backend="onnxruntime", precision="int8", lookahead_tokens=9, exact_lookahead=14,
+                               threshold_db=-60.0, chunk_tokens=2, engine_id="manifest-A", checkpoint=ident))
+    got = choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "int8", -60.0, "manifest-A")
+    assert got.tokens == 9
+    got = choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "int8", -60.0, "manifest-B")
+    assert got.tokens is None and "rebuilt" in got.source
+    assert choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "fp32", -60.0, "manifest-A").tokens is None
