@@ -5,6 +5,7 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``model random --size tiny|full [--seed N] OUT_DIR`` – write a random checkpoint in the
   official layout (:mod:`appliance.build.random_ckpt`).
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
+* ``model sums DIR`` – record a checkpoint's sha256 sums, checked at every start (:mod:`appliance.model.integrity`).
 * ``serve`` – run the daemon (:mod:`appliance.service.daemon`).
 * ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
@@ -43,6 +44,7 @@ _CLIENTS = ("say", "status", "cancel", "health")
 _COMMANDS = {
     "model random": ("appliance.build.random_ckpt", "cli_main"),
     "model fetch": ("appliance.model.fetch", "cli_main"),
+    "model sums": ("appliance.model.integrity", "cli_main"),
     "serve": ("appliance.service.daemon", "cli_main"),
     "say": ("appliance.service.client", "cli_main"),
     "health": ("appliance.service.health", "cli_main"),
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = m.add_parser("fetch", help="download 2Noise/ChatTTS from the HuggingFace hub")
     f.add_argument("out_dir")
     f.add_argument("--revision", default=None, help="hub revision (default: main)")
+    su = m.add_parser("sums", help="record the sha256 of a checkpoint of your own (DIR/SHA256SUMS.json)")
+    su.add_argument("dir")
 
     s = sub.add_parser("serve", help="run the daemon")
     s.add_argument("--config", default=None, help=CONFIG_HELP)

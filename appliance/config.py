@@ -105,6 +105,7 @@ class ChannelConfig:
     device: Optional[str] = _f(None, "Sound device for this channel (name substring); None = audio.device.")
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
+    on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class ServiceConfig:
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
     memory_budget_mb: int = _f(1500, "Memory budget for weights + KV caches + activations, MiB.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
-    spool_dir: str = _f("spool", "Where accepted but unfinished requests are kept across a stop (relative to the config file).")
+    spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class MQTTConfig:
     host: str = _f("localhost", "Broker host.")
     port: int = _f(1883, "Broker port.", min=1, max=65535)
     username: Optional[str] = _f(None, "User name.")
-    password: Optional[str] = _f(None, "Password.")
+    password: Optional[str] = _f(None, "Password (never logged, nor shown in error messages).", secret=True)
     tls: bool = _f(False, "Use TLS.")
     ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
     topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability}.")
@@ -221,6 +222,30 @@ class WyomingConfig:
 
 
 @dataclass(frozen=True)
+class JournalConfig:
+    """Crash-safe accepted requests (:mod:`appliance.service.journal`): what is replayed after a
+    restart. The journal file lives in ``service.spool_dir``."""
+
+    enabled: bool = _f(True, "Journal accepted requests (fsync before 'accepted') and speak the unfinished ones after a restart; false: a stop or crash loses queued and running requests.")
+    max_bytes: int = _f(4 * 1024 * 1024, "Largest journal file, bytes: it is compacted (finished requests dropped) when it grows past this; when the unfinished requests alone fill 90 % of it, new requests are refused (journal_error).", min=65536, max=1 << 30)
+    max_age_s: float = _f(3600.0, "An unfinished request accepted longer ago than this is not replayed after a restart (logged), s.", min=1.0, max=30 * 86400.0)
+    alert_max_age_s: float = _f(30.0, "An unfinished alert accepted longer ago than this is not replayed (a stale warning is worse than none), s.", min=0.0, max=30 * 86400.0)
+    max_attempts: int = _f(3, "A request that was synthesizing or playing during this many crashes in a row is not replayed again (it may be what crashes the daemon).", min=1, max=100)
+    fsync: bool = _f(True, "fsync the journal file (and its directory) before 'accepted' and before 'done'; false trades the power-cut guarantee for fewer writes.")
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    """Integrity checks, the per-request watchdog and client limits."""
+
+    verify_checkpoint: bool = _f(True, "Check the sha256 of every checkpoint file at start (against SHA256SUMS.json beside asset/, else upstream's published sums); a mismatch refuses to start.")
+    cache_dir: str = _f("cache", "Where the checkpoint sum cache is kept (a file whose size and mtime did not change is not hashed again); relative to the config file; systemd: /var/cache/chattts-appliance.")
+    stall_s: float = _f(60.0, "A request that is synthesizing but made no progress (no decode step, no audio) for this long is ended with engine_error and its slot freed, s.", min=1.0, max=86400.0)
+    max_requests_per_s: float = _f(5.0, "Requests (speak, health) one socket client (peer process) may send per second on average; more get 'rate_limited'. 0 = no limit.", min=0.0, max=1e6)
+    request_burst: int = _f(20, "Requests a client may send at once before max_requests_per_s applies.", min=1, max=1 << 20)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration. Build it with :func:`load_config` or ``Config()`` for defaults."""
 
@@ -234,6 +259,8 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
     source: str = field(default="", metadata={"help": "The file this config was read from ('' when built in code; set by load_config; not a YAML key)."})
 
@@ -314,7 +341,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         if not ok and value is False and "off" in f.metadata.get("choices", ()):
             ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
         if not ok:
-            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+            shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}")
         kwargs[name] = v
     obj = cls(**kwargs)
     _check(obj, where)

@@ -71,6 +71,20 @@ class BusyError(ApplianceError):
     code = "busy"
 
 
+class RateLimitError(BusyError):
+    """A client sent more requests than ``safety.max_requests_per_s`` (with
+    ``safety.request_burst``) allows. Retry later."""
+
+    code = "rate_limited"
+
+
+class JournalError(ApplianceError):
+    """The request journal cannot record a request durably (disk full, read-only, I/O error,
+    or full of unfinished requests): the request is refused, accepted ones keep playing."""
+
+    code = "journal_error"
+
+
 class CancelledError(ApplianceError):
     """The request was cancelled (by id or by channel) before it finished."""
 

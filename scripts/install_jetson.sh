@@ -269,7 +269,7 @@ step_config() {
     say "config $CONFIG"
     local dist="$CONFIG.dist"
     if [ "$DRY_RUN" -eq 1 ]; then
-        printf '+ write %s from %s (model.path=%s, model.engine_dir=%s, service.spool_dir, audio.wav_dir under %s)\n' \
+        printf '+ write %s from %s (model.path=%s, model.engine_dir=%s, service.spool_dir, audio.wav_dir under %s, safety.cache_dir)\n' \
             "$dist" "$REPO/config.yaml" "$MODEL_DIR" "$ENGINE_DIR" "$STATE_DIR"
         if [ -f "$CONFIG" ]; then note "keeping the existing $CONFIG"; else printf '+ cp %q %q\n' "$dist" "$CONFIG"; fi
         return
@@ -279,6 +279,7 @@ step_config() {
     set_key "$dist" model engine_dir "$ENGINE_DIR"
     set_key "$dist" service spool_dir "$STATE_DIR/spool"
     set_key "$dist" audio wav_dir "$STATE_DIR/out"
+    set_key "$dist" safety cache_dir "$CACHE_DIR"
     sed -i "1i # Written by scripts/install_jetson.sh from $REPO/config.yaml; edit freely (kept on re-install)." "$dist"
     if [ -f "$CONFIG" ]; then
         note "keeping the existing config; the current template is $dist"

@@ -1,6 +1,6 @@
 """The scheduler in process, with the real pipeline (tiny checkpoint), real WAV output and the
-real throttle policy: memory-budget admission (queue with a reason, refuse when even one channel
-does not fit), throttle limits holding back low priorities, RTF fed back to the throttle."""
+real throttle policy: no per-channel memory admission (slots are sized at start), throttle limits
+holding back low priorities, RTF fed back to the throttle."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.core import SynthParams
-from appliance.errors import CapacityError
 from appliance.service.protocol import Speak
 from appliance.service.scheduler import Item
 from appliance.service.sound import AudioOutput
 from appliance.service.throttle import Level, Throttle
 from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
-
-MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -83,29 +80,24 @@ def _item(pipe, ev: Events, rid, channel, priority="normal", seed=1, steps=50):
     return Item(speak=sp, job=pipe.prepare(sp.synthesis_request()), channel=channel, sink=ev.sink)
 
 
-def test_memory_budget_queues_with_a_reason_and_refuses_when_nothing_fits(pipe, cfg):
-    info = pipe.info
-    kv = info.kv_bytes_per_token * info.max_seq_len
-    one = (info.weight_bytes + 1.5 * kv) / MIB                  # room for ONE synthesizing channel
-    w = _worker(pipe, cfg, memory_budget_mb=one)
-    assert w.sched.mem_channels == 1 and "service.memory_budget_mb" in w.sched.mem_text
+def test_memory_is_not_counted_per_channel_all_slots_run_together(pipe, cfg):
+    """Every KV slot is allocated at load (and sized to the budget at start, see
+    test_memory_fit.py): admission no longer holds a channel back for memory."""
+    w = _worker(pipe, cfg)
     ev = Events()
-    w.submit(_item(pipe, ev, "m1", "a", steps=60))
-    w.submit(_item(pipe, ev, "m2", "b", steps=20))
-    (acc,) = [e for e in ev.of("m2") if e.type == "accepted"]
-    assert acc.waiting and "memory budget" in acc.waiting and "fit 1 channel" in acc.waiting
+    for rid, ch in (("m1", "a"), ("m2", "b"), ("m3", "c")):
+        w.submit(_item(pipe, ev, rid, ch, steps=40))
+    acc = [x for _, x in ev.evs if x.type == "accepted"]
+    assert len(acc) == 3 and all(a.waiting is None for a in acc)
     w.start()
     try:
-        ev.wait_end({"m1", "m2"})
+        ev.wait_end({"m1", "m2", "m3"})
     finally:
         w.stop(10)
-    assert [e.type for e in ev.of("m1")] == ["accepted", "started", "done"]
-    assert [e.type for e in ev.of("m2")] == ["accepted", "started", "done"]
-    assert ev.when("m2", "started") >= ev.when("m1", "done")     # never two KV caches at once
-
-    w0 = _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + 0.5 * kv) / MIB)
-    with pytest.raises(CapacityError, match="memory_budget_mb"):
-        w0.submit(_item(pipe, Events(), "x", "a"))
+    for rid in ("m1", "m2", "m3"):
+        assert [e.type for e in ev.of(rid)] == ["accepted", "started", "done"]
+    starts = sorted(ev.when(r, "started") for r in ("m1", "m2", "m3"))
+    assert starts[-1] < min(ev.when(r, "done") for r in ("m1", "m2", "m3"))   # all three synthesized at once
 
 
 def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
@@ -140,16 +132,3 @@ def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
         w.stop(10)
     assert [e.type for e in ev.of("n1")] == ["accepted", "started", "done"]
     assert [e.type for e in ev.of("bg")] == ["accepted", "started", "done"]
-
-
-def test_budget_below_what_the_backend_holds_is_warned_at_start(pipe, cfg, caplog):
-    """Every KV slot is allocated at load: a budget that cannot hold them all is said at start."""
-    info = pipe.info
-    kv = info.kv_bytes_per_token * info.max_seq_len
-    with caplog.at_level("WARNING", logger="appliance.service.scheduler"):
-        _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + 1.5 * kv) / MIB)
-    assert "allocated at load" in caplog.text and "lower model.max_batch" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="appliance.service.scheduler"):
-        _worker(pipe, cfg, memory_budget_mb=(info.weight_bytes + (info.max_batch + 1) * kv) / MIB)
-    assert "allocated at load" not in caplog.text

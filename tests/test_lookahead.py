@@ -15,6 +15,7 @@ from appliance.build.calibrate import _stream, calibrate, error_db
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest, SynthParams
 from appliance.engines.runner import VocodeWindow
+from appliance.model.integrity import write_sums
 from appliance.synth.decode_loop import Sequence
 from appliance.synth.istft import istft
 from appliance.synth.pipeline import Pipeline
@@ -123,6 +124,7 @@ def test_daemon_uses_the_record_for_its_checkpoint_only(tiny_ckpt, tmp_path):
     data = bytearray(blob.read_bytes())
     data[-1] ^= 1
     blob.write_bytes(bytes(data))
+    write_sums(other)       # a deliberate change: its own sums (appliance.model.integrity)
     p = Pipeline.from_config(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(other))))
     assert p.lookahead.tokens is None and "another checkpoint" in p.describe_lookahead()
     p.close()

@@ -25,8 +25,11 @@ def dev_daemon(tiny_ckpt, tmp_path_factory):
     """One daemon with audio.output=device on the ALSA file device, for the whole module."""
     tmp = tmp_path_factory.mktemp("svc_dev")
     alsa = alsa_home(tmp / "home", tmp / "played.raw")
+    # on_disconnect: finish — a client that leaves does not cancel here (cancel, the default, is
+    # tested in test_service_disconnect.py)
     cfg = service_config(tiny_ckpt, tmp, audio={"output": "device"},
-                         service={"max_line_bytes": 4096, "socket_mode": 0o660})
+                         service={"max_line_bytes": 4096, "socket_mode": 0o660,
+                                  "channels": [{"name": "main", "on_disconnect": "finish"}]})
     d = launch_daemon(tmp / "d", cfg, alsa=alsa)
     yield d
     rc = d.stop()

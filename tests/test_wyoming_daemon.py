@@ -335,15 +335,17 @@ def test_audio_only_for_the_client_needs_return_audio_and_is_not_spooled(tmp_pat
     is not spooled at stop: its audio could only have gone back to a connection that is gone."""
     from appliance.errors import RequestError
     from appliance.service.protocol import parse_request
+    from appliance.service.recovery import tell_stopped
     from appliance.service.scheduler import Item
-    from appliance.service.spool import spool_items
 
     with pytest.raises(RequestError, match="'play' is false without 'return_audio'"):
         parse_request({"text": "hi", "play": False})
     got = []
-    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e, p: got.append(e)),
+    # the dispatcher journals only requests that play (journal number 1 here); see test_journal.py
+    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e, p: got.append(e),
+                  journal=1),
              Item(speak=parse_request({"text": "gone", "id": "b", "play": False, "return_audio": True}), job=None,
                   channel="main", sink=lambda e, p: got.append(e))]
-    spool_items(tmp_path / "spool", items)
+    tell_stopped(items, journal_on=True)
     assert [(e.id, e.code) for e in got] == [("a", "spooled"), ("b", "cancelled")]
-    assert len(list((tmp_path / "spool").glob("*.json"))) == 1
+    assert "would only go back to this connection" in got[1].message

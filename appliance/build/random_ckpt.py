@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..model import layout
+from ..model.integrity import write_sums
 from ..model.shapes import FULL, TINY, ModelShapes
 from ..text.tokens import CONTROL_TOKENS
 
@@ -301,6 +302,7 @@ def write_random_checkpoint(out_dir: str | Path, size: str = "tiny", seed: int =
     (asset.parent / "RANDOM_WEIGHTS").write_text(
         f"random {size} checkpoint, seed {seed}, written by chattts-appliance: these weights speak noise"
         + (f"; {vocab_note(vocab)}" if size == "tiny" else "") + "\n", encoding="utf-8")
+    write_sums(asset.parent)    # SHA256SUMS.json: the daemon verifies the files against it at load
     if bar is not None:
         bar.close()
     log.info("wrote random %s checkpoint (seed %d) to %s: random weights speak noise", size, seed, asset)

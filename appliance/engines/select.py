@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import ConfigError
+from ..model.integrity import verify_for_config
 from . import manifest as mf
 from .runner import Runner
 
@@ -100,9 +101,10 @@ def open_runner(cfg: Config) -> Runner:
 
     Raises:
         ConfigError: the requested backend is not installed or not usable here.
-        CheckpointError: the checkpoint is missing or malformed.
+        CheckpointError: the checkpoint is missing, malformed or fails its sha256 check.
         EngineMismatchError: engines exist but do not match the config, checkpoint or device.
     """
+    verify_for_config(cfg, cfg.resolve(cfg.model.path))   # sha256 of the checkpoint files (safety.verify_checkpoint)
     backend, reason = choose_backend(cfg)
     if backend == "torch":
         runner: Runner = _torch_runner(cfg, reason)

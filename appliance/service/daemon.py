@@ -1,13 +1,17 @@
 """The daemon: ``chattts-appliance serve --config config.yaml``.
 
 Start-up order: :func:`~appliance.config.load_config` (every key validated before anything
-heavy) -> ``Pipeline.from_config`` (weights, tokenizer) -> ``pipeline.warmup()`` (if
-``service.warmup``) -> audio outputs opened (:class:`~appliance.service.sound.AudioOutput`) ->
-worker thread started -> UNIX socket listening (an inherited systemd socket if there is one)
--> Wyoming server listening (if ``wyoming.enabled``; :mod:`appliance.service.wyoming_server`; its
-ports are checked before the model loads) -> MQTT bridge connecting (if ``mqtt.enabled``;
-:mod:`appliance.service.mqtt`; built before the model loads so a bad ``mqtt.ca_file`` fails
-fast) -> ``on_ready``.
+heavy) -> the directories it writes to checked and created (:mod:`appliance.service.paths`) ->
+``Pipeline.from_config`` (checkpoint sha256 verified, weights, tokenizer) -> ``pipeline.warmup()``
+(if ``service.warmup``) -> the runner sized to ``service.memory_budget_mb``
+(:mod:`appliance.service.memory`) -> audio outputs opened
+(:class:`~appliance.service.sound.AudioOutput`) -> the request journal read
+(:mod:`appliance.service.journal`) -> worker thread started -> the journal's unfinished requests
+submitted again (:mod:`appliance.service.recovery`) -> UNIX socket listening (an inherited
+systemd socket if there is one) -> Wyoming server listening (if ``wyoming.enabled``;
+:mod:`appliance.service.wyoming_server`; its ports are checked before the model loads) -> MQTT
+bridge connecting (if ``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the model
+loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
 
 Threads and how events flow::
 
@@ -34,11 +38,11 @@ MQTT parses its messages into the same request dataclasses and, from its own thr
 calls ``Dispatcher.handle_request`` with ``return_audio`` requests and forwards their audio.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
-that never started go to ``on_unfinished`` (default: the spool,
-:func:`~appliance.service.spool.spool_items`: their clients get an ``error`` ``spooled`` and
-they are spoken after the next start) -> the running request finishes and plays out (drain) -> audio
-streams closed -> MQTT: last status, ``offline``, disconnect -> Wyoming connections and listeners
-closed -> connections flushed and closed
+that never started go to ``on_unfinished`` (default:
+:func:`~appliance.service.recovery.tell_stopped`: they stay in the journal, their clients get an
+``error`` ``spooled``, and they are spoken after the next start) -> the running request
+finishes and plays out (drain) -> audio streams closed -> MQTT: last status, ``offline``,
+disconnect -> Wyoming connections and listeners closed -> connections flushed and closed
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
@@ -54,7 +58,7 @@ systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
   over (``READY=1``, with a status line saying what was applied and what needs a restart; see
   :mod:`appliance.service.reload`).
 * ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
-* ``on_unfinished(items)`` – queued requests left at stop (spool them).
+* ``on_unfinished(items)`` – queued requests left at stop (tell their clients).
 
 Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
 in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
@@ -75,8 +79,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import Config, load_config
 from ..errors import ApplianceError
+from .clients import RateLimiter
 from .dispatch import Dispatcher
+from .journal import Journal
+from .memory import MemoryFit, current_mib, device_mib, fit_pipeline
+from .paths import prepare_dirs
 from .protocol import Event, HealthReply, StatusReply
+from .recovery import Recovery, open_journal, tell_stopped
 from .reload import plan_reload
 from .scheduler import Item
 from .socket_server import (
@@ -86,7 +95,6 @@ from .socket_server import (
     listen_socket,
 )
 from .sound import AudioOutput
-from .spool import replay_spool, spool_items
 from .worker import Worker
 
 if TYPE_CHECKING:
@@ -97,8 +105,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 1.0
-"""Worker heartbeat period, s (systemd's WatchdogSec should be several times this)."""
+HEARTBEAT_S = 0.25
+"""Worker heartbeat period, s: well below the shortest useful WatchdogSec (1 s), so a heartbeat
+never ages past the watchdog's staleness limit between two beats (a beat only stores a time)."""
 
 DRAIN_TIMEOUT_S = 600.0
 """Longest wait for the running request to finish and play out at stop, s."""
@@ -157,7 +166,11 @@ class Daemon:
         self.worker: Optional[Worker] = None
         self.server: Optional[SocketServer] = None
         self.channels = [c.name for c in cfg.service.channels]
-        self.dispatch = Dispatcher(cfg.service, lambda: self.state, self.status, self._health_check)
+        self.dispatch = Dispatcher(cfg.service, lambda: self.state, self.status, self._health_check,
+                                   RateLimiter(cfg.safety.max_requests_per_s, cfg.safety.request_burst))
+        self.journal: Optional[Journal] = None
+        self.recovery: Optional[Recovery] = None
+        self.memory_fit: Optional[MemoryFit] = None
         self._stop: Optional[asyncio.Event] = None
         self._signals = 0
         self._pending_signals: list[int] = []
@@ -183,6 +196,7 @@ class Daemon:
         prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             try:
+                prepare_dirs(self.cfg, socket_inherited=bool(os.environ.get("LISTEN_FDS")))
                 if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
                     check_socket_path(self.cfg.resolve(self.cfg.service.socket))
                 if self.cfg.wyoming.enabled:                 # ... or the Wyoming port
@@ -208,22 +222,24 @@ class Daemon:
             from .mqtt import MQTTBridge
             self.mqtt = MQTTBridge(self.cfg, self.dispatch.handle_request_threadsafe, self.status)
         _call(self.hooks.on_loading, "loading the model")
-        if self.pipeline_factory is not None:
-            self.pipeline = self.pipeline_factory(self.cfg)
-        else:
+        factory = self.pipeline_factory
+        if factory is None:
             from ..synth.pipeline import Pipeline
-            self.pipeline = Pipeline.from_config(self.cfg)
+            factory = Pipeline.from_config
+        self.pipeline = factory(self.cfg)
         log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, self.pipeline.info.backend)
         if self.cfg.service.warmup:
             _call(self.hooks.on_loading, "warming up")
             t1 = time.monotonic()
             self.pipeline.warmup()
             log.info("warm-up took %.1f s", time.monotonic() - t1)
+        self.pipeline, self.memory_fit = fit_pipeline(self.cfg, self.pipeline, factory, self.cfg.service.warmup)
         if self.cfg.health.at_start:
             _call(self.hooks.on_loading, "health check")
             self._health_check()
         _call(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
+        self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
         self.throttle = self._open_throttle()
         self.worker = Worker(
             self.pipeline, self.audio,
@@ -231,7 +247,7 @@ class Daemon:
             heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
             audio_format=self.cfg.stream.sample_format,
             on_preempt={c.name: c.on_preempt for c in self.cfg.service.channels},
-            memory_budget_mb=self.cfg.service.memory_budget_mb, throttle=self.throttle,
+            throttle=self.throttle, journal=self.journal, stall_s=self.cfg.safety.stall_s,
         )
         self.worker.start()
         self.dispatch.pipeline, self.dispatch.worker = self.pipeline, self.worker
@@ -242,6 +258,7 @@ class Daemon:
 
         try:
             mon = Monitor(self.cfg, on_change=self._on_throttle)
+            mon.device_mib = lambda: device_mib(self.pipeline)
             mon.start()
         except ApplianceError as e:
             log.warning("throttle off: %s", e)
@@ -264,7 +281,10 @@ class Daemon:
         if sock is None:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
             sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
-        self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes)
+        if self.recovery is not None:   # before the socket accepts: a returning client finds its request
+            await self.recovery.replay(self.dispatch.resubmit, self.mqtt)
+        self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes,
+                                   on_gone=self.dispatch.client_gone)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from .wyoming_server import WyomingServer
@@ -282,7 +302,6 @@ class Daemon:
         if self.mqtt is not None:
             self.mqtt.start()
         _call(self.hooks.on_ready)
-        await replay_spool(self.cfg.resolve(self.cfg.service.spool_dir), self.dispatch.handle_request)
         _call(self.hooks.on_status, self.status())
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
@@ -331,7 +350,7 @@ class Daemon:
             if self.hooks.on_unfinished is not None:
                 _call(self.hooks.on_unfinished, left)
             else:
-                spool_items(self.cfg.resolve(self.cfg.service.spool_dir), left)
+                tell_stopped(left, self.journal is not None)
         if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
             log.warning("drain timed out after %.0f s", DRAIN_TIMEOUT_S)
         await loop.run_in_executor(None, self.audio.close)
@@ -343,6 +362,8 @@ class Daemon:
         if self.wyoming is not None:   # after the drain: the running request's audio went out
             await self.wyoming.stop()
         await self.server.close()
+        if self.journal is not None:
+            self.journal.close()
         if self._socket_path is not None:
             try:
                 self._socket_path.unlink()
@@ -376,6 +397,8 @@ class Daemon:
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
+            memory_mib=current_mib(self.pipeline), memory_budget_mib=self.cfg.service.memory_budget_mb,
+            memory_note=self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
         )
 
 

@@ -8,10 +8,19 @@ Each passes its own :data:`~appliance.service.protocol.EventSink` (thread-safe, 
 Every failure becomes an ``error`` event on that sink; nothing raises back into the transport.
 
 ``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
-sentences it would say. ``speak``: limits and channel are checked here, then ``Pipeline.prepare`` runs on its own single
-``prepare`` thread (so bad text is answered at once, even while a long request synthesizes)
-concurrently with the worker thread, which drives the pipeline's ``BatchEngine``: prepare must
-only read the tokenizer/normalizer, never the runner or decode state.
+sentences it would say. ``speak``: a client returning after a restart with the id of a replayed
+request is attached to it (:meth:`~appliance.service.recovery.Recovery.attach`: ``replayed``, never
+spoken twice); otherwise limits and channel are checked here, then ``Pipeline.prepare`` runs on
+its own single ``prepare`` thread (so bad text is answered at once, even while a long request
+synthesizes) concurrently with the worker thread, which drives the pipeline's ``BatchEngine``:
+prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
+request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
+thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
+(except ``play: false`` ones, whose audio only goes back to their client: not journaled).
+
+Socket clients (a :class:`~appliance.service.clients.Peer` each) are rate limited
+(``safety.max_requests_per_s``); one that closes its connection has its requests cancelled on
+channels with ``on_disconnect: cancel`` (:meth:`Dispatcher.client_gone`).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from ..errors import (
     UnknownChannelError,
 )
 from ..text.scripts import describe
+from .clients import Peer, RateLimiter
 from .protocol import (
     Cancel,
     CancelDone,
@@ -46,11 +56,14 @@ from .protocol import (
     StatusRequest,
     error_event,
     parse_line,
+    to_dict,
 )
 from .scheduler import Item
 
 if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
+    from .journal import Journal
+    from .recovery import Recovery
     from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -65,16 +78,23 @@ class Dispatcher:
         status: ``() -> StatusReply`` (``status`` requests).
         health: ``() -> HealthReply``, run on the worker thread (``health`` requests).
 
+        limiter: the per-client :class:`~appliance.service.clients.RateLimiter` (None: no limit).
+
     Attributes:
         pipeline, worker: set by the daemon once they are loaded.
+        journal, recovery: the request journal and the replay state (None: journal off).
         loop: the daemon's event loop, set once it runs.
     """
 
     def __init__(self, service: ServiceConfig, state: Callable[[], str], status: Callable[[], StatusReply],
-                 health: Callable[[], HealthReply]) -> None:
+                 health: Callable[[], HealthReply], limiter: Optional[RateLimiter] = None) -> None:
         self.max_line_bytes = service.max_line_bytes
         self.max_text_chars = service.max_text_chars
         self.channels = [c.name for c in service.channels]
+        self.cancel_on_disconnect = {c.name for c in service.channels if c.on_disconnect == "cancel"}
+        self.limiter = limiter
+        self.journal: Optional[Journal] = None
+        self.recovery: Optional[Recovery] = None
         self.state = state
         self.status = status
         self.health = health
@@ -87,17 +107,35 @@ class Dispatcher:
         """Stop the prepare thread (a running prepare finishes in the background)."""
         self._prep.shutdown(wait=False)
 
-    async def handle_line(self, line: bytes, sink: EventSink) -> None:
-        """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event."""
+    async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None) -> None:
+        """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event.
+        ``speak`` and ``health`` count against ``peer``'s rate limit."""
         try:
             req = parse_line(line, self.max_line_bytes)
         except ApplianceError as e:
-            log.info("bad request line: %s", e)
+            log.info("bad request line%s: %s", f" from {peer}" if peer else "", e)
             sink(error_event(e), None)
             return
-        await self.handle_request(req, sink)
+        if self.limiter is not None and peer is not None and isinstance(req, (Speak, HealthRequest)):
+            try:
+                self.limiter.check(peer)
+            except ApplianceError as e:
+                log.info("request from %s refused: %s", peer, e)
+                sink(error_event(e, req.id if isinstance(req, Speak) else None), None)
+                return
+        await self.handle_request(req, sink, peer=peer)
 
-    def handle_request_threadsafe(self, req: Request, sink: EventSink) -> concurrent.futures.Future:
+    def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
+        """A socket client closed its connection: cancel its queued, running and playing
+        requests on channels with ``on_disconnect: cancel`` (loop thread)."""
+        if self.worker is None or not self.cancel_on_disconnect:
+            return
+        items = self.worker.cancel(sink=sink, channels=self.cancel_on_disconnect)
+        if items:
+            log.info("client %s went away: cancelled %s (on_disconnect: cancel)", peer or "?",
+                     ", ".join(it.id for it in items))
+
+    def handle_request_threadsafe(self, req: Request, sink: EventSink, origin: str = "mqtt") -> concurrent.futures.Future:
         """:meth:`handle_request` for inputs living on other threads (e.g. paho-mqtt's network
         thread): schedules it on the event loop and returns at once.
 
@@ -107,14 +145,17 @@ class Dispatcher:
         loop = self.loop
         if loop is None or loop.is_closed() or self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink), loop)
+        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin), loop)
 
-    async def handle_request(self, req: Request, sink: EventSink) -> None:
-        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest)."""
+    async def handle_request(self, req: Request, sink: EventSink, origin: str = "socket",
+                             peer: Optional[Peer] = None) -> None:
+        """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest);
+        ``origin`` (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a
+        restart)."""
         rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
-                await self._speak(req, sink)
+                await self._speak(req, sink, origin, peer)
             elif isinstance(req, NormalizeRequest):
                 await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
@@ -152,14 +193,46 @@ class Dispatcher:
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
              None)
 
-    async def _speak(self, req: Speak, sink: EventSink) -> None:
+    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer]) -> None:
+        if self.recovery is not None and self.recovery.attach(req, sink):
+            return
         self._check_text(req.text)
         channel = req.channel if req.channel is not None else self.channels[0]
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        self.worker.submit(Item(speak=req, job=job, channel=channel, sink=sink))
+        item = Item(speak=req, job=job, channel=channel, sink=sink)
+        if self.journal is not None and req.play:   # play: false goes only to its client: not replayed
+            self.worker.check(item)                 # refused requests are never journaled
+            rec = dict(to_dict(req), channel=channel, seed=job.seed)
+            item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+        if peer is not None:
+            log.info("request %s from %s", req.id, peer)
+        self._submit(item)
+
+    def _submit(self, item: Item) -> None:
+        try:
+            self.worker.submit(item)
+        except ApplianceError as e:                 # refused after all (a race): not to be replayed
+            if self.journal is not None and item.journal is not None:
+                self.journal.end(item.journal, to_dict(error_event(e, item.id)))
+            raise
+
+    async def resubmit(self, req: Speak, channel: str, sink: EventSink, journal_n: int) -> None:
+        """Queue a request replayed from the journal (already journaled as ``journal_n``), even
+        before the daemon is ready (:class:`~appliance.service.recovery.Recovery`).
+
+        Raises:
+            ApplianceError: the daemon refuses it now (unknown channel, bad text, busy, ...).
+        """
+        if self.worker is None or self.pipeline is None:
+            raise BusyError("the daemon has no worker yet")
+        if channel not in self.channels:
+            raise UnknownChannelError(f"channel {channel!r} is no longer configured ({', '.join(self.channels)})")
+        loop = asyncio.get_running_loop()
+        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
+        self._submit(Item(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
         if self.worker is None:

@@ -9,7 +9,10 @@ with the ``health`` section of config:
 * decode steps per second against ``health.min_steps_per_s`` (0 = not checked);
 * memory (this process's RSS plus the runner's device memory when it reports it, MiB) against
   ``health.max_memory_mib`` (default ``service.memory_budget_mb``);
-* a run longer than ``health.timeout_s`` is cancelled and unhealthy.
+* a run longer than ``health.timeout_s`` is cancelled and unhealthy;
+* the audio itself: a NaN/Inf sample is unhealthy (the engine's output guard,
+  :mod:`appliance.synth.guard`, fails the run with ``engine_error``), and so is audio whose peak
+  stays below :data:`SILENT_PEAK` (broken weights that compute zeros speak silence).
 
 Every failed comparison adds a reason (``"rtf 1.32 > max 1.00"``). An error from the pipeline
 (e.g. ``empty_result``) is unhealthy with its code as the reason.
@@ -31,6 +34,8 @@ import threading
 import time
 from typing import Any, Optional
 
+import numpy as np
+
 from ..config import Config, load_config
 from ..core import SynthesisRequest
 from ..errors import ApplianceError, CancelledError, ConfigError
@@ -42,6 +47,8 @@ log = logging.getLogger(__name__)
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
 HEALTH_SEED = 1234
 """Sampling seed of the reference sentence (fixed, so runs are comparable)."""
+SILENT_PEAK = 1e-4
+"""Peak |sample| below which the reference sentence counts as silence (-80 dBFS)."""
 
 
 def _device_memory_mib(pipeline: Any) -> Optional[float]:
@@ -80,9 +87,13 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     try:
         job = pipeline.prepare(SynthesisRequest(text=h.sentence, id="health", seed=HEALTH_SEED))
         timer.start()
-        samples = 0
+        samples, peak, nonfinite = 0, 0.0, 0
         for chunk in pipeline.run(job, cancel):
-            samples += chunk.samples.size
+            x = chunk.samples
+            samples += x.size
+            if x.size:
+                nonfinite += int(np.count_nonzero(~np.isfinite(x)))
+                peak = max(peak, float(np.max(np.abs(np.nan_to_num(x)))))
     except CancelledError:
         return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"],
                            limits=limits)
@@ -96,6 +107,10 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     dev = _device_memory_mib(pipeline)
     memory = None if rss is None and dev is None else round((rss or 0.0) + (dev or 0.0), 1)   # as reported
     reasons = []
+    if nonfinite:
+        reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
+    elif peak < SILENT_PEAK:
+        reasons.append(f"audio: silent (peak |x| {peak:.1e} < {SILENT_PEAK:g} over {samples} samples)")
     if stats.rtf > h.max_rtf:
         reasons.append(f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
     if stats.ttfb_ms > h.max_ttfb_ms:

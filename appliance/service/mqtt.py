@@ -9,7 +9,8 @@ published as the same JSON objects the socket sends (without the trailing newlin
 
 Topics (``say``, ``cancel``, ``health`` in; ``event``, ``status``, ``availability`` out) and
 payloads: :mod:`appliance.service.mqtt_payload`. ``status`` is published (retained) at connect,
-on change (polled every 0.5 s; ``buffered_ms`` and ``temperature_c`` alone do not count) and
+on change (polled every 0.5 s; ``buffered_ms``, ``temperature_c`` and ``memory_mib`` alone do
+not count) and
 every ``mqtt.status_interval_s``; ``availability`` is ``online`` after connect and ``offline``
 at a clean stop and as the last will.
 
@@ -36,9 +37,14 @@ silently** (logged at INFO, counted in :attr:`MQTTBridge.duplicates`): the first
 produces the request's one ``accepted`` ... ``done``/``error`` sequence on ``event``, and a
 second terminal event for the same id would break that rule. An id the daemon *refused* before
 accepting it (busy, unknown channel, ...) is forgotten at once, so the sender may retry with the
-same id. A ``say`` without an id gets a fresh one and cannot be de-duplicated: send ids. The LRU
-lives in memory: after a daemon restart a message the broker redelivers (one that was received
-but not acknowledged before a crash) is spoken again.
+same id. A ``say`` without an id gets a fresh one and cannot be de-duplicated: send ids.
+
+Acknowledgement: commands are acknowledged (PUBACK, paho ``manual_ack``) only once the daemon has
+handled them, i.e. a ``say`` is in the request journal and ``accepted`` (or refused), so a
+command the broker handed over is never lost in a crash: the broker redelivers an unacknowledged
+one at the next connect, and its id then finds the journaled request
+(:mod:`appliance.service.recovery`: ``replayed`` on ``event``, never spoken twice); the requests
+replayed from the journal are also entered into the LRU.
 
 Connection: ``connect_async`` + paho's own network thread (``loop_start``); the daemon starts even
 when the broker is down, paho reconnects with exponential backoff between
@@ -90,7 +96,7 @@ STATUS_POLL_S = 0.5
 MAX_QUEUED = 1000
 """Most outgoing messages paho keeps while disconnected (older events are kept, newer dropped)."""
 
-_VOLATILE = ("buffered_ms", "temperature_c")
+_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib")
 
 
 
@@ -129,7 +135,7 @@ class MQTTBridge:
 
         self.client_id = self.m.client_id or f"chattts-{self.m.device_id}"
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                  clean_session=self.m.clean_session, protocol=paho.MQTTv311)
+                                  clean_session=self.m.clean_session, protocol=paho.MQTTv311, manual_ack=True)
         self.client.suppress_exceptions = True
         if self.m.username is not None:
             self.client.username_pw_set(self.m.username, self.m.password)
@@ -217,16 +223,29 @@ class MQTTBridge:
             log.debug("mqtt: connection attempt %d to %s:%d failed", self._failures, self.m.host, self.m.port)
 
     def _on_message(self, client, userdata, msg) -> None:
+        fut = None
         try:
-            if self.discovery is not None and self.discovery.handle(client, msg.topic, bytes(msg.payload)):
-                return
-            self._command(msg.topic, bytes(msg.payload), bool(msg.retain))
+            handled = self.discovery is not None and self.discovery.handle(client, msg.topic, bytes(msg.payload))
+            if not handled:
+                fut = self._command(msg.topic, bytes(msg.payload), bool(msg.retain))
         except Exception:   # never let an exception reach paho's network thread
             log.exception("mqtt: message on %s failed", msg.topic)
+        if fut is None:
+            self._ack(msg)
+        else:               # after the journal write and 'accepted' (or the refusal)
+            fut.add_done_callback(lambda f, m=msg: self._ack(m))
+
+    def _ack(self, msg) -> None:
+        if msg.qos > 0:
+            try:
+                self.client.ack(msg.mid, msg.qos)
+            except Exception:  # noqa: BLE001 - a lost ack only means a redelivery (de-duplicated)
+                log.exception("mqtt: cannot acknowledge message %s", msg.mid)
 
     # ------------------------------------------------------------------ commands and events
 
-    def _command(self, topic: str, payload: bytes, retained: bool = False) -> None:
+    def _command(self, topic: str, payload: bytes, retained: bool = False) -> Optional[Future]:
+        """Handle one command; returns the dispatcher's future when one was submitted."""
         kind = topic.rsplit("/", 1)[-1]
         req, err = parse_command(kind, payload, self.m.max_payload_bytes)
         if retained:    # replayed by the broker at (re)subscribe: would speak again at every connect
@@ -248,9 +267,10 @@ class MQTTBridge:
                 log.info("mqtt: say %s is a duplicate (redelivered or re-sent); dropped", req.id)
                 return
         try:
-            self.submit(req, self.sink)
+            return self.submit(req, self.sink)
         except ApplianceError as e:
             self.sink(error_event(e, getattr(req, "id", None)), None)
+        return None
 
     def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
         """The :data:`EventSink` of every MQTT request: publishes ``event`` on ``event`` (QoS 1).

@@ -114,6 +114,8 @@ def _json_object(text: str) -> Optional[dict]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RequestError(f"payload starts with '{{' but is not valid JSON: {e.msg} at column {e.colno}") from e
+    except RecursionError as e:
+        raise RequestError("payload JSON is nested too deeply") from e
     if not isinstance(obj, dict):   # cannot happen for text starting with '{', kept for clarity
         raise RequestError("payload must be a JSON object")
     return obj

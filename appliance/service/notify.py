@@ -84,8 +84,10 @@ def monotonic_usec() -> int:
 
 def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[int] = None,
                   last_rtf: Optional[float] = None, last_ttfb_ms: Optional[float] = None,
-                  temperature_c: Optional[float] = None, throttle: Optional[str] = None) -> str:
-    """One-line ``STATUS=`` text, e.g. ``ready; busy 1/3; rtf 0.42; ttfb 310 ms; 52.1C; throttle normal``.
+                  temperature_c: Optional[float] = None, throttle: Optional[str] = None,
+                  memory_mib: Optional[float] = None, memory_budget_mib: Optional[float] = None) -> str:
+    """One-line ``STATUS=`` text, e.g. ``ready; busy 1/3; rtf 0.42; ttfb 310 ms; 52.1C; throttle normal;
+    mem 812/1500 MiB``.
 
     Args:
         state: daemon state word (``loading``, ``warming up``, ``ready``, ``reloading``, ``draining``).
@@ -94,6 +96,7 @@ def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[
         last_ttfb_ms: time to first PCM of the last request, ms.
         temperature_c: the temperature the throttle uses (tj or GPU), degrees C.
         throttle: throttle level name (:class:`appliance.service.throttle.Level` value).
+        memory_mib / memory_budget_mib: RSS + device memory now / ``service.memory_budget_mb``, MiB.
     """
     parts = [state]
     if busy is not None and channels is not None:
@@ -106,6 +109,8 @@ def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[
         parts.append(f"{temperature_c:.1f}C")
     if throttle is not None:
         parts.append(f"throttle {throttle}")
+    if memory_mib is not None:
+        parts.append(f"mem {memory_mib:.0f}" + (f"/{memory_budget_mib:.0f}" if memory_budget_mib else "") + " MiB")
     return "; ".join(parts)
 
 
@@ -363,7 +368,8 @@ class SystemdBridge:
         busy = sum(1 for c in chans.values() if c.get("active"))
         self.notifier.status(format_status(
             reply.state, busy=busy, channels=len(chans) or None, last_rtf=reply.last_rtf,
-            last_ttfb_ms=reply.last_ttfb_ms, temperature_c=reply.temperature_c, throttle=reply.throttle))
+            last_ttfb_ms=reply.last_ttfb_ms, temperature_c=reply.temperature_c, throttle=reply.throttle,
+            memory_mib=reply.memory_mib, memory_budget_mib=reply.memory_budget_mib))
 
     def on_heartbeat(self) -> None:
         self.watchdog.beat("worker")

@@ -7,10 +7,11 @@ JSON objects as payloads (see :mod:`appliance.service.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`, :class:`NormalizeRequest`. Events (daemon -> client): :class:`Accepted`,
-:class:`Started`, :class:`Preempted`, :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`,
-:class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`, :class:`CancelDone` (the end of the
-reply to a ``cancel``).
+:class:`Started`, :class:`Preempted`, :class:`Replayed`, :class:`AudioChunk`, :class:`Done`,
+:class:`ErrorEvent`, :class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`,
+:class:`CancelDone` (the end of the reply to a ``cancel``).
 
+The event dataclasses live in :mod:`appliance.service.events` and are re-exported here.
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
 :func:`to_json` turns any message into one JSON line.
@@ -28,6 +29,22 @@ from typing import Any, Optional
 from ..config import SynthesisConfig
 from ..core import SynthesisRequest, SynthParams
 from ..errors import ApplianceError, RequestError
+from .events import (  # noqa: F401 - re-exported: the protocol's names live on here
+    EVENT_TYPES,
+    Accepted,
+    AudioChunk,
+    CancelDone,
+    Done,
+    ErrorEvent,
+    Event,
+    EventSink,
+    HealthReply,
+    Normalized,
+    Preempted,
+    Replayed,
+    Started,
+    StatusReply,
+)
 
 PRIORITIES = ("alert", "normal", "background")
 
@@ -116,180 +133,11 @@ class NormalizeRequest:
         return SynthesisRequest(id=self.id, text=self.text, voice=self.voice, params=self.params)
 
 
-# ---------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
-    cannot start at once (its channel is busy with another request, requests are queued before
-    it, the memory budget, the throttle level), else None."""
-
-    id: str
-    channel: str
-    queue_position: int = 0
-    waiting: Optional[str] = None
-    type: str = "accepted"
-
-
-@dataclass(frozen=True)
-class Preempted:
-    """An ``alert`` (id ``by``) interrupted this request on its channel: its synthesis stopped and
-    its unplayed audio was dropped. ``action``: ``resume`` (it is queued again and will start from
-    the beginning after the alert; ``started`` follows again) or ``drop`` (an ``error`` event with
-    code ``preempted`` follows)."""
-
-    id: str
-    channel: str
-    by: str
-    action: str
-    type: str = "preempted"
-
-
-@dataclass(frozen=True)
-class Started:
-    """Synthesis of the request began (its prefill runs)."""
-
-    id: str
-    channel: str
-    type: str = "started"
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """Header of a PCM chunk; on the socket ``bytes`` raw bytes follow the line.
-
-    Attributes:
-        rate: sample rate in Hz. format: ``float32`` or ``int16`` (little-endian, mono).
-    """
-
-    id: str
-    bytes: int
-    rate: int = 24000
-    format: str = "float32"
-    type: str = "audio"
-
-
-@dataclass(frozen=True)
-class Done:
-    """The request finished.
-
-    Attributes:
-        ttfb_ms: time from accept to the first PCM chunk, ms.
-        rtf: synthesis seconds per second of audio.
-        audio_s: seconds of audio produced.
-        steps: decode steps run; steps_per_s: their rate.
-        output: ``device:<name>`` or the WAV path written.
-        seed: the sampling seed used (for reproduction).
-        spoken: the text that was spoken, sentence by sentence (after normalization; a sentence
-            rewritten by refine-text as rewritten).
-        unspeakable: characters of the text that could not be spoken and were skipped;
-            unspeakable_names: the same with code point and Unicode name.
-    """
-
-    id: str
-    channel: str
-    ttfb_ms: float
-    rtf: float
-    audio_s: float
-    steps: int
-    steps_per_s: float
-    output: str = ""
-    seed: Optional[int] = None
-    spoken: list = field(default_factory=list)
-    unspeakable: list = field(default_factory=list)
-    unspeakable_names: list = field(default_factory=list)
-    type: str = "done"
-
-
-@dataclass(frozen=True)
-class Normalized:
-    """Reply to :class:`NormalizeRequest`: ``spoken`` sentences (one generation each) with the
-    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), ``unspeakable`` characters
-    and their ``unspeakable_names``."""
-
-    id: str
-    spoken: list = field(default_factory=list)
-    tokens: list = field(default_factory=list)
-    unspeakable: list = field(default_factory=list)
-    unspeakable_names: list = field(default_factory=list)
-    type: str = "normalized"
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    """A request failed or was refused. ``code`` is the exception's ``code`` (e.g. ``bad_text``)."""
-
-    code: str
-    message: str
-    id: Optional[str] = None
-    type: str = "error"
-
-
-@dataclass(frozen=True)
-class CancelDone:
-    """The end of the reply to a ``cancel``: ``cancelled`` requests were hit (their ids in
-    ``ids``). Each of them also ends with an ``error`` ``cancelled`` on its own client's
-    connection; the canceller gets that event too (before this one) for requests that are not
-    its own. ``id`` / ``channel``: what the cancel asked for. A cancel that hits nothing is
-    answered with one ``error`` (``bad_request``) instead."""
-
-    cancelled: int
-    ids: list = field(default_factory=list)
-    id: Optional[str] = None
-    channel: Optional[str] = None
-    type: str = "cancel_done"
-
-
-@dataclass(frozen=True)
-class StatusReply:
-    """Daemon status: channels busy, queues, last timings, throttle level, temperature (C)."""
-
-    state: str
-    backend: str
-    channels: dict = field(default_factory=dict)
-    last_rtf: Optional[float] = None
-    last_ttfb_ms: Optional[float] = None
-    throttle: str = "normal"
-    temperature_c: Optional[float] = None
-    type: str = "status"
-
-
-@dataclass(frozen=True)
-class HealthReply:
-    """Result of the field health check (see :mod:`appliance.service.health`).
-
-    ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
-    ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
-    config, so a client can show them without reading that config."""
-
-    healthy: bool
-    rtf: Optional[float] = None
-    ttfb_ms: Optional[float] = None
-    steps_per_s: Optional[float] = None
-    memory_mib: Optional[float] = None
-    reasons: list = field(default_factory=list)
-    limits: dict = field(default_factory=dict)
-    type: str = "health"
-
-
 REQUEST_TYPES: dict[str, type] = {"speak": Speak, "cancel": Cancel, "status": StatusRequest, "health": HealthRequest,
                                    "normalize": NormalizeRequest}
-EVENT_TYPES: dict[str, type] = {
-    "accepted": Accepted, "preempted": Preempted, "started": Started, "audio": AudioChunk, "done": Done,
-    "error": ErrorEvent, "status": StatusReply, "health": HealthReply, "normalized": Normalized, "cancel_done": CancelDone,
-}
 
 Request = typing.Union[Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest]
 """A parsed request (what :func:`parse_request` / :func:`parse_line` return)."""
-
-Event = typing.Union[Accepted, Preempted, Started, AudioChunk, Done, ErrorEvent, StatusReply, HealthReply,
-                     Normalized, CancelDone]
-"""An event the daemon sends to a client."""
-
-EventSink = typing.Callable[[Event, Optional[bytes]], None]
-"""``sink(event, payload)``: deliver an event and optional raw bytes that follow it (``audio``
-events). Thread-safe, never blocks on the network, never raises; a gone client makes it a no-op."""
 
 
 def _check_value(where: str, value: Any, tp: Any) -> Any:
@@ -312,6 +160,10 @@ def _check_value(where: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if not isinstance(value, str):
             raise RequestError(f"field '{where}' must be a string, got {type(value).__name__}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:   # JSON "\ud800": a lone surrogate is not text
+            raise RequestError(f"field '{where}' holds a lone UTF-16 surrogate at character {e.start}") from e
     return value
 
 
@@ -346,7 +198,7 @@ def parse_request(obj: Any) -> Request:
     if not isinstance(obj, dict):
         raise RequestError(f"a request must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("type", "speak" if "text" in obj else None)
-    if kind not in REQUEST_TYPES:
+    if not isinstance(kind, str) or kind not in REQUEST_TYPES:
         raise RequestError(f"unknown request type {kind!r} (known: {', '.join(REQUEST_TYPES)})")
     cls = REQUEST_TYPES[kind]
     hints = typing.get_type_hints(cls)
@@ -399,6 +251,8 @@ def parse_line(line: bytes, max_bytes: int = 65536) -> Request:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise RequestError(f"request is not valid JSON: {e.msg} at column {e.colno}") from e
+    except RecursionError as e:
+        raise RequestError("request JSON is nested too deeply") from e
     return parse_request(obj)
 
 
@@ -408,8 +262,13 @@ def to_dict(msg: Any) -> dict:
 
 
 def to_json(msg: Any) -> bytes:
-    """One JSON line (UTF-8, newline-terminated) for a message dataclass."""
-    return (json.dumps(to_dict(msg), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    """One JSON line (UTF-8, newline-terminated) for a message dataclass. A string holding a
+    lone surrogate (e.g. an unknown field name echoed in an error) is written as a JSON escape."""
+    d = to_dict(msg)
+    try:
+        return (json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(d, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
 
 
 def error_event(exc: BaseException, request_id: Optional[str] = None) -> ErrorEvent:

@@ -7,13 +7,12 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
   ordered ``alert > normal > background``, FIFO within a priority.
 * At most ONE request per channel synthesizes at a time; up to ``max_running`` channels
   synthesize *together* (rows of one batched decode step).
-* ``max_running = min(engine slots, memory budget, throttle)``. Memory (:func:`memory_plan`):
-  every synthesizing channel holds one KV cache (``kv_bytes_per_token * max_seq_len``) beside
-  the weights (``weight_bytes``); a request that would take the total over
-  ``service.memory_budget_mb`` waits (its ``accepted`` event and the channel's status say why,
-  and the log), and a budget too small for even one channel refuses every request
-  (``over_capacity``). The throttle (:class:`~appliance.service.throttle.Monitor`) lowers
-  ``max_running`` and holds back priorities outside ``Limits.run_priorities``.
+* ``max_running = min(engine slots, throttle)``. Memory is not counted here: every KV slot is
+  allocated at load, and the daemon sized the runner to ``service.memory_budget_mb`` at start
+  (:mod:`appliance.service.memory`), so all slots fit; at run time the throttle
+  (:class:`~appliance.service.throttle.Monitor`, fed the process's real memory) lowers
+  ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
+  cannot start at once says why in its ``accepted`` event and the channel's status.
 * An ``alert`` preempts a lower-priority request running or playing on ITS channel
   (:meth:`Scheduler.enqueue` names the victims; the worker stops them).
 """
@@ -26,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
-from ..errors import BusyError, CapacityError, RequestError
-from .protocol import PRIORITIES, EventSink, Speak
+from ..errors import BusyError, RequestError
+from ..text.scripts import describe
+from .protocol import PRIORITIES, Done, EventSink, Speak
 from .throttle import Limits
 
 if TYPE_CHECKING:
@@ -63,6 +63,9 @@ class Item:
         task: its :class:`~appliance.synth.batch.Task` while synthesizing.
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
         restarts: times it was resumed from the start after a preemption.
+        journal: its sequence number in the request journal (None: not journaled).
+        progress_at: ``time.monotonic()`` of its last progress (start, decode step, PCM);
+            the per-request watchdog ends it after ``safety.stall_s`` without.
     """
 
     speak: Speak
@@ -77,6 +80,8 @@ class Item:
     task: Optional[Task] = None
     preempted_by: Optional[str] = None
     restarts: int = 0
+    journal: Optional[int] = None
+    progress_at: float = 0.0
 
     @property
     def id(self) -> str:
@@ -87,37 +92,23 @@ class Item:
         """0 (alert) .. 2 (background)."""
         return PRIORITIES.index(self.speak.priority)
 
-
-def memory_plan(info, budget_mb: Optional[float]) -> tuple[int, str]:
-    """How many channels may synthesize at once within the memory budget, and the sentence
-    that says so (logged).
-
-    Args:
-        info: the runner's ``RunnerInfo`` (``weight_bytes``, ``kv_bytes_per_token``,
-            ``max_seq_len``, ``max_batch``), or None (no pipeline: no limit).
-        budget_mb: ``service.memory_budget_mb``, MiB; None = no memory limit.
-    """
-    if budget_mb is None or info is None:
-        return 1 << 30, "no memory budget"
-    weights = float(info.weight_bytes)
-    kv = float(info.kv_bytes_per_token) * float(info.max_seq_len)
-    budget = float(budget_mb) * MIB
-    n = int((budget - weights) // kv) if kv > 0 else (1 << 30)
-    n = max(0, n)
-    text = (f"memory budget: weights {weights / MIB:.0f} MiB + {kv / MIB:.1f} MiB of KV cache per synthesizing "
-            f"channel (model.max_seq_len {info.max_seq_len}) fit {n} channel(s) at once in "
-            f"service.memory_budget_mb {budget_mb:g} MiB")
-    log.info("%s", text)
-    slots = int(info.max_batch)
-    allocated = weights + slots * kv
-    if allocated > budget:
-        # the runners allocate every KV slot at load: the admission limit above bounds how many
-        # channels synthesize at once, not the memory already held
-        log.warning("memory budget: the backend holds %.0f MiB (weights + KV cache for all %d slots, "
-                    "allocated at load), over service.memory_budget_mb %g MiB; lower model.max_batch or "
-                    "model.max_seq_len, or use a smaller precision (int8 engines / fp16)",
-                    allocated / MIB, slots, budget_mb)
-    return n, text
+    def done_event(self) -> Done:
+        """Its :class:`~appliance.service.protocol.Done` (``output`` filled in at play-out),
+        with ``ttfb_ms`` from accept to the first PCM chunk; the timings are logged."""
+        st = self.job.stats
+        ttfb = 1000.0 * ((self.first_pcm_at or time.monotonic()) - self.accepted_at)
+        rows = self.task.max_rows if self.task is not None else 0
+        log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
+                 "%.1f steps/s, decode batch up to %d rows",
+                 self.id, self.channel, st.audio_s, ttfb, st.ttfb_ms, st.rtf, st.steps, st.steps_per_s, rows,
+                 extra={"request_id": self.id, "channel": self.channel, "ttfb_ms": ttfb, "rtf": st.rtf,
+                        "batch_rows": rows})
+        return Done(id=self.id, channel=self.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
+                    audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
+                    steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
+                    spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],
+                    unspeakable=list(self.job.unspeakable),
+                    unspeakable_names=[describe(u) for u in self.job.unspeakable])
 
 
 class Scheduler:
@@ -126,7 +117,6 @@ class Scheduler:
     Args:
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         slots: synthesis slots of the batch engine (``model.max_batch``).
-        mem_channels, mem_text: :func:`memory_plan`'s result.
         throttle: a :class:`ThrottlePolicy`, or None.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
 
@@ -137,11 +127,10 @@ class Scheduler:
         waiting: channel -> why the head of its queue cannot start.
     """
 
-    def __init__(self, queue_len: dict[str, int], slots: int, mem_channels: int, mem_text: str,
-                 throttle: Optional[ThrottlePolicy] = None, on_preempt: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, queue_len: dict[str, int], slots: int, throttle: Optional[ThrottlePolicy] = None,
+                 on_preempt: Optional[dict[str, str]] = None) -> None:
         self.queue_len = dict(queue_len)
         self.slots = slots
-        self.mem_channels, self.mem_text = mem_channels, mem_text
         self.throttle = throttle
         self.on_preempt = dict(on_preempt or {})
         self.queue: list[Item] = []
@@ -156,13 +145,9 @@ class Scheduler:
         memory budget / throttle hold it.
 
         Raises:
-            CapacityError: the memory budget does not hold even one channel.
             RequestError: a request with the same id is still queued, running or playing.
             BusyError: the channel's queue is full.
         """
-        if self.mem_channels < 1:
-            raise CapacityError(f"request refused: {self.mem_text}; raise service.memory_budget_mb "
-                                f"or lower model.max_seq_len")
         if item.id in self.active:
             raise RequestError(f"request id {item.id!r} is already queued or running; use a new id")
         limit = self.queue_len.get(item.channel, 16)
@@ -218,8 +203,7 @@ class Scheduler:
 
     def max_running(self, lim: Optional[Limits]) -> tuple[int, str]:
         """Channels that may synthesize at once now, and the binding limit in words."""
-        cands = [(self.slots, f"all {self.slots} synthesis slots are busy (model.max_batch)"),
-                 (self.mem_channels, self.mem_text)]
+        cands = [(self.slots, f"all {self.slots} synthesis slots are busy (model.max_batch)")]
         if lim is not None:
             cands.append((lim.max_channels, f"throttle level {lim.level.value} "
                                             f"allows {lim.max_channels} channel(s) at once"))
@@ -258,6 +242,10 @@ class Scheduler:
         self.waiting = waiting
         return start
 
+    def running_items(self) -> list[Item]:
+        """The items synthesizing now."""
+        return list(self.running.values())
+
     def ended(self) -> list[Item]:
         """Remove and return the running items whose synthesis is over (or never began)."""
         out = [it for it in self.running.values() if it.task is None or it.task.finished]
@@ -273,10 +261,11 @@ class Scheduler:
         item.restarts += 1
         self.insert(item)
 
-    def targets(self, request_id: Optional[str], channel: Optional[str]) -> list[Item]:
-        """The active items a cancel by id or by channel hits."""
+    def targets(self, request_id: Optional[str], channel: Optional[str], sink: Optional[EventSink] = None) -> list[Item]:
+        """The active items a cancel by id, by channel or by client (``sink``) hits."""
         return [it for it in self.active.values()
-                if (request_id and it.id == request_id) or (channel and it.channel == channel)]
+                if (request_id and it.id == request_id) or (channel and it.channel == channel)
+                or (sink is not None and it.sink == sink)]
 
     def remove(self, item: Item) -> bool:
         """Forget a settled item; False if it was settled already."""

@@ -1,17 +1,23 @@
 """The UNIX socket: framing, connections, and thread-safe event delivery (asyncio).
 
-* :func:`listen_socket` binds ``service.socket`` (parent directory created, a stale socket file
-  removed, one that another daemon still answers on refused), mode ``service.socket_mode``.
+* :func:`listen_socket` binds ``service.socket`` (its directory must exist: the daemon checks and
+  creates it at start, :mod:`appliance.service.paths`; a stale socket file is removed, one that
+  another daemon still answers on refused), mode ``service.socket_mode``.
 * :func:`inherited_socket` takes a listening socket passed by systemd socket activation
   (``LISTEN_PID`` = our pid, ``LISTEN_FDS`` >= 1, fd 3; ``sd_listen_fds(3)``).
 * :class:`SocketServer` accepts connections on the event loop. Each line (up to
   ``max_line_bytes``; a longer one is answered with one ``bad_request`` error and skipped up to
-  its newline) goes to ``handler(line, sink)`` and is awaited before the next line of the same
-  connection, so requests from one client keep their order. ``sink`` is the connection's
+  its newline) goes to ``handler(line, sink, peer)`` and is awaited before the next line of the
+  same connection, so requests from one client keep their order. ``sink`` is the connection's
   :meth:`Connection.send`: callable from any thread (it hops to the loop with
   ``call_soon_threadsafe``), never blocks, and does nothing once the client is gone; a client
-  that stops reading while more than :data:`MAX_PENDING_BYTES` wait is disconnected. Requests
-  a client left behind keep running (the daemon, not the connection, owns them).
+  that stops reading while more than :data:`MAX_PENDING_BYTES` wait is disconnected (its
+  requests go on). ``peer`` is the client's :class:`~appliance.service.clients.Peer`
+  (``SO_PEERCRED``: pid, uid, gid), logged with its requests.
+* A client that *closes* its connection (both directions: the kernel reports ``POLLHUP`` on our
+  end, at EOF or later) is gone: ``on_gone(sink, peer)`` runs once (the dispatcher cancels its
+  requests on channels with ``on_disconnect: cancel``). One that only half-closes (shuts down
+  its write side) and still reads keeps its connection until its requests end.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import asyncio
 import errno
 import logging
 import os
+import select
 import socket
 import stat
 from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
 from ..errors import ConfigError, RequestError
+from .clients import Peer, peer_of
 from .protocol import Event, EventSink, error_event, to_json
 
 log = logging.getLogger(__name__)
@@ -34,8 +42,11 @@ SD_LISTEN_FDS_START = 3
 MAX_PENDING_BYTES = 64 * 1024 * 1024
 """Unsent bytes (events + audio) a connection may hold before it is dropped."""
 
-Handler = Callable[[bytes, EventSink], Awaitable[None]]
-"""``async handler(line, sink)``: one request line and the connection's event sink."""
+Handler = Callable[[bytes, EventSink, Peer], Awaitable[None]]
+"""``async handler(line, sink, peer)``: one request line, the connection's event sink, the client."""
+
+GoneHook = Callable[[EventSink, Peer], None]
+"""``on_gone(sink, peer)``: the client closed its connection (loop thread; must not raise)."""
 
 
 def check_socket_path(path: Path) -> None:
@@ -77,10 +88,8 @@ def listen_socket(path: Path, mode: int, backlog: int = 64) -> socket.socket:
     """
     path = Path(path)
     check_socket_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"service.socket: cannot create directory {path.parent}: {e.strerror}") from e
+    if not path.parent.is_dir():
+        raise ConfigError(f"service.socket: directory {path.parent} does not exist; create it or choose another path")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)            # never visible with wider permissions than 0600 ...
     try:
@@ -138,8 +147,10 @@ class Connection:
         self.writer = writer
         self.loop = loop
         self.name = name
+        self.peer = peer_of(writer.get_extra_info("socket"), name)
         self.closed = False
         self.eof = False                 # the client sent EOF (half-close or gone)
+        self.gone = False                # on_gone ran
         self.pending: set[str] = set()   # accepted request ids without their done/error yet
 
     def send(self, msg: Event, payload: Optional[bytes] = None) -> None:
@@ -175,6 +186,18 @@ class Connection:
                         self.name, self.writer.transport.get_write_buffer_size())
             self.close()
 
+    def peer_closed(self) -> bool:
+        """True when the client closed its end completely (not just its write side)."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is None or self.writer.is_closing():
+            return True
+        try:
+            p = select.poll()
+            p.register(sock.fileno(), select.POLLHUP)
+            return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
+        except (OSError, ValueError):
+            return True
+
     def close(self) -> None:
         """Close the connection (pending bytes are flushed by the transport)."""
         if not self.closed:
@@ -190,13 +213,16 @@ class SocketServer:
 
     Args:
         sock: a listening socket (:func:`listen_socket` or :func:`inherited_socket`).
-        handler: ``async handler(line: bytes, sink)``; must not raise (errors become events).
+        handler: ``async handler(line: bytes, sink, peer)``; must not raise (errors become events).
         max_line_bytes: longest request line (``service.max_line_bytes``).
+        on_gone: ``on_gone(sink, peer)`` when a client closed its connection (module docstring).
     """
 
-    def __init__(self, sock: socket.socket, handler: Handler, max_line_bytes: int) -> None:
+    def __init__(self, sock: socket.socket, handler: Handler, max_line_bytes: int,
+                 on_gone: Optional[GoneHook] = None) -> None:
         self.sock = sock
         self.handler = handler
+        self.on_gone = on_gone
         self.max_line_bytes = max_line_bytes
         self._server: Optional[asyncio.base_events.Server] = None
         self._conns: set[Connection] = set()
@@ -225,6 +251,14 @@ class SocketServer:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def _gone(self, conn: Connection) -> None:
+        if self.on_gone is not None and not conn.gone:
+            conn.gone = True
+            try:
+                self.on_gone(conn.send, conn.peer)
+            except Exception:  # noqa: BLE001 - a hook must not kill the connection task
+                log.exception("client-gone hook")
+
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._n += 1
         conn = Connection(writer, asyncio.get_running_loop(), f"#{self._n}")
@@ -232,7 +266,7 @@ class SocketServer:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
-        log.debug("client %s connected", conn.name)
+        log.debug("%s connected", conn.peer)
         buf = bytearray()
         skipping = False   # inside an over-long line, waiting for its newline
         try:
@@ -258,15 +292,19 @@ class SocketServer:
                         skipping = False
                         continue
                     if line.strip():
-                        await self.handler(line, conn.send)
+                        await self.handler(line, conn.send, conn.peer)
             if buf.strip() and not skipping:   # last line without newline before EOF / half-close
-                await self.handler(bytes(buf), conn.send)
-            # EOF: a half-closed client still reads; keep the connection until its requests end
-            # (events for a client that is really gone fail to write and close it)
+                await self.handler(bytes(buf), conn.send, conn.peer)
+            # EOF: a half-closed client still reads; keep the connection until its requests end,
+            # unless it closes completely (then it is gone: on_gone)
             conn.eof = True
             await asyncio.sleep(0)               # let already-scheduled events through
-            while conn.pending and not conn.closed and not writer.is_closing():
+            gone = conn.peer_closed()
+            while conn.pending and not conn.closed and not writer.is_closing() and not gone:
                 await asyncio.sleep(0.05)
+                gone = conn.peer_closed()
+            if gone:
+                self._gone(conn)
             try:
                 await writer.drain()
             except Exception:
@@ -274,10 +312,11 @@ class SocketServer:
         except (ConnectionError, OSError) as e:
             if getattr(e, "errno", None) not in (None, errno.ECONNRESET, errno.EPIPE):
                 log.warning("client %s: %s", conn.name, e)
+            self._gone(conn)
         except asyncio.CancelledError:
             pass
         finally:
-            log.debug("client %s gone", conn.name)
+            log.debug("%s gone", conn.peer)
             conn.close()
             self._conns.discard(conn)
             if task is not None:

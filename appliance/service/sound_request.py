@@ -13,6 +13,14 @@ A :class:`RequestAudio` is on one :class:`Route` at a time::
 
 and, across routes, it may be *finished* (no more PCM) and *aborted* (cancel: nothing more is
 played or written, ``on_done`` never fires).
+
+Memory: the per-request native state (the soxr resampler) and the PCM kept for the WAV fallback
+are allocated on the worker thread and must be freed there too: dropped by the last reference
+on the sound watcher thread (after play-out), they left glibc's per-thread heap of the worker
+fragmented and the process grew by ~60 kB per request played on a device (measured: 58-96 kB
+per request over 120-200 requests; WAV output flat). So the resampler is dropped in
+:meth:`RequestAudio.finish` and the worker calls :meth:`RequestAudio.release` once the request
+has ended (see ``Worker._settle``); after that its RSS stays flat (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -146,6 +154,7 @@ class RequestAudio:
                     return            # replay() or to_wav() completes it
                 dev = self.device
                 tail = self._resample(np.zeros(0, np.float32), last=True)
+                self._rs = None       # freed here, on the worker thread (module docstring: Memory)
                 played = dev.enqueue(self, tail, on_played=self._played)
         if written:
             on_done(path)
@@ -153,6 +162,12 @@ class RequestAudio:
         dev.end(self)
         if not played:  # the device failed in between: the fallback fired or fires on_done
             self._device_failed(dev.error or "device failed")
+
+    def release(self) -> None:
+        """Free the kept PCM and the resampler now (call on the worker thread, once the request
+        has ended: played, written, aborted or failed; a later replay() has nothing to play)."""
+        with self._lock:
+            self._pcm, self._rs = [], None
 
     def abort(self) -> None:
         """Drop unplayed audio and any partial WAV; ``on_done`` will not fire."""
@@ -271,3 +286,6 @@ class ClientOnlyAudio:
 
     def abort(self) -> None:
         self._aborted = True
+
+    def release(self) -> None:
+        """Nothing is kept (see :meth:`RequestAudio.release`)."""

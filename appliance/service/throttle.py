@@ -308,6 +308,9 @@ class Monitor:
         self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
         self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
                                  len(cfg.service.channels), on_change=on_change)
+        #: ``() -> MiB`` of the backend's own device memory, used when telemetry has no GPU figure
+        self.device_mib: Optional[Callable[[], float]] = None
+        self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
 
     def start(self) -> None:
         """Take a first reading now, then sample every ``telemetry.interval_s`` on a thread."""
@@ -316,7 +319,16 @@ class Monitor:
     def _on_reading(self, reading: Reading) -> None:
         from .telemetry import appliance_memory_mib
 
-        self.throttle.update(reading, app_mem_mib=appliance_memory_mib(reading))
+        dev = None
+        if self.device_mib is not None and reading.nvmap_mib is None and reading.gpu_mem_used_mib is None:
+            try:
+                dev = self.device_mib()
+            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
+                dev = None
+        self.memory_mib = appliance_memory_mib(reading)
+        if self.memory_mib is not None and dev:
+            self.memory_mib += dev
+        self.throttle.update(reading, app_mem_mib=self.memory_mib)
 
     def observe_rtf(self, rtf: float) -> None:
         """Record a finished request's RTF (used at the next reading)."""

@@ -14,7 +14,7 @@ Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`
 is idempotent).
 
 What runs next is decided by the :class:`~appliance.service.scheduler.Scheduler` (queues,
-memory and throttle admission, preemption); this module is the thread around it, which owns
+throttle admission, preemption); this module is the thread around it, which owns
 the pipeline's :class:`~appliance.synth.batch.BatchEngine`:
 
 * up to ``max_running`` channels synthesize *together*: every running request is a row of the
@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core import PcmChunk
 from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
-from ..text.scripts import describe
 from .protocol import (
     Accepted,
     AudioChunk,
@@ -59,13 +58,17 @@ from .protocol import (
     Preempted,
     Started,
     error_event,
+    to_dict,
 )
-from .scheduler import Item, Scheduler, ThrottlePolicy, memory_plan
+from .scheduler import Item, Scheduler, ThrottlePolicy
+from .stall import StallWatch
 from .wavout import encode_pcm
 
 if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
+    from .journal import Journal
     from .sound import AudioOutput
+    from .sound_request import RequestAudio
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +86,20 @@ class Worker:
         on_heartbeat, on_finished: hooks (see module docstring).
         audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
-        memory_budget_mb: ``service.memory_budget_mb``, MiB; None = no memory limit.
         throttle: a :class:`~appliance.service.throttle.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
+        journal: the :class:`~appliance.service.journal.Journal` (``started`` when a journaled
+            item starts, ``end`` before its terminal event is sent), or None.
+        stall_s: per-request watchdog (``safety.stall_s``): a running request without progress
+            for this long is ended with ``engine_error`` (:mod:`appliance.service.stall`); None = off.
     """
 
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
                  heartbeat_s: float = 1.0, on_heartbeat: Optional[Callable[[], None]] = None,
                  on_finished: Optional[Callable[[Item, Event], None]] = None,
                  audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
-                 memory_budget_mb: Optional[float] = None, throttle: Optional[ThrottlePolicy] = None) -> None:
+                 throttle: Optional[ThrottlePolicy] = None,
+                 journal: Optional[Journal] = None, stall_s: Optional[float] = None) -> None:
         self.pipeline = pipeline
         self.engine = pipeline.engine if pipeline is not None else None
         self.audio_format = audio_format
@@ -101,27 +108,39 @@ class Worker:
         self.on_heartbeat = on_heartbeat
         self.on_finished = on_finished
         self.throttle = throttle
+        self.journal = journal
         self.last_rtf: Optional[float] = None
         self.last_ttfb_ms: Optional[float] = None
         self.completed = 0
         self.failed = 0
         self._cv = threading.Condition()
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
+        self._spent: list[RequestAudio] = []      # ended requests' audio, released on this thread
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
         if self.engine is not None:   # heartbeats also while a health check drives the engine
             self.engine.on_step = self._beat
-        mem_channels, mem_text = memory_plan(pipeline.info if pipeline is not None else None, memory_budget_mb)
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
-                               mem_channels, mem_text, throttle, on_preempt)
+                               throttle, on_preempt)
+        self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
     def start(self) -> None:
-        """Start the worker thread."""
+        """Start the worker thread (and the per-request watchdog)."""
         self._thread = threading.Thread(target=self._loop, name="tts-worker", daemon=True)
         self._thread.start()
+        if self.stall is not None:
+            self.stall.start()
+
+    def check(self, item: Item) -> None:
+        """Would :meth:`submit` take ``item`` now? (Raises what it would raise, changes nothing:
+        the dispatcher journals the request in between.)"""
+        with self._cv:
+            if self._stopping:
+                raise BusyError("the daemon is stopping; send the request again after it restarts")
+            self.sched.check(item)
 
     def poke(self) -> None:
         """Re-evaluate what may run (e.g. the throttle level changed)."""
@@ -134,7 +153,6 @@ class Worker:
 
         Raises:
             BusyError: the daemon is stopping or the channel's queue is full.
-            CapacityError: the memory budget does not hold even one channel.
             RequestError: a request with the same id is still queued, running or playing.
         """
         with self._cv:
@@ -169,11 +187,14 @@ class Worker:
             self._tasks.append((fn, sink))
             self._cv.notify_all()
 
-    def cancel(self, request_id: Optional[str] = None, channel: Optional[str] = None) -> list[Item]:
-        """Cancel a queued, running or still-playing request by id, or all on ``channel``.
-        Each gets an ``error`` event with code ``cancelled`` on its own sink; returns the items."""
+    def cancel(self, request_id: Optional[str] = None, channel: Optional[str] = None,
+               sink: Optional[EventSink] = None, channels: Optional[set] = None) -> list[Item]:
+        """Cancel a queued, running or still-playing request by id, all on ``channel``, or all of
+        one client (``sink``; only on ``channels`` when given). Each gets an ``error`` event
+        with code ``cancelled`` on its own sink; returns the items."""
         with self._cv:
-            targets = self.sched.targets(request_id, channel)
+            targets = [it for it in self.sched.targets(request_id, channel, sink)
+                       if channels is None or it.channel in channels]
             states = {}
             for it in targets:
                 states[it] = it.state
@@ -204,8 +225,10 @@ class Worker:
             return bool(self.sched.active)
 
     def stop(self, timeout_s: Optional[float] = None) -> list[Item]:
-        """Stop taking work: queued requests are removed and returned (not yet settled: the
-        caller spools them or sends errors); the running ones finish. Waits for the thread."""
+        """Stop taking work: queued requests are removed and returned (not yet settled: the caller
+        tells their clients); the running ones finish. Waits for the thread."""
+        if self.stall is not None:
+            self.stall.stop()
         with self._cv:
             self._stopping = True
             left = self.sched.drain_queue()
@@ -244,6 +267,7 @@ class Worker:
         eng = self.engine
         while True:
             with self._cv:
+                spent, self._spent = self._spent, []
                 if self._stopping and not self.sched.running and not self.sched.queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
@@ -253,6 +277,8 @@ class Worker:
                     idle = True
                 else:
                     idle = False
+            for ra in spent:      # freed on the thread that allocated it (sound_request: Memory)
+                ra.release()
             self._beat()
             if idle:
                 continue
@@ -268,6 +294,8 @@ class Worker:
                 self._start(it)
             if eng.tasks:
                 eng.step()
+                if self.stall is not None:
+                    self.stall.mark(list(self.sched.running.values()))
             with self._cv:
                 ended = self.sched.ended()
             for it in ended:
@@ -278,6 +306,9 @@ class Worker:
                     self._fail(it, e)
 
     def _start(self, item: Item) -> None:
+        item.progress_at = time.monotonic()
+        if self.journal is not None and item.journal is not None:
+            self.journal.started(item.journal)
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
@@ -293,8 +324,9 @@ class Worker:
         pcm = chunk.samples
         if not len(pcm) or item.cancel.is_set():
             return
+        item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
-            item.first_pcm_at = time.monotonic()
+            item.first_pcm_at = item.progress_at
         item.audio.write(pcm)
         if item.speak.return_audio:
             data = encode_pcm(pcm, self.audio_format)
@@ -315,7 +347,7 @@ class Worker:
             with self._cv:
                 item.state = "playing"
             done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, _with_output(done, output)))
+            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output)))
             return
         if t.state == "failed" and not item.cancel.is_set():
             self._fail(item, t.error)
@@ -353,26 +385,14 @@ class Worker:
         self._settle(item, error_event(e, item.id))
 
     def _done_event(self, item: Item) -> Done:
-        st = item.job.stats
-        ttfb = 1000.0 * ((item.first_pcm_at or time.monotonic()) - item.accepted_at)
-        self.last_rtf, self.last_ttfb_ms = float(st.rtf), ttfb
+        done = item.done_event()
+        self.last_rtf, self.last_ttfb_ms = done.rtf, done.ttfb_ms
         if self.throttle is not None:
             try:
-                self.throttle.observe_rtf(float(st.rtf))
+                self.throttle.observe_rtf(float(done.rtf))
             except Exception:  # noqa: BLE001
                 log.exception("throttle observe_rtf")
-        rows = item.task.max_rows if item.task is not None else 0
-        log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
-                 "%.1f steps/s, decode batch up to %d rows",
-                 item.id, item.channel, st.audio_s, ttfb, st.ttfb_ms, st.rtf, st.steps, st.steps_per_s, rows,
-                 extra={"request_id": item.id, "channel": item.channel, "ttfb_ms": ttfb, "rtf": st.rtf,
-                        "batch_rows": rows})
-        return Done(id=item.id, channel=item.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
-                    audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
-                    steps_per_s=round(float(st.steps_per_s), 2), seed=item.job.seed,
-                    spoken=[item.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(item.job.sentences)],
-                    unspeakable=list(item.job.unspeakable),
-                    unspeakable_names=[describe(u) for u in item.job.unspeakable])
+        return done
 
     def _settle(self, item: Item, event: Any) -> None:
         """Emit the request's one terminal event (idempotent)."""
@@ -383,7 +403,11 @@ class Worker:
                 self.completed += 1
             else:
                 self.failed += 1
+            if item.audio is not None:
+                self._spent.append(item.audio)
             self._cv.notify_all()
+        if self.journal is not None and item.journal is not None:
+            self.journal.end(item.journal, to_dict(event))    # durable before the client hears it
         item.sink(event, None)
         if isinstance(event, Done):
             log.info("done %s -> %s", item.id, event.output)
@@ -394,7 +418,3 @@ class Worker:
                 self.on_finished(item, event)
             except Exception:
                 log.exception("on_finished hook")
-
-
-def _with_output(done: Done, output: str) -> Done:
-    return dataclasses.replace(done, output=output)

@@ -41,6 +41,7 @@ import numpy as np
 from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
 from .decode_loop import DecodeLoop, Sequence
+from .guard import check_pcm
 from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
@@ -271,6 +272,7 @@ class BatchEngine:
 
     def _out(self, t: Task, pcm: np.ndarray) -> None:
         if pcm.size:
+            check_pcm(pcm, t.job.id, self.loop.runner, t.seq)   # NaN/Inf fails the task, never reaches a sink
             if t.ttfb is None:
                 t.first_at = time.perf_counter()
                 t.ttfb = t.first_at - t.t0

@@ -1,0 +1,101 @@
+"""The directories the daemon writes to, checked (and created) once at start, before the model loads.
+
+``service.socket`` (its directory), ``service.spool_dir`` (the journal), ``audio.wav_dir`` and
+``safety.cache_dir`` come from config. A missing directory is created only where that is safe:
+
+* under a directory systemd made for the unit (``$RUNTIME_DIRECTORY``, ``$STATE_DIRECTORY``,
+  ``$CACHE_DIRECTORY``, ``$LOGS_DIRECTORY``: ``RuntimeDirectory=`` etc.), or under the config
+  file's own directory (where relative paths point);
+* otherwise only below an existing directory that is not a system location (``/``, ``/run``,
+  ``/var``, ``/etc``, ``/usr``, ``/tmp``, ... and their first level, e.g. ``/run/foo``): a typo
+  like ``/run/chattts-applaince/appliance.sock`` is refused with :class:`~appliance.errors.ConfigError`
+  naming the key, instead of silently creating ``/run/chattts-applaince`` as root.
+
+Every path must also be writable by the daemon's user (checked with ``os.access``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..config import Config
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/media", "/mnt", "/opt",
+               "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/run",
+               "/var/lib", "/var/cache", "/var/log", "/var/tmp", "/usr/local", "/usr/share", "/run/user")
+"""A missing directory is never created directly in one of these (nor in them, for the top ones)."""
+
+SYSTEMD_DIRS = ("RUNTIME_DIRECTORY", "STATE_DIRECTORY", "CACHE_DIRECTORY", "LOGS_DIRECTORY")
+
+
+def allowed_roots(cfg: Config, environ=None) -> list[Path]:
+    """Directories under which missing directories may be created."""
+    env = os.environ if environ is None else environ
+    roots = [Path(cfg.base_dir).resolve()]
+    for k in SYSTEMD_DIRS:
+        for p in (env.get(k) or "").split(":"):
+            if p:
+                roots.append(Path(p).resolve())
+    return roots
+
+
+def _under(p: Path, root: Path) -> bool:
+    return p == root or root in p.parents
+
+
+def ensure_dir(key: str, d: Path, roots: list[Path]) -> Path:
+    """Make sure directory ``d`` (from config key ``key``) exists and is writable.
+
+    Raises:
+        ConfigError: it is missing where it may not be created, is not a directory, cannot be
+            created, or is not writable (the message names the key and what to do).
+    """
+    d = Path(os.path.abspath(d))
+    if d.is_dir():
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: directory {d} is not writable by this user (uid {os.getuid()}); "
+                              "fix its owner or choose another path")
+        return d
+    if d.exists():
+        raise ConfigError(f"{key}: {d} exists and is not a directory")
+    anc = d.parent
+    while not anc.exists():
+        anc = anc.parent
+    safe = any(_under(d, r) for r in roots)
+    if not safe:
+        sysdir = str(anc) in SYSTEM_DIRS or str(anc.parent) in ("/", "/etc", "/var", "/usr", "/run")
+        safe = not sysdir and anc.is_dir()
+    if not safe:
+        raise ConfigError(
+            f"{key}: directory {d} does not exist and is not created here ({anc} is a system location); "
+            f"check the path for a typo, create the directory (owned by the daemon's user), or use a path under "
+            f"the unit's RuntimeDirectory/StateDirectory/CacheDirectory (e.g. /run/chattts-appliance, "
+            f"/var/lib/chattts-appliance)")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot create directory {d}: {e.strerror or e}") from e
+    log.info("%s: created %s", key, d)
+    return d
+
+
+def prepare_dirs(cfg: Config, socket_inherited: bool = False, environ=None) -> None:
+    """Check and create every directory the daemon writes to (module docstring).
+
+    Raises:
+        ConfigError: see :func:`ensure_dir`.
+    """
+    roots = allowed_roots(cfg, environ)
+    dirs = [("service.spool_dir", cfg.resolve(cfg.service.spool_dir)),
+            ("audio.wav_dir", cfg.resolve(cfg.audio.wav_dir))]
+    if not socket_inherited:
+        dirs.insert(0, ("service.socket", cfg.resolve(cfg.service.socket).parent))
+    if cfg.safety.verify_checkpoint:
+        dirs.append(("safety.cache_dir", cfg.resolve(cfg.safety.cache_dir)))
+    for key, d in dirs:
+        ensure_dir(key, d, roots)

@@ -1,0 +1,190 @@
+"""Injected faults with real parts, each bounded in time: a corrupted weight file (refused at
+load; with the check off, NaN never reaches the sound device), an engine/manifest mismatch, a
+full disk under the journal (a real tmpfs; new requests refused with a clear error, the running
+one keeps speaking), and a synthesis that stalls (the per-request watchdog ends it, the worker
+goes on). The sound device vanishing and coming back: tests/test_channels_service.py; SIGKILL:
+tests/test_faults_crash.py; the broker: tests/test_faults_mqtt.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from tests.fixtures_model import ONNX_LIMITS
+from tests.fixtures_service import alsa_home, launch_daemon, service_config
+from tests.test_integrity import corrupt_behind_header
+
+
+def _fails_to_start(tmp, cfg, **kw) -> str:
+    d = launch_daemon(tmp, cfg, wait=False, **kw)
+    try:
+        rc = d.proc.wait(120)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert rc == 2, d.log()[-3000:]
+    return d.log()
+
+
+@pytest.fixture
+def corrupt_ckpt(tmp_path):
+    from appliance.build.random_ckpt import write_random_checkpoint
+
+    root = tmp_path / "ck"
+    write_random_checkpoint(root, "tiny", seed=0)
+    corrupt_behind_header(root / "asset" / "gpt" / "model.safetensors")
+    return root
+
+
+def test_corrupted_weights_are_refused_at_start(corrupt_ckpt, tmp_path):
+    log = _fails_to_start(tmp_path / "d", service_config(corrupt_ckpt, tmp_path))
+    assert "failed its integrity check" in log and "gpt/model.safetensors: sha256" in log
+    assert "Traceback" not in log
+
+
+def test_with_the_check_off_nan_weights_end_in_engine_error_and_nothing_is_played(corrupt_ckpt, tmp_path):
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    cfg = service_config(corrupt_ckpt, tmp_path, audio={"output": "device"}, safety={"verify_checkpoint": False})
+    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+    try:
+        evs = d.request({"type": "speak", "text": "你好", "seed": 1, "id": "nan-1"})
+        assert [e["type"] for e in evs] == ["accepted", "started", "error"], evs
+        assert evs[-1]["code"] == "engine_error" and "NaN/Inf" in evs[-1]["message"] and "GPT" in evs[-1]["message"]
+        time.sleep(1.0)
+        (st,) = d.request({"type": "status"})
+        assert st["channels"]["main"]["active"] is None and st["state"] == "ready"
+    finally:
+        assert d.stop() == 0
+    played = alsa.read()
+    assert np.isfinite(played).all() and not np.any(played)      # only the idle stream's exact zeros
+    assert "checkpoint integrity check is off" in d.log()
+
+
+def test_engine_manifest_mismatch_refuses_to_start_naming_the_rebuild(tiny_ckpt, onnx_dir, tmp_path):
+    cfg = service_config(tiny_ckpt, tmp_path, model={"backend": "onnxruntime", "engine_dir": str(onnx_dir),
+                                                     **dict(ONNX_LIMITS, max_seq_len=1024)})
+    log = _fails_to_start(tmp_path / "d", cfg)
+    assert "engine does not match" in log and "limits.max_seq_len is 512, expected 1024" in log
+    assert "rebuild with: chattts-appliance engines export" in log
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 1 MiB tmpfs for the journal (root only; skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    d = tmp_path / "fs"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"jf-{uuid.uuid4().hex[:6]}", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_full_disk_for_the_journal_refuses_new_requests_and_keeps_speaking(tiny_ckpt, tmp_path, small_fs):
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device"},
+                         synthesis={"max_new_tokens": 150, "min_new_tokens": 150},
+                         service={"spool_dir": str(small_fs / "spool"),
+                                  "channels": [{"name": "main", "on_disconnect": "finish", "queue_len": 64}]})
+    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+    filler = small_fs / "filler"
+    try:
+        c = d.connect()
+        c.send({"type": "speak", "text": "磁盘满了，但我还在说话。", "seed": 1, "id": "keep-1"})
+        assert c.events(("started", "error"))[-1]["type"] == "started"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        # the journal's last page may still hold a few records: short requests until the refusal
+        refused = None
+        for i in range(40):
+            evs = d.request({"type": "speak", "text": "新的请求", "seed": 2, "id": f"full-{i}",
+                             "params": {"min_new_tokens": 5, "max_new_tokens": 5}}, until=("accepted", "error"))
+            if evs[-1]["type"] == "error":
+                refused = evs[-1]
+                break
+        assert refused is not None and refused["code"] == "journal_error", refused
+        assert "No space left on device" in refused["message"] and "service.spool_dir" in refused["message"]
+        done = c.events(("done", "error"))[-1]                      # the running one plays to its end
+        assert done["type"] == "done" and done["id"] == "keep-1", done
+        c.close()
+        filler.unlink()                                              # space again: accepted again
+        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1"})
+        assert evs[-1]["type"] == "done", evs
+    finally:
+        filler.unlink(missing_ok=True)
+        assert d.stop() == 0, d.log()[-3000:]
+    assert "may be spoken again after a crash" in d.log()           # keep-1's end record failed: said so
+
+
+def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, tmp_path):
+    from appliance.core import SynthParams
+    from appliance.service.protocol import Speak
+    from appliance.service.scheduler import Item
+    from appliance.service.sound import AudioOutput
+    from appliance.service.worker import Worker
+    from appliance.synth.pipeline import Pipeline
+
+    cfg = dataclasses.replace(tiny_config, audio=dataclasses.replace(tiny_config.audio, output="wav",
+                                                                     wav_dir=str(tmp_path / "wav")))
+    p = Pipeline.from_config(cfg)
+    hang = threading.Event()
+    prefill = p.runner.prefill
+
+    def stuck_prefill(slot, ids, spk_emb):       # the injected fault: one backend call hangs 3 s
+        if hang.is_set():
+            hang.clear()
+            time.sleep(3.0)
+        return prefill(slot, ids, spk_emb)
+    p.runner.prefill = stuck_prefill
+    audio = AudioOutput(cfg)
+    audio.start()
+    w = Worker(p, audio, queue_len={"main": 4}, stall_s=1.0)
+    evs: dict[str, list] = {}
+    lock = threading.Lock()
+
+    def sink(ev, payload=None):
+        with lock:
+            evs.setdefault(ev.id, []).append(ev)
+
+    def submit(rid):
+        sp = Speak(text="你好。", id=rid, seed=1, params=SynthParams(max_new_tokens=30))
+        w.submit(Item(speak=sp, job=p.prepare(sp.synthesis_request()), channel="main", sink=sink))
+
+    def ended(rid):
+        with lock:
+            return any(e.type in ("done", "error") for e in evs.get(rid, []))
+    w.start()
+    try:
+        hang.set()
+        t0 = time.monotonic()
+        submit("stuck")
+        submit("next")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (ended("stuck") and ended("next")):
+            time.sleep(0.02)
+        err = evs["stuck"][-1]
+        assert err.type == "error" and err.code == "engine_error" and "no progress" in err.message, evs["stuck"]
+        assert [e.type for e in evs["next"]] == ["accepted", "started", "done"], evs["next"]
+        assert w.stall.ended == 1
+        assert w.status()["main"]["active"] is None
+        assert time.monotonic() - t0 < 20
+    finally:
+        w.stop(10)
+        audio.close()
+        p.close()

@@ -1,0 +1,147 @@
+"""Crash safety with real parts: the real daemon is SIGKILLed with requests playing, synthesizing
+and queued, then again while it replays them; after the last restart every accepted, unfinished
+request is played exactly once (bit-exact against its own synthesis, read back from the real
+ALSA file device), the one that had finished is not played again, and a client that comes back
+with a request's id is told ``replayed`` instead of having it spoken twice."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from appliance.config import config_from_dict
+from appliance.core import SynthesisRequest, SynthParams
+from appliance.service.journal import Journal
+from tests.fixtures_service import alsa_home, launch_daemon, resample_like_daemon, service_config
+
+#: id -> (text, seed, decode steps); r2 is long so that it is still synthesizing at the kill
+REQS = {
+    "r0": ("第零句。", 10, 40),
+    "r1": ("第一句，正在播放。", 11, 100),
+    "r2": ("第二句，正在合成，很长很长。", 12, 400),
+    "r3": ("第三句。", 13, 40),
+    "r4": ("第四句。", 14, 40),
+}
+RATE = 44100
+
+
+def _speak(rid: str) -> dict:
+    text, seed, n = REQS[rid]
+    return {"type": "speak", "text": text, "seed": seed, "id": rid,
+            "params": {"min_new_tokens": n, "max_new_tokens": n}}
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_ckpt, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("crash")
+    cfg = service_config(tiny_ckpt, tmp, audio={"output": "device"}, synthesis={"max_new_tokens": 400},
+                         service={"channels": [{"name": "main", "on_disconnect": "finish"}]})
+    from appliance.synth.pipeline import Pipeline
+
+    p = Pipeline.from_config(config_from_dict(cfg, base_dir=str(tmp)))
+    want = {}
+    for rid, (text, seed, n) in REQS.items():
+        job = p.prepare(SynthesisRequest(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=n, max_new_tokens=n)))
+        pcm = resample_like_daemon(np.concatenate([c.samples for c in p.run(job)]), RATE)
+        want[rid] = pcm[pcm != 0]
+    p.close()
+    return tmp, cfg, want
+
+
+def occurrences(played: np.ndarray, e: np.ndarray, probe: int = 64) -> list[int]:
+    """Start indices in ``played`` where all of ``e`` was played exactly (zeros removed from both)."""
+    out = []
+    for k in np.flatnonzero(played == e[0]):
+        if len(played) - k >= len(e) and np.array_equal(played[k:k + probe], e[:probe]):
+            assert np.abs(played[k:k + len(e)] - e).max() <= 1e-6, "a replay differs from its own synthesis"
+            out.append(int(k))
+    return out
+
+
+def settled_size(alsa, quiet_s: float = 1.0, timeout_s: float = 15.0) -> int:
+    """The ALSA file's size once the killed daemon's pacer has written what was in its pipe."""
+    last, since = -1, time.monotonic()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = alsa.size()
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return n
+        time.sleep(0.05)
+    return last
+
+
+def _status(c) -> dict:
+    c.send({"type": "status"})
+    return c.events(("status",))[-1]["channels"]["main"]
+
+
+def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(setup):
+    tmp, cfg, want = setup
+    alsa = alsa_home(tmp / "home", tmp / "played.raw")
+
+    # run 1: r0 finishes, then r1 plays, r2 synthesizes, r3 and r4 wait: SIGKILL
+    d = launch_daemon(tmp / "d", cfg, alsa=alsa)
+    assert d.request(_speak("r0"))[-1]["type"] == "done"
+    c = d.connect()
+    for rid in ("r1", "r2", "r3", "r4"):
+        c.send(_speak(rid))
+    c.events_until_ids({"r1", "r2", "r3", "r4"}, kinds=("accepted",))
+    s = d.connect()
+    seen = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = _status(s)
+        if st["active"] == "r2" and "r1" in st["playing"] and st["queued"] >= 2:
+            seen = st
+            break
+        time.sleep(0.005)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    c.close()
+    s.close()
+    assert seen is not None, "never saw r1 playing while r2 synthesized"
+    off1 = settled_size(alsa)
+    assert [e.id for e in Journal(tmp / "d" / "spool").open().pending] == ["r1", "r2", "r3", "r4"]
+
+    # run 2: killed again while it replays r1 (playing)
+    d = launch_daemon(tmp / "d", cfg, alsa=alsa)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and alsa.size() - off1 < 4 * RATE * 0.5:
+        time.sleep(0.02)
+    assert "replaying 4 journaled request(s)" in d.log()
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    off2 = settled_size(alsa)
+    partial = alsa.read(off1)
+    assert len(occurrences(partial[partial != 0], want["r1"][:RATE // 4])) >= 1     # r1 had begun again
+
+    # run 3: everything left is spoken once; returning clients are told 'replayed'
+    d = launch_daemon(tmp / "d", cfg, alsa=alsa)
+    try:
+        back0 = d.request(_speak("r0"))                        # finished in run 1: not spoken again
+        assert [e["type"] for e in back0] == ["replayed", "done"] and back0[0]["state"] == "done", back0
+        back3 = d.request(_speak("r3"), timeout_s=120)         # queued since run 1: attached, not doubled
+        assert back3[0]["type"] == "replayed" and back3[0]["state"] in ("queued", "running", "playing"), back3
+        assert back3[-1]["type"] == "done" and back3[-1]["id"] == "r3", back3
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(f"replayed request {r}: done" in d.log()
+                                                      for r in ("r1", "r2", "r3", "r4")):
+            time.sleep(0.1)
+        for rid in ("r1", "r2", "r3", "r4"):
+            assert f"replayed request {rid}: done" in d.log(), d.log()[-3000:]
+        time.sleep(0.5)
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+    played = alsa.read(off2)
+    played = played[played != 0]
+    at = {rid: occurrences(played, want[rid]) for rid in REQS}
+    assert at["r0"] == [], "a request that had finished before the crash was played again"
+    for rid in ("r1", "r2", "r3", "r4"):
+        assert len(at[rid]) == 1, (rid, at)
+    assert at["r1"][0] < at["r2"][0] < at["r3"][0] < at["r4"][0]      # in accept order
+    assert Journal(tmp / "d" / "spool").open().pending == []

@@ -1,0 +1,146 @@
+"""The request journal on a real file system: durable records, torn and damaged records, bounds,
+a full disk (a real tmpfs when the tests run as root), and the replay decisions."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from appliance.config import JournalConfig
+from appliance.errors import JournalError
+from appliance.service.journal import FILE, Journal, decode, encode
+from appliance.service.recovery import Recovery
+
+
+def _req(i: int, text: str = "你好", **kw) -> dict:
+    return dict({"type": "speak", "id": f"r{i}", "text": text, "channel": "main", "seed": i, "priority": "normal"}, **kw)
+
+
+def test_records_survive_a_restart_with_their_order_attempts_and_outcomes(tmp_path):
+    j = Journal(tmp_path)
+    assert j.open().pending == []
+    ns = [j.accept(_req(i), origin="mqtt" if i == 2 else "socket") for i in range(4)]
+    assert ns == [1, 2, 3, 4]
+    j.started(ns[0])
+    j.end(ns[0], {"type": "done", "id": "r0", "output": "device:x", "seed": 0})
+    j.started(ns[1])
+    j.end(ns[3], {"type": "error", "id": "r3", "code": "cancelled", "message": "m"})
+    # no close(): what a SIGKILL leaves behind
+    rec = Journal(tmp_path).open()
+    assert [(e.id, e.tries, e.origin) for e in rec.pending] == [("r1", 1, "socket"), ("r2", 0, "mqtt")]
+    assert rec.pending[0].req["seed"] == 1 and rec.pending[0].req["text"] == "你好"
+    assert rec.finished["r0"]["output"] == "device:x" and rec.finished["r3"]["code"] == "cancelled"
+    j2 = Journal(tmp_path)
+    rec2 = j2.open()                                   # compacted once: the same state again
+    assert [e.id for e in rec2.pending] == ["r1", "r2"] and set(rec2.finished) == {"r0", "r3"}
+    assert j2.accept(_req(9)) == 5                     # numbering continues across restarts
+
+
+def test_a_torn_last_record_is_dropped_and_a_damaged_one_skipped(tmp_path):
+    j = Journal(tmp_path)
+    j.open()
+    for i in range(3):
+        j.accept(_req(i))
+    data = (tmp_path / FILE).read_bytes()
+    lines = data.split(b"\n")
+    assert all(decode(x) for x in lines[:-1]) and lines[-1] == b""
+    # power cut in the middle of the 4th record: half a line, no newline
+    (tmp_path / FILE).write_bytes(data + encode({"k": "a", "n": 4, "t": 1.0, "o": "socket", "req": _req(4)})[:40])
+    rec = Journal(tmp_path).open()
+    assert rec.torn == 1 and [e.id for e in rec.pending] == ["r0", "r1", "r2"]
+    assert (tmp_path / FILE).read_bytes().endswith(b"\n")
+    # a flipped byte in the middle record: skipped (CRC), the others kept
+    data = bytearray((tmp_path / FILE).read_bytes())
+    second = data.index(b"\n") + 20
+    data[second] ^= 0x01
+    (tmp_path / FILE).write_bytes(bytes(data))
+    rec = Journal(tmp_path).open()
+    assert rec.corrupt == 1 and [e.id for e in rec.pending] == ["r0", "r2"]
+
+
+def test_the_journal_stays_bounded_and_refuses_when_unfinished_requests_fill_it(tmp_path):
+    j = Journal(tmp_path, max_bytes=65536)
+    j.open()
+    big = "长" * 2000                                   # 6 kB of UTF-8 per record
+    ns = []
+    with pytest.raises(JournalError, match="unfinished request") as e:
+        for i in range(100):
+            ns.append(j.accept(_req(i, big)))
+    assert e.value.code == "journal_error" and "journal.max_bytes" in str(e.value)
+    assert 5 <= len(ns) <= 10
+    for n in ns[:4]:
+        j.end(n, {"type": "done", "id": "x"})
+    for i in range(200):                              # finished requests are compacted away
+        n = j.accept(_req(1000 + i, big))
+        j.end(n, {"type": "done", "id": f"r{1000 + i}"})
+        assert (tmp_path / FILE).stat().st_size <= 65536 + 7000
+    rec = Journal(tmp_path).open()
+    assert [e.n for e in rec.pending] == ns[4:]
+
+
+def _mount_tmpfs(path, size: str):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", f"jt-{uuid.uuid4().hex[:6]}", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 256 kB tmpfs (root only; skipped otherwise)."""
+    d = tmp_path / "fs"
+    _mount_tmpfs(d, "256k")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_full_disk_refuses_new_requests_cleanly_and_recovers(small_fs):
+    j = Journal(small_fs / "spool")
+    j.open()
+    n0 = j.accept(_req(0))
+    filler = small_fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)     # fill the file system
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(JournalError, match="No space left on device") as e:
+        for i in range(1, 200):                        # the last free blocks go, then the refusal
+            j.accept(_req(i, "字" * 500))
+    assert "free space" in str(e.value) and "service.spool_dir" in str(e.value)
+    j.end(n0, {"type": "done", "id": "r0"})            # never raises, even on a full disk
+    filler.unlink()
+    n = j.accept(_req(500))
+    rec = Journal(small_fs / "spool").open()           # no partial record was left behind
+    assert rec.torn == 0 and rec.corrupt == 0 and rec.pending[-1].n == n
+
+
+def test_replay_decisions_age_alerts_and_attempts(tmp_path):
+    j = Journal(tmp_path)
+    j.open()
+    j.accept(_req(0))
+    j.accept(_req(1, priority="alert"))
+    n2 = j.accept(_req(2))
+    for _ in range(3):
+        j.started(n2)
+    rec = Journal(tmp_path).open()
+    r = Recovery(j, rec, JournalConfig(max_age_s=3600, alert_max_age_s=30, max_attempts=3))
+    e0, e1, e2 = rec.pending
+    now = time.time()
+    assert r.why_not(e0, now) is None and r.why_not(e1, now) is None
+    assert "alert accepted 40 s ago" in r.why_not(e1, now + 40)
+    assert r.why_not(e0, now + 40) is None
+    assert "journal.max_age_s" in r.why_not(e0, now + 4000)
+    assert "3 crash(es)" in r.why_not(e2, now)
+    assert r.why_not(e0, now - 1e6) is None            # a clock that went back: age 0
