@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from appliance.config import _SECTION_ITEM, Config, load_config
+from appliance.config import Config, load_config
+from appliance.config.loader import _SECTION_ITEM
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERNAL = ("base_dir", "source")          # set by load_config, not YAML keys

@@ -15,7 +15,12 @@ import pytest
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest, SynthParams
 from appliance.service.journal import Journal
-from tests.fixtures_service import alsa_home, launch_daemon, resample_like_daemon, service_config
+from tests.fixtures_service import (
+    alsa_home,
+    launch_daemon,
+    resample_like_daemon,
+    service_config,
+)
 
 #: id -> (text, seed, decode steps); r2 is long so that it is still synthesizing at the kill
 REQS = {

@@ -14,7 +14,12 @@ import numpy as np
 
 from appliance.core import SynthesisRequest, SynthParams
 from tests.fixtures_mqtt import Listener, mqtt_section
-from tests.fixtures_service import alsa_home, launch_daemon, resample_like_daemon, service_config
+from tests.fixtures_service import (
+    alsa_home,
+    launch_daemon,
+    resample_like_daemon,
+    service_config,
+)
 from tests.test_faults_crash import occurrences, settled_size
 
 STEPS = 60

@@ -4,10 +4,6 @@ reported in STATUS. Decisions on numbers, then the real daemon (tiny checkpoint,
 
 from __future__ import annotations
 
-import time
-
-import pytest
-
 from appliance.engines.runner import RunnerInfo
 from appliance.service.memory import MIN_DECODE_TOKENS, plan_fit
 from tests.fixtures_service import launch_daemon, service_config

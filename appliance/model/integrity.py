@@ -207,7 +207,7 @@ def verify_checkpoint(path: str | Path, cache_file: Optional[Path] = None) -> Re
             hint += (f"; if this is a checkpoint of your own (fine-tuned or converted), record its sums once with "
                      f"'chattts-appliance model sums {root}'")
         else:
-            hint += (f"; a random checkpoint is written again with 'chattts-appliance model random DIR'")
+            hint += ("; a random checkpoint is written again with 'chattts-appliance model random DIR'")
         raise CheckpointError(f"checkpoint {root} failed its integrity check against {source}:\n  "
                               + "\n  ".join(bad) + f"\nThe file(s) are corrupted or were changed: {hint}. "
                               "(safety.verify_checkpoint: false skips this check.)")

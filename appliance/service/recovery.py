@@ -34,7 +34,16 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 from ..config import Config, JournalConfig
 from ..errors import ApplianceError, CancelledError
 from .journal import Entry, Journal, Recovered
-from .protocol import ErrorEvent, Event, EventSink, Replayed, Speak, error_event, parse_event, parse_request
+from .protocol import (
+    ErrorEvent,
+    Event,
+    EventSink,
+    Replayed,
+    Speak,
+    error_event,
+    parse_event,
+    parse_request,
+)
 from .scheduler import Item
 
 if TYPE_CHECKING:

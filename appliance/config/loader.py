@@ -1,0 +1,200 @@
+"""Reading and validating ``config.yaml`` into :class:`~appliance.config.sections.Config`.
+
+Every value is checked (type, choices, bounds, cross-section rules) *before* anything heavy
+(torch, engines, audio) is loaded; an unknown key or a bad value raises
+:class:`~appliance.errors.ConfigError` naming the dotted key, e.g. ``synthesis.top_p``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import ConfigError
+from .sections import ChannelConfig, Config, WyomingConfig, WyomingVoiceConfig
+
+# --------------------------------------------------------------------------------------------
+# building and validation
+# --------------------------------------------------------------------------------------------
+
+_SECTION_ITEM = {("service", "channels"): ChannelConfig, ("wyoming", "voices"): WyomingVoiceConfig}
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check ``value`` against annotation ``tp``; return (ok, coerced value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return True, None
+        for a in args:
+            if a is type(None):
+                continue
+            ok, v = _type_ok(value, a)
+            if ok:
+                return True, v
+        return False, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:
+        if isinstance(value, int) and not isinstance(value, bool):   # e.g. stream.lookahead: 16
+            return True, str(value)
+        return isinstance(value, str), value
+    if tp is tuple:     # a YAML list
+        return isinstance(value, (list, tuple)), tuple(value) if isinstance(value, list) else value
+    return True, value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    internal = ("base_dir", "source") if cls is Config else ()   # set by load_config, not YAML keys
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name not in internal}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown config key '{key}' (known here: {', '.join(sorted(known))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        f = known[name]
+        key = f"{where}.{name}" if where else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value if value is not None else {}, key)
+            continue
+        item_cls = _SECTION_ITEM.get((where, name))
+        if item_cls is not None:
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{key}: expected a non-empty list")
+            kwargs[name] = tuple(_build(item_cls, v, f"{key}[{i}]") for i, v in enumerate(value))
+            continue
+        ok, v = _type_ok(value, tp)
+        if not ok and value is False and "off" in f.metadata.get("choices", ()):
+            ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
+        if not ok:
+            shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}")
+        kwargs[name] = v
+    obj = cls(**kwargs)
+    _check(obj, where)
+    return obj
+
+
+def _check(obj: Any, where: str) -> None:
+    """Apply the ``choices`` / ``min`` / ``max`` metadata of every field of ``obj``."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        key = f"{where}.{f.name}" if where else f.name
+        md = f.metadata
+        if v is None:
+            continue
+        if "choices" in md and v not in md["choices"]:
+            raise ConfigError(f"{key}: {v!r} is not one of {', '.join(map(str, md['choices']))}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if "min" in md and v < md["min"]:
+                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}")
+            if "max" in md and v > md["max"]:
+                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}")
+
+
+def _cross_check(cfg: Config) -> None:
+    names = [c.name for c in cfg.service.channels]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"service.channels: channel names must be unique, got {names}")
+    if len(names) > cfg.model.max_batch:
+        raise ConfigError(
+            f"service.channels: {len(names)} channels need model.max_batch >= {len(names)} "
+            f"(it is {cfg.model.max_batch})"
+        )
+    if cfg.model.max_prompt_tokens + 16 >= cfg.model.max_seq_len:
+        raise ConfigError(
+            f"model.max_prompt_tokens ({cfg.model.max_prompt_tokens}) must leave room for decode "
+            f"steps in model.max_seq_len ({cfg.model.max_seq_len})"
+        )
+    if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
+        raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
+    la = cfg.stream.lookahead
+    if la not in ("auto", "exact") and not (la.isdigit() and 1 <= int(la) <= 256):
+        raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
+    _check_wyoming(cfg.wyoming, names)
+
+
+def _check_wyoming(w: WyomingConfig, channels: list[str]) -> None:
+    """URIs, channel and voice names of the ``wyoming`` section (checked even while disabled)."""
+    for u in w.uris or [""]:
+        if not isinstance(u, str) or not re.fullmatch(r"tcp://[^/]+:\d{1,5}/?|unix://.+", u):
+            raise ConfigError(f"wyoming.uris: {u!r} is not tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or unix://PATH")
+    if w.channel is not None and w.channel not in channels:
+        raise ConfigError(f"wyoming.channel: {w.channel!r} is not a configured channel ({', '.join(channels)})")
+    names = [v.name for v in w.voices]
+    if not names or len(set(names)) < len(names) or not all(re.fullmatch(r"[\w.-]{1,64}", n, re.A) for n in names):
+        raise ConfigError(f"wyoming.voices: {names} must be 1 or more unique names of 1-64 letters, digits, '-', '_', '.'")
+
+
+def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:
+    """Build and validate a :class:`Config` from a parsed mapping.
+
+    Raises:
+        ConfigError: unknown key, wrong type, value out of range, inconsistent sections.
+    """
+    cfg = _build(Config, data or {}, "")
+    cfg = dataclasses.replace(cfg, base_dir=str(Path(base_dir).resolve()))
+    _cross_check(cfg)
+    return cfg
+
+
+CONFIG_ENV = "CHATTTS_APPLIANCE_CONFIG"
+CONFIG_SEARCH = ("config.local.yaml", "config.yaml")
+
+
+def find_config(explicit: str | os.PathLike | None = None) -> Optional[Path]:
+    """The config file every command uses: ``explicit`` (``--config``), else ``$CHATTTS_APPLIANCE_CONFIG``
+    (both returned even if missing, so reading fails naming them), else the first of
+    :data:`CONFIG_SEARCH` in the current directory; None when there is none."""
+    named = explicit or os.environ.get(CONFIG_ENV)
+    return Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
+
+
+def load_config(path: str | os.PathLike | None) -> Config:
+    """Read ``config.yaml`` (or return defaults for ``None``) and validate it.
+
+    Relative paths inside the file are resolved against the file's directory.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or fails validation (message names the key).
+    """
+    if path is None:
+        return config_from_dict({}, ".")
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    return dataclasses.replace(config_from_dict(data, p.parent), source=str(p.resolve()))
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` that re-runs the field checks (for tests and overrides)."""
+    new = dataclasses.replace(cfg, **changes)
+    _check(new, "")
+    return new
