@@ -28,9 +28,9 @@ Threads and how events flow::
          Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
 
 Requests are dispatched by :class:`~appliance.service.dispatch.Dispatcher` (``Pipeline.prepare``
-on its own thread, then the worker). ``done.ttfb_ms`` is measured from accept to the first PCM
-chunk (queue wait included); the pipeline's own TTFB (run start to first chunk) is logged
-beside it.
+on its own thread, then the worker). ``done.ttfb_ms`` runs from the request's arrival to its
+first sample written to the sound device (or the WAV file, or the client), queue wait included;
+``done.synthesis_ttfb_ms`` is the pipeline's own part (run start to first chunk).
 
 The loop never runs synthesis; the worker never touches a socket. Dispatch is transport-neutral:
 MQTT parses its messages into the same request dataclasses and, from its own thread, calls

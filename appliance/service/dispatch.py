@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import ServiceConfig
@@ -110,6 +111,7 @@ class Dispatcher:
     async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event.
         ``speak`` and ``health`` count against ``peer``'s rate limit."""
+        arrived = time.monotonic()
         try:
             req = parse_line(line, self.max_line_bytes)
         except ApplianceError as e:
@@ -123,7 +125,7 @@ class Dispatcher:
                 log.info("request from %s refused: %s", peer, e)
                 sink(error_event(e, req.id if isinstance(req, Speak) else None), None)
                 return
-        await self.handle_request(req, sink, peer=peer)
+        await self.handle_request(req, sink, peer=peer, arrived=arrived)
 
     def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """A socket client closed its connection: cancel its queued, running and playing
@@ -145,17 +147,17 @@ class Dispatcher:
         loop = self.loop
         if loop is None or loop.is_closed() or self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin), loop)
+        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin, arrived=time.monotonic()), loop)
 
     async def handle_request(self, req: Request, sink: EventSink, origin: str = "socket",
-                             peer: Optional[Peer] = None) -> None:
+                             peer: Optional[Peer] = None, arrived: Optional[float] = None) -> None:
         """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest);
         ``origin`` (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a
         restart)."""
         rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
-                await self._speak(req, sink, origin, peer)
+                await self._speak(req, sink, origin, peer, arrived or time.monotonic())
             elif isinstance(req, NormalizeRequest):
                 await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
@@ -193,7 +195,7 @@ class Dispatcher:
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
              None)
 
-    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer]) -> None:
+    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer], arrived: float) -> None:
         if self.recovery is not None and self.recovery.attach(req, sink):
             return
         self._check_text(req.text)
@@ -202,7 +204,7 @@ class Dispatcher:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        item = Item(speak=req, job=job, channel=channel, sink=sink)
+        item = Item(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived)
         if self.journal is not None and req.play:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)

@@ -86,7 +86,11 @@ class Done:
     """The request finished.
 
     Attributes:
-        ttfb_ms: time from accept to the first PCM chunk, ms.
+        ttfb_ms: time to first audio where the user hears it: from the request's arrival (its line
+            read from the socket, its MQTT message, its Wyoming event) to its first sample written
+            to the sound device (or to the WAV file / the client's audio), ms; queue wait included.
+        synthesis_ttfb_ms: the pipeline's own part: from the start of its synthesis to its first
+            PCM chunk, ms.
         rtf: synthesis seconds per second of audio.
         audio_s: seconds of audio produced.
         steps: decode steps run; steps_per_s: their rate.
@@ -107,6 +111,7 @@ class Done:
     steps_per_s: float
     output: str = ""
     seed: Optional[int] = None
+    synthesis_ttfb_ms: Optional[float] = None
     spoken: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
     unspeakable_names: list = field(default_factory=list)

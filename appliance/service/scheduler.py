@@ -73,6 +73,7 @@ class Item:
     channel: str
     sink: EventSink
     accepted_at: float = field(default_factory=time.monotonic)
+    arrived_at: Optional[float] = None
     cancel: threading.Event = field(default_factory=threading.Event)
     state: str = "queued"
     audio: Optional[RequestAudio] = None
@@ -94,16 +95,19 @@ class Item:
 
     def done_event(self) -> Done:
         """Its :class:`~appliance.service.protocol.Done` (``output`` filled in at play-out),
-        with ``ttfb_ms`` from accept to the first PCM chunk; the timings are logged."""
+        with ``ttfb_ms`` from the request's arrival to its first sample written out (the device,
+        the WAV file; until play-out is known, its first PCM chunk); the timings are logged."""
         st = self.job.stats
-        ttfb = 1000.0 * ((self.first_pcm_at or time.monotonic()) - self.accepted_at)
+        out_at = (self.audio.first_out_at if self.audio is not None else None) or self.first_pcm_at or time.monotonic()
+        ttfb = 1000.0 * (out_at - (self.arrived_at or self.accepted_at))
         rows = self.task.max_rows if self.task is not None else 0
         log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
                  "%.1f steps/s, decode batch up to %d rows",
                  self.id, self.channel, st.audio_s, ttfb, st.ttfb_ms, st.rtf, st.steps, st.steps_per_s, rows,
                  extra={"request_id": self.id, "channel": self.channel, "ttfb_ms": ttfb, "rtf": st.rtf,
                         "batch_rows": rows})
-        return Done(id=self.id, channel=self.channel, ttfb_ms=round(ttfb, 1), rtf=round(float(st.rtf), 4),
+        return Done(id=self.id, channel=self.channel, ttfb_ms=round(ttfb, 1), synthesis_ttfb_ms=round(float(st.ttfb_ms), 1),
+                    rtf=round(float(st.rtf), 4),
                     audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
                     spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],

@@ -205,12 +205,15 @@ class DeviceOutput:
 
     # ------------------------------------------------------------------ feeding
 
-    def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None) -> None:
+    def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
+              on_first: Optional[Callable[[float], None]] = None) -> None:
         """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
         mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
-        ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`."""
+        ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
+        ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
+        were written to the device."""
         with self._lock:
-            self.lanes.begin(owner, lane, on_failure)
+            self.lanes.begin(owner, lane, on_failure, on_first)
 
     def end(self, owner: object) -> None:
         """The request wrote its last chunk (it stays registered for failures until played)."""
@@ -270,7 +273,7 @@ class DeviceOutput:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, played = self.lanes.mix(out, frames, now + self._out_latency, self._played)
+            sounding, dry, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now)
             if dry:
                 self.underruns += 1
             if sounding > 1:

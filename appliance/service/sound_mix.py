@@ -36,14 +36,16 @@ class Voice:
         on_failure: ``on_failure(reason)`` when the device fails.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "on_failure")
+    __slots__ = ("lane", "chunks", "buffered", "writing", "on_failure", "on_first")
 
-    def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None]):
+    def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
+                 on_first: Optional[Callable[[float], None]] = None):
         self.lane = lane
         self.chunks: collections.deque[_Chunk] = collections.deque()
         self.buffered = 0
         self.writing: Optional[bool] = False
         self.on_failure = on_failure
+        self.on_first = on_first     # on_first(monotonic time) once its first samples go out
 
 
 class Lanes:
@@ -63,9 +65,12 @@ class Lanes:
         self.buffered = 0
         self._mixbuf = np.zeros(0, np.float32)
 
-    def begin(self, owner: object, lane: Optional[Hashable], on_failure: Callable[[str], None]) -> None:
-        """Register ``owner`` as a voice of ``lane`` (ignored when serializing)."""
-        self.voices[owner] = Voice(None if self.serialize else lane, on_failure)
+    def begin(self, owner: object, lane: Optional[Hashable], on_failure: Callable[[str], None],
+              on_first: Optional[Callable[[float], None]] = None) -> None:
+        """Register ``owner`` as a voice of ``lane`` (ignored when serializing); ``on_first(t)`` is
+        queued like a played callback when its first samples are written to the device (``t``:
+        the ``written_at`` of that block)."""
+        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first)
 
     def end(self, owner: object) -> None:
         """``owner`` wrote its last chunk (it stays registered until :meth:`forget`)."""
@@ -131,7 +136,7 @@ class Lanes:
         return v.buffered > limit and any(x is v for x in self.sounding())
 
     def mix(self, out: np.ndarray, frames: int, played_at: float,
-            played: list[tuple[float, Callable[[], None]]]) -> tuple[int, bool, int]:
+            played: list[tuple[float, Callable[[], None]]], written_at: Optional[float] = None) -> tuple[int, bool, int]:
         """Fill ``out[:frames]`` (float32) from the sounding voices, summing lanes. The
         ``on_played`` of every chunk finished here is appended to ``played`` as
         ``(played_at, callback)``.
@@ -162,6 +167,10 @@ class Lanes:
                     v.chunks.popleft()
                     if c.on_played is not None:
                         played.append((played_at, c.on_played))
+            if n and v.on_first is not None:   # the voice's first samples go out in this block
+                first, v.on_first = v.on_first, None
+                t = played_at if written_at is None else written_at
+                played.append((played_at, lambda f=first, t=t: f(t)))
             if n < frames:
                 dst[n:frames] = 0.0
                 dry = dry or v.writing is True

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Hashable, Optional
 
@@ -89,6 +90,8 @@ class RequestAudio:
         self._aborted = False
         self._finished = False
         self._on_done: Optional[Callable[[str], None]] = None
+        #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
+        self.first_out_at: Optional[float] = None
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:
@@ -109,7 +112,11 @@ class RequestAudio:
         if device.rate != PIPELINE_RATE:
             import soxr
             self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-        device.begin(self, self._device_failed, self.lane)
+        device.begin(self, self._device_failed, self.lane, on_first=self._first_out)
+
+    def _first_out(self, t: float) -> None:
+        if self.first_out_at is None:
+            self.first_out_at = t
 
     def _resample(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
         if self._rs is None:
@@ -125,6 +132,8 @@ class RequestAudio:
             if self.route is Route.WAV:
                 if self._wav is not None:
                     self._wav.write(pcm)
+                    if self.first_out_at is None and len(pcm):
+                        self.first_out_at = time.monotonic()
                 return
             self._pcm.append(pcm)
             if self.route is Route.WAITING:
@@ -275,9 +284,12 @@ class ClientOnlyAudio:
 
     def __init__(self) -> None:
         self._aborted = False
+        self.first_out_at: Optional[float] = None   # the first chunk handed to the client
 
     def write(self, pcm: np.ndarray) -> None:
-        """Nothing to do: the worker sends the PCM to the client as ``audio`` events."""
+        """Nothing to play: the worker sends the PCM to the client as ``audio`` events."""
+        if self.first_out_at is None and len(pcm):
+            self.first_out_at = time.monotonic()
 
     def finish(self, on_done: Callable[[str], None]) -> None:
         """``on_done("client")`` now (unless aborted)."""
