@@ -93,13 +93,18 @@ class Item:
         """0 (alert) .. 2 (background)."""
         return PRIORITIES.index(self.speak.priority)
 
+    def ttfb_ms(self) -> float:
+        """From its arrival to its first sample written out (device, WAV, client; until that is
+        known, its first PCM chunk), ms."""
+        out_at = (self.audio.first_out_at if self.audio is not None else None) or self.first_pcm_at or time.monotonic()
+        return round(1000.0 * (out_at - (self.arrived_at or self.accepted_at)), 1)
+
     def done_event(self) -> Done:
         """Its :class:`~appliance.service.protocol.Done` (``output`` filled in at play-out),
         with ``ttfb_ms`` from the request's arrival to its first sample written out (the device,
         the WAV file; until play-out is known, its first PCM chunk); the timings are logged."""
         st = self.job.stats
-        out_at = (self.audio.first_out_at if self.audio is not None else None) or self.first_pcm_at or time.monotonic()
-        ttfb = 1000.0 * (out_at - (self.arrived_at or self.accepted_at))
+        ttfb = self.ttfb_ms()
         rows = self.task.max_rows if self.task is not None else 0
         log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
                  "%.1f steps/s, decode batch up to %d rows",

@@ -347,8 +347,7 @@ class Worker:
             with self._cv:
                 item.state = "playing"
             done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(
-                item.done_event(), output=output) if item.audio is not None else dataclasses.replace(done, output=output)))
+            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output, ttfb_ms=item.ttfb_ms())))
             return
         if t.state == "failed" and not item.cancel.is_set():
             self._fail(item, t.error)
