@@ -15,6 +15,7 @@ PortAudio name. The ``sounddevice`` import is lazy: without PortAudio every call
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -32,6 +33,12 @@ REOPEN_INTERVAL_S = 5.0
 
 MAX_BUFFER_S = 60.0
 """Audio (seconds) a device FIFO may hold before the writer waits (back-pressure)."""
+
+BURST_GAP_S = 0.004
+"""Callbacks closer than this (s) belong to one device wake-up (their frames add up to a burst)."""
+
+BURSTS_KEPT = 15
+"""Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
 
 
 def _sounddevice():
@@ -113,6 +120,9 @@ class DeviceOutput:
         self.lanes = Lanes(serialize=mode == "serialize")
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
+        self._burst = 0             # frames asked in the current run of back-to-back callbacks
+        self._bursts: collections.deque[int] = collections.deque(maxlen=BURSTS_KEPT)
+        self.burst_frames = 0       # the median frames of the last wake-ups (start threshold)
         self._stream = None
         self._closing = False
         self._dead: Optional[str] = None    # set by PortAudio's finished callback
@@ -270,10 +280,20 @@ class DeviceOutput:
         out = outdata[:, 0]
         now = time.monotonic()
         with self._lock:
+            # ALSA wakes PortAudio once per period and may ask for several blocks back to back: a
+            # voice must hold a whole wake-up's worth before it starts (Lanes.mix start threshold)
+            if now - self._last_cb < BURST_GAP_S:
+                self._burst += frames
+            else:
+                if self._burst:       # a catch-up after a stall is rare: the median ignores it
+                    self._bursts.append(self._burst)
+                    self.burst_frames = sorted(self._bursts)[len(self._bursts) // 2]
+                self._burst = frames
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now)
+            sounding, dry, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+                                                   start_frames=self.burst_frames)
             if dry:
                 self.underruns += 1
             if sounding > 1:

@@ -33,10 +33,11 @@ class Voice:
     Attributes:
         buffered: samples queued and not yet played.
         writing: False (no audio yet), True (streaming: running dry is an underrun), None (ended).
+        started: whether its first samples went out (see :meth:`Lanes.mix`: the start threshold).
         on_failure: ``on_failure(reason)`` when the device fails.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "on_failure", "on_first")
+    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "on_failure", "on_first")
 
     def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
                  on_first: Optional[Callable[[float], None]] = None):
@@ -44,6 +45,7 @@ class Voice:
         self.chunks: collections.deque[_Chunk] = collections.deque()
         self.buffered = 0
         self.writing: Optional[bool] = False
+        self.started = False
         self.on_failure = on_failure
         self.on_first = on_first     # on_first(monotonic time) once its first samples go out
 
@@ -136,10 +138,20 @@ class Lanes:
         return v.buffered > limit and any(x is v for x in self.sounding())
 
     def mix(self, out: np.ndarray, frames: int, played_at: float,
-            played: list[tuple[float, Callable[[], None]]], written_at: Optional[float] = None) -> tuple[int, bool, int]:
+            played: list[tuple[float, Callable[[], None]]], written_at: Optional[float] = None,
+            start_frames: int = 0) -> tuple[int, bool, int]:
         """Fill ``out[:frames]`` (float32) from the sounding voices, summing lanes. The
         ``on_played`` of every chunk finished here is appended to ``played`` as
         ``(played_at, callback)``.
+
+        Start threshold (as ALSA's ``start_threshold``): a voice that has not sounded yet and is
+        still being written starts only once it holds ``max(frames, start_frames)`` samples
+        (``start_frames``: what the device takes in one wake-up, e.g. two 25 ms blocks back to
+        back for an ALSA period at 100 ms latency). A request's first chunk (4 decode steps =
+        85 ms, less the ISTFT's and the resampler's hold-back) can be shorter than that, and
+        starting on less would play the chunk, then a gap of silence inside the first word.
+        Waiting costs at most the time to the second chunk. A voice that has ended starts with
+        whatever it holds.
 
         Returns:
             ``(sounding, dry, samples)``: voices that sounded (the caller zeroes ``out`` for 0
@@ -152,9 +164,12 @@ class Lanes:
         dry = False
         taken = 0
         for v in self.sounding():
+            if not v.started and v.writing is True and v.buffered < max(frames, start_frames):
+                continue                                   # below the start threshold: not yet
             if not v.chunks:
                 dry = dry or v.writing is True
                 continue
+            v.started = True
             dst = out if sounding == 0 else self._mixbuf
             n = 0
             while n < frames and v.chunks:

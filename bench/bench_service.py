@@ -1,0 +1,187 @@
+"""End-to-end benchmark of the daemon as a user hears it: first audio at the sound device,
+underruns, and a third channel joining two that are speaking.
+
+Starts the real daemon (``python -m appliance serve``) on a checkpoint and its exported engines,
+playing into a real-time paced ALSA ``file`` device (the tests' ``.asoundrc``: PortAudio → ALSA
+``file`` plugin → a pacer that consumes 44100 float32 frames per second), and talks to it over its
+UNIX socket like any client. Per look-ahead mode (``--lookahead auto exact``: calibrated if the
+engine directory holds a matching calibration, and the exact receptive field) it measures:
+
+* ``single``: ``--runs`` requests one after another on channel ``a``, each a sentence of ``--steps``
+  decode steps (EOS masked): ``done.ttfb_ms`` (the request line's arrival → its first sample
+  written to the device, in the PortAudio callback), ``done.synthesis_ttfb_ms`` (the pipeline's
+  first chunk), ``done.rtf``, and the device's underrun count before and after (a streaming voice
+  that ran dry while its request was still being synthesized);
+* ``third``: two requests of ``2 * --steps`` on channels ``a`` and ``b`` (mixed on the one device),
+  then, once both have played for ``--join-after`` s, a third of ``--steps`` on channel ``c``: its
+  ``ttfb_ms`` while joining the running batch, and the underruns of the whole scenario.
+
+Prints a table and appends one JSON record per mode (``bench: service_e2e``) to ``--out``
+(default ``bench/results/service-<date>-<machine>.json``); ``--tree DIR`` runs the daemon from another checkout
+(e.g. the commit before a change) for a side-by-side run. Needs the test extras (pytest, for the
+fixtures' ALSA helpers), PortAudio and alsa-lib. Timings on a shared machine are noisy: compare
+the modes of one run, not runs of different days.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures_service import DaemonProc, alsa_home, launch_daemon  # noqa: E402
+
+SENTENCES = ["今天天气很好，我们去公园散步吧。", "The next train to the airport leaves at ten forty five.",
+             "请注意，列车即将进站。", "Turn left in two hundred metres."]
+
+
+def _underruns(d: DaemonProc) -> int:
+    st = d.request({"type": "status"})[-1]
+    return sum(int(c.get("underruns") or 0) for c in st["channels"].values())
+
+
+def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: dict, started: threading.Event | None = None) -> None:
+    c = d.connect(300.0)
+    try:
+        c.send({"type": "speak", "text": text, "channel": channel, "seed": seed,
+                "params": {"min_new_tokens": steps, "max_new_tokens": steps}})
+        while True:
+            evs = c.events(("started", "done", "error"))
+            if not evs:
+                out["error"] = "connection closed"
+                return
+            ev = evs[-1]
+            if ev["type"] == "started" and started is not None:
+                started.set()
+                continue
+            if ev["type"] in ("done", "error"):
+                out.update(ev)
+                return
+    finally:
+        c.close()
+        if started is not None:
+            started.set()
+
+
+def _config(args, tmp: Path, lookahead: str) -> dict:
+    chans = [{"name": n, "device": None, "queue_len": 16, "on_preempt": "resume", "on_disconnect": "cancel"}
+             for n in ("a", "b", "c")]
+    model = {"path": args.checkpoint, "backend": args.backend, "device": "cpu", "max_batch": 3,
+             "max_seq_len": 2048, "threads": args.threads}
+    if args.engine_dir:
+        model["engine_dir"] = args.engine_dir
+    return {
+        "model": model,
+        "synthesis": {"max_new_tokens": 2048, "voice": "seed:2"},
+        "stream": {"lookahead": lookahead},
+        "audio": {"output": "device", "wav_dir": str(tmp / "wav"), "latency_ms": args.latency_ms},
+        "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": True, "channels": chans,
+                    "spool_dir": str(tmp / "spool"), "memory_budget_mb": 1500},
+    }
+
+
+def run_mode(args, lookahead: str, tmp: Path) -> dict:
+    alsa = alsa_home(tmp / "home", tmp / "played.raw")
+    t0 = time.perf_counter()
+    prefix = ["env", "-C", args.tree] if args.tree else None   # python -m imports from its working directory
+    d = launch_daemon(tmp, _config(args, tmp, lookahead), alsa=alsa, timeout_s=600.0, argv_prefix=prefix)
+    ready_s = time.perf_counter() - t0
+    la = next((ln.split("look-ahead", 1)[1].strip(" :") for ln in d.log().splitlines() if "look-ahead" in ln), "?")
+    try:
+        single = []
+        u0 = _underruns(d)
+        for i in range(args.runs):
+            r: dict = {}
+            _speak(d, SENTENCES[i % len(SENTENCES)], "a", args.steps, 100 + i, r)
+            if r.get("type") != "done":
+                raise RuntimeError(f"request failed: {r}")
+            single.append(r)
+            time.sleep(0.3)
+        u1 = _underruns(d)
+        res: dict[str, dict] = {"a": {}, "b": {}, "c": {}}
+        ev = {k: threading.Event() for k in "ab"}
+        th = [threading.Thread(target=_speak, args=(d, SENTENCES[j], k, 2 * args.steps, 200 + j, res[k], ev[k]))
+              for j, k in enumerate("ab")]
+        for t in th:
+            t.start()
+        for e in ev.values():
+            e.wait(300)
+        time.sleep(args.join_after)
+        _speak(d, SENTENCES[2], "c", args.steps, 300, res["c"])
+        for t in th:
+            t.join(300)
+        u2 = _underruns(d)
+    finally:
+        rc = d.stop()
+    if any(res[k].get("type") != "done" for k in "abc"):
+        raise RuntimeError(f"third-channel scenario failed: {res}")
+    med = lambda xs: round(statistics.median(xs), 1)  # noqa: E731
+    return {"lookahead": la, "ready_s": round(ready_s, 1), "daemon_rc": rc,
+            "ttfb_ms": med([r["ttfb_ms"] for r in single]),
+            "ttfb_runs_ms": [r["ttfb_ms"] for r in single],
+            "synthesis_ttfb_ms": med([r["synthesis_ttfb_ms"] for r in single]),
+            "rtf": med([r["rtf"] for r in single]), "audio_s": single[0]["audio_s"],
+            "underruns_single": u1 - u0,
+            "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
+            "third_rtf": res["c"]["rtf"], "underruns_three": u2 - u1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="checkpoint dir (chattts-appliance model random --size full DIR)")
+    ap.add_argument("--engine-dir", default=None, help="exported engines (engines export; calibrated or not)")
+    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"))
+    ap.add_argument("--lookahead", nargs="+", default=["auto", "exact"], help="stream.lookahead values to compare")
+    ap.add_argument("--steps", type=int, default=150, help="decode steps per sentence (EOS masked); 46.875 = 1 s")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--join-after", type=float, default=1.5, help="s the two channels play before the third joins")
+    ap.add_argument("--latency-ms", type=float, default=100.0, help="audio.latency_ms (device buffer)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--machine", default="cpu-2core")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")
+    ap.add_argument("--keep", default=None, help="keep each mode's daemon directory (log, config) under this dir")
+    args = ap.parse_args()
+    today = dt.date.today().isoformat()
+    size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"service-{today}-{args.machine}.json"
+    rows = []
+    for mode in args.lookahead:
+        load0 = os.getloadavg()[0]
+        if args.keep:
+            r = run_mode(args, mode, Path(args.keep) / mode)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+                r = run_mode(args, mode, Path(tmp))
+        rec = {"bench": "service_e2e", "date": today, "machine": args.machine, "checkpoint": size,
+               "tree": args.tree or "this checkout",
+               "backend": args.backend, "batch": 1, "stream_lookahead": mode, **r,
+               "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
+                        f"on a, b and {args.steps} on c after {args.join_after} s; paced ALSA file device "
+                        f"44100 Hz, latency_ms {args.latency_ms}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
+        print(json.dumps(rec, ensure_ascii=False), flush=True)
+        rows.append(rec)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(out.read_text()) if out.exists() else []
+        out.write_text(json.dumps(old + [rec], indent=1, ensure_ascii=False) + "\n")
+    print("\n| tree | stream.lookahead | look-ahead used | TTFB at device (median) | pipeline TTFB | RTF | underruns (single) "
+          "| third channel TTFB | underruns (3 channels) | ready |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['tree']} | {r['stream_lookahead']} | {r['lookahead']} | {r['ttfb_ms']} ms | {r['synthesis_ttfb_ms']} ms | {r['rtf']} "
+              f"| {r['underruns_single']} | {r['third_ttfb_ms']} ms | {r['underruns_three']} | {r['ready_s']} s |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
