@@ -45,9 +45,17 @@ SENTENCES = ["今天天气很好，我们去公园散步吧。", "The next train
              "请注意，列车即将进站。", "Turn left in two hundred metres."]
 
 
-def _underruns(d: DaemonProc) -> int:
+def _underruns(d: DaemonProc) -> tuple[int, float]:
+    """(underruns, underrun_ms) of the sound devices (channels sharing a device report it once)."""
     st = d.request({"type": "status"})[-1]
-    return sum(int(c.get("underruns") or 0) for c in st["channels"].values())
+    devs = {c.get("device"): c for c in st["channels"].values()}
+    gaps = [c.get("underrun_ms") for c in devs.values()]
+    return (sum(int(c.get("underruns") or 0) for c in devs.values()),
+            None if None in gaps else sum(gaps))   # None: a tree before underrun_ms existed
+
+
+def _gap(a: tuple, b: tuple) -> float | None:
+    return None if a[1] is None or b[1] is None else round(b[1] - a[1], 1)
 
 
 def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: dict, started: threading.Event | None = None) -> None:
@@ -131,9 +139,10 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "ttfb_runs_ms": [r["ttfb_ms"] for r in single],
             "synthesis_ttfb_ms": med([r["synthesis_ttfb_ms"] for r in single]),
             "rtf": med([r["rtf"] for r in single]), "audio_s": single[0]["audio_s"],
-            "underruns_single": u1 - u0,
+            "underruns_single": u1[0] - u0[0], "underrun_ms_single": _gap(u0, u1),
             "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
-            "third_rtf": res["c"]["rtf"], "underruns_three": u2 - u1}
+            "third_rtf": res["c"]["rtf"], "underruns_three": u2[0] - u1[0],
+            "underrun_ms_three": _gap(u1, u2)}
 
 
 def main() -> int:
@@ -174,12 +183,13 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(out.read_text()) if out.exists() else []
         out.write_text(json.dumps(old + [rec], indent=1, ensure_ascii=False) + "\n")
-    print("\n| tree | stream.lookahead | look-ahead used | TTFB at device (median) | pipeline TTFB | RTF | underruns (single) "
-          "| third channel TTFB | underruns (3 channels) | ready |")
+    print("\n| tree | stream.lookahead | look-ahead used | TTFB at device (median) | pipeline TTFB | RTF "
+          "| underruns (silence) single | third channel TTFB | underruns (silence) 3 channels | ready |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['tree']} | {r['stream_lookahead']} | {r['lookahead']} | {r['ttfb_ms']} ms | {r['synthesis_ttfb_ms']} ms | {r['rtf']} "
-              f"| {r['underruns_single']} | {r['third_ttfb_ms']} ms | {r['underruns_three']} | {r['ready_s']} s |")
+              f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['third_ttfb_ms']} ms "
+              f"| {r['underruns_three']} ({r['underrun_ms_three']} ms) | {r['ready_s']} s |")
     return 0
 
 

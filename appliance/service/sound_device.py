@@ -37,6 +37,10 @@ MAX_BUFFER_S = 60.0
 BURST_GAP_S = 0.004
 """Callbacks closer than this (s) belong to one device wake-up (their frames add up to a burst)."""
 
+REBUFFER_S = 0.4
+"""Audio (s) a voice that ran dry mid-stream must hold again before it resumes (one pause per
+stall rather than a gap at every chunk where synthesis is slower than playback)."""
+
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
 
@@ -113,6 +117,7 @@ class DeviceOutput:
         self.ok = False
         self.error: Optional[str] = "not opened"
         self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
+        self.gap_frames = 0         # silence inside streaming voices (dry or re-buffering), frames
         self.xruns = 0              # PortAudio reported output underflow
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
@@ -266,10 +271,12 @@ class DeviceOutput:
             return dropped
 
     def status(self) -> dict:
-        """Device state for StatusReply: name, rate (Hz), ok, error, underruns, xruns, buffered_ms."""
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (stalls of a streaming
+        voice), underrun_ms (the silence they left), xruns, buffered_ms."""
         return {
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
             "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
             "voices": len(self.lanes.voices),
             "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
         }
@@ -292,10 +299,11 @@ class DeviceOutput:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
-                                                   start_frames=self.burst_frames)
-            if dry:
-                self.underruns += 1
+            sounding, dry, gap, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+                                                        start_frames=self.burst_frames,
+                                                        rebuffer_frames=int(REBUFFER_S * self.rate))
+            self.underruns += dry
+            self.gap_frames += gap
             if sounding > 1:
                 self.mixed_blocks += 1
             if played:
@@ -349,8 +357,9 @@ class DeviceOutput:
         while not self._stop_watcher.wait(0.02):
             self._fire_played()
             if self.underruns != self._logged_underruns:
-                log.warning("sound device %r: %d underrun(s) so far (synthesis slower than playback)",
-                            self.name, self.underruns)
+                log.warning("sound device %r: %d underrun(s) so far, %.0f ms of silence (synthesis slower than "
+                            "playback; a stalled voice re-buffers %.0f ms)", self.name, self.underruns,
+                            1000.0 * self.gap_frames / max(self.rate, 1), 1000 * REBUFFER_S)
                 self._logged_underruns = self.underruns
             with self._lock:
                 dead = self._dead if self.ok and not self._closing else None

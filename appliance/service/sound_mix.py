@@ -33,11 +33,12 @@ class Voice:
     Attributes:
         buffered: samples queued and not yet played.
         writing: False (no audio yet), True (streaming: running dry is an underrun), None (ended).
-        started: whether its first samples went out (see :meth:`Lanes.mix`: the start threshold).
+        started: whether it is sounding (see :meth:`Lanes.mix`: start threshold, re-buffering).
+        need: samples it must hold to resume after an underrun (0: it has not run dry).
         on_failure: ``on_failure(reason)`` when the device fails.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "on_failure", "on_first")
+    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "on_failure", "on_first")
 
     def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
                  on_first: Optional[Callable[[float], None]] = None):
@@ -46,6 +47,7 @@ class Voice:
         self.buffered = 0
         self.writing: Optional[bool] = False
         self.started = False
+        self.need = 0                # samples to hold before resuming after an underrun (0: none)
         self.on_failure = on_failure
         self.on_first = on_first     # on_first(monotonic time) once its first samples go out
 
@@ -139,7 +141,7 @@ class Lanes:
 
     def mix(self, out: np.ndarray, frames: int, played_at: float,
             played: list[tuple[float, Callable[[], None]]], written_at: Optional[float] = None,
-            start_frames: int = 0) -> tuple[int, bool, int]:
+            start_frames: int = 0, rebuffer_frames: int = 0) -> tuple[int, int, int, int]:
         """Fill ``out[:frames]`` (float32) from the sounding voices, summing lanes. The
         ``on_played`` of every chunk finished here is appended to ``played`` as
         ``(played_at, callback)``.
@@ -153,23 +155,33 @@ class Lanes:
         Waiting costs at most the time to the second chunk. A voice that has ended starts with
         whatever it holds.
 
+        Underrun and re-buffering (as a media player does): a started voice that runs dry while
+        its request is still being written stops and resumes only once it holds
+        ``max(frames, start_frames, rebuffer_frames)`` samples. Where synthesis is slower than
+        playback the silence is then one pause per stall instead of a gap at every chunk;
+        the total gap is the same, and is counted.
+
         Returns:
-            ``(sounding, dry, samples)``: voices that sounded (the caller zeroes ``out`` for 0
-            and clips it for 2 or more), whether a streaming voice ran dry (an underrun), and
-            samples taken from the FIFOs.
+            ``(sounding, underruns, gap, samples)``: voices that sounded (the caller zeroes
+            ``out`` for 0 and clips it for 2 or more), voices that ran dry in this block (new
+            underruns), samples of silence inside streaming voices (running dry or
+            re-buffering), and samples taken from the FIFOs.
         """
         if len(self._mixbuf) < frames:
             self._mixbuf = np.zeros(frames, np.float32)
-        sounding = 0
-        dry = False
-        taken = 0
+        sounding = underruns = gap = taken = 0
         for v in self.sounding():
-            if not v.started and v.writing is True and v.buffered < max(frames, start_frames):
+            if not v.started and v.writing is True and v.buffered < max(frames, start_frames, v.need):
+                if v.need:
+                    gap += frames                          # re-buffering after an underrun
                 continue                                   # below the start threshold: not yet
             if not v.chunks:
-                dry = dry or v.writing is True
+                if v.writing is True:
+                    underruns += 1
+                    gap += frames
+                    v.started, v.need = False, max(1, rebuffer_frames)
                 continue
-            v.started = True
+            v.started, v.need = True, 0
             dst = out if sounding == 0 else self._mixbuf
             n = 0
             while n < frames and v.chunks:
@@ -188,11 +200,14 @@ class Lanes:
                 played.append((played_at, lambda f=first, t=t: f(t)))
             if n < frames:
                 dst[n:frames] = 0.0
-                dry = dry or v.writing is True
+                if v.writing is True:
+                    underruns += 1
+                    gap += frames - n
+                    v.started, v.need = False, max(1, rebuffer_frames)
             if sounding > 0:
                 out[:frames] += self._mixbuf[:frames]
             sounding += 1
             v.buffered -= n
             taken += n
         self.buffered -= taken
-        return sounding, dry, taken
+        return sounding, underruns, gap, taken
