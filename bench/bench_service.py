@@ -54,6 +54,15 @@ def _underruns(d: DaemonProc) -> tuple[int, float]:
             None if None in gaps else sum(gaps))   # None: a tree before underrun_ms existed
 
 
+def _memory(pid: int) -> dict:
+    """The daemon's resident memory split (MiB) from /proc: all, anonymous (its own), file-backed
+    (mapped libraries and files, shared and reclaimable)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
+          if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+    return {f"{k.lower()}_mib": round(v / 1024) for k, v in kb.items()}
+
+
 def _gap(a: tuple, b: tuple) -> float | None:
     return None if a[1] is None or b[1] is None else round(b[1] - a[1], 1)
 
@@ -84,8 +93,10 @@ def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: d
 def _config(args, tmp: Path, lookahead: str) -> dict:
     chans = [{"name": n, "device": None, "queue_len": 16, "on_preempt": "resume", "on_disconnect": "cancel"}
              for n in ("a", "b", "c")]
-    model = {"path": args.checkpoint, "backend": args.backend, "device": "cpu", "max_batch": 3,
-             "max_seq_len": 2048, "threads": args.threads}
+    model = {"path": args.checkpoint, "backend": args.backend, "device": args.device, "max_batch": 3,
+             "max_seq_len": args.max_seq_len, "threads": args.threads}
+    if args.device == "cuda":
+        model.update(dtype=args.dtype, compile=args.compile)
     if args.engine_dir:
         model["engine_dir"] = args.engine_dir
     return {
@@ -94,7 +105,7 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
         "stream": {"lookahead": lookahead},
         "audio": {"output": "device", "wav_dir": str(tmp / "wav"), "latency_ms": args.latency_ms},
         "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": True, "channels": chans,
-                    "spool_dir": str(tmp / "spool"), "memory_budget_mb": 1500},
+                    "spool_dir": str(tmp / "spool"), "memory_budget_mb": args.memory_budget_mb},
     }
 
 
@@ -129,6 +140,7 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
         for t in th:
             t.join(300)
         u2 = _underruns(d)
+        mem = _memory(d.proc.pid)
     finally:
         rc = d.stop()
     if any(res[k].get("type") != "done" for k in "abc"):
@@ -142,7 +154,7 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "underruns_single": u1[0] - u0[0], "underrun_ms_single": _gap(u0, u1),
             "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
             "third_rtf": res["c"]["rtf"], "underruns_three": u2[0] - u1[0],
-            "underrun_ms_three": _gap(u1, u2)}
+            "underrun_ms_three": _gap(u1, u2), **mem}
 
 
 def main() -> int:
@@ -156,6 +168,11 @@ def main() -> int:
     ap.add_argument("--join-after", type=float, default=1.5, help="s the two channels play before the third joins")
     ap.add_argument("--latency-ms", type=float, default=100.0, help="audio.latency_ms (device buffer)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--memory-budget-mb", type=int, default=1500, help="service.memory_budget_mb")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="model.device (cuda: --backend torch)")
+    ap.add_argument("--dtype", default="float16", help="model.dtype on cuda")
+    ap.add_argument("--compile", default="auto", help="model.compile on cuda (auto, off, default)")
+    ap.add_argument("--max-seq-len", type=int, default=2048, help="model.max_seq_len (fewer compiled graphs at 512)")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")
@@ -164,6 +181,8 @@ def main() -> int:
     today = dt.date.today().isoformat()
     size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"service-{today}-{args.machine}.json"
+    if args.device == "cuda" and args.backend != "torch":
+        ap.error("--device cuda needs --backend torch")
     rows = []
     for mode in args.lookahead:
         load0 = os.getloadavg()[0]
@@ -174,7 +193,8 @@ def main() -> int:
                 r = run_mode(args, mode, Path(tmp))
         rec = {"bench": "service_e2e", "date": today, "machine": args.machine, "checkpoint": size,
                "tree": args.tree or "this checkout",
-               "backend": args.backend, "batch": 1, "stream_lookahead": mode, **r,
+               "backend": args.backend if args.device == "cpu" else f"torch-cuda {args.dtype} compile={args.compile}",
+               "batch": 1, "stream_lookahead": mode, **r,
                "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
                         f"on a, b and {args.steps} on c after {args.join_after} s; paced ALSA file device "
                         f"44100 Hz, latency_ms {args.latency_ms}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from appliance.config import ThrottleConfig, config_from_dict
 from appliance.service.telemetry_reading import Reading, Trip, parse_tegrastats
 from appliance.service.throttle import Ladder, Level, Throttle, board_trip_c
@@ -219,5 +221,30 @@ def test_monitor_on_a_fake_hot_board(tmp_path):
         assert mon.level == "queue_low_priority" and mon.temperature_c == 86.0
         assert mon.limits().run_priorities == {"alert", "normal"}
         assert isinstance(Config().throttle, ThrottleConfig)
+    finally:
+        mon.close()
+
+
+def test_monitor_counts_the_backends_own_device_memory_not_the_whole_gpu(tmp_path):
+    """The throttle sees the sum the start-up fit checked (RSS + the backend's device memory), not
+    NVML's whole-GPU figure; that figure is used only when the backend reports no device memory."""
+    from appliance.service.telemetry import Reading, open_telemetry, process_memory_mib
+    from appliance.service.throttle import Monitor
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    cfg = config_from_dict({"service": {"memory_budget_mb": 4096}, "throttle": {"min_dwell_s": 0}})
+    mon = Monitor(cfg, telemetry=open_telemetry("sysfs", 60.0, root=str(tmp_path)))
+    try:
+        whole_gpu = Reading(t=0.0, gpu_mem_used_mib=8000.0)
+        mon.device_mib = lambda: 800.0
+        mon._on_reading(whole_gpu)
+        rss = process_memory_mib()
+        assert mon.memory_mib == pytest.approx(rss + 800.0, abs=50.0)
+        assert mon.level == "normal"                       # 8000 + RSS would be over 4096
+        mon.device_mib = lambda: 0.0                       # a backend that cannot say
+        mon._on_reading(whole_gpu)
+        assert mon.memory_mib == pytest.approx(rss + 8000.0, abs=50.0)
+        assert mon.level != "normal"
     finally:
         mon.close()

@@ -199,7 +199,7 @@ class CudaRunner(Runner):
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=Tmax, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
             text_mode=False, step_chunk=self.step_chunk, device=str(dev), window_quantum=16 if cuda else 1,
-            engine_id=f"torch {torch.__version__} {quant or precision} compile={mode}",
+            engine_id=f"torch {torch.__version__} {quant or precision}",  # not the compile mode: windows are not compiled
             **receptive_fields(s.dec_layers, s.voc_layers))
         with torch.inference_mode():
             for b in (capture_batches if capture_batches is not None else range(1, S + 1)):

@@ -308,7 +308,7 @@ class Monitor:
         self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
         self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
                                  len(cfg.service.channels), on_change=on_change)
-        #: ``() -> MiB`` of the backend's own device memory, used when telemetry has no GPU figure
+        #: ``() -> MiB`` of the backend's own device memory (0: none; then telemetry's GPU figure)
         self.device_mib: Optional[Callable[[], float]] = None
         self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
 
@@ -317,17 +317,25 @@ class Monitor:
         self.telemetry.start(self._on_reading)
 
     def _on_reading(self, reading: Reading) -> None:
+        """Feed ``reading`` and the appliance's memory to the throttle. The memory is RSS plus the
+        backend's own device memory (:attr:`device_mib`): the sum the start-up fit and the health
+        check use. The telemetry's GPU figure (NVML: every process on the GPU and the CUDA context;
+        NvMap: every allocation on the box) stands in only where the backend reports none: on an
+        H200 it read 2204 MiB where the allocator held 804, and a budget the start-up check had
+        passed sent the throttle to ``alerts_only`` at once."""
         from .telemetry import appliance_memory_mib
 
         dev = None
-        if self.device_mib is not None and reading.nvmap_mib is None and reading.gpu_mem_used_mib is None:
+        if self.device_mib is not None:
             try:
                 dev = self.device_mib()
             except Exception:  # noqa: BLE001 - a probe must not stop the throttle
                 dev = None
-        self.memory_mib = appliance_memory_mib(reading)
-        if self.memory_mib is not None and dev:
-            self.memory_mib += dev
+        if dev:
+            rss = appliance_memory_mib(None)
+            self.memory_mib = None if rss is None else rss + dev
+        else:
+            self.memory_mib = appliance_memory_mib(reading)
         self.throttle.update(reading, app_mem_mib=self.memory_mib)
 
     def observe_rtf(self, rtf: float) -> None:
