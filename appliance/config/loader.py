@@ -85,11 +85,15 @@ def _build(cls: type, data: Any, where: str) -> Any:
             ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
         if not ok:
             shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
-            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}")
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}{_hint(f)}")
         kwargs[name] = v
     obj = cls(**kwargs)
     _check(obj, where)
     return obj
+
+
+def _hint(f: dataclasses.Field) -> str:
+    return f" ({f.metadata['hint']})" if "hint" in f.metadata else ""
 
 
 def _check(obj: Any, where: str) -> None:
@@ -104,9 +108,9 @@ def _check(obj: Any, where: str) -> None:
             raise ConfigError(f"{key}: {v!r} is not one of {', '.join(map(str, md['choices']))}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if "min" in md and v < md["min"]:
-                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}")
+                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}{_hint(f)}")
             if "max" in md and v > md["max"]:
-                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}")
+                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}{_hint(f)}")
 
 
 def _cross_check(cfg: Config) -> None:
