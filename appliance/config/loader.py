@@ -163,12 +163,23 @@ CONFIG_ENV = "CHATTTS_APPLIANCE_CONFIG"
 CONFIG_SEARCH = ("config.local.yaml", "config.yaml")
 
 
-def find_config(explicit: str | os.PathLike | None = None) -> Optional[Path]:
+def find_config(explicit: str | os.PathLike | None = None, required: bool = False) -> Optional[Path]:
     """The config file every command uses: ``explicit`` (``--config``), else ``$CHATTTS_APPLIANCE_CONFIG``
     (both returned even if missing, so reading fails naming them), else the first of
-    :data:`CONFIG_SEARCH` in the current directory; None when there is none."""
+    :data:`CONFIG_SEARCH` in the current directory; None when there is none.
+
+    Raises:
+        ConfigError: ``required`` and none was found (the message lists the search order and
+            says to pass ``--config PATH``).
+    """
     named = explicit or os.environ.get(CONFIG_ENV)
-    return Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
+    found = Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
+    if found is None and required:
+        looked = ", ".join(f"./{n}" for n in CONFIG_SEARCH)
+        raise ConfigError(f"no config file found; looked for --config (not given), then ${CONFIG_ENV} (not set), "
+                          f"then {looked} in {Path.cwd()}: pass --config PATH (config.yaml in the source tree "
+                          f"documents every key)")
+    return found
 
 
 def load_config(path: str | os.PathLike | None) -> Config:
