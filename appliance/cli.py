@@ -40,6 +40,9 @@ CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.l
 
 #: Subcommands that also work without a config file (they only need the socket path).
 _CLIENTS = ("say", "status", "cancel", "health")
+#: Subcommands whose output is their result (dry runs, measurements): they log WARNING and
+#: above only, unless ``-v``.
+_QUIET = ("normalize", "calibrate", "health")
 #: Subcommands that run on the built-in defaults when there is no config file.
 _DEFAULTS_OK = _CLIENTS + ("engines export", "engines build")
 
@@ -64,7 +67,8 @@ _COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (kept separate for tests and ``--help``)."""
     p = argparse.ArgumentParser(prog="chattts-appliance", description="ChatTTS speech appliance")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging (without it normalize, calibrate and health log only warnings)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("model", help="checkpoints").add_subparsers(dest="sub", required=True)
@@ -157,12 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``chattts-appliance`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
     if not logging.getLogger().handlers:
         # journald with structured fields under systemd, stderr otherwise
         from .service.logsetup import setup_logging
 
-        setup_logging(args.verbose)
-    key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
+        setup_logging(args.verbose, quiet=key in _QUIET)
     module, func = _COMMANDS[key]
     try:
         if "config" in args:   # one config for every subcommand; None: clients and engines use defaults
