@@ -78,7 +78,7 @@ def _calibrate(cfg: Config, backend: str) -> None:
     except ApplianceError as e:
         print(f"look-ahead calibration skipped ({e}); run 'chattts-appliance calibrate' where the engines run")
         return
-    print(report(cal, path))
+    print(report(cal, path, cfg.stream.lookahead))
 
 
 def cli_build(args) -> int:
