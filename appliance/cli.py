@@ -17,7 +17,9 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 Every subcommand reads the same config file (:func:`appliance.config.find_config`): ``--config``,
 else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else ``./config.yaml``; the
 clients (``say``, ``status``, ``cancel``, ``health --daemon``) take the daemon's socket from it,
-so ``--socket`` is only needed for a socket that config does not name.
+so ``--socket`` is only needed for a socket that config does not name. Without any config file
+the clients and ``engines`` use the built-in defaults; ``serve``, ``normalize`` and ``calibrate``
+stop with an error listing that search order.
 
 Every :class:`~appliance.errors.ApplianceError` ends the command with exit status 2 and its
 message on stderr (no traceback); other exit codes are documented per subcommand.
@@ -38,6 +40,11 @@ CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.l
 
 #: Subcommands that also work without a config file (they only need the socket path).
 _CLIENTS = ("say", "status", "cancel", "health")
+#: Subcommands whose output is their result (dry runs, measurements): they log WARNING and
+#: above only, unless ``-v``.
+_QUIET = ("normalize", "calibrate", "health")
+#: Subcommands that run on the built-in defaults when there is no config file.
+_DEFAULTS_OK = _CLIENTS + ("engines export", "engines build")
 
 # subcommand -> (module, function). The function takes the parsed argparse namespace and
 # returns an exit status.
@@ -60,7 +67,8 @@ _COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (kept separate for tests and ``--help``)."""
     p = argparse.ArgumentParser(prog="chattts-appliance", description="ChatTTS speech appliance")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging (without it normalize, calibrate and health log only warnings)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("model", help="checkpoints").add_subparsers(dest="sub", required=True)
@@ -108,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     n = sub.add_parser("normalize", help="print what TEXT would be said as, without synthesizing (dry run)")
     n.add_argument("text", help="the text a speak request would carry")
-    n.add_argument("--config", default=None, help="config whose model.path tokenizer and limits to use "
-                   "(default: ./config.yaml if it exists)")
+    n.add_argument("--config", default=None, help="config whose model.path tokenizer and limits to use: "
+                   + CONFIG_HELP)
     n.add_argument("--socket", default=None, help="ask the running daemon on this socket instead")
     n.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon's reply")
     n.add_argument("--json", action="store_true", help="print the normalized reply as JSON")
@@ -153,17 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``chattts-appliance`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
     if not logging.getLogger().handlers:
         # journald with structured fields under systemd, stderr otherwise
         from .service.logsetup import setup_logging
 
-        setup_logging(args.verbose)
-    key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
-    if "config" in args:   # one config for every subcommand (find_config); clients may run without
-        found = find_config(args.config)
-        args.config = str(found) if found is not None else (None if key in _CLIENTS else "config.yaml")
+        setup_logging(args.verbose, quiet=key in _QUIET)
     module, func = _COMMANDS[key]
     try:
+        if "config" in args:   # one config for every subcommand; None: clients and engines use defaults
+            needed = key not in _DEFAULTS_OK and not (key == "normalize" and args.socket)
+            found = find_config(args.config, required=needed)
+            args.config = str(found) if found is not None else None
         fn = getattr(importlib.import_module(module), func)
         return int(fn(args) or 0)
     except ApplianceError as e:

@@ -177,7 +177,7 @@ def test_cancel_stops_playback_within_one_window_and_queue_full_is_busy(three, s
         assert c.events(("accepted",))[-1]["type"] == "accepted"
     c.send({"type": "speak", "text": "One too many.", "seed": 72, "id": "q3", "channel": "cabin"})
     (err,) = [e for e in c.events(("error",)) if e["type"] == "error"]
-    assert err["code"] == "busy" and "queue_len" in err["message"]
+    assert err["code"] == "busy" and "service.channels[2].queue_len (the entry with name: cabin)" in err["message"], err
     (st,) = d.request({"type": "status"})
     assert st["channels"]["cabin"]["queued"] == 2 and st["channels"]["cabin"]["active"] == "c1"
     assert st["throttle"] == "normal"

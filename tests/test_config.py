@@ -1,11 +1,17 @@
 """Config: frozen dataclasses validated before anything heavy loads; errors name the key."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from appliance.config import Config, config_from_dict, load_config
 from appliance.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_repository_config_yaml_loads_and_matches_defaults(tmp_path):
@@ -80,3 +86,30 @@ def test_bare_off_in_yaml_means_off(tmp_path):
     p.write_text("model: {compile: on}\n")
     with pytest.raises(ConfigError, match="model.compile"):
         load_config(p)
+
+
+def test_no_config_file_found_names_the_search_order(tmp_path, monkeypatch):
+    from appliance.config import CONFIG_ENV, find_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert find_config() is None                              # optional: the caller uses defaults
+    with pytest.raises(ConfigError) as e:
+        find_config(required=True)
+    msg = str(e.value)
+    assert ("looked for --config (not given), then $CHATTTS_APPLIANCE_CONFIG (not set), then ./config.local.yaml, "
+            f"./config.yaml in {tmp_path}: pass --config PATH") in msg
+    (tmp_path / "config.yaml").write_text("{}\n")
+    assert find_config(required=True) == Path("config.yaml")
+
+
+@pytest.mark.parametrize("argv", [["normalize", "hello"], ["serve"], ["calibrate"]])
+def test_commands_that_need_a_config_say_where_they_looked(tmp_path, argv):
+    env = {k: v for k, v in os.environ.items() if k != "CHATTTS_APPLIANCE_CONFIG"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-m", "appliance", *argv], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert f"chattts-appliance {argv[0]}: error: no config file found; looked for --config" in r.stderr
+    assert "./config.local.yaml, ./config.yaml" in r.stderr and "pass --config PATH" in r.stderr
+    assert "Traceback" not in r.stderr

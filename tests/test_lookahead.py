@@ -163,3 +163,16 @@ def test_a_rebuild_of_the_engines_invalidates_the_calibration(tiny_ckpt, tmp_pat
     got = choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "int8", -60.0, "manifest-B")
     assert got.tokens is None and "rebuilt" in got.source
     assert choose("auto", tmp_path, tiny_ckpt, "onnxruntime", "fp32", -60.0, "manifest-A").tokens is None
+
+
+def test_calibrate_says_when_the_daemon_uses_the_result():
+    from appliance.build.calibrate import report
+    from appliance.engines.lookahead import Calibration
+
+    cal = Calibration(backend="torch-cpu", precision="fp32", lookahead_tokens=10, exact_lookahead=14,
+                      threshold_db=-60.0, chunk_tokens=2, curve=[{"tokens": 10, "worst_db": -61.0}])
+    last = report(cal, "/e/calibration.json").splitlines()[-1]
+    assert last.startswith("the daemon uses 10 steps (exact: 14) from its next start")
+    assert "restarted (systemctl restart chattts-appliance)" in last and "reload" in last and "does not read" in last
+    last = report(cal, "/e/calibration.json", "7").splitlines()[-1]
+    assert last.startswith("the daemon does not use it: stream.lookahead is '7'") and "set it to auto" in last

@@ -160,6 +160,23 @@ def test_cancel_queued_and_playing(dev_daemon):
         time.sleep(0.05)
 
 
+def test_cancel_with_id_and_channel_is_ambiguous_and_a_request_without_type_is_a_speak(dev_daemon):
+    s = dev_daemon.connect()
+    try:
+        s.send({"type": "cancel", "id": "amb-1", "channel": "main"})
+        (ev,) = s.events(("error", "cancel_done"))
+        assert ev["type"] == "error" and ev["code"] == "bad_request", ev
+        assert "both 'id' ('amb-1') and 'channel' ('main') is ambiguous" in ev["message"], ev
+        s.send({"text": "hello", "id": "untyped-1", "seed": 4, "params": {"max_new_tokens": 20}})
+        evs = s.events(("done", "error"))
+        assert [e["type"] for e in evs] == ["accepted", "started", "done"] and evs[-1]["id"] == "untyped-1", evs
+        s.send({"id": "untyped-2"})                 # no type: a speak, so its missing text is named
+        (ev,) = s.events(("error", "done"))
+        assert ev["code"] == "bad_request" and "field 'text' is required in speak" in ev["message"], ev
+    finally:
+        s.close()
+
+
 def test_status_reports_channels_and_last_timings(dev_daemon):
     st = _status(dev_daemon)
     assert st["state"] == "ready" and st["backend"] == "torch-cpu"

@@ -6,6 +6,7 @@ normalization warning. Real daemon subprocess on a real UNIX socket."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,19 @@ def test_cli_normalize_without_daemon_matches_the_daemon(daemon):
     assert "could not speak: 😀 (U+1F600 GRINNING FACE)" in r.stdout
     r = _cli("--config", str(daemon.config_path), "😀")
     assert r.returncode == 1 and "nothing speakable" in r.stderr
+
+
+def test_cli_normalize_prints_only_its_result_unless_verbose(daemon):
+    r = _cli("--config", str(daemon.config_path), "你好😀 hello")    # the 😀 is an INFO line with -v
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", "normalize must log only warnings and above without -v"
+    lines = r.stdout.splitlines()
+    assert re.fullmatch(r"1\. 你好 ?hello\.?    \[\d+ tokens\]", lines[0]), lines
+    assert lines[1:] == ["could not speak: 😀 (U+1F600 GRINNING FACE)"]
+    v = subprocess.run([sys.executable, "-m", "appliance", "-v", "normalize", "--config", str(daemon.config_path),
+                        "你好😀 hello"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and v.stdout == r.stdout
+    assert " INFO appliance.text.normalize: request dry-run: removed what cannot be spoken: 😀" in v.stderr, v.stderr
 
 
 def test_cli_normalize_through_the_daemon(daemon):

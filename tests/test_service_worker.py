@@ -38,12 +38,17 @@ def test_limits_and_duplicate_ids():
     w, evs = _worker(limit=2), []
     w.submit(_item(evs, "r1"))
     w.submit(_item(evs, "r2"))
-    with pytest.raises(BusyError, match="queue_len"):
+    with pytest.raises(BusyError) as e:
         w.submit(_item(evs, "r3"))
+    assert "2 requests queued, the limit set by service.channels[0].queue_len (the entry with name: main)" \
+        in str(e.value)
     w.submit(_item(evs, "h1", channel="hall"))          # other channels have their own limit
+    w.submit(_item(evs, "h2", channel="hall"))
+    with pytest.raises(BusyError, match=r"service\.channels\[1\]\.queue_len \(the entry with name: hall\)"):
+        w.submit(_item(evs, "h3", channel="hall"))
     with pytest.raises(RequestError, match="already queued"):
         w.submit(_item(evs, "h1", channel="hall"))
-    assert len(evs) == 3                                 # refused requests were never 'accepted'
+    assert len(evs) == 4                                 # refused requests were never 'accepted'
 
 
 def test_cancel_queued_by_id_and_channel_then_stop():

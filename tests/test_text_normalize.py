@@ -1,12 +1,14 @@
 """Normalization: numbers/dates/units become words in the right language, nothing is lost,
 control tokens pass, unspeakable characters are reported, bad text is a TextError."""
 
+import logging
 import re
+import unicodedata
 
 import pytest
 
 from appliance.errors import TextError
-from appliance.text.normalize import Normalizer
+from appliance.text.normalize import Normalizer, clean_controls
 from appliance.text.numbers import en_int, verbalize_numbers, zh_int
 from appliance.text.tokenizer import Tokenizer
 from tests.test_text_tokenizer import make_tiny_tokenizer
@@ -87,6 +89,29 @@ def test_emoji_and_other_scripts_reported(norm):
 def test_invisible_characters_silent(norm):
     r = norm("你\u200b好❤\ufe0f")
     assert r.text == "你好" and r.unspeakable == ("❤",)
+
+
+def test_control_characters_become_spaces():
+    cc = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))]
+    assert len(cc) == 65 and all(unicodedata.category(c) == "Cc" for c in cc)
+    out = clean_controls("a" + "a".join(cc) + "a")
+    assert out == "a" + "a".join("\t" if c == "\t" else "\n" if c in "\n\r" else " " for c in cc) + "a"
+    assert clean_controls("one\r\ntwo\rthree") == "one\ntwo\nthree"
+
+
+def test_control_characters_separate_words_and_reach_neither_tokenizer_nor_log(tmp_path, caplog):
+    tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path).parent)
+    n = Normalizer(tok, use_wetext=False)
+    with caplog.at_level(logging.DEBUG, logger="appliance.text"):
+        r = n("hello\x00world\x1b\x07and\x85you\tthere\x7f😀", request_id="r1")
+    assert r.text == "hello world and you there"          # a NUL between words is a space, not a join
+    assert r.unspeakable == ("😀",)
+    assert tok.unknown_chars(r.text) == []
+    msgs = [rec.getMessage() for rec in caplog.records]
+    assert any("speaks" in m for m in msgs)
+    assert not [m for m in msgs if any(unicodedata.category(c) == "Cc" for c in m)], msgs
+    with pytest.raises(TextError, match="empty"):
+        n("\x00\x01\x9f \x1b")
 
 
 def test_unknown_to_tokenizer_reported(tmp_path):

@@ -157,8 +157,10 @@ def run(cfg, threshold_db: Optional[float] = None) -> tuple[Calibration, str]:
     return cal, str(path)
 
 
-def report(cal: Calibration, path: str) -> str:
-    """A short table for people."""
+def report(cal: Calibration, path: str, setting: str = "auto") -> str:
+    """A short table for people, ending with whether and when the daemon uses the result
+    (``setting``: ``stream.lookahead``; only ``auto`` reads the record, and only when the
+    pipeline is built, at start: a reload (SIGHUP) re-reads the config, not the record)."""
     lines = [f"look-ahead calibration ({cal.backend}, {cal.precision}, threshold {cal.threshold_db:g} dB, "
              f"chunks of {cal.chunk_tokens} steps):", "  steps  worst error"]
     lines += [f"  {c['tokens']:5d}  {c['worst_db']:7.1f} dB" + ("  <- chosen" if c["tokens"] == cal.lookahead_tokens else "")
@@ -167,7 +169,14 @@ def report(cal: Calibration, path: str) -> str:
                  + (f"; above the threshold, so the bar is {cal.floor_db + 3:.1f} dB" if cal.floor_db + 3 > cal.threshold_db else ""))
     if cal.lookahead_tokens >= cal.exact_lookahead:
         lines.append(f"  no shorter look-ahead met the threshold: exact ({cal.exact_lookahead} steps)")
-    lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}); saved in {path}")
+    lines.append(f"saved in {path}")
+    if setting == "auto":
+        lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}) from its next start: "
+                     f"a running daemon keeps its look-ahead until it is restarted (systemctl restart "
+                     f"chattts-appliance); a reload (systemctl reload, SIGHUP) does not read calibrations")
+    else:
+        lines.append(f"the daemon does not use it: stream.lookahead is {setting!r} in the config; set it to auto "
+                     f"(and restart the daemon) to use {cal.lookahead_tokens} steps")
     return "\n".join(lines)
 
 
@@ -177,5 +186,5 @@ def cli_main(args) -> int:
 
     cfg = load_config(find_config(args.config))
     cal, path = run(cfg, args.threshold_db)
-    print(json.dumps(asdict(cal), indent=1) if args.json else report(cal, path))
+    print(json.dumps(asdict(cal), indent=1) if args.json else report(cal, path, cfg.stream.lookahead))
     return 0

@@ -24,11 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def _config(path: str | None) -> Config:
-    if path and Path(path).is_file():
-        return load_config(path)
-    if path and path != "config.yaml":
-        return load_config(path)  # raises ConfigError naming the missing file
-    return load_config(None)
+    """The file the command line found, or the built-in defaults (None: no config file)."""
+    return load_config(path)  # a named file that is missing raises ConfigError naming it
 
 
 def _bar(total: int, desc: str):
@@ -81,7 +78,7 @@ def _calibrate(cfg: Config, backend: str) -> None:
     except ApplianceError as e:
         print(f"look-ahead calibration skipped ({e}); run 'chattts-appliance calibrate' where the engines run")
         return
-    print(report(cal, path))
+    print(report(cal, path, cfg.stream.lookahead))
 
 
 def cli_build(args) -> int:

@@ -85,11 +85,15 @@ def _build(cls: type, data: Any, where: str) -> Any:
             ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
         if not ok:
             shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
-            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}")
+            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}{_hint(f)}")
         kwargs[name] = v
     obj = cls(**kwargs)
     _check(obj, where)
     return obj
+
+
+def _hint(f: dataclasses.Field) -> str:
+    return f" ({f.metadata['hint']})" if "hint" in f.metadata else ""
 
 
 def _check(obj: Any, where: str) -> None:
@@ -104,9 +108,9 @@ def _check(obj: Any, where: str) -> None:
             raise ConfigError(f"{key}: {v!r} is not one of {', '.join(map(str, md['choices']))}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if "min" in md and v < md["min"]:
-                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}")
+                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}{_hint(f)}")
             if "max" in md and v > md["max"]:
-                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}")
+                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}{_hint(f)}")
 
 
 def _cross_check(cfg: Config) -> None:
@@ -159,12 +163,23 @@ CONFIG_ENV = "CHATTTS_APPLIANCE_CONFIG"
 CONFIG_SEARCH = ("config.local.yaml", "config.yaml")
 
 
-def find_config(explicit: str | os.PathLike | None = None) -> Optional[Path]:
+def find_config(explicit: str | os.PathLike | None = None, required: bool = False) -> Optional[Path]:
     """The config file every command uses: ``explicit`` (``--config``), else ``$CHATTTS_APPLIANCE_CONFIG``
     (both returned even if missing, so reading fails naming them), else the first of
-    :data:`CONFIG_SEARCH` in the current directory; None when there is none."""
+    :data:`CONFIG_SEARCH` in the current directory; None when there is none.
+
+    Raises:
+        ConfigError: ``required`` and none was found (the message lists the search order and
+            says to pass ``--config PATH``).
+    """
     named = explicit or os.environ.get(CONFIG_ENV)
-    return Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
+    found = Path(named) if named else next((Path(n) for n in CONFIG_SEARCH if Path(n).is_file()), None)
+    if found is None and required:
+        looked = ", ".join(f"./{n}" for n in CONFIG_SEARCH)
+        raise ConfigError(f"no config file found; looked for --config (not given), then ${CONFIG_ENV} (not set), "
+                          f"then {looked} in {Path.cwd()}: pass --config PATH (config.yaml in the source tree "
+                          f"documents every key)")
+    return found
 
 
 def load_config(path: str | os.PathLike | None) -> Config:

@@ -15,7 +15,8 @@ from typing import Any, Optional
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field with a documentation string (``help``) and optional checks.
 
-    Keyword checks: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds).
+    Keyword checks: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds); ``hint``
+    is added to the error message of a value that fails them (e.g. ``"0 = unlimited"``).
     """
     if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
         return field(default_factory=lambda: default, metadata={"help": help, **kw})
@@ -109,6 +110,8 @@ class ServiceConfig:
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
     memory_budget_mb: int = _f(1500, "Memory budget for weights + KV caches + activations, MiB.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
+    wav_keep_files: int = _f(200, "WAV output: most request files (<id>.wav) kept in audio.wav_dir; after each file is written (and at start) the oldest beyond this are deleted. 0 = unlimited.", min=0, max=1 << 30, hint="a number of files; 0 = unlimited")
+    wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")
     spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).")
 
 

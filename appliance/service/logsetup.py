@@ -89,7 +89,8 @@ def _quiet_third_party() -> None:
 
 
 def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
-                  environ: Optional[dict] = None, journal_sender: Optional[Callable] = None) -> str:
+                  environ: Optional[dict] = None, journal_sender: Optional[Callable] = None,
+                  quiet: bool = False) -> str:
     """Configure the root logger once, at the entry point (library code never does).
 
     Under systemd: a ``systemd.journal.JournalHandler`` (fields ``SYSLOG_IDENTIFIER``,
@@ -101,6 +102,8 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
 
     Args:
         verbose: DEBUG instead of INFO (and every third-party logger at its own level).
+        quiet: WARNING instead of INFO when not ``verbose`` (commands whose output is their
+            result, e.g. ``normalize``: no INFO lines around it).
         identifier: ``SYSLOG_IDENTIFIER`` in the journal.
         environ: environment to decide from (default ``os.environ``).
         journal_sender: replaces ``systemd.journal.send`` (tests).
@@ -112,7 +115,7 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     for h in list(root.handlers):
         root.removeHandler(h)
         h.close()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     if not verbose:
         _quiet_third_party()
     if under_systemd(environ) and _sd_journal is not None:

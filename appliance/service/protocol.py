@@ -1,6 +1,7 @@
 """Protocol messages shared by the UNIX socket and MQTT.
 
-Framing on the socket: one JSON object per line (UTF-8), each with a ``"type"``. An ``audio``
+Framing on the socket: one JSON object per line (UTF-8), each with a ``"type"``; a request
+without ``"type"`` is a ``speak`` (so ``{"text": "..."}`` is enough). An ``audio``
 event (only when a ``speak`` asked for ``return_audio``) is followed by exactly ``bytes`` raw
 bytes of PCM (little-endian, the ``format`` given, mono, ``rate`` Hz). MQTT carries the same
 JSON objects as payloads (see :mod:`appliance.service.mqtt`).
@@ -96,7 +97,8 @@ class Speak:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Cancel one request (``id``) or everything on a channel (``channel``)."""
+    """Cancel one request (``id``) or everything on a channel (``channel``); exactly one of the
+    two (both is ambiguous and refused as ``bad_request``)."""
 
     id: Optional[str] = None
     channel: Optional[str] = None
@@ -190,14 +192,16 @@ def _params(obj: Any) -> SynthParams:
 def parse_request(obj: Any) -> Request:
     """Validate a decoded JSON object and build the request dataclass.
 
-    A ``speak`` or ``normalize`` without ``id`` gets a fresh one (``uuid4().hex[:12]``).
+    An object without ``type`` is a ``speak``. A ``speak`` or ``normalize`` without ``id`` gets
+    a fresh one (``uuid4().hex[:12]``).
 
     Raises:
-        RequestError: not an object, unknown ``type``, unknown field, wrong type or range.
+        RequestError: not an object, unknown ``type``, unknown field, wrong type or range, a
+            ``cancel`` with neither or both of ``id`` and ``channel``.
     """
     if not isinstance(obj, dict):
         raise RequestError(f"a request must be a JSON object, got {type(obj).__name__}")
-    kind = obj.get("type", "speak" if "text" in obj else None)
+    kind = obj.get("type", "speak")
     if not isinstance(kind, str) or kind not in REQUEST_TYPES:
         raise RequestError(f"unknown request type {kind!r} (known: {', '.join(REQUEST_TYPES)})")
     cls = REQUEST_TYPES[kind]
@@ -231,6 +235,9 @@ def parse_request(obj: Any) -> Request:
             raise RequestError("field 'id' is longer than 128 characters")
     if cls is Cancel and not (kw.get("id") or kw.get("channel")):
         raise RequestError("cancel needs 'id' or 'channel'")
+    if cls is Cancel and kw.get("id") is not None and kw.get("channel") is not None:
+        raise RequestError(f"cancel with both 'id' ({kw['id']!r}) and 'channel' ({kw['channel']!r}) is ambiguous: "
+                           "send 'id' to cancel one request, or 'channel' to cancel everything on that channel")
     return cls(**kw)
 
 

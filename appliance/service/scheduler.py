@@ -124,7 +124,8 @@ class Scheduler:
     """Queues, admission and preemption decisions (module docstring); the caller holds the lock.
 
     Args:
-        queue_len: channel name -> most queued requests before :class:`BusyError`.
+        queue_len: channel name -> most queued requests before :class:`BusyError`, in the order
+            of ``service.channels`` (the error names ``service.channels[i].queue_len``).
         slots: synthesis slots of the batch engine (``model.max_batch``).
         throttle: a :class:`ThrottlePolicy`, or None.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
@@ -162,8 +163,11 @@ class Scheduler:
         limit = self.queue_len.get(item.channel, 16)
         same = [q for q in self.queue if q.channel == item.channel]
         if len(same) >= limit:
-            raise BusyError(f"channel {item.channel!r} has {len(same)} requests queued (limit {limit}, "
-                            f"service.channels[].queue_len); retry later")
+            names = list(self.queue_len)
+            key = (f"service.channels[{names.index(item.channel)}].queue_len" if item.channel in names
+                   else "service.channels[N].queue_len")
+            raise BusyError(f"channel {item.channel!r} is full: {len(same)} requests queued, the limit set by {key} "
+                            f"(the entry with name: {item.channel}); retry later or raise that limit")
         pos = sum(1 for q in same if q.rank <= item.rank)
         busy = self.running.get(item.channel)
         if busy is not None:

@@ -43,7 +43,7 @@ from ..config import Config
 from ..errors import AudioDeviceError
 from .sound_device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
 from .sound_request import ClientOnlyAudio, RequestAudio
-from .wavout import wav_path
+from .wavout import MIB, WavRetention, remove_partials, wav_path
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class AudioOutput:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.wav_dir = cfg.resolve(cfg.audio.wav_dir)
+        self.retention = WavRetention(cfg.service.wav_keep_files, int(cfg.service.wav_max_mib * MIB))
         self.mode = "wav"
         self.reason = ""
         self.devices: dict[Optional[str], DeviceOutput] = {}
@@ -73,7 +74,10 @@ class AudioOutput:
         return self.cfg.audio.device
 
     def start(self) -> None:
-        """Pick the mode and open the devices of all channels (failures are logged, not raised)."""
+        """Remove the partial WAV files a crash left (and apply the WAV retention), pick the mode
+        and open the devices of all channels (failures are logged, not raised)."""
+        remove_partials(self.wav_dir)
+        self.retention.prune(self.wav_dir)
         a = self.cfg.audio
         if a.output == "wav":
             self.mode, self.reason = "wav", "audio.output is wav"
@@ -122,15 +126,15 @@ class AudioOutput:
             dev = self.devices.get(self._device_query(channel))
             if dev is not None and dev.ensure_open():
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold)
+                                    on_wait=self._hold, retention=self.retention)
             if dev is not None and policy == "wait":
                 log.warning("request %s: sound device %r unusable (%s); it waits for the device "
                             "(audio.on_device_error: wait)", request_id, dev.name, dev.error)
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, wait_from_start=True)
+                                    on_wait=self._hold, wait_from_start=True, retention=self.retention)
             log.warning("request %s: sound device unusable (%s); writing %s",
                         request_id, dev.error if dev else "no device", wav)
-        return RequestAudio(request_id, wav, None)
+        return RequestAudio(request_id, wav, None, retention=self.retention)
 
     def status(self, channel: str) -> dict:
         """Output state of ``channel`` for StatusReply: ``output`` (device/wav) + device fields."""

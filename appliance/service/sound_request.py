@@ -37,7 +37,7 @@ import numpy as np
 from ..core import SAMPLE_RATE
 from ..errors import AudioDeviceError
 from .sound_device import DeviceOutput
-from .wavout import WavWriter
+from .wavout import WavRetention, WavWriter
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,20 @@ class RequestAudio:
     completes it to the file instead, e.g. at shutdown). ``wait_from_start=True`` creates it
     already waiting (the device was down when the request began).
 
+    A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.service.wavout.WavWriter`),
+    before ``on_done`` fires; ``retention`` is applied to its directory then.
+
     Raises:
-        AudioDeviceError: (constructor, no device) the WAV file cannot be created.
+        AudioDeviceError: (constructor, no device) the WAV file cannot be created;
+            (:meth:`finish`) it cannot be completed.
     """
 
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
                  beat: Optional[Callable[[], None]] = None, lane: Optional[Hashable] = None,
                  on_device_error: str = "wav", on_wait: Optional[Callable[[RequestAudio], None]] = None,
-                 wait_from_start: bool = False) -> None:
+                 wait_from_start: bool = False, retention: Optional[WavRetention] = None) -> None:
         self.request_id = request_id
+        self.retention = retention
         self.beat = beat
         self.wav_file = wav_file
         self.device = device
@@ -103,7 +108,7 @@ class RequestAudio:
                 self._bind(device)
         else:
             self.route = Route.WAV
-            self._wav = WavWriter(wav_file, PIPELINE_RATE)
+            self._wav = WavWriter(wav_file, PIPELINE_RATE, retention)
             self.output = str(wav_file)
 
     def _bind(self, device: DeviceOutput) -> None:
@@ -179,7 +184,7 @@ class RequestAudio:
             self._pcm, self._rs = [], None
 
     def abort(self) -> None:
-        """Drop unplayed audio and any partial WAV; ``on_done`` will not fire."""
+        """Drop unplayed audio and any partial WAV (its ``.part`` file); ``on_done`` will not fire."""
         with self._lock:
             if self._aborted:
                 return
@@ -189,11 +194,7 @@ class RequestAudio:
             self.device.drop(self)
             self.device.forget(self)
         if wav is not None:
-            wav.close()
-            try:
-                self.wav_file.unlink()
-            except OSError:
-                pass
+            wav.discard()             # an unfinished file never appears under wav_file
 
     def replay(self) -> bool:
         """The device is back: play everything so far from the start (and the rest as it comes).
@@ -262,7 +263,7 @@ class RequestAudio:
         log.warning("request %s: sound device failed (%s); completing it to %s", self.request_id, reason, self.wav_file)
         self.route = Route.WAV
         try:
-            self._wav = WavWriter(self.wav_file, PIPELINE_RATE)
+            self._wav = WavWriter(self.wav_file, PIPELINE_RATE, self.retention)
             for p in self._pcm:
                 self._wav.write(p)
         except AudioDeviceError as e:
@@ -271,7 +272,10 @@ class RequestAudio:
         self.output = str(self.wav_file)
         cb, self._on_done = self._on_done, None
         if cb is not None and self._wav is not None:
-            self._wav.close()
+            try:
+                self._wav.close()
+            except AudioDeviceError as e:
+                log.error("request %s: WAV fallback failed too: %s", self.request_id, e)
         return cb
 
 

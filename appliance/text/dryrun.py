@@ -9,7 +9,6 @@ has the fields of the daemon's ``normalized`` reply (:class:`appliance.service.p
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from ..config import Config
@@ -27,13 +26,10 @@ def load_tokenizer(cfg: Config) -> Tokenizer:
         CheckpointError: no ``tokenizer.json`` there (the message says how to get one).
     """
     root = cfg.resolve(cfg.model.path)
-    for cand in (root, root / "tokenizer"):
-        try:
-            return Tokenizer.from_dir(cand)
-        except CheckpointError:
-            if cand == root / "tokenizer":
-                raise
-    raise AssertionError("unreachable")
+    try:
+        return Tokenizer.from_dir(root)
+    except CheckpointError:
+        return Tokenizer.from_dir(root / "tokenizer")
 
 
 def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
@@ -68,10 +64,13 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
 
 
 def cli_config(config: Optional[str]) -> Config:
-    """The configuration ``normalize`` reads: ``--config``, else ``./config.yaml`` if it
-    exists, else the defaults."""
+    """The configuration ``normalize`` reads: the file the command line found
+    (:func:`~appliance.config.find_config`, which already searched the current directory), or
+    the defaults for None.
+
+    Raises:
+        ConfigError: the file cannot be read or is invalid.
+    """
     from ..config import load_config
 
-    if config is None and Path("config.yaml").exists():
-        config = "config.yaml"
-    return load_config(config) if config else Config()
+    return load_config(config)

@@ -2,6 +2,9 @@
 
 One request's text goes through, in order:
 
+0. input cleaning (:func:`clean_controls`): line breaks ``\\r\\n`` / ``\\r`` become ``\\n``, and every
+   other control character (C0, DEL, C1; NUL included) except ``\\n`` and ``\\t`` becomes a space,
+   so none reaches the rules, the tokenizer or a log line;
 1. the script pass (:mod:`.scripts`): compatibility forms, digits of any script, traditional ->
    simplified Chinese (OpenCC), Latin letters with diacritics spelled in ASCII;
 2. control tokens (``[uv_break]``, ``[laugh]``, ``[speed_5]`` ...) are cut out and pass
@@ -79,8 +82,16 @@ _APOSTROPHES = set("'’")
 #: wetext gets one clause at a time (it takes ``123456，5`` for one number otherwise).
 _WETEXT_CUT = re.compile(r"(?<=[。！？!?\n，、；：])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
+#: control characters (Unicode category Cc) other than \t and \n: C0, DEL and C1
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: WordPiece turns a word longer than 100 characters into one [UNK]: long runs are cut.
 _LONG_WORD_RE = re.compile(r"[A-Za-z]{48}(?=[A-Za-z])")
+
+
+def clean_controls(text: str) -> str:
+    """``text`` with ``\\r\\n`` and ``\\r`` as ``\\n`` and every other control character (NUL and the
+    rest of C0, DEL, C1) except ``\\n`` and ``\\t`` replaced by a space; same length or shorter."""
+    return _CONTROLS.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 class Normalizer:
@@ -124,6 +135,7 @@ class Normalizer:
         """
         if not isinstance(text, str):
             raise TextError(f"text must be a string, got {type(text).__name__}")
+        text = clean_controls(text)
         if not text.strip():
             raise TextError("text is empty; send something to speak")
         rid = request_id or "-"

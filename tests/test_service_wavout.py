@@ -1,0 +1,177 @@
+"""WAV output durability and retention, on real files in a real directory: a file appears under
+its name only once complete (``.part`` + fsync + rename), a crash's ``.part`` is removed at the
+next start, and the oldest ``<id>.wav`` files beyond ``service.wav_keep_files`` /
+``service.wav_max_mib`` are deleted, never anything else."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from appliance.config import config_from_dict
+from appliance.errors import ConfigError
+from appliance.service.sound import AudioOutput
+from appliance.service.wavout import (
+    MIB,
+    WavRetention,
+    WavWriter,
+    part_path,
+    read_wav,
+    remove_partials,
+)
+from tests.fixtures_service import service_config
+
+PCM = (np.sin(np.arange(2400, dtype=np.float32) / 5) * 0.5).astype(np.float32)   # 0.1 s at 24 kHz
+
+
+def test_a_wav_appears_only_complete_and_no_part_remains(tmp_path):
+    path = tmp_path / "wav" / "req-1.wav"
+    w = WavWriter(path, 24000)
+    for _ in range(5):
+        w.write(PCM)
+        assert not path.exists(), "the final name must not exist before the file is complete"
+        assert part_path(path).exists() and part_path(path).name == ".req-1.wav.part"
+    assert w.close() == path
+    assert not part_path(path).exists()
+    y, rate = read_wav(path)
+    assert rate == 24000 and len(y) == 5 * len(PCM)
+    assert w.close() == path                                  # idempotent
+
+
+def test_a_reader_polling_the_final_name_never_sees_a_partial_file(tmp_path):
+    path = tmp_path / "live.wav"
+    seen: list = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                with wave.open(str(path), "rb") as r:
+                    seen.append((r.getnframes(), len(r.readframes(1 << 30)) // 2))
+            except FileNotFoundError:
+                pass
+            except (wave.Error, EOFError) as e:      # a torn header: what must never be seen
+                seen.append(repr(e))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        w = WavWriter(path, 24000)
+        for _ in range(200):
+            w.write(PCM)
+        w.close()
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join()
+    assert seen, "the reader never saw the file"
+    n = 200 * len(PCM)
+    assert set(seen) == {(n, n)}, f"a reader saw a partial file: {list(set(seen))[:5]}"
+
+
+def test_a_discarded_file_leaves_nothing(tmp_path):
+    path = tmp_path / "gone.wav"
+    w = WavWriter(path, 24000)
+    w.write(PCM)
+    w.discard()
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_crash_leftover_part_is_removed_at_start_and_nothing_else(tmp_path):
+    wav = tmp_path / "wav"
+    wav.mkdir()
+    (wav / ".r1.wav.part").write_bytes(b"RIFF half")              # a crash mid-write
+    for keep in ("r0.wav", "notes.part", ".r1.wav.part.bak", "r2.wav.part"):
+        (wav / keep).write_bytes(b"x")
+    assert remove_partials(tmp_path / "missing") == []
+    cfg = config_from_dict({"audio": {"output": "wav", "wav_dir": str(wav)}})
+    a = AudioOutput(cfg)
+    a.start()                                                     # what the daemon runs at start-up
+    a.close(1.0)
+    assert sorted(os.listdir(wav)) == [".r1.wav.part.bak", "notes.part", "r0.wav", "r2.wav.part"]
+
+
+def _files(d: Path, names_sizes: list[tuple[str, int]]) -> None:
+    """Create files oldest first (mtimes one second apart)."""
+    t0 = time.time() - 1000
+    for i, (n, size) in enumerate(names_sizes):
+        (d / n).write_bytes(b"\0" * size)
+        os.utime(d / n, (t0 + i, t0 + i))
+
+
+def test_retention_keeps_the_newest_files_and_only_touches_ours(tmp_path):
+    _files(tmp_path, [(f"old{i}.wav", 10) for i in range(6)])
+    (tmp_path / "my song.wav").write_bytes(b"x")          # a name wav_path never produces
+    (tmp_path / ".hidden.wav").write_bytes(b"x")
+    (tmp_path / "readme.txt").write_bytes(b"x")
+    (tmp_path / "sub.wav").mkdir()
+    (tmp_path / ".old9.wav.part").write_bytes(b"x")       # being written
+    gone = WavRetention(keep_files=4).prune(tmp_path)
+    assert sorted(p.name for p in gone) == ["old0.wav", "old1.wav"]
+    assert sorted(os.listdir(tmp_path)) == [".hidden.wav", ".old9.wav.part", "my song.wav", "old2.wav", "old3.wav",
+                                            "old4.wav", "old5.wav", "readme.txt", "sub.wav"]
+    assert WavRetention(0, 0).prune(tmp_path) == []       # 0 and 0: unlimited
+
+
+def test_retention_by_size_deletes_oldest_first_and_never_the_file_just_written(tmp_path):
+    _files(tmp_path, [("a.wav", 300), ("b.wav", 150), ("c.wav", 400), ("d.wav", 500)])
+    r = WavRetention(max_bytes=1000)
+    assert [p.name for p in r.prune(tmp_path)] == ["b.wav", "a.wav"]     # d+c = 900 fit; +b = 1050: cut there
+    big = tmp_path / "e.wav"
+    big.write_bytes(b"\0" * 2000)                                         # over the limit on its own
+    os.utime(big, (time.time() - 2000,) * 2)                              # and even the oldest
+    assert sorted(p.name for p in r.prune(tmp_path, keep=big)) == ["c.wav", "d.wav"]
+    assert os.listdir(tmp_path) == ["e.wav"]
+
+
+def test_the_writer_applies_retention_once_the_file_is_in_place(tmp_path):
+    r = WavRetention(keep_files=2)
+    for i in range(4):
+        w = WavWriter(tmp_path / f"req{i}.wav", 24000, r)
+        w.write(PCM)
+        w.close()
+        time.sleep(0.01)                                  # distinct mtimes
+    assert sorted(os.listdir(tmp_path)) == ["req2.wav", "req3.wav"]
+
+
+@pytest.mark.parametrize("section, needle", [
+    ({"wav_keep_files": -1}, "service.wav_keep_files: -1 is below the minimum 0 (a number of files; 0 = unlimited)"),
+    ({"wav_keep_files": 1.5}, "service.wav_keep_files: expected int, got 1.5"),
+    ({"wav_max_mib": -0.5}, "service.wav_max_mib: -0.5 is below the minimum 0.0 (MiB, e.g. 512; 0 = unlimited)"),
+    ({"wav_max_mib": "1G"}, "service.wav_max_mib: expected float, got '1G'"),
+    ({"wav_max_mib": True}, "service.wav_max_mib: expected float, got True"),
+])
+def test_retention_keys_are_validated(section, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"service": section})
+    assert needle in str(e.value)
+
+
+def test_retention_keys_defaults_and_values():
+    c = config_from_dict({})
+    assert (c.service.wav_keep_files, c.service.wav_max_mib) == (200, 512.0)
+    c = config_from_dict({"service": {"wav_keep_files": 0, "wav_max_mib": 3}})
+    assert AudioOutput(c).retention == WavRetention(0, 3 * MIB)
+
+
+def test_daemon_cleans_up_at_start_and_keeps_its_wav_dir_bounded(tiny_ckpt, tmp_path, start_daemon):
+    wav = tmp_path / "wav"
+    wav.mkdir()
+    (wav / ".crashed.wav.part").write_bytes(b"RIFF")
+    _files(wav, [("old0.wav", 10), ("old1.wav", 10), ("old2.wav", 10)])
+    (wav / "keep me.wav").write_bytes(b"x")
+    d = start_daemon(service_config(tiny_ckpt, tmp_path, service={"wav_keep_files": 2}))
+    assert sorted(os.listdir(wav)) == ["keep me.wav", "old1.wav", "old2.wav"]     # .part gone, pruned to 2
+    evs = d.request({"type": "speak", "text": "hello", "seed": 3, "id": "w1", "params": {"max_new_tokens": 30}})
+    assert evs[-1]["type"] == "done", evs
+    out = Path(evs[-1]["output"])
+    assert out == wav / "w1.wav"
+    y, rate = read_wav(out)
+    assert rate == 24000 and abs(len(y) / 24000 - evs[-1]["audio_s"]) < 1e-3
+    assert sorted(os.listdir(wav)) == ["keep me.wav", "old2.wav", "w1.wav"]
