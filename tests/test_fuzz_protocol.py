@@ -131,3 +131,11 @@ def test_the_daemon_is_still_serving_after_the_fuzz(daemon):
     assert evs[-1]["type"] == "done", evs
     log = daemon.log()
     assert "Traceback" not in log and "Exception in callback" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("rid", ["a\x00b", "line\nbreak", "esc\x1b[31m", "c1\x85"])
+def test_a_request_id_with_control_characters_is_refused(rid):
+    """Ids reach log lines and file names: control characters in one get a bad_request."""
+    with pytest.raises(ApplianceError, match="control characters"):
+        parse_line(json.dumps({"type": "speak", "text": "hi", "id": rid}).encode())
+    assert parse_line(json.dumps({"type": "speak", "text": "hi", "id": "ok-id_1.2"}).encode()).id == "ok-id_1.2"

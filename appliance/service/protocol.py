@@ -233,6 +233,8 @@ def parse_request(obj: Any) -> Request:
             kw["id"] = uuid.uuid4().hex[:12]
         elif len(kw["id"]) > 128:
             raise RequestError("field 'id' is longer than 128 characters")
+        elif any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in kw["id"]):
+            raise RequestError(f"field 'id' holds control characters: {kw['id']!r}")
     if cls is Cancel and not (kw.get("id") or kw.get("channel")):
         raise RequestError("cancel needs 'id' or 'channel'")
     if cls is Cancel and kw.get("id") is not None and kw.get("channel") is not None:
