@@ -144,4 +144,8 @@ if [ -n "$DAEMON" ]; then
 else
   echo "      (the daemon you started keeps running on $SOCK)"
 fi
-echo "      chattts-appliance say \"Hello there.\"    # in another terminal; also: status, cancel, health --daemon"
+if [ "${RANDOM_CKPT:-0}" = 1 ]; then
+  echo "      chattts-appliance say --max-new-tokens 300 \"Hello there.\"   # another terminal; random weights rarely end a sentence"
+else
+  echo "      chattts-appliance say \"Hello there.\"    # in another terminal; also: status, cancel, health --daemon"
+fi
