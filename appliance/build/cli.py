@@ -23,11 +23,6 @@ from ..config import Config, load_config
 log = logging.getLogger(__name__)
 
 
-def _config(path: str | None) -> Config:
-    """The file the command line found, or the built-in defaults (None: no config file)."""
-    return load_config(path)  # a named file that is missing raises ConfigError naming it
-
-
 def _bar(total: int, desc: str):
     from tqdm import tqdm
 
@@ -38,7 +33,7 @@ def cli_export(args) -> int:
     """Export the ONNX graphs; returns 0. Errors propagate as ApplianceError (exit status 2)."""
     from .export import GRAPHS, WINDOW_TOKENS, export_all
 
-    cfg = _config(args.config)
+    cfg = load_config(args.config)  # None: the built-in defaults
     mc = cfg.model
     logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # the exporter's passes log every rewrite at INFO
     ckpt = Path(args.checkpoint) if args.checkpoint else cfg.resolve(mc.path)
@@ -85,7 +80,7 @@ def cli_build(args) -> int:
     """Build TensorRT plans; returns 0. Errors propagate as ApplianceError (exit status 2)."""
     from .trt_build import build_all
 
-    cfg = _config(args.config)
+    cfg = load_config(args.config)  # None: the built-in defaults
     d = Path(args.dir) if args.dir else cfg.resolve(cfg.model.engine_dir)
     ws = args.workspace_mib if getattr(args, "workspace_mib", None) else min(1024, cfg.service.memory_budget_mb)
     graphs = tuple(g.strip() for g in args.graphs.split(",")) if getattr(args, "graphs", None) else None

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import JournalError
+from .paths import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -306,13 +307,8 @@ class Journal:
                 self._sync_dir()
 
     def _sync_dir(self) -> None:
-        if not self.fsync:
-            return
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.fsync:
+            fsync_dir(self.dir)
 
     def _append(self, line: bytes, sync: bool) -> None:
         try:

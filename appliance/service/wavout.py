@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import AudioDeviceError
+from .paths import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +56,6 @@ def part_path(path: str | Path) -> Path:
     """Where :class:`WavWriter` writes ``path`` until it is complete: ``.<name>.part`` beside it."""
     p = Path(path)
     return p.with_name(f".{p.name}.part")
-
-
-def fsync_dir(d: str | Path) -> None:
-    """``fsync`` directory ``d`` (makes a rename in it durable).
-
-    Raises:
-        OSError: it cannot be opened or synced.
-    """
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def remove_partials(wav_dir: str | Path) -> list[Path]:
