@@ -46,19 +46,7 @@ disconnect -> Wyoming connections and listeners closed -> connections flushed an
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
-systemd wiring points (:class:`Hooks`, all optional, none may raise or block):
-
-* ``on_loading(text)`` – during start-up stages (send ``EXTEND_TIMEOUT_USEC`` + ``STATUS=``).
-* ``on_ready()`` – after warm-up, once the socket accepts (``READY=1``).
-* ``on_status(StatusReply)`` – at ready, after every finished request (from the worker or the
-  audio watcher thread), at stop (``STATUS=``).
-* ``on_heartbeat()`` – from the worker thread, at least every ``heartbeat_s`` while it is
-  healthy; a hung synthesis stops it (``WATCHDOG=1``).
-* ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded(status)`` once the reload is
-  over (``READY=1``, with a status line saying what was applied and what needs a restart; see
-  :mod:`appliance.service.reload`).
-* ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
-* ``on_unfinished(items)`` – queued requests left at stop (tell their clients).
+systemd wiring points: :class:`~appliance.service.hooks.Hooks` (when each fires).
 
 Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
 in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
@@ -73,7 +61,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -81,6 +68,7 @@ from ..config import Config, load_config
 from ..errors import ApplianceError
 from .clients import RateLimiter
 from .dispatch import Dispatcher
+from .hooks import Hooks, build_hooks, call_hook
 from .journal import Journal
 from .memory import MemoryFit, current_mib, device_mib, fit_pipeline
 from .paths import prepare_dirs
@@ -113,30 +101,8 @@ DRAIN_TIMEOUT_S = 600.0
 """Longest wait for the running request to finish and play out at stop, s."""
 
 
-@dataclass
-class Hooks:
-    """Callbacks for systemd notify and spooling (see the module docstring for when each fires)."""
-
-    on_loading: Optional[Callable[[str], None]] = None
-    on_ready: Optional[Callable[[], None]] = None
-    on_status: Optional[Callable[[StatusReply], None]] = None
-    on_heartbeat: Optional[Callable[[], None]] = None
-    on_reload: Optional[Callable[[], None]] = None
-    on_reloaded: Optional[Callable[[str], None]] = None   # status line after the reload
-    on_stopping: Optional[Callable[[], None]] = None
-    on_unfinished: Optional[Callable[[list[Item]], None]] = None
-
-
 class _StopDuringStart(Exception):
     pass
-
-
-def _call(hook: Optional[Callable], *args: Any) -> None:
-    if hook is not None:
-        try:
-            hook(*args)
-        except Exception:
-            log.exception("hook %s failed", getattr(hook, "__name__", hook))
 
 
 class Daemon:
@@ -221,7 +187,7 @@ class Daemon:
         if self.cfg.mqtt.enabled:      # built first: a bad mqtt.ca_file fails before the model loads
             from .mqtt import MQTTBridge
             self.mqtt = MQTTBridge(self.cfg, self.dispatch.handle_request_threadsafe, self.status)
-        _call(self.hooks.on_loading, "loading the model")
+        call_hook(self.hooks.on_loading, "loading the model")
         factory = self.pipeline_factory
         if factory is None:
             from ..synth.pipeline import Pipeline
@@ -229,15 +195,15 @@ class Daemon:
         self.pipeline = factory(self.cfg)
         log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, self.pipeline.info.backend)
         if self.cfg.service.warmup:
-            _call(self.hooks.on_loading, "warming up")
+            call_hook(self.hooks.on_loading, "warming up")
             t1 = time.monotonic()
             self.pipeline.warmup()
             log.info("warm-up took %.1f s", time.monotonic() - t1)
         self.pipeline, self.memory_fit = fit_pipeline(self.cfg, self.pipeline, factory, self.cfg.service.warmup)
         if self.cfg.health.at_start:
-            _call(self.hooks.on_loading, "health check")
+            call_hook(self.hooks.on_loading, "health check")
             self._health_check()
-        _call(self.hooks.on_loading, "opening audio outputs")
+        call_hook(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
         self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
         self.throttle = self._open_throttle()
@@ -268,7 +234,7 @@ class Daemon:
     def _on_throttle(self, change: Change) -> None:
         if self.worker is not None:
             self.worker.poke()
-        _call(self.hooks.on_status, self.status())
+        call_hook(self.hooks.on_status, self.status())
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -301,8 +267,8 @@ class Daemon:
         log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
         if self.mqtt is not None:
             self.mqtt.start()
-        _call(self.hooks.on_ready)
-        _call(self.hooks.on_status, self.status())
+        call_hook(self.hooks.on_ready)
+        call_hook(self.hooks.on_status, self.status())
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
         await self._stop.wait()
@@ -314,7 +280,7 @@ class Daemon:
         if self._signals == 1:
             log.info("%s: stopping (finishing the running request)", signal.Signals(signum).name)
             self.state = "stopping"
-            _call(self.hooks.on_stopping)
+            call_hook(self.hooks.on_stopping)
             if self._stop is not None:
                 self._stop.set()
         elif self.worker is not None:
@@ -325,8 +291,8 @@ class Daemon:
                 self.worker.cancel(request_id=i)
 
     def _on_sighup(self) -> None:
-        _call(self.hooks.on_reload)
-        _call(self.hooks.on_reloaded, self.reload_config())
+        call_hook(self.hooks.on_reload)
+        call_hook(self.hooks.on_reloaded, self.reload_config())
 
     def reload_config(self) -> str:
         """Re-read the config file (SIGHUP): apply the live sections
@@ -348,7 +314,7 @@ class Daemon:
         left = await loop.run_in_executor(None, self.worker.stop)
         if left:
             if self.hooks.on_unfinished is not None:
-                _call(self.hooks.on_unfinished, left)
+                call_hook(self.hooks.on_unfinished, left)
             else:
                 tell_stopped(left, self.journal is not None)
         if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
@@ -356,7 +322,7 @@ class Daemon:
         await loop.run_in_executor(None, self.audio.close)
         if self.throttle is not None:
             self.throttle.close()
-        _call(self.hooks.on_status, self.status())
+        call_hook(self.hooks.on_status, self.status())
         if self.mqtt is not None:      # after the drain: the last events, then 'offline'
             await loop.run_in_executor(None, self.mqtt.stop)
         if self.wyoming is not None:   # after the drain: the running request's audio went out
@@ -381,7 +347,7 @@ class Daemon:
         return self.last_health
 
     def _on_finished(self, item: Item, event: Event) -> None:
-        _call(self.hooks.on_status, self.status())
+        call_hook(self.hooks.on_status, self.status())
 
     def status(self) -> StatusReply:
         """Current :class:`StatusReply` (thread-safe)."""
@@ -400,15 +366,6 @@ class Daemon:
             memory_mib=current_mib(self.pipeline), memory_budget_mib=self.cfg.service.memory_budget_mb,
             memory_note=self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
         )
-
-
-def build_hooks(cfg: Config) -> Hooks:
-    """The hooks ``serve`` runs with: sd_notify through
-    :class:`~appliance.service.notify.SystemdBridge` (every call is a no-op outside systemd)."""
-    from .notify import SystemdBridge
-
-    bridge = SystemdBridge()
-    return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)
 
 
 def cli_main(args: Any) -> int:

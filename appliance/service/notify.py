@@ -305,7 +305,7 @@ class Watchdog:
 class SystemdBridge:
     """The daemon's hooks (:class:`appliance.service.daemon.Hooks`) turned into sd_notify messages.
 
-    Wiring (in ``daemon.build_hooks``)::
+    Wiring (in ``hooks.build_hooks``)::
 
         bridge = SystemdBridge()
         return Hooks(**bridge.hooks())
