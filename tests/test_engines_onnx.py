@@ -37,7 +37,10 @@ def runners(tiny_ckpt, onnx_dir):
 def test_manifest_written(onnx_dir):
     m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
     assert m["kind"] == "onnx" and m["precision"] == "fp32"
-    assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
+    assert set(m["graphs"]) == {"gpt", "decoder", "vocos", "decoder_first", "vocos_first"}
+    assert m["build"]["vocoder"] == "stream"
+    assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:3] == ["hidden", "pos0", "cache.0"]
+    assert [t["name"] for t in m["graphs"]["decoder_first"]["inputs"]] == ["hidden"]
     assert len(m["checkpoint"]["sha256"]) == 64
     assert (onnx_dir / "onnx" / "fp32" / m["embed"]["file"]).is_file()
     dec_in = [t["name"] for t in m["graphs"]["gpt"]["inputs"]]

@@ -27,9 +27,10 @@ M = ``max_batch``:
     carries two optimization profiles: 0 = decode (B 1..M, T = 1), 1 = prefill (B = 1,
     T 1..``max_prompt_tokens``).
 
-``decoder``
-    ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (ONNX Runtime: any T;
-    TensorRT: a profile 2..``window_tokens``). No padding: the streaming code
+``decoder`` (TensorRT's input; ONNX Runtime's fp32/int8 exports carry the *stateful* ``decoder``
+and ``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: stream``)
+    ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (TensorRT: a profile
+    2..``window_tokens``). No padding: the streaming code
     (:mod:`appliance.synth.vocoder`) cuts overlapping windows, and a variable window keeps the
     joins exact, which a zero-padded fixed window would not (padding changes the convs' edge).
 
@@ -309,7 +310,9 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         CheckpointError, ConfigError, EngineError: see module doc.
     """
     dtype = _dtype(precision)
-    unknown = set(graphs) - set(GRAPHS)
+    if "decoder" in graphs or "vocos" in graphs:  # ONNX Runtime's stateful vocoder has a first-pass graph each
+        graphs = tuple(graphs) + tuple(f"{g}_first" for g in ("decoder", "vocos") if g in graphs and precision != "fp16")
+    unknown = set(graphs) - set(GRAPHS) - {"decoder_first", "vocos_first"}
     if unknown:
         raise ConfigError(f"unknown graph(s) {sorted(unknown)}; known: {', '.join(GRAPHS)}")
     if max_prompt_tokens >= max_seq_len:
@@ -323,6 +326,10 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
     # fp16 graphs are TensorRT's input: static cache + SDPA (fused by TensorRT); fp32/int8 are ONNX Runtime's
     static = precision == "fp16"
     specs = _specs(m, max_batch, max_seq_len, max_prompt_tokens, window_tokens, dtype, static_cache=static)
+    if not static:  # ONNX Runtime: the stateful vocoder passes (appliance.build.stream_graphs)
+        from .stream_graphs import stream_specs
+
+        specs.update(stream_specs(m, window_tokens, dtype))
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -334,11 +341,10 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
         if precision == "int8":
-            # ONNX Runtime's MatMulNBits rounds matrices of at most 64 rows another way than larger
-            # ones (a Vocos window of 62 frames differed from a one-shot pass by 1.3e-3, one of 68 by
-            # 0): the runner keeps vocoder windows above that (RunnerInfo.min_window_tokens). An FP32
-            # Decoder/Vocos was tried: exact at every size, but 1.1-1.5x slower and +285 MiB RSS
-            # on the 2-core CPU, which took the stream's RTF from 1.0 to over 2 with small chunks
+            # weight-only 8-bit MatMulNBits (ONNX Runtime rounds matrices of at most 64 rows another
+            # way than larger ones: small vocoder passes differ from a one-shot pass by the streaming
+            # floor that the calibration measures). An FP32 Decoder/Vocos was tried: exact at every
+            # size, but 1.1-1.5x slower and +285 MiB RSS on the 2-core CPU
             from .graph_precision import matmul_nbits
 
             matmul_nbits(f, f, bits=8)
@@ -366,7 +372,8 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         "special": {"spk_emb_id": m.spk_emb_id},
         "embed": {"file": EMBED_FILE, "sha256": mf.file_sha256(out / EMBED_FILE)},
         "kv": {"dtype": "float16" if kv_el == 2 else "float32", "bytes_per_token": 2 * s.n_layers * s.hidden * kv_el},
-        "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix", "quantization": "MatMulNBits-8" if precision == "int8" else None},
+        "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix", "quantization": "MatMulNBits-8" if precision == "int8" else None,
+                  "vocoder": "window" if static else "stream"},
         "graphs": entries,
     })
     return out

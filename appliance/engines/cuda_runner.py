@@ -6,10 +6,9 @@ captured once and replayed, optionally compiled):
 
 * GPT weights in FP16/BF16 (or FP32), q/k/v and gate/up fused by the model itself; optionally INT8
   or FP8 weight-only (:mod:`appliance.model.quant`; ``model.quant``). The text head is dropped (no
-  text mode on this runner). The Decoder and Vocos run in FP32: in FP16 their windows rounded
-  differently by position, -54 dB against the exact stream on the H200 (random full weights),
-  which kept the calibrated look-ahead at 40 of 53 steps, where the same weights in FP32 need 14
-  (measured on the CPU); FP32 costs 39 M parameters x 2 extra bytes (80 MB). Not yet timed on a GPU.
+  text mode on this runner). The Decoder and Vocos run in FP32 (in FP16 the calibrated
+  look-ahead on the H200 was 40 of 53 steps, in FP32 16), as the stateful passes of
+  :mod:`appliance.model.stream` with their caches on the device.
 * The static KV cache is the model's (``GPT.setup_cache``: one K and one V tensor
   ``[S, H, Lmax, hd]`` per layer). Rows are *physical*: before a step for logical slots
   ``[s0, s1, ...]`` the runner permutes rows so that slot ``s_i`` sits in row ``i``
@@ -26,9 +25,8 @@ captured once and replayed, optionally compiled):
 * The prefill pads the embedded prompt to a length bucket and runs as one captured graph per
   bucket; the first draw (:meth:`CudaRunner.start`) is a captured graph per row.
 * :meth:`CudaRunner.step` replays ``k`` steps and copies the codes ``[k, b, 4]`` into pinned host
-  memory with ONE host sync; hidden states never leave the device: :meth:`CudaRunner.vocode` runs
-  the Decoder over them and Vocos over the stored mel on the GPU, and only the spectrum of the new
-  frames comes back.
+  memory with ONE host sync; hidden states never leave the device, only the spectrum of the new
+  frames comes back from :meth:`CudaRunner.vocode`.
 
 Measured on an H200 before this runner used the model's own step (bench/RESULTS.md): 1.59 ms per
 step at B=1 with plain graphs, 0.83 ms compiled.
@@ -49,10 +47,12 @@ from ..errors import CapacityError, ConfigError, EngineError
 from ..model.checkpoint import load_model
 from ..model.kv import DecodeRows, PrefillSlot
 from ..model.quant import quantize_
+from ..model.stream import decoder_stream, vocos_stream
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
 from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
 from .sampler_torch import DeviceSampler
 from .torch_runner import _DTYPES, pick_device
+from .vocoder_state import VocoderCursor
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,9 @@ class CudaRunner(Runner):
         self._h_first = torch.zeros(Q, dtype=torch.int64, **pin)
         self._h_spec = torch.zeros(2, 2 * Lmax, nf, **pin)
         self._no_spec = np.zeros((0, nf), np.float32)
+        # ---- stateful vocoder passes: per slot, the convolution caches and how far they reach
+        d_rf = receptive_fields(s.dec_layers, s.voc_layers)
+        self._cursor = VocoderCursor(S, d_rf["decoder_rf"], d_rf["vocos_rf"])
         self.row_of = list(range(S))                # logical slot -> physical row
         self.pos_host = np.zeros(S, np.int64)       # next position per logical slot
         self.buckets = sorted(set(buckets or kv_buckets(Lmax)) | {Lmax})
@@ -198,7 +201,7 @@ class CudaRunner(Runner):
             backend=f"torch-{dev.type}", precision=quant or precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=Tmax, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
-            text_mode=False, step_chunk=self.step_chunk, device=str(dev), window_quantum=16 if cuda else 1,
+            text_mode=False, step_chunk=self.step_chunk, device=str(dev),
             engine_id=f"torch {torch.__version__} {quant or precision}",  # not the compile mode: windows are not compiled
             **receptive_fields(s.dec_layers, s.voc_layers))
         with torch.inference_mode():
@@ -324,6 +327,7 @@ class CudaRunner(Runner):
         except RuntimeError as e:
             raise EngineError(f"torch prefill failed: {e}") from e
         self.pos_host[slot] = t
+        self._cursor.reset(slot)
 
     def start(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
         slot = self.check_slot(slot)
@@ -359,21 +363,33 @@ class CudaRunner(Runner):
         return self._h_codes[:k, :b].numpy()
 
     def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Runner.vocode`: the stateful passes of :mod:`appliance.model.stream` (FP32,
+        caches on the device per slot, planned by :class:`VocoderCursor`); only the spectrum
+        frames asked for come back (pinned buffer, one sync)."""
         slot = self.check_slot(slot)
         self.check_window(slot, w)
         try:
             with torch.inference_mode():
                 m = self.model
-                if w.h1 > w.h0:
-                    mel = m.decoder(self.hid[slot, w.h0:w.h1].T.unsqueeze(0).float())[0]  # [100, 2(h1-h0)]
-                    self.mel[slot, :, w.m0:w.m1] = mel[:, w.m0 - 2 * w.h0:w.m1 - 2 * w.h0]
-                if w.s1 == w.s0:
+                d = self._cursor.decoder(slot, w)
+                if d is not None:
+                    cur, dev = self._cursor, self.device
+                    c = cur.dec_cache[slot]  # None: the sentence's first pass
+                    x = self.hid[slot, d.n0:d.n1].T.unsqueeze(0).float()
+                    mel, cur.dec_cache[slot] = decoder_stream(m.decoder, x, torch.tensor(2 * d.n0, device=dev), c)
+                    a = max(0, d.first)
+                    self.mel[slot, :, a:2 * d.n1] = mel[0, :, a - d.first:]
+                v = self._cursor.vocos(slot, w)
+                if v is None:
                     return self._no_spec, self._no_spec
-                re, im = m.vocos(self.mel[slot, :, w.v0:w.v1].unsqueeze(0))
-                f = w.s1 - w.s0
-                a = w.s0 - w.v0
-                self._h_spec[0, :f].copy_(re[0, a:a + f], non_blocking=True)
-                self._h_spec[1, :f].copy_(im[0, a:a + f], non_blocking=True)
+                cur = self._cursor
+                c = cur.voc_cache[slot]
+                re, im, cur.voc_cache[slot] = vocos_stream(
+                    m.vocos, self.mel[slot, :, v.v0:v.v1].unsqueeze(0), torch.tensor(v.v0, device=self.device),
+                    torch.tensor(v.n_final, device=self.device), c)
+                f = v.hi - v.lo
+                self._h_spec[0, :f].copy_(re[0, v.lo:v.hi], non_blocking=True)
+                self._h_spec[1, :f].copy_(im[0, v.lo:v.hi], non_blocking=True)
                 self._sync()
         except RuntimeError as e:
             raise EngineError(f"torch vocoder failed: {e}") from e

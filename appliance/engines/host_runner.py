@@ -7,20 +7,23 @@ A backend implements only the passes (numpy in, numpy out; D = hidden, Q = 4, V 
   prompt position, KV positions 0..T-1 of ``slot`` written;
 * ``forward_decode(slots [B], codes [B, Q], pos [B]) -> (logits [B, Q, V], hidden [B, D])``, the
   codes embedded and written at ``pos`` of each row's slot;
-* ``forward_decoder(hidden [T, D]) -> mel [100, 2T]`` and ``forward_vocos(mel [100, F]) ->
-  (real [F, 513], imag [F, 513])``;
+* ``forward_decoder_stream(hidden [T, D], pos0, cache) -> (mel [100, rf + 2T], cache)`` and
+  ``forward_vocos_stream(mel [100, F], pos0, n_final, cache) -> (real, imag [rf + F, 513], cache)``:
+  the stateful vocoder passes of :mod:`appliance.model.stream` (``cache`` is the backend's own
+  object, None at a sentence's start; this base keeps it per slot);
 * optionally (``info.text_mode``) ``forward_prefill_text(slot, ids) -> logits [N]`` and
   ``forward_decode_text(slot, token, pos) -> logits [N]`` for refine-text.
 
 This base keeps per slot: the next position, the codes drawn last, the count of codes drawn, the
 hidden states ``[max_seq_len, D]`` and the mel frames ``[100, 2 * max_seq_len]`` of the sentence,
-and drives one :class:`~appliance.engines.sampling.Sampler` (the counter-based stream of
+the Decoder's and Vocos' caches with how far each has consumed final frames, and drives one :class:`~appliance.engines.sampling.Sampler` (the counter-based stream of
 :mod:`appliance.engines.rng`). Buffers are allocated once, in :meth:`HostRunner.setup_host`.
 """
 
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +31,7 @@ from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError
 from .runner import Runner, VocodeWindow
 from .sampling import Sampler
+from .vocoder_state import VocoderCursor
 
 
 class HostRunner(Runner):
@@ -43,12 +47,28 @@ class HostRunner(Runner):
         """One step for rows ``slots [B]``: ``(logits float32 [B, Q, V], hidden float32 [B, D])``."""
 
     @abc.abstractmethod
-    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
-        """GPT hidden states float32 ``[T, D]`` -> mel float32 ``[100, 2T]``."""
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: Any) -> tuple[np.ndarray, Any]:
+        """Stateful Decoder pass (:func:`appliance.model.stream.decoder_stream`): new hidden
+        states float32 ``[T, D]`` (T >= 1) after ``pos0 / 2`` earlier ones -> (mel float32
+        ``[100, rf + 2T]`` covering frames ``[pos0 - rf, pos0 + 2T)``, the new cache); ``cache``
+        None starts a sentence."""
 
     @abc.abstractmethod
+    def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int, cache: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Stateful Vocos pass (:func:`appliance.model.stream.vocos_stream`): mel float32
+        ``[100, F]`` (frames ``[pos0, pos0 + F)``, the first ``n_final`` final) -> (real, imag
+        float32 ``[rf + F, 513]`` covering spectrum frames ``[pos0 - rf, pos0 + F)``, the new cache)."""
+
+    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
+        """One-shot Decoder: hidden states float32 ``[T, D]`` -> mel float32 ``[100, 2T]``."""
+        mel, _ = self.forward_decoder_stream(hidden, 0, None)
+        return mel[:, self.info.decoder_rf:]
+
     def forward_vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """mel float32 ``[100, F]`` -> ``(real, imag)`` float32 ``[F, 513]``."""
+        """One-shot Vocos: mel float32 ``[100, F]`` -> ``(real, imag)`` float32 ``[F, 513]``."""
+        re, im, _ = self.forward_vocos_stream(mel, 0, mel.shape[1], None)
+        rf = self.info.vocos_rf
+        return re[rf:], im[rf:]
 
     def forward_prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
         """Text-mode prefill -> text logits float32 ``[N]`` (only where ``info.text_mode``)."""
@@ -71,6 +91,7 @@ class HostRunner(Runner):
         self._hid = np.zeros((S, L, D), np.float32)
         self._mel = np.zeros((S, n_mels, 2 * L), np.float32)
         self._out = np.zeros((max(16, info.step_chunk), S, Q), np.int64)  # the step ring
+        self._cursor = VocoderCursor(S, info.decoder_rf, info.vocos_rf)
         self._text_sampler: Sampler | None = None
         self._no_spec = np.zeros((0, n_fft // 2 + 1), np.float32)
 
@@ -83,6 +104,7 @@ class HostRunner(Runner):
         self._hid[slot, 0] = hidden
         self._pos[slot] = ids.shape[0]
         self._drawn[slot] = 0
+        self._cursor.reset(slot)
 
     def start(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
         slot = self.check_slot(slot)
@@ -117,15 +139,23 @@ class HostRunner(Runner):
         return out
 
     def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Runner.vocode`: one stateful pass of each network, planned by
+        :class:`~appliance.engines.vocoder_state.VocoderCursor` (``h0`` / ``v0`` unused). The
+        Decoder's mel frames, final and provisional, are stored; Vocos reads them."""
         slot = self.check_slot(slot)
         self.check_window(slot, w)
-        if w.h1 > w.h0:
-            mel = self.forward_decoder(self._hid[slot, w.h0:w.h1])
-            self._mel[slot, :, w.m0:w.m1] = mel[:, w.m0 - 2 * w.h0:w.m1 - 2 * w.h0]
-        if w.s1 == w.s0:
+        d = self._cursor.decoder(slot, w)
+        if d is not None:
+            cur = self._cursor
+            mel, cur.dec_cache[slot] = self.forward_decoder_stream(self._hid[slot, d.n0:d.n1], 2 * d.n0, cur.dec_cache[slot])
+            a = max(0, d.first)
+            self._mel[slot, :, a:2 * d.n1] = mel[:, a - d.first:]
+        v = self._cursor.vocos(slot, w)
+        if v is None:
             return self._no_spec, self._no_spec
-        re, im = self.forward_vocos(self._mel[slot, :, w.v0:w.v1])
-        return re[w.s0 - w.v0:w.s1 - w.v0], im[w.s0 - w.v0:w.s1 - w.v0]
+        cur = self._cursor
+        re, im, cur.voc_cache[slot] = self.forward_vocos_stream(self._mel[slot, :, v.v0:v.v1], v.v0, v.n_final, cur.voc_cache[slot])
+        return re[v.lo:v.hi], im[v.lo:v.hi]
 
     def hidden(self, slot: int, t0: int, t1: int) -> np.ndarray:
         return self._hid[self.check_slot(slot), t0:t1].copy()

@@ -31,13 +31,17 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   when exported. Peak RSS with 3 x 2048 fp32 KV slots: int8 0.76 GiB, fp32 1.3 GiB.
 
 Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
-int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster; its vocoder windows are
-kept above 64 matrix rows, where MatMulNBits rounds a window like a one-shot pass:
-``RunnerInfo.min_window_tokens``), else ``fp32``;
+int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
 the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
 GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
 fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
 (0 = all cores) intra-op, 1 inter-op, sequential execution.
+
+The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, ``decoder_first`` and
+``vocos_first`` a sentence's first pass (:mod:`appliance.build.stream_graphs`): the caches go in
+and out as arrays that
+:class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an export without them
+(``build.vocoder`` not ``stream``) is refused at load with the command that re-exports.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
 :meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
@@ -55,7 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..config import Config
-from ..errors import CapacityError, ConfigError, EngineError
+from ..errors import CapacityError, ConfigError, EngineError, EngineMismatchError
 from . import manifest as mf
 from .host_runner import HostRunner
 from .runner import RunnerInfo, receptive_fields
@@ -137,6 +141,9 @@ class OnnxRunner(HostRunner):
         m = mf.read(d, hint)
         expect = mf.expect_common(cfg, m, "onnx")
         mf.check(m, expect, hint)
+        if m.get("build", {}).get("vocoder") != "stream" or not {"decoder_first", "vocos_first"} <= set(m["graphs"]):
+            raise EngineMismatchError(f"{d} holds stateless vocoder graphs from an older export; this version runs "
+                                      f"the stateful ones: export again with: {hint}")
         self.manifest, self.dir = m, d
         s = m["shapes"]
         L, H, hd, D = s["n_layers"], s["n_heads"], s["hidden"] // s["n_heads"], s["hidden"]
@@ -188,7 +195,7 @@ class OnnxRunner(HostRunner):
             backend="onnxruntime", precision=precision, hidden_size=D, num_vq=self._Q,
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
-            num_text_tokens=self._n_text, min_window_tokens=40 if precision == "int8" else 0,
+            num_text_tokens=self._n_text,
             engine_id=mf.file_sha256(d / mf.MANIFEST),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
@@ -282,8 +289,15 @@ class OnnxRunner(HostRunner):
         self._v[:, pos, slots] = bufs["v_new"][:, :, 0]
         return bufs["logits"], bufs["hidden"]
 
-    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
-        """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32 (any T >= 1).
+    @staticmethod
+    def _caches(cache: list) -> dict[str, np.ndarray]:
+        return {f"cache.{i}": c for i, c in enumerate(cache)}
+
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None) -> tuple[np.ndarray, list]:
+        """Stateful Decoder pass (the ``decoder`` graph, :mod:`appliance.build.stream_graphs`):
+        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, rf + 2T]``, caches: the
+        graph's ``cache_out.i`` arrays). ``cache`` None: a sentence's first pass
+        (``decoder_first``, ``pos0`` must be 0).
 
         Raises:
             EngineError: wrong shape, or onnxruntime failed.
@@ -291,10 +305,16 @@ class OnnxRunner(HostRunner):
         hidden = np.ascontiguousarray(hidden, np.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self._D or hidden.shape[0] == 0:
             raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
-        return self._run("decoder", {"hidden": hidden})[0]
+        if cache is None:  # a sentence's first pass
+            out = self._run("decoder_first", {"hidden": hidden})
+        else:
+            out = self._run("decoder", {"hidden": hidden, "pos0": np.array([pos0], np.int64), **self._caches(cache)})
+        return out[0], out[1:]
 
-    def forward_vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """mel ``[100, F]`` float32 -> (real ``[F, 513]``, imag ``[F, 513]``) float32 (any F >= 1).
+    def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,
+                             cache: list | None) -> tuple[np.ndarray, np.ndarray, list]:
+        """Stateful Vocos pass (the ``vocos`` graph): mel float32 ``[100, F]`` (F >= 1, the first
+        ``n_final`` frames final) -> (real, imag float32 ``[rf + F, 513]``, caches).
 
         Raises:
             EngineError: wrong shape, or onnxruntime failed.
@@ -302,8 +322,12 @@ class OnnxRunner(HostRunner):
         mel = np.ascontiguousarray(mel, np.float32)
         if mel.ndim != 2 or mel.shape[0] != self._n_mels or mel.shape[1] == 0:
             raise EngineError(f"vocos input must be [{self._n_mels}, F>0], got {list(mel.shape)}")
-        re, im = self._run("vocos", {"mel": mel})
-        return re, im
+        nf = np.array([n_final], np.int64)
+        if cache is None:
+            out = self._run("vocos_first", {"mel": mel, "n_final": nf})
+        else:
+            out = self._run("vocos", {"mel": mel, "pos0": np.array([pos0], np.int64), "n_final": nf, **self._caches(cache)})
+        return out[0], out[1], out[2:]
 
     def close(self) -> None:
         """Drop sessions, bindings and the KV cache (idempotent)."""

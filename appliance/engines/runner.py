@@ -72,9 +72,6 @@ class RunnerInfo:
             shapes (each new one costs cuDNN/TensorRT set-up time); 1 = no widening (host).
         engine_id: what identifies the built engines (sha256 of their manifest; the torch version
             and dtype for torch): a look-ahead calibration holds only for the same engines.
-        min_window_tokens: vocoder windows are widened (left context) to at least this many
-            tokens (Vocos: twice as many frames) where the sentence allows: ONNX Runtime's INT8
-            matrix products round matrices of at most 64 rows differently.
     """
 
     backend: str
@@ -95,7 +92,6 @@ class RunnerInfo:
     step_chunk: int = 1
     device: str = "cpu"
     window_quantum: int = 1
-    min_window_tokens: int = 0
     engine_id: str = ""
 
 
@@ -167,6 +163,11 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
         """Run one vocoder window of ``slot``'s stored hidden states (see :class:`VocodeWindow`).
+
+        The returned frames must equal a one-shot pass over hidden states ``[0, h1)`` and mel
+        frames ``[0, v1)`` (zero padding at the start and past ``h1`` / ``v1``): ``h0`` and
+        ``v0`` carry the left context a stateless window needs; a runner that keeps the
+        convolutions' state between windows (the host runners) does not read them.
 
         Returns:
             ``(real, imag)`` float32 ``[s1 - s0, n_fft/2 + 1]`` (zero rows when ``s0 == s1``).

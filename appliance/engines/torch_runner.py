@@ -17,6 +17,7 @@ import torch
 from ..config import Config
 from ..errors import CapacityError, CheckpointError, ConfigError, EngineError
 from ..model.checkpoint import load_model
+from ..model.stream import decoder_stream, vocos_stream
 from .host_runner import HostRunner
 from .runner import RunnerInfo, receptive_fields
 
@@ -158,27 +159,42 @@ class TorchRunner(HostRunner):
         except RuntimeError as e:
             raise EngineError(f"torch text decode failed: {e}") from e
 
-    def forward_decoder(self, hidden: np.ndarray) -> np.ndarray:
-        """GPT hidden states ``[T, D]`` float32 -> mel ``[100, 2T]`` float32."""
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None) -> tuple[np.ndarray, list]:
+        """Stateful Decoder pass (see :meth:`HostRunner.forward_decoder_stream`): hidden float32
+        ``[T, D]`` -> (mel float32 ``[100, rf + 2T]``, caches: torch tensors in the model dtype).
+
+        Raises:
+            EngineError: wrong shape, or torch failed.
+        """
         hidden = np.asarray(hidden, np.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self.shapes.hidden or hidden.shape[0] == 0:
             raise EngineError(f"decoder input must be [T>0, {self.shapes.hidden}], got {list(hidden.shape)}")
         try:
             with torch.inference_mode():
+                dec = self.model.decoder
                 x = self._t(hidden.T, self.dtype).unsqueeze(0)  # [1, D, T]
-                return self.model.decoder(x)[0].float().cpu().numpy()
+                mel, cache = decoder_stream(dec, x, torch.tensor(pos0, device=self.device), cache)
+                return mel[0].float().cpu().numpy(), cache
         except RuntimeError as e:
             raise EngineError(f"torch decoder failed: {e}") from e
 
-    def forward_vocos(self, mel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """mel ``[100, F]`` -> (real ``[F, 513]``, imag ``[F, 513]``) float32."""
+    def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,
+                             cache: list | None) -> tuple[np.ndarray, np.ndarray, list]:
+        """Stateful Vocos pass (see :meth:`HostRunner.forward_vocos_stream`): mel float32
+        ``[100, F]`` -> (real, imag float32 ``[rf + F, 513]``, caches).
+
+        Raises:
+            EngineError: wrong shape, or torch failed.
+        """
         mel = np.asarray(mel, np.float32)
         if mel.ndim != 2 or mel.shape[0] != self.shapes.n_mels or mel.shape[1] == 0:
             raise EngineError(f"vocos input must be [{self.shapes.n_mels}, F>0], got {list(mel.shape)}")
         try:
             with torch.inference_mode():
-                re, im = self.model.vocos(self._t(mel, self.dtype).unsqueeze(0))
-                return re[0].float().cpu().numpy(), im[0].float().cpu().numpy()
+                voc = self.model.vocos
+                re, im, cache = vocos_stream(voc, self._t(mel, self.dtype).unsqueeze(0), torch.tensor(pos0, device=self.device),
+                                             torch.tensor(n_final, device=self.device), cache)
+                return re[0].float().cpu().numpy(), im[0].float().cpu().numpy(), cache
         except RuntimeError as e:
             raise EngineError(f"torch vocos failed: {e}") from e
 

@@ -58,7 +58,6 @@ class WindowedVocoder:
         self.rf_dec = info.decoder_rf
         self.rf_voc = info.vocos_rf
         self.quantum = max(1, info.window_quantum)
-        self.min_tokens = info.min_window_tokens
         self.max_tokens = max_tokens
         self._istft = StreamingISTFT(N_FFT, HOP_LENGTH, max_frames_per_push=2 * max_tokens)
         self.slot = -1
@@ -130,10 +129,10 @@ class WindowedVocoder:
             m0, m1 = self.mel_done, need
             h0 = max(0, (m0 - self.rf_dec) // 2)
             h1 = min(self.n, (m1 + self.rf_dec + 1) // 2)
-            h0 = max(0, h1 - self._widen(max(h1 - h0, self.min_tokens), self.quantum))   # more left context: same frames
+            h0 = max(0, h1 - self._widen(h1 - h0, self.quantum))   # more left context: same frames
             self.mel_done = min(need, exact_end)
         v0 = max(0, self.spec_done - self.rf_voc)
-        v0 = max(0, need - self._widen(max(need - v0, 2 * self.min_tokens), 2 * self.quantum))
+        v0 = max(0, need - self._widen(need - v0, 2 * self.quantum))
         re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, need, self.spec_done, spec_end))
         self.spec_done = spec_end
         return self._istft.push(re, im)

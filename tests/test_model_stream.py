@@ -1,0 +1,159 @@
+"""The stateful vocoder passes (appliance.model.stream) and the host runners that use them: equal to
+the one-shot pass for any split of the sentence, each hidden state through the Decoder once, the
+ONNX graphs equal to the torch functions, and an export without them refused (tiny checkpoint)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.build.calibrate import _stream
+from appliance.config import config_from_dict
+from appliance.engines.runner import VocodeWindow
+from appliance.errors import EngineMismatchError
+from appliance.model.checkpoint import load_model
+from appliance.model.stream import decoder_cache_shapes, decoder_stream, vocos_cache_shapes, vocos_stream, zero_caches
+from appliance.synth.istft import istft
+from appliance.synth.vocoder import WindowedVocoder
+from tests.fixtures_model import ONNX_LIMITS
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpt):
+    return load_model(tiny_ckpt, dtype=torch.float32).eval()
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(float(np.abs(np.asarray(b)).max()), 1e-12))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(1, 23), min_size=1, max_size=6))
+def test_decoder_passes_equal_the_one_shot_pass_for_any_split(model, cuts):
+    dec = model.decoder
+    rf = sum(f // 2 for _, f in decoder_cache_shapes(dec))
+    hid = torch.randn(1, model.shapes.hidden, sum(cuts), generator=torch.Generator().manual_seed(len(cuts)))
+    cache, n = zero_caches(decoder_cache_shapes(dec), torch.float32), 0
+    with torch.no_grad():
+        for t in cuts:
+            mel, cache = decoder_stream(dec, hid[..., n:n + t], torch.tensor(2 * n), cache)
+            a, n = 2 * n - rf, n + t
+            assert mel.shape[-1] == rf + 2 * t
+            ref = dec(hid[..., :n])  # one-shot over what exists: final and provisional frames alike
+            assert _rel(mel[..., max(0, a) - a:], ref[..., max(0, a):]) < 1e-5
+
+
+def test_vocos_final_frames_ignore_provisional_input(model):
+    """Provisional mel frames change the provisional spectrum only: the cache keeps final inputs."""
+    voc = model.vocos
+    rf = sum(f // 2 for _, f in vocos_cache_shapes(voc))
+    g = torch.Generator().manual_seed(3)
+    mel = torch.randn(1, model.shapes.n_mels, 70, generator=g)
+    cache, p = zero_caches(vocos_cache_shapes(voc), torch.float32), 0
+    with torch.no_grad():
+        for f, nf in ((12, 5), (30, 30), (7, 2), (21, 21)):
+            x = mel[..., p:p + f].clone()
+            x[..., nf:] += torch.randn(x[..., nf:].shape, generator=g)  # provisional: not the final values
+            re, im, cache = vocos_stream(voc, x, torch.tensor(p), torch.tensor(nf), cache)
+            ref_re, ref_im = voc(torch.cat([mel[..., :p], x], -1))
+            a = p - rf
+            assert _rel(re[:, max(0, a) - a:], ref_re[:, max(0, a):]) < 1e-5
+            assert _rel(im[:, max(0, a) - a:], ref_im[:, max(0, a):]) < 1e-5
+            p += nf
+        re, _, _ = vocos_stream(voc, mel[..., p:], torch.tensor(p), torch.tensor(70 - p), cache)
+        assert _rel(re[:, rf:], voc(mel)[0][:, p:]) < 1e-5
+
+
+def _cfg(tiny_ckpt, engine_dir, backend):
+    return config_from_dict({"model": {"path": str(tiny_ckpt), "backend": backend, "device": "cpu", "threads": 1,
+                                       **ONNX_LIMITS, "engine_dir": str(engine_dir)}}, base_dir=str(tiny_ckpt))
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_ckpt, onnx_dir):
+    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.torch_runner import TorchRunner
+
+    o, t = OnnxRunner(_cfg(tiny_ckpt, onnx_dir, "onnxruntime")), TorchRunner(_cfg(tiny_ckpt, onnx_dir, "torch"))
+    yield o, t
+    o.close()
+    t.close()
+
+
+class _Counting:
+    """Wraps a host runner's passes to count the hidden states and mel frames they receive."""
+
+    def __init__(self, r):
+        self.r, self.hidden, self.mel = r, 0, 0
+        self.dec, self.voc = r.forward_decoder_stream, r.forward_vocos_stream
+        r.forward_decoder_stream, r.forward_vocos_stream = self._dec, self._voc
+
+    def _dec(self, h, *a):
+        self.hidden += h.shape[0]
+        return self.dec(h, *a)
+
+    def _voc(self, m, *a):
+        self.mel += m.shape[1]
+        return self.voc(m, *a)
+
+    def close(self):
+        del self.r.forward_decoder_stream, self.r.forward_vocos_stream
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["onnxruntime", "torch"])
+def test_streamed_pcm_is_the_one_shot_pcm_and_each_hidden_state_is_decoded_once(runners, which):
+    r = runners[which]
+    n, slot = 70, 1
+    r.prefill(slot, np.arange(1, 9, dtype=np.int64), None)
+    r._hid[slot, :n] = np.random.default_rng(5).standard_normal((n, r.info.hidden_size)).astype(np.float32)
+    re, im = r.vocode(slot, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+    exact = istft(re.copy(), im.copy())
+    voc = WindowedVocoder(r, 512)
+    for chunk in (1, 4, 13):
+        count = _Counting(r)
+        try:
+            got = _stream(voc, slot, n, None, chunk)
+        finally:
+            count.close()
+        assert _rel(got, exact) < 1e-5
+        assert count.hidden == n            # no left context recomputed: each hidden state once
+        assert count.mel <= 2 * n + (-(-n // chunk) + 1) * r.info.decoder_rf  # final mel once + a provisional tail per pass
+
+
+def test_onnx_passes_equal_torch_passes_across_calls(runners):
+    o, t = runners
+    rng = np.random.default_rng(7)
+    hid = rng.standard_normal((40, o.info.hidden_size)).astype(np.float32)
+    co = ct = None
+    n = 0
+    for k in (3, 1, 16, 20):
+        mo, co = o.forward_decoder_stream(hid[n:n + k], 2 * n, co)
+        mt, ct = t.forward_decoder_stream(hid[n:n + k], 2 * n, ct)
+        assert _rel(mo, mt) < 1e-4
+        n += k
+    mel = rng.standard_normal((100, 50)).astype(np.float32)
+    vo = vt = None
+    for p, f, nf in ((0, 20, 12), (12, 38, 38)):
+        ro, io, vo = o.forward_vocos_stream(mel[:, p:p + f], p, nf, vo)
+        rt, it, vt = t.forward_vocos_stream(mel[:, p:p + f], p, nf, vt)
+        assert _rel(ro, rt) < 1e-4 and _rel(io, it) < 1e-4
+
+
+def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tiny_ckpt, onnx_dir, tmp_path):
+    from appliance.engines.onnx_runner import OnnxRunner
+
+    old = tmp_path / "old"
+    shutil.copytree(onnx_dir, old)
+    mpath = old / "onnx" / "fp32" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    del m["build"]["vocoder"]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(EngineMismatchError, match="stateless vocoder graphs.*export again with: chattts-appliance engines export"):
+        OnnxRunner(dataclasses.replace(_cfg(tiny_ckpt, old, "onnxruntime")))
