@@ -19,7 +19,13 @@ from appliance.config import config_from_dict
 from appliance.engines.runner import VocodeWindow
 from appliance.errors import EngineMismatchError
 from appliance.model.checkpoint import load_model
-from appliance.model.stream import decoder_cache_shapes, decoder_stream, vocos_cache_shapes, vocos_stream, zero_caches
+from appliance.model.stream import (
+    decoder_cache_shapes,
+    decoder_stream,
+    vocos_cache_shapes,
+    vocos_stream,
+    zero_caches,
+)
 from appliance.synth.istft import istft
 from appliance.synth.vocoder import WindowedVocoder
 from tests.fixtures_model import ONNX_LIMITS

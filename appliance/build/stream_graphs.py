@@ -30,7 +30,13 @@ import torch
 from torch import nn
 
 from ..model.checkpoint import ChatTTSModel
-from ..model.stream import decoder_cache_shapes, decoder_stream, vocos_cache_shapes, vocos_stream, zero_caches
+from ..model.stream import (
+    decoder_cache_shapes,
+    decoder_stream,
+    vocos_cache_shapes,
+    vocos_stream,
+    zero_caches,
+)
 
 
 class DecoderStreamGraph(nn.Module):
