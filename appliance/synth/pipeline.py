@@ -338,11 +338,20 @@ class Pipeline:
                 pass
         except EmptyResultError:
             pass
-        h = min(self.engine.schedule.cap + 2 * voc.exact_lookahead, voc.max_tokens)
+        sch = self.engine.schedule
+        h = min(sch.cap + 2 * voc.exact_lookahead, voc.max_tokens)
         q = self.info.window_quantum
-        # every window shape the stream can produce on a GPU backend (windows are widened to
-        # multiples of q tokens there; each new shape costs cuDNN / TensorRT set-up once)
+        # every window shape the stream can produce on a stateless GPU backend (windows are widened
+        # to multiples of q tokens there; each new shape costs cuDNN / TensorRT set-up once)
         for n in (range(q, h + q, q) if q > 1 else (h,)):
             n = min(n, voc.max_tokens)
             self.runner.vocode(0, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+        # the stateful passes of each chunk size the schedule makes (first, growing, cap)
+        voc.reset(0)
+        n, c = 0, sch.first
+        while n + c <= voc.max_tokens and n < h:
+            n += c
+            voc.push(n)
+            c = min(sch.cap, max(c + 1, int(c * sch.growth)))
+        voc.finish()
         return time.perf_counter() - t
