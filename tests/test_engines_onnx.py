@@ -199,16 +199,27 @@ def test_pipeline_on_onnxruntime_speaks_like_torch(tiny_ckpt, onnx_dir):
 
 @pytest.mark.slow
 def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, runners, tmp_path):
-    """int8 (MatMulNBits) graphs: chosen over fp32 when present, logits close to fp32."""
+    """int8 export: the GPT's MatMuls are MatMulNBits, chosen over fp32 when present, logits close
+    to fp32; the vocoder graphs stay FP32, so its passes equal the fp32 export's and a stream with
+    the exact look-ahead equals the one-shot pass to FP32 rounding."""
     import onnx
 
+    from appliance.build.calibrate import _stream
     from appliance.build.export import export_all
     from appliance.engines.onnx_runner import OnnxRunner, find_export
+    from appliance.engines.runner import VocodeWindow
+    from appliance.synth.istft import istft
+    from appliance.synth.vocoder import WindowedVocoder
 
     shutil.copytree(onnx_dir / "onnx" / "fp32", tmp_path / "onnx" / "fp32")
     d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)
     g = onnx.load(str(d / "gpt.onnx"), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 4  # 4 linears per layer (qkv, o, gate_up, down)
+    for name in ("decoder", "decoder_first", "vocos", "vocos_first"):
+        v = onnx.load(str(d / f"{name}.onnx"), load_external_data=False)
+        assert not any(n.op_type == "MatMulNBits" for n in v.graph.node), name
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["build"]["vocoder_precision"] == "fp32" and m["build"]["quantization"] == {"gpt": "MatMulNBits-8"}
     cfg = _cfg(tiny_ckpt, tmp_path)
     assert find_export(cfg) == d
     q = OnnxRunner(cfg)
@@ -218,4 +229,17 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
     la = q.forward_prefill(0, ids, None)[0].copy()
     lb = o.forward_prefill(0, ids, None)[0].copy()
     assert np.corrcoef(la.ravel(), lb.ravel())[0, 1] > 0.99
+
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((45, q.info.hidden_size)).astype(np.float32)
+    mq, mo = q.forward_decoder(h), o.forward_decoder(h)
+    assert np.abs(mq - mo).max() <= 1e-5 * np.abs(mo).max()
+    slot, n = 2, 45
+    q.prefill(slot, ids, None)
+    q._hid[slot, :n] = h
+    re, im = q.vocode(slot, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+    one_shot = istft(re.copy(), im.copy())
+    got = _stream(WindowedVocoder(q, 512), slot, n, None, 3)   # exact look-ahead, 3-step chunks
+    assert got.shape == one_shot.shape
+    assert np.abs(got - one_shot).max() <= 1e-5 * np.abs(one_shot).max()
     q.close()

@@ -16,11 +16,11 @@ is measured here, on the installed checkpoint, backend and precision:
    ``stream.lookahead_threshold_db`` (default -60 dB) is the result; with none, the exact field.
 
 The record also keeps each backend's *streaming floor*: the exact stream against one vocoder
-window over the whole sentence. On FP32 backends it is FP32 rounding (below -100 dB); ONNX Runtime's
-INT8 ``MatMulNBits`` takes another kernel path for matrices of at most 64 rows, so small windows
-differ from a one-shot pass by its activation rounding (measured: about -58 dB for one Vocos
-window at full size); that is a property of INT8 compute, not of the look-ahead, and is reported,
-not calibrated away.
+window over the whole sentence. With an FP32 vocoder (every backend's default, the ONNX ``int8``
+export included) it is FP32 rounding (below -100 dB); an INT8 vocoder (older ONNX exports) rounds
+matrices of at most 64 rows another way than larger ones, so small passes differ from a one-shot
+pass by its activation rounding (measured: -36 dB at full size); that is a property of INT8
+compute, not of the look-ahead, and is reported, not calibrated away.
 
 The result and the whole curve go to ``<model.engine_dir>/calibration.json``
 (:mod:`appliance.engines.lookahead`), keyed by the checkpoint's sha256, backend and precision;

@@ -46,10 +46,22 @@ and ``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: 
 
 Precision lives in the graph (TensorRT-RTX and TensorRT 10 are strongly typed): ``fp32``
 (ONNX Runtime default), ``fp16`` (weights and activations FP16, RMSNorm/RoPE tables in FP32 as
-the model computes them; input of TensorRT plans), ``int8`` (ONNX Runtime: the fp32 graphs
-with every constant-weight MatMul replaced by ``MatMulNBits`` 8-bit blockwise, weight-only;
-see :mod:`appliance.build.graph_precision`). TensorRT int8/fp8 graphs are made from the fp16
-export at build time.
+the model computes them; input of TensorRT plans), ``int8`` (ONNX Runtime: the fp32 ``gpt``
+graph with every constant-weight MatMul replaced by ``MatMulNBits`` 8-bit blockwise,
+weight-only, see :mod:`appliance.build.graph_precision`; the Decoder and Vocos graphs stay
+FP32). TensorRT int8/fp8 graphs are made from the fp16 export at build time.
+
+Why the vocoder stays FP32 in an ``int8`` export (measured on the 2-core CPU, ONNX Runtime 1.32,
+AVX2 without VNNI, 2026-12-01): ``MatMulNBits`` wins where a step reads each weight once for one
+row (the GPT decode step: a 768x3072 GEMV 2.7x faster than FP32), but the vocoder's matrices see
+20-150 frames per pass, where MLAS's FP32 GEMM is faster (512x2048 at 70 rows: 25.5 ms FP32 against
+45.1 ms INT8 for 16 products); streamed through the chunk schedule the FP32 vocoder cost 351-363
+ms per second of audio against 441-470 ms (first window 85-97 ms against 108-140 ms), side by
+side in one run (``bench/bench_vocoder.py``). It is also exact: INT8 rounds matrices of at most 64
+rows another way than larger ones, so small passes differed from a one-shot pass by -36 dB and
+the INT8 vocoder itself is -34 dB off FP32. The price is memory: +192 MiB RSS at load (the
+Decoder's 104 MB and Vocos' 54 MB of FP32 weights, held by each stateful graph and its
+first-pass graph).
 
 Errors: :class:`~appliance.errors.CheckpointError` (bad checkpoint),
 :class:`~appliance.errors.ConfigError` (bad precision/limits), :class:`~appliance.errors.EngineError`
@@ -81,6 +93,9 @@ EMBED_FILE = "embed.safetensors"
 OPSET = 18
 #: Default longest Decoder window in tokens (Vocos: twice that in mel frames) for TensorRT profiles.
 WINDOW_TOKENS = 256
+#: Graphs whose MatMuls an ``int8`` export rewrites to ``MatMulNBits``: the GPT only. The vocoder
+#: graphs stay FP32 (see module doc: faster on the CPU at vocoder window sizes, and exact).
+INT8_GRAPHS = ("gpt",)
 
 
 class _PrefixCacheAttend:
@@ -340,11 +355,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         t0 = time.perf_counter()
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
-        if precision == "int8":
-            # weight-only 8-bit MatMulNBits (ONNX Runtime rounds matrices of at most 64 rows another
-            # way than larger ones: small vocoder passes differ from a one-shot pass by the streaming
-            # floor that the calibration measures). An FP32 Decoder/Vocos was tried: exact at every
-            # size, but 1.1-1.5x slower and +285 MiB RSS on the 2-core CPU
+        if precision == "int8" and name in INT8_GRAPHS:
             from .graph_precision import matmul_nbits
 
             matmul_nbits(f, f, bits=8)
@@ -372,8 +383,10 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         "special": {"spk_emb_id": m.spk_emb_id},
         "embed": {"file": EMBED_FILE, "sha256": mf.file_sha256(out / EMBED_FILE)},
         "kv": {"dtype": "float16" if kv_el == 2 else "float32", "bytes_per_token": 2 * s.n_layers * s.hidden * kv_el},
-        "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix", "quantization": "MatMulNBits-8" if precision == "int8" else None,
-                  "vocoder": "window" if static else "stream"},
+        "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix",
+                  "quantization": {g: "MatMulNBits-8" for g in graphs if g in INT8_GRAPHS} if precision == "int8" else None,
+                  "vocoder": "window" if static else "stream",
+                  "vocoder_precision": "fp32" if precision == "int8" else precision},
         "graphs": entries,
     })
     return out

@@ -30,9 +30,9 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   for three. Our torch CPU runner in the same runs: 62-65 ms at B=1. Hence int8 is preferred
   when exported. Peak RSS with 3 x 2048 fp32 KV slots: int8 0.76 GiB, fp32 1.3 GiB.
 
-Precision directory: ``int8`` if it was exported (MatMulNBits 8-bit weight-only, block 32,
-int8 activation compute: 0.98 GiB RSS instead of 2.0 GiB, 2-2.5x faster), else ``fp32``;
-the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
+Precision directory: ``int8`` if it was exported (the GPT's MatMuls 8-bit weight-only
+``MatMulNBits``, block 32, int8 activation compute, 2-2.5x faster than FP32 per step; the Decoder
+and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
 GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
 fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
 (0 = all cores) intra-op, 1 inter-op, sequential execution.
