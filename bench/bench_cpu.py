@@ -12,10 +12,9 @@ change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.p
 * ``rtf``: wall / audio seconds for a ``--steps`` utterance (EOS masked); ``peak_mem_mib``: RSS.
 * ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
 
-Appends one record per run (DESIGN §7 fields, ``bench: cpu_pipeline``) to ``--out`` (default
-``bench/results/cpu-<date>-<machine>.json``); ``bench/cpu_side_by_side.sh`` alternates trees.
-``--upstream`` adds upstream chattts's GPT loop (transformers Llama + its sampling) when it is
-importable, as ``baseline_ms_per_step``.
+Appends one record per run (the project's record fields, ``bench: cpu_pipeline``) to ``--out``
+(default ``bench/results/cpu-<date>-<machine>.json``); ``bench/cpu_side_by_side.sh`` alternates
+trees and runs upstream's GPT loop in the same session (``bench/bench_upstream_cpu.py``).
 """
 
 from __future__ import annotations

@@ -125,9 +125,26 @@ def test_retention_by_size_deletes_oldest_first_and_never_the_file_just_written(
     assert [p.name for p in r.prune(tmp_path)] == ["b.wav", "a.wav"]     # d+c = 900 fit; +b = 1050: cut there
     big = tmp_path / "e.wav"
     big.write_bytes(b"\0" * 2000)                                         # over the limit on its own
-    os.utime(big, (time.time() - 2000,) * 2)                              # and even the oldest
     assert sorted(p.name for p in r.prune(tmp_path, keep=big)) == ["c.wav", "d.wav"]
     assert os.listdir(tmp_path) == ["e.wav"]
+
+
+def test_retention_leaves_a_newer_file_to_its_writer_and_ages_files_dated_in_the_future(tmp_path):
+    """Two channels finish at once with wav_keep_files 1: each prune sees both files. The older
+    writer's prune must not delete the newer file (both were deleted before); the newer one's
+    prune deletes the older. A file dated ahead of the clock (a clock stepped back) counts as the
+    oldest, even against the file just written."""
+    r = WavRetention(keep_files=1)
+    _files(tmp_path, [("a.wav", 10), ("b.wav", 10)])
+    assert r.prune(tmp_path, keep=tmp_path / "a.wav") == []
+    assert [p.name for p in r.prune(tmp_path, keep=tmp_path / "b.wav")] == ["a.wav"]
+    ahead = tmp_path / "ahead.wav"
+    ahead.write_bytes(b"\0" * 10)
+    os.utime(ahead, (time.time() + 3600,) * 2)
+    now = tmp_path / "now.wav"
+    now.write_bytes(b"\0" * 10)
+    assert sorted(p.name for p in r.prune(tmp_path, keep=now)) == ["ahead.wav", "b.wav"]
+    assert os.listdir(tmp_path) == ["now.wav"]
 
 
 def test_the_writer_applies_retention_once_the_file_is_in_place(tmp_path):

@@ -17,7 +17,11 @@ records it finished). A reader never sees a partial ``<id>.wav``; a crash leaves
 
 Retention (:class:`WavRetention`, ``service.wav_keep_files`` / ``service.wav_max_mib``): after
 each file is written the oldest ``<id>.wav`` files of the directory beyond those limits are
-deleted; only names :func:`wav_path` can produce are considered.
+deleted; only names :func:`wav_path` can produce are considered. A writer's prune deletes only
+files older than its own: channels finishing at once each see the other's new file, and neither
+may delete it (with ``wav_keep_files: 1`` both files were deleted before), so the directory can
+hold one file per channel more than the limit until the next prune. Files dated in the future
+(a clock that was stepped back) count as the oldest, so they do not stay for ever.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +47,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _OURS = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\.wav")
 _PART = re.compile(r"\.[A-Za-z0-9_-][A-Za-z0-9._-]*\.wav\.part")
 MIB = 1 << 20
+#: seconds ahead of the clock beyond which a file's mtime is taken for a stepped-back clock
+FUTURE_S = 60.0
 
 
 def wav_path(wav_dir: str | Path, request_id: str) -> Path:
@@ -92,31 +99,36 @@ class WavRetention:
 
     def prune(self, wav_dir: str | Path, keep: Optional[Path] = None) -> list[Path]:
         """Delete the oldest (by mtime, then name) ``<id>.wav`` files in ``wav_dir`` beyond the
-        limits; ``keep`` (the file just written) always stays and counts. Only names that
-        :func:`wav_path` can produce are considered: no dot files, ``.part`` files, other
-        extensions or directories. Returns the deleted paths; never raises (failures are logged)."""
+        limits; ``keep`` (the file just written) always stays and counts, and files newer than
+        it (another channel's, just written) count but stay: they are that writer's to prune.
+        A file dated more than :data:`FUTURE_S` ahead of the clock counts as the oldest. Only
+        names that :func:`wav_path` can produce are considered: no dot files, ``.part`` files,
+        other extensions or directories. Returns the deleted paths; never raises (failures are
+        logged)."""
         if not self.keep_files and not self.max_bytes:
             return []
         files = []
+        future = time.time_ns() + int(FUTURE_S * 1e9)
         try:
             for e in os.scandir(wav_dir):
                 if _OURS.fullmatch(e.name) and e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
-                    files.append((st.st_mtime_ns, e.name, st.st_size))
+                    files.append((st.st_mtime_ns if st.st_mtime_ns <= future else -1, e.name, st.st_size))
         except OSError as e:
             log.warning("WAV retention: cannot list %s: %s", wav_dir, e.strerror or e)
             return []
         files.sort(reverse=True)                 # newest first
         keep_name = keep.name if keep is not None else None
-        if keep_name is not None:                # the file just written is kept whatever its age
+        mine = next((f[:2] for f in files if f[1] == keep_name), None)
+        if mine is not None:                     # the file just written is kept whatever its age
             files.sort(key=lambda f: f[1] != keep_name)
         n = total = 0
         cut = False                              # the first file over a limit and all older go
         gone = []
-        for _, name, size in files:
+        for t, name, size in files:
             n, total = n + 1, total + size
             cut = cut or bool(self.keep_files and n > self.keep_files) or bool(self.max_bytes and total > self.max_bytes)
-            if not cut or name == keep_name:
+            if not cut or name == keep_name or (mine is not None and (t, name) > mine):
                 continue
             p = Path(wav_dir) / name
             try:

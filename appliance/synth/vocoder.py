@@ -11,8 +11,12 @@ over the hidden states and mel frames it keeps per slot (:meth:`Runner.vocode
 <appliance.engines.runner.Runner.vocode>`), and only the spectrum of the new frames comes back
 for the inverse STFT (:class:`~appliance.synth.istft.StreamingISTFT`).
 
-Cost: each window recomputes ``2 * rf`` context frames; with 24-token chunks the Decoder does
-about 3x the work of one full pass, the price of streaming without state inside the convs.
+Cost: a stateless window recomputes ``2 * rf`` context frames (with 24-token chunks the Decoder
+did about 3x the work of one full pass). The runners keep each convolution's state between the
+windows of a sentence (:mod:`appliance.model.stream`, :mod:`appliance.engines.vocoder_state`), so
+the left context is never recomputed; what a pass still recomputes is the provisional tail (the
+frames a shorter look-ahead let Vocos read before the Decoder could finish them), at most ``rf``
+frames per pass: larger chunks amortize it (:mod:`appliance.synth.schedule`).
 
 Look-ahead. Exactly, a frame is final once ``rf`` frames to its right exist: the first audio
 waits :attr:`WindowedVocoder.exact_lookahead` decode steps beyond the audio it carries (53 for
