@@ -16,7 +16,7 @@ random full-size checkpoint given by ``--full``) and backend (``torch`` CPU alwa
 * ``peak_mem_mib``: peak RSS of the process so far (it only grows: read it per checkpoint).
 
 The machine's 1-minute load average before/after each run goes into ``notes`` (the 2-core
-machine is shared). Prints a table, writes the records (DESIGN.md §7 format plus extra fields)
+machine is shared). Prints a table, writes the records (the project's record fields plus extra ones)
 to ``bench/results/channels-<date>-<machine>.json``.
 
 Usage::

@@ -17,7 +17,7 @@ Usage::
    Decoder + Vocos on a 1-second window (+ context), the numpy inverse STFT of 1 s of audio,
    and our PyTorch CPU runner as the reference (``torch-cpu``).
 
-Prints a table and appends records (DESIGN.md §7 format, plus ``weights_mib`` /
+Prints a table and appends records (the project's record fields, plus ``weights_mib`` /
 ``activation_mib`` / ``kv_mib`` / ``budget_mib`` for builds and ``fill`` for steps) to
 ``bench/results/engines-<date>-<machine>.json``.
 """
