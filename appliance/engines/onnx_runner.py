@@ -32,10 +32,11 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
 
 Precision directory: ``int8`` if it was exported (the GPT's MatMuls 8-bit weight-only
 ``MatMulNBits``, block 32, int8 activation compute, 2-2.5x faster than FP32 per step; the Decoder
-and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is logged. One ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the
-GPT weights are held once; the embedding tables live on the host (``embed.safetensors``, 69 MiB
-fp32 at full size) and the runner computes the graph's input embeddings with numpy. Threads: ``model.threads``
-(0 = all cores) intra-op, 1 inter-op, sequential execution.
+and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is logged. One
+``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
+the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
+runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
+cores) intra-op, 1 inter-op, sequential execution.
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, ``decoder_first`` and
 ``vocos_first`` a sentence's first pass (:mod:`appliance.build.stream_graphs`): the caches go in

@@ -1,9 +1,10 @@
 """The chunk schedule: how many decode steps each streamed chunk of a request carries.
 
 A chunk of ``c`` steps costs ``c * s + W`` seconds to make (``s``: one engine decode step, all
-channels together; ``W``: one vocoder window, of which the provisional tail that each pass
-recomputes, whatever the chunk size, is the part a larger chunk amortizes) and carries ``c * a`` seconds of audio (``a`` = 512 samples at 24 kHz = 21.3 ms).
-``s`` and ``W`` are measured while the engine runs (the warm-up gives the first values). So:
+channels together; ``W``: one vocoder window, taken as a constant: the provisional tail that each
+pass recomputes, whatever the chunk size, is the part a larger chunk amortizes) and carries
+``c * a`` seconds of audio (``a`` = 512 samples at 24 kHz = 21.3 ms). ``s`` and ``W`` are
+measured while the engine runs (the warm-up gives the first values). So:
 
 * the stream keeps up only with chunks of at least ``sustainable = W / (safety * a - s)`` steps;
   smaller ones lose ground with every window (measured on the 2-core CPU: a buffer-limited
