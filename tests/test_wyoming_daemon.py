@@ -50,6 +50,39 @@ def _wy_config(tiny_ckpt, tmp: Path, **wyoming) -> dict:
     return service_config(tiny_ckpt, tmp, synthesis=SYN, wyoming=wy)
 
 
+def _wait_listening(uris: list[str], d, timeout_s: float = 60.0) -> None:
+    """Until every Wyoming URI accepts a connection. The daemon's main socket (what
+    ``start_daemon`` waits for) is bound first; the Wyoming listeners start after the journal's
+    replay, a moment later (a test that talked at once was refused now and then)."""
+    deadline = time.monotonic() + timeout_s
+    for uri in uris:
+        while True:
+            try:
+                if uri.startswith("tcp://"):
+                    host, port = uri[len("tcp://"):].rsplit(":", 1)
+                    socket.create_connection((host, int(port)), timeout=1.0).close()
+                else:
+                    with socket.socket(socket.AF_UNIX) as s:
+                        s.settimeout(1.0)
+                        s.connect(uri[len("unix://"):])
+                break
+            except OSError:
+                if d.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Wyoming {uri} not accepting:\n{d.log()[-3000:]}")
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def start_daemon(start_daemon):
+    """The shared factory, then every Wyoming URI of the config listening."""
+    def start(cfg: dict, **kw):
+        d = start_daemon(cfg, **kw)
+        if cfg.get("wyoming", {}).get("enabled"):
+            _wait_listening(cfg["wyoming"]["uris"], d)
+        return d
+    return start
+
+
 @pytest.fixture(scope="module")
 def wy_pipeline(tiny_ckpt, tmp_path_factory):
     """The daemon's pipeline (same model and synthesis settings) in the test process."""
