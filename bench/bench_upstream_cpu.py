@@ -84,10 +84,11 @@ def main() -> int:
         t0 = time.perf_counter()
         with torch.inference_mode():
             emb = embed(ids, text_mask)
-            out = gpt.generate(emb, ids, temperature=torch.tensor([0.3] * dims["num_vq"]), eos_token=dims["num_audio_tokens"] - 1,
-                         attention_mask=torch.ones(b, PROMPT, dtype=torch.bool), max_new_token=n, min_new_token=n,
-                         logits_processors=(*processors, *warpers), infer_text=False, return_hidden=True,
-                         show_tqdm=False, ensure_non_empty=False, manual_seed=1)
+            out = gpt.generate(emb, ids, temperature=torch.tensor([0.3] * dims["num_vq"]),
+                               eos_token=dims["num_audio_tokens"] - 1,
+                               attention_mask=torch.ones(b, PROMPT, dtype=torch.bool), max_new_token=n, min_new_token=n,
+                               logits_processors=(*processors, *warpers), infer_text=False, return_hidden=True,
+                               show_tqdm=False, ensure_non_empty=False, manual_seed=1)
             res = list(out)[-1]   # a generator (upstream streams through it): run it to the end
             assert len(res.hiddens) == b and res.hiddens[0].shape[0] == n, (len(res.hiddens), res.hiddens[0].shape)
         return time.perf_counter() - t0
