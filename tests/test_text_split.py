@@ -39,6 +39,16 @@ def test_sentence_ends(tok):
     assert check(tok, text, 64) == ["你好。", "今天天气很好！", "你呢？", "I am fine.", "Thanks!", "第二段"]
 
 
+def test_full_stops_of_initials_and_abbreviations_end_no_sentence(tok):
+    """U.S., a.m., e.g., Mr., St. and initials inside mixed text stay inside their sentence (each
+    of their dots was a cut before: 'I live in the U.' / 'S.' / 'now.'); real ends still cut."""
+    text = ("I live in the U.S. now. Call me at nine a.m. tomorrow, e.g. at the office. "
+            "Mr. and Mrs. Lee went to St. Louis. 美国U.S.A.的GDP很高。I.B.M. and N.A.S.A. Wait... what? Yes.")
+    assert check(tok, text, 128) == ["I live in the U.S. now.", "Call me at nine a.m. tomorrow, e.g. at the office.",
+                                     "Mr. and Mrs. Lee went to St. Louis.", "美国U.S.A.的GDP很高。",
+                                     "I.B.M. and N.A.S.A. Wait...", "what?", "Yes."]
+
+
 def test_clauses_then_hard(tok):
     text = "我们今天去公园，然后去商店，最后回家吃饭。" * 3
     pieces = check(tok, text, 20, prompt="[speed_5]")

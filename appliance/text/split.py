@@ -6,7 +6,11 @@ tokenizer, must fit ``cfg.model.max_prompt_tokens``. Order of cuts:
 
 1. after sentence ends (``。！？.!?`` runs, and line breaks): every sentence is its own piece
    (a sentence is the natural unit of prosody; merging many would also risk hitting
-   ``synthesis.max_new_tokens`` in one generation);
+   ``synthesis.max_new_tokens`` in one generation). A full stop ``.`` is no sentence end when a
+   letter or digit follows it at once (``U.S``, ``a.m``) or it closes an initial (one letter:
+   ``U.S.``, ``e.g.``) or an abbreviation of :data:`ABBREVIATIONS` (``Mr.``, ``St.``): cutting
+   there made one-letter generations (``S.``) and broke the prosody; two sentences merged at a
+   rare real end after such a word cost nothing;
 2. a sentence over the limit is cut after clause marks (``，,；;：:、``) and its clauses are
    packed greedily up to the limit;
 3. a clause still over the limit is cut at token boundaries (preferring the start of a word).
@@ -31,6 +35,11 @@ from .tokens import TOKEN_RE
 log = logging.getLogger(__name__)
 
 _SENT_END_RE = re.compile(r"(?<=[。！？.!?\n])(?![。！？.!?\n”’\"')）])")
+_WORD_BEFORE_DOT = re.compile(r"([A-Za-z]+)\.+$")
+#: English abbreviations whose full stop ends no sentence (lower case, without the dot).
+ABBREVIATIONS = frozenset(
+    "mr mrs ms mx dr st jr sr prof rev gen col capt lt sgt mt ft vs etc inc ltd co corp dept est approx "
+    "fig no vol ch pp ca cf al ave blvd rd jan feb mar apr jun jul aug sep sept oct nov dec".split())
 _CLAUSE_RE = re.compile(r"(?<=[，,；;：:、])(?![，,；;：:、])")
 
 
@@ -80,7 +89,7 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
         raise TextError(f"the prompt {prompt!r} alone is {overhead} tokens, leaving no room for text within "
                         f"model.max_prompt_tokens={max_prompt_tokens}; shorten synthesis.prompt")
     pieces: list[str] = []
-    for sent in _cut(text, _SENT_END_RE):
+    for sent in _sentences(text):
         if n_tokens(sent) <= budget_total:
             pieces.append(sent)
             continue
@@ -96,6 +105,27 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
     if len(pieces) > 1:
         log.debug("split %d characters into %d pieces", len(text), len(pieces))
     return [Sentence(p, prompt_ids(p)) for p in pieces]
+
+
+def _sentences(text: str) -> list[str]:
+    """Contiguous slices after sentence ends (see module doc), stripped, empty ones dropped."""
+    out, start = [], 0
+    for m in _SENT_END_RE.finditer(text):
+        end = m.end()
+        if text[end - 1] == "." and not _full_stop_ends(text, end):
+            continue
+        out.append(text[start:end])
+        start = end
+    out.append(text[start:])
+    return [p.strip() for p in out if p.strip()]
+
+
+def _full_stop_ends(text: str, end: int) -> bool:
+    """Whether the ``.`` run ending at ``text[end - 1]`` ends a sentence (see module doc)."""
+    if end < len(text) and text[end].isascii() and text[end].isalnum():
+        return False
+    w = _WORD_BEFORE_DOT.search(text, max(0, end - 16), end)
+    return w is None or (len(w.group(1)) > 1 and w.group(1).lower() not in ABBREVIATIONS)
 
 
 def _cut(text: str, boundary: re.Pattern) -> list[str]:
