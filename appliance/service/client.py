@@ -74,7 +74,8 @@ class Client:
             raise Unreachable(f"no daemon socket at {self.path}") from None
         except ConnectionRefusedError:
             self.sock.close()
-            raise Unreachable(f"nobody is listening on {self.path} (stale socket)") from None
+            raise Unreachable(f"nobody is listening on {self.path}: the daemon is stopping or not running "
+                              f"(a socket file left behind)") from None
         except PermissionError:
             self.sock.close()
             raise Unreachable(f"no permission to connect to {self.path}; join the service's group") from None

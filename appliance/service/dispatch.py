@@ -134,7 +134,7 @@ class Dispatcher:
             return
         items = self.worker.cancel(sink=sink, channels=self.cancel_on_disconnect)
         if items:
-            log.info("client %s went away: cancelled %s (on_disconnect: cancel)", peer or "?",
+            log.info("%s went away: cancelled %s (on_disconnect: cancel)", peer or "a client",
                      ", ".join(it.id for it in items))
 
     def handle_request_threadsafe(self, req: Request, sink: EventSink, origin: str = "mqtt") -> concurrent.futures.Future:

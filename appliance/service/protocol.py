@@ -251,7 +251,7 @@ def parse_line(line: bytes, max_bytes: int = 65536) -> Request:
             :func:`parse_request`).
     """
     if len(line) > max_bytes:
-        raise RequestError(f"request of {len(line)} bytes is over the limit of {max_bytes} bytes")
+        raise RequestError(f"request of {len(line)} bytes is over the limit of {max_bytes} bytes (service.max_line_bytes)")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
