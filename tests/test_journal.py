@@ -144,3 +144,50 @@ def test_replay_decisions_age_alerts_and_attempts(tmp_path):
     assert "journal.max_age_s" in r.why_not(e0, now + 4000)
     assert "3 crash(es)" in r.why_not(e2, now)
     assert r.why_not(e0, now - 1e6) is None            # a clock that went back: age 0
+
+
+def test_a_finished_id_is_answered_again_only_for_the_same_text(tmp_path):
+    """After a restart, a speak with a finished request's id gets 'replayed' + the old outcome only
+    when its text is the same (a redelivery); with another text (a client reusing ids) it is
+    spoken like any new request, as it would be without the restart. The text's digest survives
+    the compaction that rewrites finished requests."""
+    from appliance.service.protocol import Speak
+
+    j = Journal(tmp_path)
+    j.open()
+    n = j.accept(_req(0, text="第一句。"))
+    j.end(n, {"type": "done", "id": "r0", "output": "device:x", "seed": 0})
+    for rec in (Journal(tmp_path).open(), Journal(tmp_path).open()):   # after the "e" record, then compacted
+        assert rec.finished_sha["r0"] and "text" not in str(rec.finished_sha)
+        r = Recovery(j, rec, JournalConfig())
+        got = []
+        assert r.attach(Speak(id="r0", text="第一句。"), lambda ev, pcm: got.append(ev.type))
+        assert len(got) == 2 and got[0] == "replayed"                      # replayed + the old outcome
+        assert not r.attach(Speak(id="r0", text="something new"), lambda ev, pcm: got.append(ev.type))
+        assert len(got) == 2
+        assert not r.attach(Speak(id="r0", text="第一句。"), lambda ev, pcm: None)   # forgotten once reused
+
+
+def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
+    """A client sending the id of a request that is being replayed now: the same text attaches it
+    ('replayed', never spoken twice); another text is refused with bad_request naming the id."""
+    import asyncio
+
+    from appliance.errors import RequestError
+    from appliance.service.protocol import Speak
+
+    j = Journal(tmp_path)
+    j.open()
+    j.accept(_req(5, text="还在排队。"))
+    rec = Journal(tmp_path).open()
+    r = Recovery(j, rec, JournalConfig())
+
+    async def resubmit(speak, channel, sink, n):
+        pass
+
+    assert asyncio.run(r.replay(resubmit, None)) == 1
+    got = []
+    assert r.attach(Speak(id="r5", text="还在排队。"), lambda ev, pcm: got.append(ev.type))
+    assert got == ["replayed"]
+    with pytest.raises(RequestError, match="'r5' is being replayed .* another text; give every new request a fresh id"):
+        r.attach(Speak(id="r5", text="different"), lambda ev, pcm: None)

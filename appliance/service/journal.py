@@ -7,8 +7,10 @@ One append-only file, ``<service.spool_dir>/journal.log``, one record per line::
 Records (``k``): ``a`` accepted (``n`` sequence number, ``t`` wall-clock time, ``o`` origin
 ``socket``/``mqtt``, ``req`` the ``speak`` request with its channel and resolved seed, ``tries``
 start attempts carried over by a compaction); ``s`` started (synthesis began: counts attempts);
-``e`` ended (``ev``: the terminal ``done``/``error`` event); ``f`` finished (a compacted ``a`` +
-``e`` pair, kept so a client that asks again after a restart gets the outcome).
+``e`` ended (``ev``: the terminal ``done``/``error`` event; ``ts``: :func:`text_sha` of its text);
+``f`` finished (a compacted ``a`` + ``e`` pair with ``ts``, kept so a client that asks again after
+a restart gets the outcome: :class:`~appliance.service.recovery.Recovery` gives it only to a
+request of the same id *and* text).
 
 Durability (``journal.fsync``): :meth:`Journal.accept` writes and ``fsync``\\ s the file (and the
 directory when the file was created or replaced) before it returns, and the caller sends
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -52,6 +55,12 @@ from .paths import fsync_dir
 log = logging.getLogger(__name__)
 
 FILE = "journal.log"
+
+
+def text_sha(text: object) -> str:
+    """The digest a finished request keeps of its text (16 hex digits of SHA-256; ``""`` for no text)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16] if isinstance(text, str) else ""
+
 KEEP_FINISHED = 1024
 """Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
 FULL_FRACTION = 0.9
@@ -85,10 +94,12 @@ class Entry:
 @dataclass
 class Recovered:
     """What :meth:`Journal.open` found: the unfinished requests (accept order), the finished
-    ones (id -> terminal event), and how many records were dropped as torn or corrupt."""
+    ones (id -> terminal event; id -> :func:`text_sha` of their text, ``""`` where an older
+    journal did not record it), and how many records were dropped as torn or corrupt."""
 
     pending: list[Entry] = field(default_factory=list)
     finished: dict[str, dict] = field(default_factory=dict)
+    finished_sha: dict[str, str] = field(default_factory=dict)
     torn: int = 0
     corrupt: int = 0
 
@@ -182,6 +193,7 @@ class Journal:
         done = sorted((e for e in entries.values() if e.ev is not None), key=lambda e: e.n)[-KEEP_FINISHED:]
         self._finished = collections.OrderedDict((e.n, e) for e in done)
         rec.finished = {e.id: e.ev for e in done}
+        rec.finished_sha = {e.id: e.req.get("text_sha") or text_sha(e.req.get("text")) for e in done}
         with self._lock:
             self._compact()
         if rec.pending or rec.torn or rec.corrupt:
@@ -195,7 +207,7 @@ class Journal:
         if not isinstance(n, int):
             return
         if k in ("a", "f"):
-            req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", "")}
+            req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", ""), "text_sha": str(r.get("ts", ""))}
             e = Entry(n=n, t=float(r.get("t", 0.0)), origin=str(r.get("o", "socket")), req=req,
                       tries=int(r.get("tries", 0)))
             if k == "f":
@@ -254,12 +266,13 @@ class Journal:
                 return
             self._live_bytes -= e.size
             e.ev = _slim(event)
-            e.req = {"id": e.id, "channel": e.req.get("channel")}   # the text is not needed any more
+            sha = text_sha(e.req.get("text"))
+            e.req = {"id": e.id, "channel": e.req.get("channel"), "text_sha": sha}   # the text itself is not needed any more
             self._finished[n] = e
             while len(self._finished) > KEEP_FINISHED:
                 self._finished.popitem(last=False)
             try:
-                self._append(encode({"k": "e", "n": n, "ev": e.ev}), sync=True)
+                self._append(encode({"k": "e", "n": n, "ev": e.ev, "ts": sha}), sync=True)
             except JournalError as err:
                 self._dirty = True
                 log.error("%s; request %s may be spoken again after a crash", err, e.id)
@@ -348,7 +361,8 @@ class Journal:
         budget = self.max_bytes - self._live_bytes - 4096
         fin = []
         for e in reversed(self._finished.values()):
-            line = encode({"k": "f", "n": e.n, "t": round(e.t, 3), "o": e.origin, "id": e.id, "ev": e.ev})
+            line = encode({"k": "f", "n": e.n, "t": round(e.t, 3), "o": e.origin, "id": e.id, "ev": e.ev,
+                           "ts": e.req.get("text_sha") or text_sha(e.req.get("text"))})
             if len(line) > budget:
                 break
             budget -= len(line)

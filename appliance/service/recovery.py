@@ -32,8 +32,8 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
-from ..errors import ApplianceError, CancelledError
-from .journal import Entry, Journal, Recovered
+from ..errors import ApplianceError, CancelledError, RequestError
+from .journal import Entry, Journal, Recovered, text_sha
 from .protocol import (
     ErrorEvent,
     Event,
@@ -120,6 +120,7 @@ class Recovery:
         self.cfg = cfg
         self.replays: dict[str, Replay] = {}
         self._finished = dict(recovered.finished)
+        self._finished_sha = dict(recovered.finished_sha)
         self._lock = threading.Lock()
 
     def why_not(self, e: Entry, now: float) -> Optional[str]:
@@ -180,10 +181,26 @@ class Recovery:
 
     def attach(self, speak: Speak, sink: EventSink) -> bool:
         """A ``speak`` whose id is a replayed or journal-finished request: attach ``sink`` to it
-        instead of speaking it again. Returns False for any other id."""
+        instead of speaking it again. Returns False for any other id, and for a finished request's
+        id sent with another text (a client that reuses ids: the new text is spoken, as it would be
+        without the restart).
+
+        Raises:
+            RequestError: the id is a request being replayed now with another text.
+        """
         with self._lock:
             r = self.replays.get(speak.id)
             fin = None if r is not None else self._finished.get(speak.id)
+            sha = self._finished_sha.get(speak.id, "")
+        if r is not None and r.entry.req.get("text") not in (None, speak.text):
+            raise RequestError(f"request id {speak.id!r} is being replayed from before the restart with another "
+                               f"text; give every new request a fresh id")
+        if fin is not None and sha and sha != text_sha(speak.text):
+            log.info("request id %s finished before the restart with another text: speaking the new one", speak.id)
+            with self._lock:
+                self._finished.pop(speak.id, None)
+                self._finished_sha.pop(speak.id, None)
+            return False
         if r is not None:
             log.info("client came back for replayed request %s (%s)", speak.id, r.state)
             r.attach(sink)
