@@ -149,7 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")
 
-    cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need")
+    cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need",
+                         description="Synthesize a fixed set of sentences (Chinese, English, mixed; two voices) on the "
+                                     "configured checkpoint and backend, stream each with less right context than the "
+                                     "exact receptive field (53 decode steps at full size), and keep the smallest "
+                                     "look-ahead whose PCM error stays "
+                                     "under the threshold. The result and the whole curve go to "
+                                     "<model.engine_dir>/calibration.json; the daemon uses it from its next start "
+                                     "(stream.lookahead: auto).")
     cal.add_argument("--config", default=None, help="config file (default: $CHATTTS_APPLIANCE_CONFIG, "
                      "./config.local.yaml, ./config.yaml)")
     cal.add_argument("--threshold-db", type=float, default=None,
