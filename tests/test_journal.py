@@ -191,3 +191,28 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
     assert got == ["replayed"]
     with pytest.raises(RequestError, match="'r5' is being replayed .* another text; give every new request a fresh id"):
         r.attach(Speak(id="r5", text="different"), lambda ev, pcm: None)
+
+
+def test_a_replay_that_ended_gives_its_id_to_a_new_text(tmp_path):
+    """Once a replayed request has ended (its journal entry keeps only the text's digest), its id
+    with the same text is answered with its outcome, with another text spoken anew."""
+    import asyncio
+
+    from appliance.service.protocol import Done, Speak
+
+    j = Journal(tmp_path)
+    j.open()
+    j.accept(_req(6, text="重放的。"))
+    rec = Journal(tmp_path).open()
+    r = Recovery(j, rec, JournalConfig())
+
+    async def resubmit(speak, channel, sink, n):
+        pass
+
+    asyncio.run(r.replay(resubmit, None))
+    j.end(rec.pending[0].n, {"type": "done", "id": "r6"})
+    r.replays["r6"].sink(Done(id="r6", channel="main", ttfb_ms=1.0, rtf=0.1, audio_s=1.0, steps=47, steps_per_s=470.0), None)
+    got = []
+    assert r.attach(Speak(id="r6", text="重放的。"), lambda ev, pcm: got.append(ev.type))
+    assert got == ["replayed", "done"]
+    assert not r.attach(Speak(id="r6", text="a new one"), lambda ev, pcm: None)

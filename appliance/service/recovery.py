@@ -191,13 +191,15 @@ class Recovery:
         with self._lock:
             r = self.replays.get(speak.id)
             fin = None if r is not None else self._finished.get(speak.id)
-            sha = self._finished_sha.get(speak.id, "")
-        if r is not None and r.entry.req.get("text") not in (None, speak.text):
-            raise RequestError(f"request id {speak.id!r} is being replayed from before the restart with another "
-                               f"text; give every new request a fresh id")
-        if fin is not None and sha and sha != text_sha(speak.text):
-            log.info("request id %s finished before the restart with another text: speaking the new one", speak.id)
+            req = r.entry.req if r is not None else {}    # a replay that ended holds only the digest
+            sha = (req.get("text_sha") or text_sha(req.get("text"))) if r is not None else self._finished_sha.get(speak.id, "")
+        if sha and sha != text_sha(speak.text):
+            if r is not None and r.terminal is None:
+                raise RequestError(f"request id {speak.id!r} is being replayed from before the restart with another "
+                                   f"text; give every new request a fresh id")
+            log.info("request id %s finished with another text: speaking the new one", speak.id)
             with self._lock:
+                self.replays.pop(speak.id, None)
                 self._finished.pop(speak.id, None)
                 self._finished_sha.pop(speak.id, None)
             return False
