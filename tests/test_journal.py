@@ -168,17 +168,14 @@ def test_a_finished_id_is_answered_again_only_for_the_same_text(tmp_path):
         assert not r.attach(Speak(id="r0", text="第一句。"), lambda ev, pcm: None)   # forgotten once reused
 
 
-def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
-    """A client sending the id of a request that is being replayed now: the same text attaches it
-    ('replayed', never spoken twice); another text is refused with bad_request naming the id."""
+def _replaying(tmp_path, i: int, text: str):
+    """A journal left with one unfinished request (``r<i>``), reopened and replayed (the
+    resubmission itself is a no-op): ``(journal, recovered, recovery)``."""
     import asyncio
-
-    from appliance.errors import RequestError
-    from appliance.service.protocol import Speak
 
     j = Journal(tmp_path)
     j.open()
-    j.accept(_req(5, text="还在排队。"))
+    j.accept(_req(i, text=text))
     rec = Journal(tmp_path).open()
     r = Recovery(j, rec, JournalConfig())
 
@@ -186,6 +183,16 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
         pass
 
     assert asyncio.run(r.replay(resubmit, None)) == 1
+    return j, rec, r
+
+
+def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
+    """A client sending the id of a request that is being replayed now: the same text attaches it
+    ('replayed', never spoken twice); another text is refused with bad_request naming the id."""
+    from appliance.errors import RequestError
+    from appliance.service.protocol import Speak
+
+    _, _, r = _replaying(tmp_path, 5, "还在排队。")
     got = []
     assert r.attach(Speak(id="r5", text="还在排队。"), lambda ev, pcm: got.append(ev.type))
     assert got == ["replayed"]
@@ -196,20 +203,9 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
 def test_a_replay_that_ended_gives_its_id_to_a_new_text(tmp_path):
     """Once a replayed request has ended (its journal entry keeps only the text's digest), its id
     with the same text is answered with its outcome, with another text spoken anew."""
-    import asyncio
-
     from appliance.service.protocol import Done, Speak
 
-    j = Journal(tmp_path)
-    j.open()
-    j.accept(_req(6, text="重放的。"))
-    rec = Journal(tmp_path).open()
-    r = Recovery(j, rec, JournalConfig())
-
-    async def resubmit(speak, channel, sink, n):
-        pass
-
-    asyncio.run(r.replay(resubmit, None))
+    j, rec, r = _replaying(tmp_path, 6, "重放的。")
     j.end(rec.pending[0].n, {"type": "done", "id": "r6"})
     r.replays["r6"].sink(Done(id="r6", channel="main", ttfb_ms=1.0, rtf=0.1, audio_s=1.0, steps=47, steps_per_s=470.0), None)
     got = []
