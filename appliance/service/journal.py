@@ -90,6 +90,11 @@ class Entry:
     def id(self) -> str:
         return str(self.req.get("id", ""))
 
+    @property
+    def text_sha(self) -> str:
+        """:func:`text_sha` of its text (kept as ``req["text_sha"]`` once it ended)."""
+        return self.req.get("text_sha") or text_sha(self.req.get("text"))
+
 
 @dataclass
 class Recovered:
@@ -193,7 +198,7 @@ class Journal:
         done = sorted((e for e in entries.values() if e.ev is not None), key=lambda e: e.n)[-KEEP_FINISHED:]
         self._finished = collections.OrderedDict((e.n, e) for e in done)
         rec.finished = {e.id: e.ev for e in done}
-        rec.finished_sha = {e.id: e.req.get("text_sha") or text_sha(e.req.get("text")) for e in done}
+        rec.finished_sha = {e.id: e.text_sha for e in done}
         with self._lock:
             self._compact()
         if rec.pending or rec.torn or rec.corrupt:
@@ -266,7 +271,7 @@ class Journal:
                 return
             self._live_bytes -= e.size
             e.ev = _slim(event)
-            sha = text_sha(e.req.get("text"))
+            sha = e.text_sha
             e.req = {"id": e.id, "channel": e.req.get("channel"), "text_sha": sha}   # the text itself is not needed any more
             self._finished[n] = e
             while len(self._finished) > KEEP_FINISHED:
@@ -361,8 +366,7 @@ class Journal:
         budget = self.max_bytes - self._live_bytes - 4096
         fin = []
         for e in reversed(self._finished.values()):
-            line = encode({"k": "f", "n": e.n, "t": round(e.t, 3), "o": e.origin, "id": e.id, "ev": e.ev,
-                           "ts": e.req.get("text_sha") or text_sha(e.req.get("text"))})
+            line = encode({"k": "f", "n": e.n, "t": round(e.t, 3), "o": e.origin, "id": e.id, "ev": e.ev, "ts": e.text_sha})
             if len(line) > budget:
                 break
             budget -= len(line)

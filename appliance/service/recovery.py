@@ -191,8 +191,7 @@ class Recovery:
         with self._lock:
             r = self.replays.get(speak.id)
             fin = None if r is not None else self._finished.get(speak.id)
-            req = r.entry.req if r is not None else {}    # a replay that ended holds only the digest
-            sha = (req.get("text_sha") or text_sha(req.get("text"))) if r is not None else self._finished_sha.get(speak.id, "")
+            sha = r.entry.text_sha if r is not None else self._finished_sha.get(speak.id, "")
         if sha and sha != text_sha(speak.text):
             if r is not None and r.terminal is None:
                 raise RequestError(f"request id {speak.id!r} is being replayed from before the restart with another "
