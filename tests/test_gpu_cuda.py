@@ -211,6 +211,35 @@ def test_same_seed_cuda_fp32_equals_host(tiny_ckpt, tiny_config):
     np.testing.assert_array_equal(out[0], out[1])
 
 
+def test_stateful_vocoder_stream_on_the_gpu_equals_the_host_one_shot(tiny_config):
+    """The CUDA runner's stateful Decoder/Vocos passes (their caches on the device, FP32), streamed
+    with the exact look-ahead in uneven chunks, give the PCM of the torch CPU runner's one-shot
+    pass over the same hidden states."""
+    from appliance.build.calibrate import _stream
+    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.runner import VocodeWindow
+    from appliance.engines.torch_runner import TorchRunner
+    from appliance.synth.istft import istft
+    from appliance.synth.vocoder import WindowedVocoder
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    cuda = CudaRunner(dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, device="cuda")))
+    host = TorchRunner(tiny_config)
+    n, slot = 70, 1
+    h = np.random.default_rng(5).standard_normal((n, host.info.hidden_size)).astype(np.float32)
+    for r in (cuda, host):
+        r.prefill(slot, np.arange(1, 9), None)
+    host._hid[slot, :n] = h
+    cuda.hid[slot, :n] = torch.from_numpy(h).to(cuda.hid)
+    re, im = host.vocode(slot, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
+    exact = istft(re.copy(), im.copy())
+    for chunk in (1, 4, 13):
+        got = _stream(WindowedVocoder(cuda, 512), slot, n, None, chunk)
+        assert got.shape == exact.shape
+        assert np.abs(got - exact).max() <= 1e-4 * np.abs(exact).max(), chunk
+
+
 def test_compile_auto_compiles_where_triton_works_and_caches(tiny_ckpt, tmp_path):
     """On a desktop GPU with Triton, model.compile: auto -> the compiled step, with inductor's cache
     in engine_dir/torch_compile (a restart reuses it). A fresh process: inductor reads its cache
