@@ -89,7 +89,7 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
         raise TextError(f"the prompt {prompt!r} alone is {overhead} tokens, leaving no room for text within "
                         f"model.max_prompt_tokens={max_prompt_tokens}; shorten synthesis.prompt")
     pieces: list[str] = []
-    for sent in _sentences(text):
+    for sent in _cut(text, _SENT_END_RE, _full_stop_ends):
         if n_tokens(sent) <= budget_total:
             pieces.append(sent)
             continue
@@ -107,30 +107,27 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
     return [Sentence(p, prompt_ids(p)) for p in pieces]
 
 
-def _sentences(text: str) -> list[str]:
-    """Contiguous slices after sentence ends (see module doc), stripped, empty ones dropped."""
-    out, start = [], 0
-    for m in _SENT_END_RE.finditer(text):
-        end = m.end()
-        if text[end - 1] == "." and not _full_stop_ends(text, end):
-            continue
-        out.append(text[start:end])
-        start = end
-    out.append(text[start:])
-    return [p.strip() for p in out if p.strip()]
-
-
 def _full_stop_ends(text: str, end: int) -> bool:
-    """Whether the ``.`` run ending at ``text[end - 1]`` ends a sentence (see module doc)."""
+    """Whether the sentence-end run ending at ``text[end - 1]`` ends a sentence: always, unless it
+    is a full stop of an initial, an abbreviation or followed at once by a letter (module doc)."""
+    if text[end - 1] != ".":
+        return True
     if end < len(text) and text[end].isascii() and text[end].isalnum():
         return False
     w = _WORD_BEFORE_DOT.search(text, max(0, end - 16), end)
     return w is None or (len(w.group(1)) > 1 and w.group(1).lower() not in ABBREVIATIONS)
 
 
-def _cut(text: str, boundary: re.Pattern) -> list[str]:
-    """Contiguous slices at ``boundary``, stripped, empty ones dropped."""
-    return [p.strip() for p in boundary.split(text) if p.strip()]
+def _cut(text: str, boundary: re.Pattern, cuts=None) -> list[str]:
+    """Contiguous slices at the (zero-width) ``boundary`` positions where ``cuts(text, pos)`` is
+    true (all of them without ``cuts``), stripped, empty ones dropped."""
+    out, start = [], 0
+    for m in boundary.finditer(text):
+        if cuts is None or cuts(text, m.end()):
+            out.append(text[start:m.end()])
+            start = m.end()
+    out.append(text[start:])
+    return [p.strip() for p in out if p.strip()]
 
 
 def _join(a: str, b: str) -> str:
