@@ -55,16 +55,15 @@ from .paths import fsync_dir
 log = logging.getLogger(__name__)
 
 FILE = "journal.log"
+KEEP_FINISHED = 1024
+"""Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
+FULL_FRACTION = 0.9
+"""Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are refused."""
 
 
 def text_sha(text: object) -> str:
     """The digest a finished request keeps of its text (16 hex digits of SHA-256; ``""`` for no text)."""
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16] if isinstance(text, str) else ""
-
-KEEP_FINISHED = 1024
-"""Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
-FULL_FRACTION = 0.9
-"""Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are refused."""
 
 
 @dataclass
