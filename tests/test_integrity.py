@@ -87,7 +87,7 @@ def test_a_checkpoint_without_own_sums_is_checked_against_upstreams_map(tmp_path
     msg = str(e.value)
     assert "upstream's published sums" in msg and f"model sums {root}" in msg
     assert msg.count("sha256 ") == len(integrity.VERIFIED_FILES)   # random weights are not upstream's
-    from appliance.cli import main
+    from appliance.cli.main import main
 
     assert main(["model", "sums", str(root)]) == 0                  # record our own: accepted from now on
     assert integrity.verify_checkpoint(root).hashed == len(integrity.VERIFIED_FILES)
@@ -133,7 +133,7 @@ def test_nan_weights_end_with_engine_error_naming_the_gpt_never_pcm(nan_pipeline
 
 
 def test_health_check_fails_on_nan_and_on_silence(nan_pipeline, tmp_path):
-    from appliance.service.health import run_health_check
+    from appliance.ops.health import run_health_check
     from appliance.synth.pipeline import Pipeline
 
     cfg = nan_pipeline.cfg

@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from appliance.service.wavout import read_wav
+from appliance.audio.wav import read_wav
 from tests.fixtures_mqtt import Listener, mqtt_section
 from tests.fixtures_service import expected_pcm, launch_daemon, service_config
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from appliance.service.wavout import read_wav
+from appliance.audio.wav import read_wav
 from tests.fixtures_service import ROOT, alsa_home, expected_pcm, service_config
 
 

@@ -28,7 +28,7 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from appliance.service.wavout import read_wav, to_int16
+from appliance.audio.wav import read_wav, to_int16
 from tests.fixtures_mqtt import free_port
 from tests.fixtures_service import ROOT, expected_pcm, launch_daemon, service_config
 
@@ -358,7 +358,7 @@ def test_wyoming_config_errors_name_the_key(tmp_path):
 
 def test_say_does_not_import_wyoming():
     """The clients stay light: the daemon imports the wyoming package only when it is enabled."""
-    code = "import sys, appliance.cli, appliance.service.client; print('wyoming' in sys.modules)"
+    code = "import sys, appliance.cli, appliance.cli.client; print('wyoming' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
 
@@ -367,7 +367,7 @@ def test_audio_only_for_the_client_needs_return_audio_and_is_not_spooled(tmp_pat
     """``play: false`` (how the Wyoming server speaks) needs ``return_audio``, and such a request
     is not spooled at stop: its audio could only have gone back to a connection that is gone."""
     from appliance.errors import RequestError
-    from appliance.service.protocol import parse_request
+    from appliance.messages.protocol import parse_request
     from appliance.service.recovery import tell_stopped
     from appliance.service.scheduler import Item
 

@@ -163,7 +163,7 @@ class HealthConfig:
 
 @dataclass(frozen=True)
 class ThrottleConfig:
-    """Self-throttling with hysteresis (:mod:`appliance.service.throttle`): levels normal ->
+    """Self-throttling with hysteresis (:mod:`appliance.ops.throttle`): levels normal ->
     reduced_channels -> queue_low_priority -> alerts_only, driven by temperature, memory, power
     and measured RTF. Thresholds go up at once and come down one level per ``min_dwell_s``."""
 
@@ -200,7 +200,7 @@ class WyomingVoiceConfig:
 
 @dataclass(frozen=True)
 class WyomingConfig:
-    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.service.wyoming_server`.
+    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.transports.wyoming_server`.
     Its requests go through the same scheduler as socket and MQTT requests, on ``channel``."""
 
     enabled: bool = _f(False, "Serve the Wyoming protocol on the URIs below.")

@@ -2,9 +2,9 @@
 
 Transport-neutral. The UNIX socket hands every line to :meth:`Dispatcher.handle_line` (which
 parses it); other inputs parse their own messages into the same request dataclasses
-(:data:`~appliance.service.protocol.Request`) and call :meth:`Dispatcher.handle_request`, or,
+(:data:`~appliance.messages.protocol.Request`) and call :meth:`Dispatcher.handle_request`, or,
 from their own thread (paho-mqtt's network thread), :meth:`Dispatcher.handle_request_threadsafe`.
-Each passes its own :data:`~appliance.service.protocol.EventSink` (thread-safe, non-blocking).
+Each passes its own :data:`~appliance.messages.protocol.EventSink` (thread-safe, non-blocking).
 Every failure becomes an ``error`` event on that sink; nothing raises back into the transport.
 
 ``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
@@ -18,7 +18,7 @@ request is written to the journal (:mod:`appliance.service.journal`, fsynced, on
 thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
 (except ``play: false`` ones, whose audio only goes back to their client: not journaled).
 
-Socket clients (a :class:`~appliance.service.clients.Peer` each) are rate limited
+Socket clients (a :class:`~appliance.service.peers.Peer` each) are rate limited
 (``safety.max_requests_per_s``); one that closes its connection has its requests cancelled on
 channels with ``on_disconnect: cancel`` (:meth:`Dispatcher.client_gone`).
 """
@@ -40,9 +40,7 @@ from ..errors import (
     TextError,
     UnknownChannelError,
 )
-from ..text.scripts import describe
-from .clients import Peer, RateLimiter
-from .protocol import (
+from ..messages.protocol import (
     Cancel,
     CancelDone,
     ErrorEvent,
@@ -59,6 +57,8 @@ from .protocol import (
     parse_line,
     to_dict,
 )
+from ..text.scripts import describe
+from .peers import Peer, RateLimiter
 from .scheduler import Item
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Dispatcher:
         status: ``() -> StatusReply`` (``status`` requests).
         health: ``() -> HealthReply``, run on the worker thread (``health`` requests).
 
-        limiter: the per-client :class:`~appliance.service.clients.RateLimiter` (None: no limit).
+        limiter: the per-client :class:`~appliance.service.peers.RateLimiter` (None: no limit).
 
     Attributes:
         pipeline, worker: set by the daemon once they are loaded.

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError
-from .telemetry import process_memory_mib
+from ..ops.telemetry import process_memory_mib
 
 if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline

@@ -29,12 +29,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
 from ..errors import ApplianceError, CancelledError, RequestError
-from .journal import Entry, Journal, Recovered, text_sha
-from .protocol import (
+from ..messages.protocol import (
     ErrorEvent,
     Event,
     EventSink,
@@ -44,10 +43,9 @@ from .protocol import (
     parse_event,
     parse_request,
 )
+from .journal import Journal
+from .records import Entry, Recovered, text_sha
 from .scheduler import Item
-
-if TYPE_CHECKING:
-    from .mqtt import MQTTBridge
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +133,12 @@ class Recovery:
             return f"accepted {age:.0f} s ago, older than journal.max_age_s {self.cfg.max_age_s:g} s"
         return None
 
-    async def replay(self, resubmit: Resubmit, mqtt: Optional[MQTTBridge]) -> int:
+    async def replay(self, resubmit: Resubmit, mqtt_sink: Optional[EventSink] = None,
+                     mqtt_seen: Optional[Callable[[str], None]] = None) -> int:
         """Submit the unfinished requests again (accept order); returns how many were. Those that
-        came over MQTT publish their events through ``mqtt`` and enter its de-dup LRU (a QoS 1
-        redelivery of one is then a duplicate)."""
-        mqtt_sink = mqtt.sink if mqtt is not None else None
+        came over MQTT publish their events through ``mqtt_sink`` (the MQTT bridge's event sink)
+        and their ids go to ``mqtt_seen`` (the bridge's de-dup LRU: a QoS 1 redelivery of one is
+        then a duplicate). Both None: no MQTT bridge runs."""
         pending = self.recovered.pending
         if not pending:
             return 0
@@ -160,8 +159,8 @@ class Recovery:
                                        "message": f"not replayed after the restart: {why}"})
                 continue
             origin = mqtt_sink if e.origin == "mqtt" else None
-            if origin is not None:
-                mqtt.recent.add(e.id)
+            if origin is not None and mqtt_seen is not None:
+                mqtt_seen(e.id)
             r = Replay(e, origin)
             with self._lock:
                 self.replays[e.id] = r

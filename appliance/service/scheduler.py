@@ -10,7 +10,7 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
 * ``max_running = min(engine slots, throttle)``. Memory is not counted here: every KV slot is
   allocated at load, and the daemon sized the runner to ``service.memory_budget_mb`` at start
   (:mod:`appliance.service.memory`), so all slots fit; at run time the throttle
-  (:class:`~appliance.service.throttle.Monitor`, fed the process's real memory) lowers
+  (:class:`~appliance.ops.throttle.Monitor`, fed the process's real memory) lowers
   ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
   cannot start at once says why in its ``accepted`` event and the channel's status.
 * An ``alert`` preempts a lower-priority request running or playing on ITS channel
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from ..errors import BusyError, RequestError
+from ..messages.protocol import PRIORITIES, Done, EventSink, Speak
+from ..ops.throttle import Limits
 from ..text.scripts import describe
-from .protocol import PRIORITIES, Done, EventSink, Speak
-from .throttle import Limits
 
 if TYPE_CHECKING:
+    from ..audio.request import RequestAudio
     from ..synth.batch import Task
     from ..synth.pipeline import Job
-    from .sound_request import RequestAudio
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ MIB = 1024 * 1024
 
 
 class ThrottlePolicy(Protocol):
-    """What the scheduler asks of a throttle (:class:`~appliance.service.throttle.Monitor`
-    or :class:`~appliance.service.throttle.Throttle`)."""
+    """What the scheduler asks of a throttle (:class:`~appliance.ops.throttle.Monitor`
+    or :class:`~appliance.ops.throttle.Throttle`)."""
 
     def limits(self) -> Limits: ...
 
@@ -58,7 +58,7 @@ class Item:
         sink: where its events go. accepted_at: ``time.monotonic()`` at accept.
         cancel: set to stop synthesis at the next decode step.
         state: ``queued`` -> ``running`` -> ``playing`` -> ``settled``.
-        audio: its :class:`~appliance.service.sound_request.RequestAudio` once started.
+        audio: its :class:`~appliance.audio.request.RequestAudio` once started.
         first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
         task: its :class:`~appliance.synth.batch.Task` while synthesizing.
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
@@ -100,7 +100,7 @@ class Item:
         return round(1000.0 * (out_at - (self.arrived_at or self.accepted_at)), 1)
 
     def done_event(self) -> Done:
-        """Its :class:`~appliance.service.protocol.Done` (``output`` filled in at play-out),
+        """Its :class:`~appliance.messages.protocol.Done` (``output`` filled in at play-out),
         with ``ttfb_ms`` from the request's arrival to its first sample written out (the device,
         the WAV file; until play-out is known, its first PCM chunk); the timings are logged."""
         st = self.job.stats

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import EngineError
-from .protocol import Event, error_event
+from ..messages.protocol import Event, error_event
 
 if TYPE_CHECKING:
     from .scheduler import Item

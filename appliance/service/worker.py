@@ -1,7 +1,7 @@
 """The worker: the ONE inference thread that drives the pipeline's batch engine for all channels.
 
 Transport-neutral: a request arrives as an :class:`~appliance.service.scheduler.Item` holding a
-prepared pipeline job and an :data:`~appliance.service.protocol.EventSink` (the socket
+prepared pipeline job and an :data:`~appliance.messages.protocol.EventSink` (the socket
 connection, or the MQTT publisher). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
@@ -46,9 +46,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..audio.wav import encode_pcm
 from ..core import PcmChunk
 from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
-from .protocol import (
+from ..messages.protocol import (
     Accepted,
     AudioChunk,
     Done,
@@ -62,13 +63,12 @@ from .protocol import (
 )
 from .scheduler import Item, Scheduler, ThrottlePolicy
 from .stall import StallWatch
-from .wavout import encode_pcm
 
 if TYPE_CHECKING:
+    from ..audio.output import AudioOutput
+    from ..audio.request import RequestAudio
     from ..synth.pipeline import Pipeline
     from .journal import Journal
-    from .sound import AudioOutput
-    from .sound_request import RequestAudio
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,13 @@ class Worker:
     Args:
         pipeline: the :class:`~appliance.synth.pipeline.Pipeline` (its ``engine`` and ``info``);
             None only for queue tests that never start the thread.
-        audio: the :class:`~appliance.service.sound.AudioOutput` (None with ``pipeline``).
+        audio: the :class:`~appliance.audio.output.AudioOutput` (None with ``pipeline``).
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
         audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
-        throttle: a :class:`~appliance.service.throttle.Monitor` (``limits()``,
+        throttle: a :class:`~appliance.ops.throttle.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
         journal: the :class:`~appliance.service.journal.Journal` (``started`` when a journaled
             item starts, ``end`` before its terminal event is sent), or None.

@@ -1,11 +1,11 @@
 """Telemetry: temperatures, memory, power and GPU load behind one interface.
 
-One :class:`~appliance.service.telemetry_reading.Reading` type, several sources
-(:mod:`appliance.service.telemetry_sources`), one chosen at start by :func:`open_telemetry`:
+One :class:`~appliance.ops.readings.Reading` type, several sources
+(:mod:`appliance.ops.sources`), one chosen at start by :func:`open_telemetry`:
 
 * ``jtop``       – jetson-stats' service (``/run/jtop.sock``); optional, AGPL, import guarded.
 * ``tegrastats`` – NVIDIA's ``tegrastats --interval N`` on Jetson, one line per interval,
-  parsed by :func:`~appliance.service.telemetry_reading.parse_tegrastats`.
+  parsed by :func:`~appliance.ops.readings.parse_tegrastats`.
 * ``nvml``       – ``nvidia-ml-py`` on desktop/server NVIDIA GPUs; optional, import guarded.
 * ``sysfs``      – ``/sys/class/thermal`` zones (+ trip points), INA3221 hwmon rails, the GPU
   devfreq load, and ``/proc/meminfo`` (incl. ``NvMapMemUsed``): readable without root, present
@@ -27,8 +27,8 @@ import time
 from typing import Callable, Optional
 
 from ..errors import ConfigError
-from .telemetry_reading import Reading, merge
-from .telemetry_sources import (
+from .readings import Reading, merge
+from .sources import (
     JtopSource,
     NvmlSource,
     Source,

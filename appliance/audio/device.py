@@ -2,7 +2,7 @@
 
 :class:`DeviceOutput` owns ONE ``sounddevice.OutputStream`` (callback mode, float32 mono) for
 one device, opened at start and kept running (silence when idle); its voices and their mixing
-are :class:`~appliance.service.sound_mix.Lanes`. A watcher thread fires "played" callbacks
+are :class:`~appliance.audio.mix.Lanes`. A watcher thread fires "played" callbacks
 (about one output latency after a chunk's last sample was handed to PortAudio), logs
 underruns, and detects a dead device: one that stops calling back or whose stream stops with
 an error. A failed device tells every voice (``on_failure``) and is re-opened by
@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 
 from ..errors import AudioDeviceError
-from .sound_mix import Lanes
+from .mix import Lanes
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class DeviceOutput:
         sample_rate: stream rate in Hz; None = the device's default rate.
         latency_ms: requested output latency (PortAudio buffer), ms.
         mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
-            :mod:`appliance.service.sound_mix`.
+            :mod:`appliance.audio.mix`.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from ..config import ThrottleConfig
-from .telemetry_reading import Reading, Trip
+from .readings import Reading, Trip
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class Throttle:
 class Monitor:
     """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
     :class:`Throttle` together with the appliance's memory use
-    (:func:`~appliance.service.telemetry.appliance_memory_mib`).
+    (:func:`~appliance.ops.telemetry.appliance_memory_mib`).
 
     Daemon use::
 
@@ -295,7 +295,7 @@ class Monitor:
     Args:
         cfg: the whole config (``telemetry``, ``throttle``, ``service``).
         on_change: passed to :class:`Throttle`.
-        telemetry: an opened :class:`~appliance.service.telemetry.Telemetry` (default:
+        telemetry: an opened :class:`~appliance.ops.telemetry.Telemetry` (default:
             ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
 
     Raises:

@@ -6,12 +6,12 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
   official layout (:mod:`appliance.build.random_ckpt`).
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
 * ``model sums DIR`` – record a checkpoint's sha256 sums, checked at every start (:mod:`appliance.model.integrity`).
-* ``serve`` – run the daemon (:mod:`appliance.service.daemon`).
-* ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.service.client`).
+* ``serve`` – run the daemon (:mod:`appliance.daemon.daemon`).
+* ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.cli.client`).
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
 * ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
   (``--socket`` asks a running one) (same module).
-* ``health`` – field health check, here or by the running daemon (:mod:`appliance.service.health`).
+* ``health`` – field health check, here or by the running daemon (:mod:`appliance.ops.health`).
 * ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`).
 
 Every subcommand reads the same config file (:func:`appliance.config.find_config`): ``--config``,
@@ -32,8 +32,8 @@ import importlib
 import logging
 import sys
 
-from .config import find_config
-from .errors import ApplianceError
+from ..config import find_config
+from ..errors import ApplianceError
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
                "./config.yaml)")
@@ -52,12 +52,12 @@ _COMMANDS = {
     "model random": ("appliance.build.random_ckpt", "cli_main"),
     "model fetch": ("appliance.model.fetch", "cli_main"),
     "model sums": ("appliance.model.integrity", "cli_main"),
-    "serve": ("appliance.service.daemon", "cli_main"),
-    "say": ("appliance.service.client", "cli_main"),
-    "health": ("appliance.service.health", "cli_main"),
-    "status": ("appliance.service.client", "status_main"),
-    "cancel": ("appliance.service.client", "cancel_main"),
-    "normalize": ("appliance.service.client", "normalize_main"),
+    "serve": ("appliance.daemon.daemon", "cli_main"),
+    "say": ("appliance.cli.client", "cli_main"),
+    "health": ("appliance.ops.health", "cli_main"),
+    "status": ("appliance.cli.client", "status_main"),
+    "cancel": ("appliance.cli.client", "cancel_main"),
+    "normalize": ("appliance.cli.client", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
     "calibrate": ("appliance.build.calibrate", "cli_main"),
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
     if not logging.getLogger().handlers:
         # journald with structured fields under systemd, stderr otherwise
-        from .service.logsetup import setup_logging
+        from ..ops.logsetup import setup_logging
 
         setup_logging(args.verbose, quiet=key in _QUIET)
     module, func = _COMMANDS[key]

@@ -2,7 +2,7 @@
 
 Everything here is a no-op outside systemd (no ``$NOTIFY_SOCKET``, no ``$WATCHDOG_USEC``), so
 the daemon calls it unconditionally. (Socket activation is
-:func:`appliance.service.socket_server.inherited_socket`.)
+:func:`appliance.transports.socket_server.inherited_socket`.)
 
 **sd_notify transport: libsystemd when importable, else a stdlib sender.** ``systemd-python``
 (``systemd.daemon.notify`` -> ``sd_pid_notify_with_fds(3)``) is the reference implementation of
@@ -23,7 +23,7 @@ Public API used by the daemon (see each docstring):
   heartbeat (:meth:`Watchdog.beat`) is fresh.
 * :class:`SystemdBridge` – the daemon's ``Hooks`` as sd_notify calls (``Hooks(**bridge.hooks())``).
 
-Logging (journald under systemd, stderr otherwise) is set up in :mod:`appliance.service.logsetup`.
+Logging (journald under systemd, stderr otherwise) is set up in :mod:`appliance.ops.logsetup`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from .protocol import StatusReply
+from ..messages.protocol import StatusReply
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[
         last_rtf: real-time factor of the last finished request (s compute per s audio).
         last_ttfb_ms: time to first PCM of the last request, ms.
         temperature_c: the temperature the throttle uses (tj or GPU), degrees C.
-        throttle: throttle level name (:class:`appliance.service.throttle.Level` value).
+        throttle: throttle level name (:class:`appliance.ops.throttle.Level` value).
         memory_mib / memory_budget_mib: RSS + device memory now / ``service.memory_budget_mb``, MiB.
     """
     parts = [state]
@@ -303,7 +303,7 @@ class Watchdog:
 
 
 class SystemdBridge:
-    """The daemon's hooks (:class:`appliance.service.daemon.Hooks`) turned into sd_notify messages.
+    """The daemon's hooks (:class:`appliance.daemon.daemon.Hooks`) turned into sd_notify messages.
 
     Wiring (in ``hooks.build_hooks``)::
 
@@ -315,7 +315,7 @@ class SystemdBridge:
       build) does not hit ``TimeoutStartSec``; after ``max_start_s`` it stops extending and
       systemd's timeout applies (a hung start-up is still caught).
     * ``on_ready()``: ``READY=1`` + ``STATUS=``; starts the :class:`Watchdog`.
-    * ``on_status(reply)``: ``STATUS=`` from a :class:`~appliance.service.protocol.StatusReply`
+    * ``on_status(reply)``: ``STATUS=`` from a :class:`~appliance.messages.protocol.StatusReply`
       (:func:`format_status`: busy channels, last RTF/TTFB, temperature, throttle level).
     * ``on_heartbeat()``: :meth:`Watchdog.beat` (from the worker thread).
     * ``on_reload()``: ``RELOADING=1`` + ``MONOTONIC_USEC``; call :meth:`reloaded` when the new

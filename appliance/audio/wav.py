@@ -38,7 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import AudioDeviceError
-from .paths import fsync_dir
+from ..files import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Framing on the socket: one JSON object per line (UTF-8), each with a ``"type"``;
 without ``"type"`` is a ``speak`` (so ``{"text": "..."}`` is enough). An ``audio``
 event (only when a ``speak`` asked for ``return_audio``) is followed by exactly ``bytes`` raw
 bytes of PCM (little-endian, the ``format`` given, mono, ``rate`` Hz). MQTT carries the same
-JSON objects as payloads (see :mod:`appliance.service.mqtt`).
+JSON objects as payloads (see :mod:`appliance.transports.mqtt`).
 
 Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequest`,
 :class:`HealthRequest`, :class:`NormalizeRequest`. Events (daemon -> client): :class:`Accepted`,
@@ -12,7 +12,7 @@ Requests (client -> daemon): :class:`Speak`, :class:`Cancel`, :class:`StatusRequ
 :class:`ErrorEvent`, :class:`StatusReply`, :class:`HealthReply`, :class:`Normalized`,
 :class:`CancelDone` (the end of the reply to a ``cancel``).
 
-The event dataclasses live in :mod:`appliance.service.events` and are re-exported here.
+The event dataclasses live in :mod:`appliance.messages.events` and are re-exported here.
 :func:`parse_request` turns a decoded JSON object into a request dataclass and raises
 :class:`~appliance.errors.RequestError` (code ``bad_request``) naming the bad field;
 :func:`to_json` turns any message into one JSON line.

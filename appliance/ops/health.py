@@ -19,7 +19,7 @@ Every failed comparison adds a reason (``"rtf 1.32 > max 1.00"``). An error from
 
 ``chattts-appliance health`` (:func:`cli_main`) loads config and pipeline here, or asks a
 running daemon (``--socket PATH``, request ``{"type":"health"}``), prints a table or the
-:class:`~appliance.service.protocol.HealthReply` as JSON, and exits 0 healthy, 1 unhealthy,
+:class:`~appliance.messages.protocol.HealthReply` as JSON, and exits 0 healthy, 1 unhealthy,
 2 error (config, model or socket unusable), so a systemd timer or a fleet tool can act.
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 from ..config import Config, load_config
 from ..core import SynthesisRequest
 from ..errors import ApplianceError, CancelledError, ConfigError
-from .protocol import HealthReply, parse_event, to_json
+from ..messages.protocol import HealthReply, parse_event, to_json
 from .telemetry import process_memory_mib
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ import numpy as np
 
 from ..core import SAMPLE_RATE
 from ..errors import AudioDeviceError
-from .sound_device import DeviceOutput
-from .wavout import WavRetention, WavWriter
+from .device import DeviceOutput
+from .wav import WavRetention, WavWriter
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,12 @@ class RequestAudio:
 
     When the device fails: with ``on_device_error="wav"`` everything so far and the rest go to
     ``wav_file``; with ``"wait"`` the request keeps its PCM, ``on_wait(self)`` registers it with
-    :class:`~appliance.service.sound.AudioOutput`, and :meth:`replay` plays it on the device
+    :class:`~appliance.audio.output.AudioOutput`, and :meth:`replay` plays it on the device
     again *from the start* once the device is back (``on_done`` fires after that; :meth:`to_wav`
     completes it to the file instead, e.g. at shutdown). ``wait_from_start=True`` creates it
     already waiting (the device was down when the request began).
 
-    A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.service.wavout.WavWriter`),
+    A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.audio.wav.WavWriter`),
     before ``on_done`` fires; ``retention`` is applied to its directory then.
 
     Raises:

@@ -1,14 +1,14 @@
 """MQTT input and event output (paho-mqtt 2.x, ``CallbackAPIVersion.VERSION2``).
 
 The bridge is a second transport beside the UNIX socket: it turns MQTT messages into the same
-request dataclasses (:mod:`appliance.service.protocol`, parsed by
-:mod:`appliance.service.mqtt_payload`) and hands them, parsed, to
+request dataclasses (:mod:`appliance.messages.protocol`, parsed by
+:mod:`appliance.transports.mqtt_payload`) and hands them, parsed, to
 :meth:`Dispatcher.handle_request_threadsafe <appliance.service.dispatch.Dispatcher.handle_request_threadsafe>`;
-the daemon's events come back through one :data:`~appliance.service.protocol.EventSink` and are
+the daemon's events come back through one :data:`~appliance.messages.protocol.EventSink` and are
 published as the same JSON objects the socket sends (without the trailing newline).
 
 Topics (``say``, ``cancel``, ``health`` in; ``event``, ``status``, ``availability`` out) and
-payloads: :mod:`appliance.service.mqtt_payload`. ``status`` is published (retained) at connect,
+payloads: :mod:`appliance.transports.mqtt_payload`. ``status`` is published (retained) at connect,
 on change (polled every 0.5 s; ``buffered_ms``, ``temperature_c`` and ``memory_mib`` alone do
 not count) and
 every ``mqtt.status_interval_s``; ``availability`` is ``online`` after connect and ``offline``
@@ -21,7 +21,7 @@ at a later (re)connect, so it is never spoken again at every reconnect.
 Only requests that came over MQTT have their events on ``event``; socket clients get theirs on
 the socket.
 
-Home Assistant discovery (``mqtt.discovery``): :mod:`appliance.service.mqtt_discovery` builds the
+Home Assistant discovery (``mqtt.discovery``): :mod:`appliance.transports.mqtt_discovery` builds the
 retained configs (one device: say, stop, voice select, sensors, speaking); they are published at
 every connect and when ``<mqtt.discovery_prefix>/status`` says ``online``; the voice select sets
 the voice of ``say`` messages that name none.
@@ -73,9 +73,7 @@ from typing import Any, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError, RequestError
-from .mqtt_discovery import Discovery
-from .mqtt_payload import COMMANDS, RecentIds, Topics, event_payload, parse_command
-from .protocol import (
+from ..messages.protocol import (
     Accepted,
     AudioChunk,
     ErrorEvent,
@@ -87,6 +85,8 @@ from .protocol import (
     error_event,
     to_dict,
 )
+from .mqtt_discovery import Discovery
+from .mqtt_payload import COMMANDS, RecentIds, Topics, event_payload, parse_command
 
 log = logging.getLogger(__name__)
 

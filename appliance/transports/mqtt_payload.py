@@ -1,5 +1,5 @@
 """MQTT topics and payloads: command payload -> request dataclass, event -> payload, and the
-de-duplication of ``say`` ids. No network here (the bridge is :mod:`appliance.service.mqtt`).
+de-duplication of ``say`` ids. No network here (the bridge is :mod:`appliance.transports.mqtt`).
 
 Topics, all under ``<mqtt.topic_prefix>/<mqtt.device_id>/``:
 
@@ -19,7 +19,7 @@ topic            direction QoS/ret  payload
 ``event``        out       1        ``accepted`` / ``started`` / ``preempted`` / ``done`` /
                                     ``error`` (and ``health``, ``normalized``) objects, exactly as
                                     on the socket
-``status``       out       1, ret.  :class:`~appliance.service.protocol.StatusReply` JSON; at
+``status``       out       1, ret.  :class:`~appliance.messages.protocol.StatusReply` JSON; at
                                     connect, on change (polled every 0.5 s; ``buffered_ms`` and
                                     ``temperature_c`` alone do not count) and every
                                     ``mqtt.status_interval_s``
@@ -48,7 +48,7 @@ from typing import Optional
 
 from ..config import Config
 from ..errors import RequestError
-from .protocol import (
+from ..messages.protocol import (
     ErrorEvent,
     Event,
     HealthRequest,

@@ -14,16 +14,16 @@ Data path per request (all PCM float32 mono)::
   ``auto`` = device if PortAudio lists an output device, else WAV; the log says which and why),
   maps channels to devices (``channels[].device`` or ``audio.device``, matched as a
   case-insensitive substring of the PortAudio name) and hands out one
-  :class:`~appliance.service.sound_request.RequestAudio` per request (resampling, WAV
+  :class:`~appliance.audio.request.RequestAudio` per request (resampling, WAV
   fallback, waiting for a device).
-* :class:`~appliance.service.sound_device.DeviceOutput` owns ONE long-lived PortAudio stream per
-  device; its requests are voices in lanes (:mod:`appliance.service.sound_mix`: ``audio.same_device``
+* :class:`~appliance.audio.device.DeviceOutput` owns ONE long-lived PortAudio stream per
+  device; its requests are voices in lanes (:mod:`appliance.audio.mix`: ``audio.same_device``
   ``mix`` sums the channels, ``serialize`` plays whole requests one after another).
 * An underrun (the FIFO runs dry while a request is still being synthesized) is counted and
   logged, never fatal. A device that fails to open, stops calling back, or stops with an
   error is logged and shown in :meth:`AudioOutput.status`; a request that was going to it
   completes into a WAV file (``audio.on_device_error: wav``) holding its whole audio. The
-  device is re-opened (at most every :data:`~appliance.service.sound_device.REOPEN_INTERVAL_S`,
+  device is re-opened (at most every :data:`~appliance.audio.device.REOPEN_INTERVAL_S`,
   the first time that long after the failure) by a background thread of :class:`AudioOutput`
   or when a later request begins; playback resumes on it from the next request. With
   ``audio.on_device_error: wait`` a request whose device fails (or is down when it begins) is
@@ -41,9 +41,9 @@ from typing import Callable, Optional
 
 from ..config import Config
 from ..errors import AudioDeviceError
-from .sound_device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
-from .sound_request import ClientOnlyAudio, RequestAudio
-from .wavout import MIB, WavRetention, remove_partials, wav_path
+from .device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
+from .request import ClientOnlyAudio, RequestAudio
+from .wav import MIB, WavRetention, remove_partials, wav_path
 
 log = logging.getLogger(__name__)
 

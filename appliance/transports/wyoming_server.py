@@ -3,7 +3,7 @@
 Built on the ``wyoming`` package (its :class:`~wyoming.server.AsyncTcpServer` /
 :class:`~wyoming.server.AsyncUnixServer`, event classes and framing: one JSON line, optional data
 and PCM payload per event). It runs on the daemon's event loop beside the UNIX socket; each
-connection is a :class:`~appliance.service.wyoming_handler.WyomingHandler` (what each event does,
+connection is a :class:`~appliance.transports.wyoming_handler.WyomingHandler` (what each event does,
 errors, cancel on disconnect), whose requests go through the daemon's dispatcher and scheduler.
 
 ``describe`` is answered with one TTS program, ``chattts-appliance``: its voices are
@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 from ..config import Config
 from ..errors import ConfigError
-from .dispatch import Dispatcher
+from ..service.dispatch import Dispatcher
 from .socket_server import check_socket_path
 from .wyoming_handler import Context, WyomingHandler
 

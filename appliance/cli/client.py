@@ -4,7 +4,7 @@
 Prints ``accepted`` / ``started`` / ``done`` as they arrive, in human form (TTFB in ms, RTF,
 seconds of audio, decode steps/s, where the audio went), or the raw JSON lines with
 ``--json``. ``--wav FILE`` asks for ``return_audio`` and writes the PCM it receives to a 16-bit
-WAV (see :mod:`appliance.service.wavout`).
+WAV (see :mod:`appliance.audio.wav`).
 
 Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeout, or the
 daemon closing the connection early; 2 when the daemon cannot be reached (the message says
@@ -234,7 +234,7 @@ def cli_main(args: Any) -> int:
 def _write_wav(path: str, data: bytes, fmt: str, rate: int) -> None:
     import numpy as np
 
-    from .wavout import write_wav
+    from ..audio.wav import write_wav
     pcm = np.frombuffer(data, dtype="<f4" if fmt == "float32" else "<i2")
     if fmt != "float32":
         pcm = pcm.astype(np.float32) / 32767.0

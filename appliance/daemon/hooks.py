@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import Config
-from .protocol import StatusReply
+from ..messages.protocol import StatusReply
 
 if TYPE_CHECKING:
-    from .scheduler import Item
+    from ..service.scheduler import Item
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ def call_hook(hook: Optional[Callable], *args: Any) -> None:
 
 def build_hooks(cfg: Config) -> Hooks:
     """The hooks ``serve`` runs with: sd_notify through
-    :class:`~appliance.service.notify.SystemdBridge` (every call is a no-op outside systemd)."""
-    from .notify import SystemdBridge
+    :class:`~appliance.ops.notify.SystemdBridge` (every call is a no-op outside systemd)."""
+    from ..ops.notify import SystemdBridge
 
     bridge = SystemdBridge()
     return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)

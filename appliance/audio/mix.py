@@ -8,7 +8,7 @@ mode each channel is its own lane and :meth:`Lanes.mix` sums the lanes' current 
 unchanged); in ``serialize`` mode every voice is in one lane, so a second channel's request
 waits until the first one has played out. Samples of two requests are never interleaved.
 
-No threads and no locking here: :class:`~appliance.service.sound_device.DeviceOutput` holds its
+No threads and no locking here: :class:`~appliance.audio.device.DeviceOutput` holds its
 lock around every call (the PortAudio callback calls :meth:`Lanes.mix`).
 """
 

@@ -5,7 +5,7 @@ on ``wyoming.channel`` with ``wyoming.priority``, handed to the daemon's
 :class:`~appliance.service.dispatch.Dispatcher` like a socket or MQTT request: the same
 scheduler (queue, priorities, memory budget, throttle, cancel, preemption), the same worker
 thread (nothing is synthesized on the event loop). Its events come back through an
-:data:`~appliance.service.protocol.EventSink` (any thread -> ``call_soon_threadsafe``) and are
+:data:`~appliance.messages.protocol.EventSink` (any thread -> ``call_soon_threadsafe``) and are
 turned into Wyoming events::
 
     describe                      -> info
@@ -62,12 +62,20 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
+from ..audio.wav import to_int16
 from ..core import SAMPLE_RATE
 from ..errors import CancelledError, PreemptedError, RequestError, SpeakerError
-from .dispatch import Dispatcher
-from .protocol import AudioChunk, Cancel, Done, ErrorEvent, Event, Preempted, Speak
+from ..messages.protocol import (
+    AudioChunk,
+    Cancel,
+    Done,
+    ErrorEvent,
+    Event,
+    Preempted,
+    Speak,
+)
+from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
-from .wavout import to_int16
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +89,7 @@ _conn_ids = itertools.count(1)
 @dataclass(frozen=True)
 class Context:
     """What every connection of one server shares (built by
-    :class:`~appliance.service.wyoming_server.WyomingServer`).
+    :class:`~appliance.transports.wyoming_server.WyomingServer`).
 
     Attributes:
         dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).

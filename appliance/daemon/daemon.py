@@ -5,12 +5,12 @@ heavy) -> the directories it writes to checked and created (:mod:`appliance.serv
 ``Pipeline.from_config`` (checkpoint sha256 verified, weights, tokenizer) -> ``pipeline.warmup()``
 (if ``service.warmup``) -> the runner sized to ``service.memory_budget_mb``
 (:mod:`appliance.service.memory`) -> audio outputs opened
-(:class:`~appliance.service.sound.AudioOutput`) -> the request journal read
+(:class:`~appliance.audio.output.AudioOutput`) -> the request journal read
 (:mod:`appliance.service.journal`) -> worker thread started -> the journal's unfinished requests
 submitted again (:mod:`appliance.service.recovery`) -> UNIX socket listening (an inherited
 systemd socket if there is one) -> Wyoming server listening (if ``wyoming.enabled``;
-:mod:`appliance.service.wyoming_server`; its ports are checked before the model loads) -> MQTT
-bridge connecting (if ``mqtt.enabled``; :mod:`appliance.service.mqtt`; built before the model
+:mod:`appliance.transports.wyoming_server`; its ports are checked before the model loads) -> MQTT
+bridge connecting (if ``mqtt.enabled``; :mod:`appliance.transports.mqtt`; built before the model
 loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
 
 Threads and how events flow::
@@ -46,7 +46,7 @@ disconnect -> Wyoming connections and listeners closed -> connections flushed an
 -> socket file removed -> exit status 0.
 A second signal while draining cancels the running request.
 
-systemd wiring points: :class:`~appliance.service.hooks.Hooks` (when each fires).
+systemd wiring points: :class:`~appliance.daemon.hooks.Hooks` (when each fires).
 
 Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
 in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
@@ -64,32 +64,32 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..audio.output import AudioOutput
 from ..config import Config, load_config
 from ..errors import ApplianceError
-from .clients import RateLimiter
-from .dispatch import Dispatcher
-from .hooks import Hooks, build_hooks, call_hook
-from .journal import Journal
-from .memory import MemoryFit, current_mib, device_mib, fit_pipeline
-from .paths import prepare_dirs
-from .protocol import Event, HealthReply, StatusReply
-from .recovery import Recovery, open_journal, tell_stopped
-from .reload import plan_reload
-from .scheduler import Item
-from .socket_server import (
+from ..messages.protocol import Event, HealthReply, StatusReply
+from ..service.dispatch import Dispatcher
+from ..service.journal import Journal
+from ..service.memory import MemoryFit, current_mib, device_mib, fit_pipeline
+from ..service.paths import prepare_dirs
+from ..service.peers import RateLimiter
+from ..service.recovery import Recovery, open_journal, tell_stopped
+from ..service.reload import plan_reload
+from ..service.scheduler import Item
+from ..service.worker import Worker
+from ..transports.socket_server import (
     SocketServer,
     check_socket_path,
     inherited_socket,
     listen_socket,
 )
-from .sound import AudioOutput
-from .worker import Worker
+from .hooks import Hooks, build_hooks, call_hook
 
 if TYPE_CHECKING:
+    from ..ops.throttle import Change, Monitor
     from ..synth.pipeline import Pipeline
-    from .mqtt import MQTTBridge
-    from .throttle import Change, Monitor
-    from .wyoming_server import WyomingServer
+    from ..transports.mqtt import MQTTBridge
+    from ..transports.wyoming_server import WyomingServer
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class Daemon:
                 if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
                     check_socket_path(self.cfg.resolve(self.cfg.service.socket))
                 if self.cfg.wyoming.enabled:                 # ... or the Wyoming port
-                    from .wyoming_server import check_free
+                    from ..transports.wyoming_server import check_free
                     check_free(self.cfg)
                 self._load()
             except _StopDuringStart as e:
@@ -185,7 +185,7 @@ class Daemon:
     def _load(self) -> None:
         t0 = time.monotonic()
         if self.cfg.mqtt.enabled:      # built first: a bad mqtt.ca_file fails before the model loads
-            from .mqtt import MQTTBridge
+            from ..transports.mqtt import MQTTBridge
             self.mqtt = MQTTBridge(self.cfg, self.dispatch.handle_request_threadsafe, self.status)
         call_hook(self.hooks.on_loading, "loading the model")
         factory = self.pipeline_factory
@@ -220,7 +220,7 @@ class Daemon:
 
     def _open_throttle(self) -> Optional[Monitor]:
         """Start the throttle monitor; None (logged) if telemetry cannot be opened."""
-        from .throttle import Monitor
+        from ..ops.throttle import Monitor
 
         try:
             mon = Monitor(self.cfg, on_change=self._on_throttle)
@@ -248,12 +248,14 @@ class Daemon:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
             sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
         if self.recovery is not None:   # before the socket accepts: a returning client finds its request
-            await self.recovery.replay(self.dispatch.resubmit, self.mqtt)
+            await self.recovery.replay(self.dispatch.resubmit,
+                                       self.mqtt.sink if self.mqtt else None,
+                                       self.mqtt.recent.add if self.mqtt else None)
         self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes,
                                    on_gone=self.dispatch.client_gone)
         await self.server.start()
         if self.cfg.wyoming.enabled:
-            from .wyoming_server import WyomingServer
+            from ..transports.wyoming_server import WyomingServer
             self.wyoming = WyomingServer(self.cfg, self.dispatch)
             try:
                 await self.wyoming.start()
@@ -339,7 +341,7 @@ class Daemon:
     def _health_check(self) -> HealthReply:
         """Run the field health check (on the thread that owns the pipeline); returns its
         HealthReply and keeps it as :attr:`last_health`."""
-        from .health import run_health_check
+        from ..ops.health import run_health_check
 
         self.last_health = run_health_check(self.pipeline, self.cfg)
         if not self.last_health.healthy:

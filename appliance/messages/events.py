@@ -3,7 +3,7 @@ on MQTT): :class:`Accepted`, :class:`Started`, :class:`Preempted`, :class:`Repla
 :class:`AudioChunk`, :class:`Done`, :class:`ErrorEvent`, :class:`StatusReply`,
 :class:`HealthReply`, :class:`Normalized`, :class:`CancelDone`; :data:`EVENT_TYPES` maps their
 ``type`` to the class, :data:`EventSink` is how they are delivered. The requests, parsing and JSON
-helpers are in :mod:`appliance.service.protocol` (which re-exports these names).
+helpers are in :mod:`appliance.messages.protocol` (which re-exports these names).
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class StatusReply:
 
 @dataclass(frozen=True)
 class HealthReply:
-    """Result of the field health check (see :mod:`appliance.service.health`).
+    """Result of the field health check (see :mod:`appliance.ops.health`).
 
     ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
     ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own

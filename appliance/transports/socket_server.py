@@ -12,7 +12,7 @@
   :meth:`Connection.send`: callable from any thread (it hops to the loop with
   ``call_soon_threadsafe``), never blocks, and does nothing once the client is gone; a client
   that stops reading while more than :data:`MAX_PENDING_BYTES` wait is disconnected (its
-  requests go on). ``peer`` is the client's :class:`~appliance.service.clients.Peer`
+  requests go on). ``peer`` is the client's :class:`~appliance.service.peers.Peer`
   (``SO_PEERCRED``: pid, uid, gid), logged with its requests.
 * A client that *closes* its connection (both directions: the kernel reports ``POLLHUP`` on our
   end, at EOF or later) is gone: ``on_gone(sink, peer)`` runs once (the dispatcher cancels its
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
 from ..errors import ConfigError, RequestError
-from .clients import Peer, peer_of
-from .protocol import Event, EventSink, error_event, to_json
+from ..messages.protocol import Event, EventSink, error_event, to_json
+from ..service.peers import Peer, peer_of
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Telemetry sources: each reads one kind of sensor interface into a
-:class:`~appliance.service.telemetry_reading.Reading`.
+:class:`~appliance.ops.readings.Reading`.
 
 * :class:`SysfsSource` – ``/sys/class/thermal`` zones (+ trip points), INA3221 hwmon rails, the
   GPU devfreq load and ``/proc/meminfo`` (incl. ``NvMapMemUsed``); no root needed, present on
@@ -8,7 +8,7 @@
 * :class:`JtopSource` – jetson-stats' service (``/run/jtop.sock``); optional, AGPL, import guarded.
 * :class:`NvmlSource` – ``nvidia-ml-py`` on desktop/server NVIDIA GPUs; optional, import guarded.
 
-:func:`~appliance.service.telemetry.open_telemetry` picks one.
+:func:`~appliance.ops.telemetry.open_telemetry` picks one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Optional
 
-from .telemetry_reading import OFFLINE_C, Reading, Trip, parse_tegrastats, total_power
+from .readings import OFFLINE_C, Reading, Trip, parse_tegrastats, total_power
 
 log = logging.getLogger(__name__)
 

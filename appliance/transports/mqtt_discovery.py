@@ -33,7 +33,7 @@ The configs are published at every connect and again whenever Home Assistant ann
 device, publish empty retained payloads to the config topics (:meth:`Discovery.configs` lists
 them).
 
-No network here: :class:`Discovery` builds topics and payloads; :class:`~appliance.service.mqtt.MQTTBridge`
+No network here: :class:`Discovery` builds topics and payloads; :class:`~appliance.transports.mqtt.MQTTBridge`
 publishes them and hands it the messages of its two extra subscriptions.
 """
 
@@ -45,8 +45,8 @@ import re
 from typing import Any, Optional
 
 from ..config import Config
+from ..ops.throttle import Level
 from .mqtt_payload import Topics
-from .throttle import Level
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Discovery:
 
     Args:
         cfg: the daemon's config (``mqtt``, ``service.channels``, ``wyoming.voices``).
-        topics: the bridge's :class:`~appliance.service.mqtt_payload.Topics`.
+        topics: the bridge's :class:`~appliance.transports.mqtt_payload.Topics`.
     """
 
     def __init__(self, cfg: Config, topics: Topics) -> None:
