@@ -35,13 +35,19 @@ class ModelConfig:
     path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else onnxruntime), tensorrt, onnxruntime or torch.", choices=("auto", "tensorrt", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
-    dtype: str = _f("float32", "Weight/compute precision for the torch backend: float32, float16, bfloat16.", choices=("float32", "float16", "bfloat16"))
+    dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
     threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
     compile: str = _f("auto", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs. auto: compiled where Triton works (desktop x86 GPUs), plain CUDA graphs where it does not (JetPack's PyTorch has no Triton); off; default; max-autotune-no-cudagraphs. H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md). The compiled kernels are cached in model.engine_dir/torch_compile, so only the first start compiles.", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+    def torch_dtype(self, gpu: bool) -> str:
+        """``dtype`` with ``auto`` resolved: ``float16`` on a GPU, ``float32`` on a CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float16" if gpu else "float32"
+
     quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
 
@@ -108,7 +114,8 @@ class ServiceConfig:
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
-    memory_budget_mb: int = _f(1500, "Memory budget for weights + KV caches + activations, MiB.", min=64, max=1 << 20)
+    memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
+    host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
     wav_keep_files: int = _f(200, "WAV output: most request files (<id>.wav) kept in audio.wav_dir; after each file is written (and at start) the oldest beyond this are deleted. 0 = unlimited.", min=0, max=1 << 30, hint="a number of files; 0 = unlimited")
     wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")

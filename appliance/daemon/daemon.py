@@ -70,7 +70,14 @@ from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal
-from ..service.memory import MemoryFit, current_mib, device_mib, fit_pipeline
+from ..service.memory import (
+    MemoryFit,
+    check_host,
+    current,
+    current_mib,
+    fit_before_load,
+    fit_pipeline,
+)
 from ..service.paths import prepare_dirs
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal, tell_stopped
@@ -192,6 +199,8 @@ class Daemon:
         if factory is None:
             from ..synth.pipeline import Pipeline
             factory = Pipeline.from_config
+            # sized to the budget from the known sizes before anything is compiled or captured
+            self.cfg, self.memory_fit = fit_before_load(self.cfg, Pipeline.planned_sizes)
         self.pipeline = factory(self.cfg)
         log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, self.pipeline.info.backend)
         if self.cfg.service.warmup:
@@ -199,7 +208,11 @@ class Daemon:
             t1 = time.monotonic()
             self.pipeline.warmup()
             log.info("warm-up took %.1f s", time.monotonic() - t1)
+        before = self.memory_fit
         self.pipeline, self.memory_fit = fit_pipeline(self.cfg, self.pipeline, factory, self.cfg.service.warmup)
+        if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
+            self.memory_fit = before if self.memory_fit.action == "fits" else dataclasses.replace(
+                self.memory_fit, text=f"before the load: {before.text}; after warm-up: {self.memory_fit.text}")
         if self.cfg.health.at_start:
             call_hook(self.hooks.on_loading, "health check")
             self._health_check()
@@ -224,7 +237,7 @@ class Daemon:
 
         try:
             mon = Monitor(self.cfg, on_change=self._on_throttle)
-            mon.device_mib = lambda: device_mib(self.pipeline)
+            mon.budget_mib = lambda: current_mib(self.pipeline)
             mon.start()
         except ApplianceError as e:
             log.warning("throttle off: %s", e)
@@ -354,6 +367,7 @@ class Daemon:
     def status(self) -> StatusReply:
         """Current :class:`StatusReply` (thread-safe)."""
         chans = {}
+        fp = current(self.pipeline)
         wst = self.worker.status() if self.worker is not None else {}
         for name in self.channels:
             c = dict(wst.get(name, {"queued": 0, "active": None}))
@@ -365,8 +379,13 @@ class Daemon:
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
-            memory_mib=current_mib(self.pipeline), memory_budget_mib=self.cfg.service.memory_budget_mb,
-            memory_note=self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
+            memory_mib=round(fp.budget_mib, 1) if fp is not None else None,
+            memory_budget_mib=self.cfg.service.memory_budget_mb, memory_kind=fp.kind if fp is not None else None,
+            host_rss_mib=round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None,
+            host_rss_limit_mib=self.cfg.service.host_rss_limit_mb if fp is not None and fp.host_mib is not None else None,
+            memory_note="; ".join(n for n in (
+                self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
+                check_host(self.cfg, fp)) if n) or None,
         )
 
 

@@ -160,9 +160,11 @@ class CancelDone:
 @dataclass(frozen=True)
 class StatusReply:
     """Daemon status: channels busy, queues, last timings, throttle level, temperature (C);
-    ``memory_mib`` (RSS + the backend's device memory, MiB) against ``memory_budget_mib``
-    (``service.memory_budget_mb``), and ``memory_note`` when the runner was sized down at start
-    to fit it (what was lowered)."""
+    ``memory_mib`` (what counts against the budget on this ``memory_kind`` of box: RSS + NvMap
+    on a Jetson ``unified``, the process's device memory on a ``discrete`` GPU, RSS on a ``cpu``;
+    MiB) against ``memory_budget_mib`` (``service.memory_budget_mb``); on a discrete GPU also
+    ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``); and
+    ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit."""
 
     state: str
     backend: str
@@ -173,6 +175,9 @@ class StatusReply:
     temperature_c: Optional[float] = None
     memory_mib: Optional[float] = None
     memory_budget_mib: Optional[float] = None
+    memory_kind: Optional[str] = None
+    host_rss_mib: Optional[float] = None
+    host_rss_limit_mib: Optional[float] = None
     memory_note: Optional[str] = None
     type: str = "status"
 
@@ -190,6 +195,7 @@ class HealthReply:
     ttfb_ms: Optional[float] = None
     steps_per_s: Optional[float] = None
     memory_mib: Optional[float] = None
+    host_rss_mib: Optional[float] = None
     reasons: list = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     type: str = "health"

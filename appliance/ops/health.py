@@ -7,8 +7,10 @@ with the ``health`` section of config:
 * RTF (compute s per audio s) against ``health.max_rtf``;
 * TTFB (start of ``run`` to the first PCM chunk, ms) against ``health.max_ttfb_ms``;
 * decode steps per second against ``health.min_steps_per_s`` (0 = not checked);
-* memory (this process's RSS plus the runner's device memory when it reports it, MiB) against
-  ``health.max_memory_mib`` (default ``service.memory_budget_mb``);
+* memory, counted as the budget counts it (:mod:`appliance.ops.footprint`: RSS + NvMap on a
+  Jetson, the process's device memory on a desktop GPU, RSS on a CPU; MiB) against
+  ``health.max_memory_mib`` (default ``service.memory_budget_mb``), and on a desktop GPU the host
+  RSS against ``service.host_rss_limit_mb``;
 * a run longer than ``health.timeout_s`` is cancelled and unhealthy;
 * the audio itself: a NaN/Inf sample is unhealthy (the engine's output guard,
   :mod:`appliance.synth.guard`, fails the run with ``engine_error``), and so is audio whose peak
@@ -40,7 +42,7 @@ from ..config import Config, load_config
 from ..core import SynthesisRequest
 from ..errors import ApplianceError, CancelledError, ConfigError
 from ..messages.protocol import HealthReply, parse_event, to_json
-from .telemetry import process_memory_mib
+from .footprint import measure, memory_kind
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +105,11 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     finally:
         timer.cancel()
     stats = job.stats
-    rss = process_memory_mib()
-    dev = _device_memory_mib(pipeline)
-    memory = None if rss is None and dev is None else round((rss or 0.0) + (dev or 0.0), 1)   # as reported
+    fp = measure(memory_kind(str(getattr(pipeline.info, "device", None) or "cpu")), _device_memory_mib(pipeline) or 0.0)
+    memory = round(fp.budget_mib, 1) if fp is not None else None          # counted as the budget counts it
+    host = round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None
+    if host is not None:
+        limits["max_host_rss_mib"] = cfg.service.host_rss_limit_mb
     reasons = []
     if nonfinite:
         reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
@@ -119,9 +123,11 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
         reasons.append(f"steps/s {stats.steps_per_s:.1f} < min {h.min_steps_per_s:.1f}")
     if memory is not None and memory > mem_limit:
         reasons.append(f"memory {memory:.0f} MiB > max {mem_limit:.0f} MiB")
+    if host is not None and host > cfg.service.host_rss_limit_mb:
+        reasons.append(f"host RSS {host:.0f} MiB > service.host_rss_limit_mb {cfg.service.host_rss_limit_mb} MiB")
     reply = HealthReply(healthy=not reasons, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
                         steps_per_s=round(stats.steps_per_s, 2),
-                        memory_mib=round(memory, 1) if memory is not None else None, reasons=reasons,
+                        memory_mib=memory, host_rss_mib=host, reasons=reasons,
                         limits=limits)
     log.info("health %s: rtf %.3f, ttfb %.0f ms, %.1f steps/s, %.2f s audio in %.2f s, memory %s MiB%s",
              "ok" if reply.healthy else "UNHEALTHY", stats.rtf, stats.ttfb_ms, stats.steps_per_s,

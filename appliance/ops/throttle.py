@@ -310,6 +310,9 @@ class Monitor:
                                  len(cfg.service.channels), on_change=on_change)
         #: ``() -> MiB`` of the backend's own device memory (0: none; then telemetry's GPU figure)
         self.device_mib: Optional[Callable[[], float]] = None
+        #: ``() -> MiB`` counted against the budget by the box's kind (service.memory.current_mib);
+        #: when set, it is what the throttle watches (device_mib is then not used)
+        self.budget_mib: Optional[Callable[[], Optional[float]]] = None
         self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
 
     def start(self) -> None:
@@ -325,6 +328,13 @@ class Monitor:
         passed sent the throttle to ``alerts_only`` at once."""
         from .telemetry import appliance_memory_mib
 
+        if self.budget_mib is not None:
+            try:
+                self.memory_mib = self.budget_mib()
+            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
+                self.memory_mib = None
+            self.throttle.update(reading, app_mem_mib=self.memory_mib)
+            return
         dev = None
         if self.device_mib is not None:
             try:

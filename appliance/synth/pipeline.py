@@ -169,6 +169,14 @@ class Pipeline:
         runner = open_runner(cfg)
         return cls(cfg, runner, tokenizer)
 
+    @staticmethod
+    def planned_sizes(cfg: Config):
+        """What the configured backend will hold, before it loads
+        (:func:`appliance.engines.sizes.plan_sizes`: weight bytes, KV bytes per position)."""
+        from ..engines.sizes import plan_sizes
+
+        return plan_sizes(cfg)
+
     @property
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
