@@ -101,7 +101,7 @@ _EN_THOUSANDS_RE = re.compile(r"(?<![\d,.])(\d{1,3}(?:,\d{3})+|[1-9]000|\d{4,}(?
 _MINUS_RE = re.compile(r"(?<![A-Za-z0-9_.,)\]%‰°℃℉])[-−](?=\d)")
 #: what ends a Chinese quantity before a dash: 2024年-2025年, 10点-12点, 5元-10元 are ranges
 _ZH_RANGE_END_RE = re.compile(r"\d[^\d\s，。、,.;；:：!！?？()（）]{1,3}\s*$")
-#: 1e5, 6.02E23, 2.5e-3 (not a code such as 0x1e5 or 1e5a)
+#: 1e5, 6.02E23, 2.5e-3 (not a code such as 0x1e5 or 1e5a; 2E3 neither, see _scientific)
 SCIENTIFIC_RE = re.compile(r"(?<![A-Za-z0-9_.])(\d+(?:\.\d+)?)[eE]([-+−]?)(\d{1,3})(?![A-Za-z0-9_]|\.\d)")
 _EN_DECADE_RE = re.compile(r"(?<![\d,.])(1\d|20)?(\d)0s\b")
 _DECADES = "hundreds tens twenties thirties forties fifties sixties seventies eighties nineties".split()
@@ -189,6 +189,8 @@ def _en_thousands(m: re.Match, lang: str) -> str:
 
 
 def _scientific(m: re.Match, lang: str) -> str:
+    if "E" in m.group() and "." not in m.group(1) and not m.group(2):
+        return m.group()   # 2E3 is more often a seat or flat than 2000: left to the code rule
     neg = m.group(2) in ("-", "−")
     if lang == "zh":
         return zh_number(m.group(1)) + "乘以十的" + ("负" if neg else "") + zh_int(int(m.group(3))) + "次方"
@@ -249,7 +251,8 @@ RULES: tuple[Rule, ...] = (
          "and raises on +1 555 123 4567; phone numbers are read digit by digit (zh: 1 as 幺)",
          ("我的电话是13812345678", "我的电话是幺三八幺二三四五六七八"), _phones),
     Rule("scientific", "zh en", "before_wetext", "wetext reads 1e5 as one e five; E notation is read as a "
-         "power of ten, like ^: one times ten to the power of five (一乘以十的五次方)",
+         "power of ten, like ^: one times ten to the power of five (一乘以十的五次方); a capital E between "
+         "two plain integers (2E3) is a code",
          ("1e5", "one times ten to the power of five"), _sub(SCIENTIFIC_RE, _scientific)),
     Rule("money", "zh en", "before_wetext", "wetext loses the magnitude after a currency sign with "
          "thousands separators (￥2,500 -> 二元五百), reads $12.50 as twelve point five dollars and 12.5美元 "
