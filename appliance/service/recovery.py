@@ -45,7 +45,7 @@ from ..messages.protocol import (
 )
 from .journal import Journal
 from .records import Entry, Recovered, text_sha
-from .scheduler import Item
+from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optiona
     return journal, recovery
 
 
-def tell_stopped(items: list[Item], journal_on: bool) -> None:
+def tell_stopped(items: list[Request], journal_on: bool) -> None:
     """Queued requests left at a clean stop: with the journal they stay there and are spoken
     after the next start (client gets ``error`` ``spooled``); without, or for a ``play: false``
     request (never journaled: its audio only goes back to its client), they are dropped
