@@ -32,6 +32,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
+from ..core import PcmChunk
 from ..errors import ApplianceError, CancelledError, RequestError
 from ..messages.protocol import (
     ErrorEvent,
@@ -75,7 +76,7 @@ class Replay:
     def id(self) -> str:
         return self.entry.id
 
-    def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
+    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
         """The replayed request's :data:`EventSink`: remembers its state, forwards to the origin
         and to every attached client."""
         kind = event.type

@@ -177,6 +177,10 @@ class Scheduler:
         """The items synthesizing now."""
         return list(self.running.values())
 
+    def over(self) -> bool:
+        """True when a running item's synthesis is over (or never began): :meth:`ended` has work."""
+        return any(it.task is None or it.task.finished for it in self.running.values())
+
     def ended(self) -> list[Request]:
         """Remove and return the running items whose synthesis is over (or never began)."""
         out = [it for it in self.running.values() if it.task is None or it.task.finished]

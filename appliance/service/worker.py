@@ -6,7 +6,7 @@ and states are drawn there) holding a prepared pipeline job and an
 Wyoming connection). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
-    worker   -> Started -> [AudioChunk + PCM bytes]* -> (audio played / WAV written) -> Done
+    worker   -> Started -> [AudioChunk + PcmChunk]* -> (audio played / WAV written) -> Done
                         or ErrorEvent (``cancelled``, ``preempted``, ...)
     an alert on its channel -> Preempted(action=resume) -> Started -> ... (from the start again)
                             or Preempted(action=drop) -> ErrorEvent(code=preempted)
@@ -47,9 +47,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..audio.wav import encode_pcm
 from ..core import PcmChunk
 from ..errors import BusyError, CancelledError
+from ..messages.events import pcm_bytes
 from ..messages.protocol import (
     Accepted,
     AudioChunk,
@@ -292,7 +292,8 @@ class Worker(Ending):
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
                 start = [] if self._stopping or task is not None else self.sched.admit()   # the task needs a slot
-                if task is None and not start and not eng.runnable:   # idle, or all wait for text
+                # idle: nothing to start, to step (every task waits for text, or none) or to end
+                if task is None and not start and not eng.runnable and not self.sched.over():
                     self._cv.wait(self.heartbeat_s)
                     idle = True
                 else:
@@ -348,7 +349,7 @@ class Worker(Ending):
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
         item.audio.write(pcm)
-        if item.speak.return_audio:
-            data = encode_pcm(pcm, self.audio_format)
-            item.sink(AudioChunk(id=item.id, bytes=len(data), rate=chunk.rate, format=self.audio_format), data)
+        if item.speak.return_audio:       # the samples as they are: each transport encodes them once
+            item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
+                                 format=self.audio_format), chunk)
         self._beat()

@@ -45,7 +45,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-import numpy as np
 from wyoming.audio import AudioChunk as WyAudioChunk
 from wyoming.audio import AudioStart, AudioStop
 from wyoming.error import Error
@@ -63,7 +62,7 @@ from wyoming.tts import (
 )
 
 from ..audio.wav import to_int16
-from ..core import SAMPLE_RATE
+from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import (
     ApplianceError,
     CancelledError,
@@ -298,14 +297,14 @@ class WyomingHandler(AsyncEventHandler):
             utt.current = None
         utt.requests.put_nowait(None)
 
-    def _sink(self, req: _Request, ev: Event, payload: Optional[bytes]) -> None:
+    def _sink(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
         """The request's EventSink: any thread -> the loop (never blocks, never raises)."""
         try:
             self._loop.call_soon_threadsafe(self._on_event, req, ev, payload)
         except RuntimeError:      # the loop is closed: the daemon is gone
             pass
 
-    def _on_event(self, req: _Request, ev: Event, payload: Optional[bytes]) -> None:
+    def _on_event(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
         if isinstance(ev, (Done, ErrorEvent)):
             self._pending.discard(req.id)
         req.events.put_nowait((ev, payload))
@@ -337,8 +336,8 @@ class WyomingHandler(AsyncEventHandler):
         while (req := await utt.requests.get()) is not None:
             while True:
                 ev, payload = await req.events.get()
-                if isinstance(ev, AudioChunk) and payload and not utt.ended:
-                    data = to_int16(np.frombuffer(payload, "<f4")).tobytes() if ev.format == "float32" else payload
+                if isinstance(ev, AudioChunk) and isinstance(payload, PcmChunk) and not utt.ended:
+                    data = to_int16(payload.samples).tobytes()      # encoded once, here
                     if req.skip:
                         cut = min(req.skip, len(data))
                         data, req.skip = data[cut:], req.skip - cut
