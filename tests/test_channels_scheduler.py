@@ -15,7 +15,7 @@ from appliance.config import config_from_dict
 from appliance.core import SynthParams
 from appliance.messages.protocol import Speak
 from appliance.ops.throttle import Level, Throttle
-from appliance.service.scheduler import Item
+from appliance.service.request import Request as Item
 from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
 

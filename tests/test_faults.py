@@ -136,7 +136,7 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
     from appliance.audio.output import AudioOutput
     from appliance.core import SynthParams
     from appliance.messages.protocol import Speak
-    from appliance.service.scheduler import Item
+    from appliance.service.request import Request as Item
     from appliance.service.worker import Worker
     from appliance.synth.pipeline import Pipeline
 

@@ -10,7 +10,7 @@ import pytest
 
 from appliance.errors import BusyError, RequestError
 from appliance.messages.protocol import Cancel, Speak
-from appliance.service.scheduler import Item
+from appliance.service.request import Request as Item
 from appliance.service.worker import Worker
 
 

@@ -82,7 +82,7 @@ from ..service.paths import prepare_dirs
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal, tell_stopped
 from ..service.reload import plan_reload
-from ..service.scheduler import Item
+from ..service.request import Request
 from ..service.worker import Worker
 from ..transports.socket_server import (
     SocketServer,
@@ -361,7 +361,7 @@ class Daemon:
             log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
         return self.last_health
 
-    def _on_finished(self, item: Item, event: Event) -> None:
+    def _on_finished(self, item: Request, event: Event) -> None:
         call_hook(self.hooks.on_status, self.status())
 
     def status(self) -> StatusReply:

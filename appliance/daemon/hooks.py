@@ -25,7 +25,7 @@ from ..config import Config
 from ..messages.protocol import StatusReply
 
 if TYPE_CHECKING:
-    from ..service.scheduler import Item
+    from ..service.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Hooks:
     on_reload: Optional[Callable[[], None]] = None
     on_reloaded: Optional[Callable[[str], None]] = None   # status line after the reload
     on_stopping: Optional[Callable[[], None]] = None
-    on_unfinished: Optional[Callable[[list[Item]], None]] = None
+    on_unfinished: Optional[Callable[[list[Request]], None]] = None
 
 
 def call_hook(hook: Optional[Callable], *args: Any) -> None:

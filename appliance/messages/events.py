@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..core import PcmChunk
+
 
 @dataclass(frozen=True)
 class Accepted:
@@ -211,6 +213,14 @@ Event = typing.Union[Accepted, Preempted, Replayed, Started, AudioChunk, Done, E
                      Normalized, CancelDone]
 """An event the daemon sends to a client."""
 
-EventSink = typing.Callable[[Event, Optional[bytes]], None]
-"""``sink(event, payload)``: deliver an event and optional raw bytes that follow it (``audio``
-events). Thread-safe, never blocks on the network, never raises; a gone client makes it a no-op."""
+EventSink = typing.Callable[[Event, Optional[PcmChunk]], None]
+"""``sink(event, payload)``: deliver an event and, with an ``audio`` event, its
+:class:`~appliance.core.PcmChunk` (float32 samples): each transport encodes it once, as its wire
+wants it (the socket: :func:`~appliance.audio.wav.encode_pcm` in the event's ``format``;
+Wyoming: int16). Thread-safe,
+never blocks on the network, never raises; a gone client makes it a no-op."""
+
+
+def pcm_bytes(samples: int, sample_format: str) -> int:
+    """Bytes of ``samples`` mono samples in ``sample_format`` (``int16``: 2, ``float32``: 4)."""
+    return samples * (2 if sample_format == "int16" else 4)

@@ -32,6 +32,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
+from ..core import PcmChunk
 from ..errors import ApplianceError, CancelledError, RequestError
 from ..messages.protocol import (
     ErrorEvent,
@@ -45,7 +46,7 @@ from ..messages.protocol import (
 )
 from .journal import Journal
 from .records import Entry, Recovered, text_sha
-from .scheduler import Item
+from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Replay:
     def id(self) -> str:
         return self.entry.id
 
-    def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
+    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
         """The replayed request's :data:`EventSink`: remembers its state, forwards to the origin
         and to every attached client."""
         kind = event.type
@@ -235,7 +236,7 @@ def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optiona
     return journal, recovery
 
 
-def tell_stopped(items: list[Item], journal_on: bool) -> None:
+def tell_stopped(items: list[Request], journal_on: bool) -> None:
     """Queued requests left at a clean stop: with the journal they stay there and are spoken
     after the next start (client gets ``error`` ``spooled``); without, or for a ``play: false``
     request (never journaled: its audio only goes back to its client), they are dropped

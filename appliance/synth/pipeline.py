@@ -90,6 +90,8 @@ class Job:
         unspeakable: characters of the input that cannot be spoken (skipped, reported).
         seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
         stats: filled when ``run`` finishes.
+        open: more text may still come (:meth:`extend`; an utterance streamed in pieces): the
+            engine waits after the last sentence instead of finishing, until :meth:`close`.
     """
 
     id: str
@@ -104,6 +106,31 @@ class Job:
     meta: dict = field(default_factory=dict)
     prompt: str = ""
     refine_prompts: Optional[list] = None
+    open: bool = False
+
+    def extend(self, part: "Job") -> None:
+        """Append the sentences of ``part`` (:meth:`Pipeline.prepare` of the next text of the same
+        request: an utterance whose text still arrives) to this job, which must be :attr:`open`.
+        Any thread while the engine runs the job: ``prompts`` grows last, so the engine (which
+        reads ``prompts[k]`` only for ``k < len(prompts)``) never sees a half-added sentence.
+
+        Raises:
+            RequestError: the job is closed (its text is complete).
+        """
+        if not self.open:
+            raise RequestError(f"request {self.id}: its text is complete; nothing can be added")
+        if (self.refine_prompts is None) != (part.refine_prompts is None):
+            raise RequestError(f"request {self.id}: refine_text must stay the same for all of its text")
+        self.text = f"{self.text} {part.text}".strip()
+        self.unspeakable.extend(u for u in part.unspeakable if u not in self.unspeakable)
+        self.sentences.extend(part.sentences)
+        if self.refine_prompts is not None:
+            self.refine_prompts.extend(part.refine_prompts)
+        self.prompts.extend(part.prompts)
+
+    def close(self) -> None:
+        """No more text: the engine ends the job after its last sentence (any thread)."""
+        self.open = False
 
 
 class Pipeline:

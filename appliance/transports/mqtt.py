@@ -72,6 +72,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from ..config import Config
+from ..core import PcmChunk
 from ..errors import ApplianceError, ConfigError, RequestError
 from ..messages.protocol import (
     Accepted,
@@ -272,7 +273,7 @@ class MQTTBridge:
             self.sink(error_event(e, getattr(req, "id", None)), None)
         return None
 
-    def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
+    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
         """The :data:`EventSink` of every MQTT request: publishes ``event`` on ``event`` (QoS 1).
 
         One sink for all requests, so a cancel sent over MQTT does not add a second ``cancelled``

@@ -32,6 +32,8 @@ import stat
 from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
+from ..audio.wav import encode_pcm
+from ..core import PcmChunk
 from ..errors import ConfigError, RequestError
 from ..messages.protocol import Event, EventSink, error_event, to_json
 from ..service.peers import Peer, peer_of
@@ -153,8 +155,8 @@ class Connection:
         self.gone = False                # on_gone ran
         self.pending: set[str] = set()   # accepted request ids without their done/error yet
 
-    def send(self, msg: Event, payload: Optional[bytes] = None) -> None:
-        """Queue an event (and raw bytes after it) for this client; safe from any thread."""
+    def send(self, msg: Event, payload: Optional[PcmChunk] = None) -> None:
+        """Queue an event (and its PCM, sent as raw bytes after it) for this client; any thread."""
         if self.closed:
             return
         try:
@@ -162,7 +164,7 @@ class Connection:
         except RuntimeError:  # loop closed: the daemon is gone
             self.closed = True
 
-    def _send(self, msg: Event, payload: Optional[bytes]) -> None:
+    def _send(self, msg: Event, payload: Optional[PcmChunk]) -> None:
         if self.closed or self.writer.is_closing():
             self.closed = True
             return
@@ -173,8 +175,8 @@ class Connection:
             self.pending.discard(msg.id)
         try:
             self.writer.write(to_json(msg))
-            if payload:
-                self.writer.write(payload)
+            if payload is not None:          # an audio event's PcmChunk, in the format its header names
+                self.writer.write(encode_pcm(payload.samples, msg.format))
         except (ConnectionError, RuntimeError):
             self.closed = True
             return

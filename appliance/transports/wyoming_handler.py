@@ -1,12 +1,14 @@
 """One Wyoming client connection: Wyoming events in, the daemon's requests out, audio back.
 
-Every text to speak becomes a ``speak`` request (``return_audio``, ``play`` = ``wyoming.play``)
-on ``wyoming.channel`` with ``wyoming.priority``, handed to the daemon's
-:class:`~appliance.service.dispatch.Dispatcher` like a socket or MQTT request: the same
-scheduler (queue, priorities, memory budget, throttle, cancel, preemption), the same worker
-thread (nothing is synthesized on the event loop). Its events come back through an
-:data:`~appliance.messages.protocol.EventSink` (any thread -> ``call_soon_threadsafe``) and are
-turned into Wyoming events::
+Every utterance (a one-shot ``synthesize``, or a ``synthesize-start`` ... ``synthesize-stop``
+stream) is ONE ``speak`` request (``return_audio``, ``play`` = ``wyoming.play``) on
+``wyoming.channel`` with ``wyoming.priority``, whose sentences are its parts: accepted with its
+first sentence, each later sentence added as soon as it is complete
+(:meth:`~appliance.service.dispatch.Dispatcher.add_text`: synthesized in order, the engine waits
+for the next), closed at the end of the text. So a channel's queue counts utterances, and a
+30-sentence answer plays in order. The dispatcher treats it like a socket or MQTT request (same
+scheduler, same worker thread); its events come back through an
+:data:`~appliance.messages.protocol.EventSink` (any thread -> ``call_soon_threadsafe``)::
 
     describe                      -> info
     ping                          -> pong
@@ -17,35 +19,32 @@ turned into Wyoming events::
                                      complete, text_stream.SentenceBuffer), audio-stop,
                                      synthesize-stopped
 
-Audio: 16-bit signed little-endian mono PCM (width 2, channels 1) at the pipeline's rate
-(24000 Hz); every audio-chunk says so. One audio-start / audio-stop pair frames each utterance
-(also when it has no audio). The ``synthesize`` a client sends inside a stream (Home Assistant does,
-for servers that do not stream) is ignored. With ``wyoming.streaming: false`` the streaming events
-are still answered: the text is collected and spoken at ``synthesize-stop``.
+Audio: 16-bit signed little-endian mono PCM (width 2, channels 1) at 24000 Hz; every audio-chunk
+says so. One audio-start / audio-stop pair frames each utterance (also without audio). The
+``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
+over ``service.max_text_chars`` is cut into sentences the same way. With ``wyoming.streaming:
+false`` the text of a stream is collected and spoken at ``synthesize-stop``. Replies go out in the
+order the requests came in (one writer task per connection).
 
-Replies go out in the order the requests came in (one writer task per connection).
-
-Errors (our codes, e.g. ``bad_text``, ``busy``, ``bad_speaker``) become Wyoming ``error`` events
-(``code``, ``text``). A failed one-shot ``synthesize`` (or an unknown voice) sends ``error`` and
-closes this connection, as Wyoming servers do (the client would otherwise wait for audio-stop). In
-a stream, a sentence that fails sends ``error`` and the stream goes on; ``cancelled`` or
-``preempted`` (dropped) ends the stream's audio (the rest of its text is not spoken). An alert that
-preempts a request with ``on_preempt: resume`` restarts it from the beginning: the audio the client
-already has is skipped (same seed, same audio). Unknown event types are ignored. A client that
-disconnects (EOF) has its queued and running requests cancelled. Nothing here can disturb another
-connection.
+Errors (our codes: ``bad_text``, ``busy``, ``bad_speaker``...) become Wyoming ``error`` events. A
+failed one-shot (or an unknown voice) sends ``error`` and closes the connection, as Wyoming
+servers do. In a stream, a refused sentence sends ``error`` and the stream goes on; ``cancelled``
+or ``preempted`` (dropped) ends the stream's audio. An alert that preempts with ``on_preempt:
+resume`` restarts the request from the beginning: the audio the client already has is skipped
+(same seed, same audio). Unknown event types are ignored. A client that disconnects has its
+requests cancelled. Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-import numpy as np
 from wyoming.audio import AudioChunk as WyAudioChunk
 from wyoming.audio import AudioStart, AudioStop
 from wyoming.error import Error
@@ -63,8 +62,14 @@ from wyoming.tts import (
 )
 
 from ..audio.wav import to_int16
-from ..core import SAMPLE_RATE
-from ..errors import CancelledError, PreemptedError, RequestError, SpeakerError
+from ..core import SAMPLE_RATE, PcmChunk
+from ..errors import (
+    ApplianceError,
+    CancelledError,
+    PreemptedError,
+    RequestError,
+    SpeakerError,
+)
 from ..messages.protocol import (
     AudioChunk,
     Cancel,
@@ -73,6 +78,7 @@ from ..messages.protocol import (
     Event,
     Preempted,
     Speak,
+    error_event,
 )
 from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
@@ -113,6 +119,7 @@ class _Request:
     """One ``speak`` of this connection and its events (from the sink, on the loop)."""
 
     id: str
+    speak: Optional[Speak] = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: int = 0        # PCM bytes forwarded to the client
     skip: int = 0        # bytes to drop after a resume (the client has them already)
@@ -120,11 +127,13 @@ class _Request:
 
 @dataclass(eq=False)
 class _Utterance:
-    """One one-shot ``synthesize`` or one stream: its requests in order, None at the end."""
+    """One one-shot ``synthesize`` or stream: its request (another only after the first ended
+    early), None at the end."""
 
     streaming: bool
     requests: asyncio.Queue = field(default_factory=asyncio.Queue)
     ended: bool = False   # cancelled / preempted: the rest is not spoken
+    current: Optional[_Request] = None   # the open request its next sentences are added to
 
 
 @dataclass
@@ -192,10 +201,10 @@ class WyomingHandler(AsyncEventHandler):
             self._segments.put_nowait(utt)
             if voice is not _BAD:
                 text = syn.text or ""
-                for piece in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)):
-                    if piece.strip():
-                        await self._submit(utt, piece, voice)
-            utt.requests.put_nowait(None)
+                pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
+                for i, piece in enumerate(pieces):
+                    await self._say(utt, piece, voice, last=i == len(pieces) - 1)
+            self._end_text(utt)
         elif SynthesizeStart.is_type(t):
             if self._stream is not None:     # a new stream without a stop: end the old one first
                 await self._stop_stream()
@@ -215,7 +224,7 @@ class WyomingHandler(AsyncEventHandler):
                 st.collected.append(text)
                 return
             for sentence in st.text.add(text):
-                await self._submit(st.utt, sentence, st.voice)
+                await self._say(st.utt, sentence, st.voice)
         elif SynthesizeStop.is_type(t):
             if self._stream is None:
                 self._segments.put_nowait(Error(text="synthesize-stop without synthesize-start",
@@ -232,8 +241,8 @@ class WyomingHandler(AsyncEventHandler):
         if not st.utt.ended:
             rest = st.text.finish() if self.ctx.streaming else self._pieces("".join(st.collected))
             for piece in rest:
-                await self._submit(st.utt, piece, st.voice)
-        st.utt.requests.put_nowait(None)
+                await self._say(st.utt, piece, st.voice)
+        self._end_text(st.utt)
 
     def _pieces(self, text: str) -> list[str]:
         buf = SentenceBuffer(self.ctx.max_chars)
@@ -251,30 +260,51 @@ class WyomingHandler(AsyncEventHandler):
         self._segments.put_nowait(_Fatal(Error(text=msg, code=SpeakerError.code).event()))
         return _BAD
 
-    async def _submit(self, utt: _Utterance, text: str, voice: Optional[str]) -> None:
-        """One ``speak`` through the dispatcher (prepare on its thread, then the worker's queue)."""
+    async def _say(self, utt: _Utterance, text: str, voice: Optional[str], last: bool = False) -> None:
+        """The next sentence(s) of ``utt``: added to its open request, or the request is opened
+        with them (``last``: nothing follows, so it opens closed)."""
         if utt.ended or self._gone:
             return
+        req = utt.current
+        if req is not None:
+            try:
+                if await self.ctx.dispatch.add_text(dataclasses.replace(req.speak, text=text)):
+                    return
+            except ApplianceError as e:          # this sentence is refused; the utterance goes on
+                log.info("%s: a sentence of %s refused: %s (%s)", self.name, req.id, e, e.code)
+                req.events.put_nowait((error_event(e, req.id), _NOTE))
+                return
+            utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
         req = _Request(id=f"wy-{self._tag}-{self._n}")
         utt.requests.put_nowait(req)          # its place in the reply order is fixed now
         self._pending.add(req.id)
         c = self.ctx
-        speak = Speak(text=text, id=req.id, channel=c.channel, priority=c.priority, voice=voice,
-                      return_audio=True, play=c.play)
-        log.info("%s: speak %s (%d chars)", self.name, req.id, len(text))
-        await c.dispatch.handle_request(speak, lambda ev, payload: self._sink(req, ev, payload))
+        req.speak = Speak(text=text, id=req.id, channel=c.channel, priority=c.priority, voice=voice,
+                          return_audio=True, play=c.play)
+        more = not last
+        log.info("%s: speak %s (%d chars%s)", self.name, req.id, len(text), ", more to come" if more else "")
+        await c.dispatch.handle_request(req.speak, lambda ev, payload: self._sink(req, ev, payload), more=more)
+        if more and req.id in self._pending:
+            utt.current = req
         if self._gone:                        # the client left while it was being prepared
             await self._cancel([req.id])
 
-    def _sink(self, req: _Request, ev: Event, payload: Optional[bytes]) -> None:
+    def _end_text(self, utt: _Utterance) -> None:
+        """The utterance has all its text: close its open request; no more requests follow."""
+        if utt.current is not None:
+            self.ctx.dispatch.close_text(utt.current.id)
+            utt.current = None
+        utt.requests.put_nowait(None)
+
+    def _sink(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
         """The request's EventSink: any thread -> the loop (never blocks, never raises)."""
         try:
             self._loop.call_soon_threadsafe(self._on_event, req, ev, payload)
         except RuntimeError:      # the loop is closed: the daemon is gone
             pass
 
-    def _on_event(self, req: _Request, ev: Event, payload: Optional[bytes]) -> None:
+    def _on_event(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
         if isinstance(ev, (Done, ErrorEvent)):
             self._pending.discard(req.id)
         req.events.put_nowait((ev, payload))
@@ -306,8 +336,8 @@ class WyomingHandler(AsyncEventHandler):
         while (req := await utt.requests.get()) is not None:
             while True:
                 ev, payload = await req.events.get()
-                if isinstance(ev, AudioChunk) and payload and not utt.ended:
-                    data = to_int16(np.frombuffer(payload, "<f4")).tobytes() if ev.format == "float32" else payload
+                if isinstance(ev, AudioChunk) and isinstance(payload, PcmChunk) and not utt.ended:
+                    data = to_int16(payload.samples).tobytes()      # encoded once, here
                     if req.skip:
                         cut = min(req.skip, len(data))
                         data, req.skip = data[cut:], req.skip - cut
@@ -318,6 +348,11 @@ class WyomingHandler(AsyncEventHandler):
                         started = True
                     await self.write_event(WyAudioChunk(rate=ev.rate, width=WIDTH, channels=CHANNELS, audio=data).event())
                     req.sent += len(data)
+                elif payload is _NOTE:          # a refused sentence (not the end of the request)
+                    if not utt.ended:
+                        await self.write_event(Error(text=ev.message, code=ev.code).event())
+                    if not utt.streaming:
+                        return False
                 elif isinstance(ev, Preempted) and ev.action == "resume":
                     req.skip = req.sent           # it starts again from the beginning: same audio
                 elif isinstance(ev, Done):
@@ -342,12 +377,9 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ end
 
     async def _cancel(self, ids: list[str]) -> None:
-        def ignore(ev: Event, payload: Optional[bytes]) -> None:
-            pass
-
         for rid in ids:
             if rid in self._pending:
-                await self.ctx.dispatch.handle_request(Cancel(id=rid), ignore)
+                await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev, payload: None)
 
     async def disconnect(self) -> None:
         """The client is gone (EOF, error, or the server stops): cancel what it left running."""
@@ -362,5 +394,5 @@ class WyomingHandler(AsyncEventHandler):
             self._writer_task.cancel()
 
 
-_BAD = object()
-"""Marker: the requested voice does not exist (a fatal error was queued)."""
+_BAD = object()      # marker: the requested voice does not exist (a fatal error was queued)
+_NOTE = object()     # payload marker of an ``error`` that does not end its request (a refused sentence)
