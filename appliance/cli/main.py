@@ -33,7 +33,6 @@ import logging
 import sys
 
 from ..config import find_config
-from ..core import version
 from ..errors import ApplianceError
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
@@ -69,8 +68,7 @@ _COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (kept separate for tests and ``--help``)."""
     p = argparse.ArgumentParser(prog="chattts-appliance", description="ChatTTS speech appliance")
-    p.add_argument("--version", action="version", version=f"%(prog)s {version()}",
-                   help="print the version and exit")
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     # -v also after the sub-command (`serve -v`); SUPPRESS keeps a -v given before it
     common = argparse.ArgumentParser(add_help=False)
@@ -174,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
     cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")
     return p
+
+
+class _Version(argparse.Action):
+    """``--version``: print ``chattts-appliance <version>`` and exit (the version is looked up only
+    then: building the parser stays free of numpy, for the clients)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..core import version
+        print(f"{parser.prog} {version()}")
+        parser.exit()
 
 
 class _Sub:
