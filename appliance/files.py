@@ -1,5 +1,5 @@
 """File durability helpers shared by every layer that writes files the daemon must not lose (the
-journal, WAV files). A leaf: imports nothing of the package.
+journal, WAV files, small state files). A leaf: imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -20,3 +20,21 @@ def fsync_dir(d: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Replace file ``path`` by ``data`` so that a reader (or a power cut) sees the old content
+    or the new one, never a part: write ``.<name>.tmp`` beside it, ``fsync``, rename over it,
+    ``fsync`` the directory.
+
+    Raises:
+        OSError: the directory is missing or not writable, or the disk is full.
+    """
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    fsync_dir(p.parent)

@@ -344,6 +344,28 @@ def test_zeroconf_advertises_the_tcp_port(tiny_ckpt, tmp_path, start_daemon):
     assert asyncio.run(resolve(name, 1500)) is None                 # withdrawn at stop
 
 
+def test_zeroconf_warns_when_it_advertises_a_loopback_address(tiny_ckpt, tmp_path, start_daemon, caplog):
+    """The shipped config.local.yaml listens on tcp://127.0.0.1:10200: advertised as is, Home
+    Assistant on another machine finds the box and cannot connect. The daemon says so, and how to
+    listen on the LAN (whether or not mDNS works here: the warning comes before registering)."""
+    pytest.importorskip("zeroconf")
+    from appliance.transports.wyoming_server import warn_loopback
+
+    assert warn_loopback("127.0.0.1", 10200, "127.0.0.1") and warn_loopback("::1", 10200, "::1")
+    assert "a loopback address" in caplog.text and "tcp://0.0.0.0:10200" in caplog.text
+    caplog.clear()
+    assert not warn_loopback("192.168.1.20", 10200, "0.0.0.0") and not caplog.text
+    cfg = _wy_config(tiny_ckpt, tmp_path, zeroconf=True, zeroconf_name=f"chattts-lo-{free_port()}")
+    port = int(cfg["wyoming"]["uris"][0].rsplit(":", 1)[1])
+    d = start_daemon(cfg)
+    want = f"advertising 127.0.0.1:{port}, a loopback address (wyoming.uris listens on 127.0.0.1)"
+    deadline = time.monotonic() + 60
+    while want not in d.log():
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()[-3000:]
+        time.sleep(0.2)
+    assert f'set wyoming.uris to ["tcp://0.0.0.0:{port}"]' in d.log()
+
+
 def test_a_taken_port_stops_the_start_before_the_model_loads(tiny_ckpt, tmp_path):
     cfg = _wy_config(tiny_ckpt, tmp_path)
     port = int(cfg["wyoming"]["uris"][0].rsplit(":", 1)[1])

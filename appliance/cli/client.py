@@ -6,9 +6,9 @@ seconds of audio, decode steps/s, where the audio went), or the raw JSON lines w
 ``--json``. ``--wav FILE`` asks for ``return_audio`` and writes the PCM it receives to a 16-bit
 WAV (see :mod:`appliance.audio.wav`).
 
-Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeout, or the
-daemon closing the connection early; 2 when the daemon cannot be reached (the message says
-how to start it).
+Exit status: 0 on ``done``; 1 on an ``error`` event (message on stderr), a timeout, the
+daemon closing the connection early, or a text that is not UTF-8 (nothing is sent; the message
+names the byte); 2 when the daemon cannot be reached (the message says how to start it).
 
 The socket path: ``--socket``, else ``service.socket`` of the config every subcommand uses
 (``--config``, else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else
@@ -156,19 +156,41 @@ def _human(ev: dict) -> str:
     if t == "done":
         s = (f"done      {ev['id']}: TTFB {ev['ttfb_ms']:.0f} ms, RTF {ev['rtf']:.3f} "
              f"({ev['audio_s']:.2f} s of audio, {ev['steps']} steps at {ev['steps_per_s']:.1f}/s), "
-             f"seed {ev.get('seed')}, -> {ev.get('output')}")
+             f"voice {ev.get('voice')}, seed {ev.get('seed')}, -> {ev.get('output')}")
+        silent = set(ev.get("silent_sentences") or [])
         for k, sent in enumerate(ev.get("spoken") or []):
-            s += f"\n          said {k + 1}: {sent}"
+            s += f"\n          said {k + 1}: {sent}" + ("   (no audio: the model ended it at once)" if k in silent else "")
         if ev.get("unspeakable"):
             s += f"\n          could not speak (skipped): {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
         return s
     return json.dumps(ev, ensure_ascii=False)
 
 
+def not_utf8(what: str, text: str) -> Optional[str]:
+    """Why ``text`` (from the command line) cannot be sent as UTF-8, or None when it can.
+
+    Python decodes a command-line argument that is not valid UTF-8 (in a UTF-8 locale) with
+    ``surrogateescape``: each undecodable byte becomes a lone surrogate, which JSON cannot carry.
+    The message names the first such byte and how to fix the input."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        raw = text[e.start:e.end].encode("utf-8", "surrogateescape") if 0xDC80 <= ord(text[e.start]) <= 0xDCFF else b""
+        byte = f"byte 0x{raw[0]:02x}" if raw else f"character U+{ord(text[e.start]):04X}"
+        return (f"{what} is not valid UTF-8 ({byte} at character {e.start + 1}): convert it first, e.g. "
+                f"`iconv -f GBK -t UTF-8`, or run in a UTF-8 locale (LANG=C.UTF-8)")
+
+
 def cli_main(args: Any) -> int:
     """Entry point of ``say`` (args: text, config, socket, channel, voice, seed, priority,
     max_new_tokens (per sentence), wav, timeout, json); returns the exit status (see the module
     docstring)."""
+    for what, value in (("the text", args.text), ("--voice", args.voice), ("--channel", args.channel)):
+        why = not_utf8(what, value) if value is not None else None
+        if why is not None:
+            print(f"say: {why}", file=sys.stderr)
+            return EXIT_ERROR
     try:
         path = socket_path(args.config, args.socket)
     except ApplianceError as e:
@@ -341,6 +363,10 @@ def normalize_main(args: Any) -> int:
     Exit status: 0; 1 when the text cannot be spoken at all (message on stderr); 2 when the
     tokenizer or the daemon cannot be reached.
     """
+    why = not_utf8("the text", args.text)
+    if why is not None:
+        print(f"normalize: {why}", file=sys.stderr)
+        return EXIT_ERROR
     if args.socket:
         rc, ev = _one_reply(args, {"type": "normalize", "text": args.text}, "normalize")
         if ev is None:

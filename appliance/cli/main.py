@@ -37,6 +37,7 @@ from ..errors import ApplianceError
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
                "./config.yaml)")
+VERBOSE_HELP = "debug logging (without it normalize, calibrate and health log only warnings)"
 
 #: Subcommands that also work without a config file (they only need the socket path).
 _CLIENTS = ("say", "status", "cancel", "health")
@@ -67,20 +68,24 @@ _COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (kept separate for tests and ``--help``)."""
     p = argparse.ArgumentParser(prog="chattts-appliance", description="ChatTTS speech appliance")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="debug logging (without it normalize, calibrate and health log only warnings)")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action=_Version, help="print the version and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    # -v also after the sub-command (`serve -v`); SUPPRESS keeps a -v given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    sub = _Sub(p.add_subparsers(dest="cmd", required=True), common)
 
-    m = sub.add_parser("model", help="checkpoints").add_subparsers(dest="sub", required=True)
+    m = _Sub(sub.add_parser("model", help="checkpoints", leaf=False).add_subparsers(dest="sub", required=True), common)
     r = m.add_parser("random", help="write a random checkpoint in the official layout")
-    r.add_argument("--size", choices=("tiny", "full"), default="tiny")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("out_dir")
+    r.add_argument("--size", choices=("tiny", "full"), default="tiny",
+                   help="tiny: 2 layers, ~3 MB (tests); full: the real shapes, 1.2 GB (benchmarks)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    r.add_argument("out_dir", help="directory to write (asset/ goes inside)")
     f = m.add_parser("fetch", help="download 2Noise/ChatTTS from the HuggingFace hub")
-    f.add_argument("out_dir")
+    f.add_argument("out_dir", help="directory to download into (asset/ goes inside)")
     f.add_argument("--revision", default=None, help="hub revision (default: main)")
     su = m.add_parser("sums", help="record the sha256 of a checkpoint of your own (DIR/SHA256SUMS.json)")
-    su.add_argument("dir")
+    su.add_argument("dir", help="the checkpoint directory (holding asset/)")
 
     s = sub.add_parser("serve", help="run the daemon")
     s.add_argument("--config", default=None, help=CONFIG_HELP)
@@ -90,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--config", default=None, help="read the socket path from this " + CONFIG_HELP)
     y.add_argument("--socket", default=None, help="socket path (overrides --config)")
     y.add_argument("--channel", default=None, help="channel name from config (default: the first channel)")
-    y.add_argument("--voice", default=None, help="'seed:N' or an upstream speaker string (default: synthesis.voice)")
+    y.add_argument("--voice", default=None, help="a voice name from config 'voices' (e.g. calm), 'seed:N' or an "
+                   "upstream speaker string (default: synthesis.voice)")
     y.add_argument("--seed", type=int, default=None, help="sampling seed, 0 <= N < 2**63: same seed, same audio")
     y.add_argument("--priority", default="normal", choices=("alert", "normal", "background"),
                    help="an alert preempts what plays on its channel")
@@ -124,23 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser("health", help="field health check (exit 1 when unhealthy)")
     h.add_argument("--config", default=None, help=CONFIG_HELP)
-    h.add_argument("--json", action="store_true")
+    h.add_argument("--json", action="store_true", help="print the health report as JSON")
     h.add_argument("--daemon", action="store_true",
                    help="ask the running daemon (at the config's service.socket) instead of loading the engines here")
     h.add_argument("--socket", default=None, help="ask the running daemon at this socket (implies --daemon)")
 
-    e = sub.add_parser("engines", help="ONNX export and TensorRT build").add_subparsers(dest="sub", required=True)
+    e = _Sub(sub.add_parser("engines", help="ONNX export and TensorRT build", leaf=False)
+             .add_subparsers(dest="sub", required=True), common)
     ex = e.add_parser("export", help="export ONNX graphs from a checkpoint")
     ex.add_argument("--config", default=None, help=CONFIG_HELP)
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
-    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"))
+    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"),
+                    help="weights of the exported graphs (int8: 8-bit weight-only GPT; default fp32)")
     ex.add_argument("--window-tokens", type=int, default=None,
                     help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")
     b.add_argument("--config", default=None, help=CONFIG_HELP)
     b.add_argument("--dir", default=None, help="engine dir (default: model.engine_dir)")
-    b.add_argument("--precision", default="fp16", choices=("fp16", "int8", "fp8"))
+    b.add_argument("--precision", default="fp16", choices=("fp16", "int8", "fp8"),
+                   help="plan precision (fp8 needs sm >= 8.9; not on Jetson Orin; default fp16)")
     b.add_argument("--target", default=None, help="compute capability to build for, e.g. 8.7 (default: this GPU)")
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
@@ -163,6 +172,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
     cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")
     return p
+
+
+class _Version(argparse.Action):
+    """``--version``: print ``chattts-appliance <version>`` and exit (the version is looked up only
+    then: building the parser stays free of numpy, for the clients)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ..core import version
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
+class _Sub:
+    """A subparsers action whose leaf parsers all take the common options (``-v``)."""
+
+    def __init__(self, action: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+        self.action, self.common = action, common
+
+    def add_parser(self, name: str, leaf: bool = True, **kw) -> argparse.ArgumentParser:
+        return self.action.add_parser(name, parents=[self.common] if leaf else [], **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,11 @@ repository root shows every key (a test compares the two).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -133,8 +137,8 @@ class MQTTConfig:
     password: Optional[str] = _f(None, "Password (never logged, nor shown in error messages).", secret=True)
     tls: bool = _f(False, "Use TLS.")
     ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
-    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability}.")
-    device_id: str = _f("appliance", "This box's id in topics.")
+    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability} (no '+', '#', NUL; not empty).")
+    device_id: Optional[str] = _f(None, "This box's id in topics and Home Assistant's device registry; unique per box (no '/', '+', '#', NUL). None = derived once per box: <hostname>-<6 hex digits of a digest of /etc/machine-id> (see MQTTConfig.box_id).")
     keepalive_s: int = _f(30, "MQTT keepalive in seconds.", min=5, max=3600)
     max_payload_bytes: int = _f(65536, "Largest accepted command payload.", min=64, max=16 * 1024 * 1024)
     client_id: Optional[str] = _f(None, "MQTT client id; None = chattts-<device_id>.")
@@ -145,6 +149,34 @@ class MQTTConfig:
     dedup_ids: int = _f(1024, "Recent say ids remembered to drop redelivered duplicates.", min=16, max=1 << 20)
     discovery: bool = _f(True, "Publish Home Assistant MQTT discovery configs (retained): the box as one device with say, stop, voice, sensors (service.mqtt_discovery).")
     discovery_prefix: str = _f("homeassistant", "Home Assistant's discovery prefix; its <prefix>/status 'online' makes the box publish the configs again.")
+    suggested_area: Optional[str] = _f(None, "Home Assistant discovery: the area the device is put in when it is first added (e.g. Kitchen); None = none suggested.")
+    configuration_url: Optional[str] = _f(None, "Home Assistant discovery: a link shown on the device page (http://, https:// or homeassistant://), e.g. the box's admin page; None = no link.")
+
+    @property
+    def box_id(self) -> str:
+        """``device_id``, or the derived default when it is None (:func:`default_device_id`)."""
+        return self.device_id if self.device_id is not None else default_device_id()
+
+
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@functools.lru_cache(maxsize=1)
+def default_device_id(machine_id_file: str = "/etc/machine-id") -> str:
+    """This box's default ``mqtt.device_id``: the host name (characters outside
+    ``[A-Za-z0-9_-]`` become ``-``, lower case) and, when ``machine_id_file`` is readable, ``-`` and
+    the first 6 hex digits of ``sha256("chattts-appliance:" + machine id)``. The host name alone
+    collides where boxes keep the image's name (``ubuntu``); the machine id is unique per install
+    and is hashed with an application key, as ``machine-id(5)`` asks, instead of being published.
+    Stable across restarts; changes when the host name or the machine id changes."""
+    host = _ID_UNSAFE.sub("-", socket.gethostname()).strip("-").lower() or "box"
+    try:
+        mid = open(machine_id_file, encoding="ascii", errors="replace").read().strip()
+    except OSError:
+        mid = ""
+    if not mid:
+        return host
+    return f"{host}-{hashlib.sha256(f'chattts-appliance:{mid}'.encode()).hexdigest()[:6]}"
 
 
 @dataclass(frozen=True)
@@ -197,12 +229,17 @@ class ThrottleConfig:
 
 
 @dataclass(frozen=True)
-class WyomingVoiceConfig:
-    """One voice offered to Wyoming clients (Home Assistant lists it by ``name``)."""
+class VoiceConfig:
+    """One named voice (top-level ``voices``): a request's ``voice`` may be its name on every
+    transport (socket, MQTT, ``say --voice``, Wyoming; the MQTT voice select's options)."""
 
-    name: str = _f("default", "Voice name shown to clients and sent back in their requests (letters, digits, '-', '_', '.').")
+    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters, digits, '-', '_', '.').")
     voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
     description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
+
+
+WyomingVoiceConfig = VoiceConfig
+"""The old name of :class:`VoiceConfig` (the table was ``wyoming.voices``)."""
 
 
 @dataclass(frozen=True)
@@ -216,8 +253,7 @@ class WyomingConfig:
     priority: str = _f("normal", "Priority of Wyoming requests on that channel: alert, normal or background.", choices=("alert", "normal", "background"))
     play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
     streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
-    voices: tuple = _f((WyomingVoiceConfig(),), "Voices offered (list of {name, voice, description}); the first is the default. Also the options of the MQTT voice select.")
-    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package).")
+    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
 
 
@@ -261,6 +297,7 @@ class Config:
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    voices: tuple = _f((VoiceConfig(),), "Named voices (list of {name, voice, description}), the same names on every transport: a request's voice may be a name; Wyoming offers them (the first is its default) and they are the options of the MQTT voice select. wyoming.voices is accepted as an old name for this list.")
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
     source: str = field(default="", metadata={"help": "The file this config was read from ('' when built in code; set by load_config; not a YAML key)."})
 

@@ -102,6 +102,11 @@ class Done:
             rewritten by refine-text as rewritten).
         unspeakable: characters of the text that could not be spoken and were skipped;
             unspeakable_names: the same with code point and Unicode name.
+        voice: the voice used: its name in config ``voices`` (a request without ``voice``: the
+            first name standing for ``synthesis.voice``), else ``seed:N``, ``none`` or
+            ``speaker:<first 12 hex digits of the speaker string's sha256>``.
+        silent_sentences: indices into ``spoken`` of the sentences that produced no audio (the
+            model ended them at their first step); empty when every sentence sounded.
     """
 
     id: str
@@ -117,6 +122,8 @@ class Done:
     spoken: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
     unspeakable_names: list = field(default_factory=list)
+    voice: Optional[str] = None
+    silent_sentences: list = field(default_factory=list)
     type: str = "done"
 
 

@@ -191,7 +191,7 @@ class Dispatcher:
         if n > limit:
             raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
         if not text.strip():
-            raise TextError("text is empty; send something to say")
+            raise TextError("text is empty; send something to speak")   # the normalizer's wording
 
     async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
         self._check_text(req.text)

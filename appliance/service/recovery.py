@@ -241,8 +241,10 @@ def tell_stopped(items: list[Request], journal_on: bool) -> None:
     after the next start (client gets ``error`` ``spooled``); without, or for a ``play: false``
     request (never journaled: its audio only goes back to its client), they are dropped
     (``cancelled``)."""
+    kept = 0
     for it in items:
         if journal_on and it.journal is not None:
+            kept += 1
             it.sink(ErrorEvent(code="spooled", id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped; it is kept in "
                                        f"the journal and will be spoken after the restart"), None)
@@ -255,5 +257,16 @@ def tell_stopped(items: list[Request], journal_on: bool) -> None:
                                message=f"request {it.id} was not started before the daemon stopped and is dropped "
                                        f"(journal.enabled: false); send it again"), None)
     if items:
-        log.info("%d queued request(s) left at stop: %s", len(items),
-                 "kept in the journal" if journal_on else "dropped (journal.enabled: false)")
+        log.info("%s", stop_summary(len(items), kept, journal_on))
+
+
+def stop_summary(left: int, kept: int, journal_on: bool) -> str:
+    """The log line of :func:`tell_stopped`: how many queued requests were kept in the journal
+    and how many dropped, and why (``play: false`` ones, e.g. Wyoming's, are never journaled)."""
+    dropped = left - kept
+    parts = [f"{kept} kept in the journal (spoken after the next start)"] if kept else []
+    if dropped:
+        why = ("journal.enabled: false" if not journal_on
+               else "play: false, e.g. Wyoming's: their audio goes only to a client that is gone, so they are never journaled")
+        parts.append(f"{dropped} dropped ({why})")
+    return f"{left} queued request(s) left at stop: " + ", ".join(parts)

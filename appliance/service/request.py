@@ -173,4 +173,5 @@ class Request:
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
                     spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],
                     unspeakable=list(self.job.unspeakable),
-                    unspeakable_names=[describe(u) for u in self.job.unspeakable])
+                    unspeakable_names=[describe(u) for u in self.job.unspeakable],
+                    voice=self.job.voice or None, silent_sentences=sorted(self.job.meta.get("silent", ())))

@@ -268,6 +268,7 @@ class BatchEngine:
         t.steps += seq.steps
         if seq.steps == 0:
             log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
+            t.job.meta.setdefault("silent", set()).add(t.k)     # reported in done.silent_sentences
         self._by_seq.pop(seq, None)
         t.seq = None
         self._out(t, tail)

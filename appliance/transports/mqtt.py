@@ -16,7 +16,10 @@ at a clean stop and as the last will.
 
 Retained commands: a command published with retain=true is handled once when it is published
 (live delivery clears the flag) and refused with an ``error`` event when the broker replays it
-at a later (re)connect, so it is never spoken again at every reconnect.
+at a later (re)connect, so it is never spoken again at every reconnect. Clearing it (an empty
+retained message, as that error advises) delivers an empty message: on ``say``, ``cancel`` and
+``normalize`` an empty payload is ignored (logged), never answered with an error
+(:data:`IGNORED_WHEN_EMPTY`); on ``health`` it still runs the check.
 
 Only requests that came over MQTT have their events on ``event``; socket clients get theirs on
 the socket.
@@ -24,7 +27,8 @@ the socket.
 Home Assistant discovery (``mqtt.discovery``): :mod:`appliance.transports.mqtt_discovery` builds the
 retained configs (one device: say, stop, voice select, sensors, speaking); they are published at
 every connect and when ``<mqtt.discovery_prefix>/status`` says ``online``; the voice select sets
-the voice of ``say`` messages that name none.
+the voice of ``say`` messages that name none (its name, resolved by the pipeline like any
+``voice``; the choice is kept across restarts).
 
 Refusals: a command payload over ``mqtt.max_payload_bytes``, not UTF-8, starting with ``{`` but
 not a valid JSON object, with an unknown field / bad value, ``return_audio`` (not available over
@@ -99,6 +103,10 @@ MAX_QUEUED = 1000
 
 _VOLATILE = ("buffered_ms", "temperature_c", "memory_mib")
 
+IGNORED_WHEN_EMPTY = ("say", "cancel", "normalize")
+"""Command topics on which a zero-byte payload is ignored: it is what clearing a retained message
+there delivers, and no command of theirs is empty."""
+
 
 
 class MQTTBridge:
@@ -134,7 +142,7 @@ class MQTTBridge:
         self._status_lock = threading.Lock()
         self._failures = 0          # failed connection attempts since the last success
 
-        self.client_id = self.m.client_id or f"chattts-{self.m.device_id}"
+        self.client_id = self.m.client_id or f"chattts-{self.m.box_id}"
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
                                   clean_session=self.m.clean_session, protocol=paho.MQTTv311, manual_ack=True)
         self.client.suppress_exceptions = True
@@ -158,7 +166,8 @@ class MQTTBridge:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_message = self._on_message
-        self.discovery: Optional[Discovery] = Discovery(cfg, self.topics) if self.m.discovery else None
+        self.discovery: Optional[Discovery] = (Discovery(cfg, self.topics, cfg.resolve(cfg.service.spool_dir))
+                                               if self.m.discovery else None)
 
     # ------------------------------------------------------------------ life cycle
 
@@ -248,6 +257,10 @@ class MQTTBridge:
     def _command(self, topic: str, payload: bytes, retained: bool = False) -> Optional[Future]:
         """Handle one command; returns the dispatcher's future when one was submitted."""
         kind = topic.rsplit("/", 1)[-1]
+        if not payload and kind in IGNORED_WHEN_EMPTY:
+            # what clearing a retained message delivers (as the error below advises): not a command
+            log.info("mqtt: ignored an empty message on %s (a retained message being cleared)", topic)
+            return None
         req, err = parse_command(kind, payload, self.m.max_payload_bytes)
         if retained:    # replayed by the broker at (re)subscribe: would speak again at every connect
             rid = getattr(req, "id", None) or (err.id if err is not None else None)

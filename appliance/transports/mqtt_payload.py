@@ -1,7 +1,8 @@
 """MQTT topics and payloads: command payload -> request dataclass, event -> payload, and the
 de-duplication of ``say`` ids. No network here (the bridge is :mod:`appliance.transports.mqtt`).
 
-Topics, all under ``<mqtt.topic_prefix>/<mqtt.device_id>/``:
+Topics, all under ``<mqtt.topic_prefix>/<mqtt.device_id>/`` (``device_id`` defaults to one unique
+per box: :attr:`~appliance.config.MQTTConfig.box_id`):
 
 ================ ========= ======== ===============================================================
 topic            direction QoS/ret  payload
@@ -70,7 +71,7 @@ class Topics:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "Topics":
-        return cls(f"{cfg.mqtt.topic_prefix.strip('/')}/{cfg.mqtt.device_id}")
+        return cls(f"{cfg.mqtt.topic_prefix.strip('/')}/{cfg.mqtt.box_id}")
 
     def of(self, leaf: str) -> str:
         """``<base>/<leaf>``, e.g. ``of("say")``."""

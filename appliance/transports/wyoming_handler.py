@@ -99,7 +99,7 @@ class Context:
 
     Attributes:
         dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).
-        voices: voice name -> ``seed:N`` / speaker string (None = ``synthesis.voice``); the first
+        voices: voice name -> the same name (a ``speak`` carries it; the pipeline resolves it); the first
             is the default. channel, priority, play: of every request. streaming:
             ``wyoming.streaming``. max_chars: ``service.max_text_chars``.
     """
@@ -256,7 +256,7 @@ class WyomingHandler(AsyncEventHandler):
             return next(iter(self.ctx.voices.values()))
         if name in self.ctx.voices:
             return self.ctx.voices[name]
-        msg = f"unknown voice {name!r}; this server offers: {', '.join(self.ctx.voices)}"
+        msg = f"unknown voice {name!r}; this box offers: {', '.join(self.ctx.voices)}"
         self._segments.put_nowait(_Fatal(Error(text=msg, code=SpeakerError.code).event()))
         return _BAD
 

@@ -7,7 +7,7 @@ connection is a :class:`~appliance.transports.wyoming_handler.WyomingHandler` (w
 errors, cancel on disconnect), whose requests go through the daemon's dispatcher and scheduler.
 
 ``describe`` is answered with one TTS program, ``chattts-appliance``: its voices are
-``wyoming.voices`` (``seed:N`` presets and upstream speaker strings, by name), languages ``zh``
+config ``voices`` (``seed:N`` presets and upstream speaker strings, by name), languages ``zh``
 and ``en``, the attribution names ChatTTS (2noise) and the licence of its weights (CC BY-NC 4.0,
 non-commercial), and ``supports_synthesize_streaming`` is ``wyoming.streaming``.
 
@@ -19,13 +19,15 @@ Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._
 (what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
 installed (``pip install zeroconf``; without it a warning says so and the server runs anyway).
 A wildcard host (``0.0.0.0``) is advertised with the address of the interface that routes to the
-mDNS group.
+mDNS group. A loopback address (``tcp://127.0.0.1:10200``, as in the shipped ``config.local.yaml``)
+is advertised with a warning that says how to listen on the LAN (:func:`warn_loopback`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -34,6 +36,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..config import Config
+from ..core import version
 from ..errors import ConfigError
 from ..service.dispatch import Dispatcher
 from .socket_server import check_socket_path
@@ -88,25 +91,17 @@ def check_free(cfg: Config) -> None:
             break
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("chattts-appliance")
-    except Exception:  # noqa: BLE001 - running from a checkout that was not installed
-        return "0.1.0"
-
-
 def build_info(cfg: Config) -> Any:
     """The ``info`` event ``describe`` is answered with (module docstring)."""
     from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
 
-    __version__ = _version()
+    __version__ = version()
     att = Attribution(name=ATTRIBUTION[0], url=ATTRIBUTION[1])
     voices = [TtsVoice(name=v.name, attribution=att, installed=True, version=None, languages=list(LANGUAGES),
                        description=v.description or (v.voice if v.voice and v.voice.startswith("seed:")
                                                      else "speaker string" if v.voice
                                                      else f"synthesis.voice ({cfg.synthesis.voice[:24]})"))
-              for v in cfg.wyoming.voices]
+              for v in cfg.voices]
     prog = TtsProgram(name="chattts-appliance", attribution=att, installed=True, version=__version__,
                       description=f"ChatTTS speech appliance {__version__} (code AGPL-3.0; ChatTTS weights "
                                   f"CC BY-NC 4.0, non-commercial use only)",
@@ -128,7 +123,7 @@ class WyomingServer:
         self.cfg = cfg
         self.ctx = Context(
             dispatch=dispatch, info=build_info(cfg),
-            voices={v.name: v.voice for v in w.voices},
+            voices={v.name: v.name for v in cfg.voices},      # names: the pipeline resolves them
             channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
             streaming=w.streaming, max_chars=cfg.service.max_text_chars)
         self.servers: list[Any] = []
@@ -195,6 +190,7 @@ class WyomingServer:
             return
         host, port = tcp[0]
         ip = host if host not in ("0.0.0.0", "::", "") else _route_ip()
+        warn_loopback(ip, port, host)
         name = self.cfg.wyoming.zeroconf_name or f"chattts-{socket.gethostname()}"
         info = AsyncServiceInfo("_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", port=port,
                                 addresses=[socket.inet_aton(ip)], properties={"program": "chattts-appliance"})
@@ -208,6 +204,24 @@ class WyomingServer:
         log.info("wyoming: advertised as %s._wyoming._tcp.local. at %s:%d", name, ip, port)
 
 
+def warn_loopback(ip: str, port: int, host: str) -> bool:
+    """Log a warning when the address to advertise is a loopback one (Home Assistant on another
+    machine cannot reach it; the shipped ``config.local.yaml`` listens on ``127.0.0.1``), saying
+    how to listen on the LAN. Returns True when it warned."""
+    try:
+        loopback = ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        loopback = ip == "localhost"
+    if loopback:
+        why = (f"wyoming.uris listens on {host}" if host not in ("0.0.0.0", "::", "")
+               else "this host has no route to the LAN")
+        log.warning("wyoming.zeroconf: advertising %s:%d, a loopback address (%s): Home Assistant on another "
+                    "machine finds the box but cannot connect. Listen on the LAN: set wyoming.uris to "
+                    "[\"tcp://0.0.0.0:%d\"] (every interface) or tcp://<this box's LAN address>:%d", ip, port, why,
+                    port, port)
+    return loopback
+
+
 def _route_ip() -> str:
     """This host's address on the interface that routes to the mDNS group (127.0.0.1 if none)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -219,8 +233,8 @@ def _route_ip() -> str:
 
 
 def voice_names(cfg: Config) -> list[str]:
-    """Names of the configured voice presets (``wyoming.voices``), default first."""
-    return [v.name for v in cfg.wyoming.voices]
+    """Names of the configured voices (config ``voices``), Wyoming's default first."""
+    return [v.name for v in cfg.voices]
 
 
 __all__ = ["WyomingServer", "check_free", "build_info", "parse_uri", "voice_names"]
