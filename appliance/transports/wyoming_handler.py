@@ -25,15 +25,18 @@ are still answered: the text is collected and spoken at ``synthesize-stop``.
 
 Replies go out in the order the requests came in (one writer task per connection).
 
-Errors (our codes, e.g. ``bad_text``, ``busy``, ``bad_speaker``) become Wyoming ``error`` events
-(``code``, ``text``). A failed one-shot ``synthesize`` (or an unknown voice) sends ``error`` and
-closes this connection, as Wyoming servers do (the client would otherwise wait for audio-stop). In
-a stream, a sentence that fails sends ``error`` and the stream goes on; ``cancelled`` or
-``preempted`` (dropped) ends the stream's audio (the rest of its text is not spoken). An alert that
-preempts a request with ``on_preempt: resume`` restarts it from the beginning: the audio the client
-already has is skipped (same seed, same audio). Unknown event types are ignored. A client that
-disconnects (EOF) has its queued and running requests cancelled. Nothing here can disturb another
-connection.
+Every event is checked before anything is queued (:mod:`.wyoming_frame`); a malformed one gets an
+``error`` (``bad_request``, in plain words) and the connection goes on; inside an open stream the
+error comes before its ``synthesize-stopped``. An event over ``wyoming.max_payload_bytes`` (or a
+header over ``service.max_line_bytes``) gets an ``error`` and the connection is closed, unread.
+A request's errors (``bad_text``, ``busy``, ``bad_speaker``, ...) become ``error`` events; a failed
+one-shot ``synthesize`` (or an unknown voice) then closes the connection, as Wyoming servers do
+(the client would otherwise wait for audio-stop). In a stream, a sentence that fails sends
+``error`` and the stream goes on; ``cancelled`` or ``preempted`` (dropped) ends the stream's audio.
+A request preempted with ``on_preempt: resume`` restarts from the beginning: the audio the client
+already has is skipped (same seed, same audio). Unknown (well-formed) event types are dropped, as
+the protocol asks. A client that disconnects has its queued and running requests cancelled.
+Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
@@ -50,9 +53,8 @@ from wyoming.audio import AudioChunk as WyAudioChunk
 from wyoming.audio import AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event as WyEvent
-from wyoming.info import Describe
+from wyoming.info import Describe, SelectProgram
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -76,6 +78,7 @@ from ..messages.protocol import (
 )
 from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
+from .wyoming_frame import CheckedHandler, FrameError, check_event
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,9 @@ class Context:
         dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).
         voices: voice name -> ``seed:N`` / speaker string (None = ``synthesis.voice``); the first
             is the default. channel, priority, play: of every request. streaming:
-            ``wyoming.streaming``. max_chars: ``service.max_text_chars``.
+            ``wyoming.streaming``. max_chars: ``service.max_text_chars``. max_line:
+            ``service.max_line_bytes`` (longest event header). max_payload:
+            ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
     """
 
     dispatch: Dispatcher
@@ -106,6 +111,8 @@ class Context:
     play: bool
     streaming: bool
     max_chars: int
+    max_line: int = 65536
+    max_payload: int = 1 << 20
 
 
 @dataclass(eq=False)
@@ -147,13 +154,14 @@ class _Fatal:
 _Segment = Union[WyEvent, _Utterance, _Fatal]
 
 
-class WyomingHandler(AsyncEventHandler):
+class WyomingHandler(CheckedHandler):
     """The handler of one Wyoming connection (module docstring). Built by the server's factory
     on the event loop."""
 
     def __init__(self, ctx: Context, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
         self.ctx = ctx
+        self.max_header, self.max_payload = ctx.max_line, ctx.max_payload
         self.name = f"wyoming#{next(_conn_ids)}"
         self._tag = uuid.uuid4().hex[:6]
         self._n = 0
@@ -168,14 +176,25 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ events in
 
     async def handle_event(self, event: WyEvent) -> bool:
-        """Handle one client event; never raises (a bad event becomes an ``error`` event)."""
+        """Handle one client event; never raises (a bad event becomes an ``error`` event).
+        The event is checked before anything is queued."""
+        try:
+            event = check_event(event)
+        except FrameError as e:
+            if event.type == "synthesize-start":   # the stream is answered: error, then its end
+                await self._start_stream(_Utterance(streaming=True, ended=True), None)
+            self.refuse(str(event.type), e)
+            return not self._gone
         try:
             await self._handle(event)
         except Exception as e:  # noqa: BLE001 - one bad event must not end other work
-            code = getattr(e, "code", "bad_request" if isinstance(e, (KeyError, TypeError, ValueError)) else "internal")
-            log.info("%s: %s event refused: %s (%s)", self.name, event.type, e, code)
-            self._segments.put_nowait(Error(text=f"{event.type}: {e}", code=code).event())
+            self.refuse(event.type, e)
         return not self._gone
+
+    def send_error(self, error: WyEvent) -> None:
+        """Inside an open stream before its ``synthesize-stopped`` (the stream goes on), else as
+        the next reply."""
+        (self._stream.utt.requests if self._stream is not None else self._segments).put_nowait(error)
 
     async def _handle(self, event: WyEvent) -> None:
         t = event.type
@@ -190,20 +209,21 @@ class WyomingHandler(AsyncEventHandler):
             voice = self._voice(syn.voice)
             utt = _Utterance(streaming=False)
             self._segments.put_nowait(utt)
-            if voice is not _BAD:
-                text = syn.text or ""
-                for piece in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)):
-                    if piece.strip():
-                        await self._submit(utt, piece, voice)
-            utt.requests.put_nowait(None)
+            try:
+                if voice is not _BAD:
+                    text = syn.text or ""
+                    for piece in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)):
+                        if piece.strip():
+                            await self._submit(utt, piece, voice)
+            finally:                        # the utterance always ends (else its writer would wait)
+                utt.requests.put_nowait(None)
         elif SynthesizeStart.is_type(t):
-            if self._stream is not None:     # a new stream without a stop: end the old one first
-                await self._stop_stream()
-            start = SynthesizeStart.from_event(event)
-            voice = self._voice(start.voice)
-            utt = _Utterance(streaming=True, ended=voice is _BAD)
-            self._stream = _Stream(utt, None if voice is _BAD else voice, SentenceBuffer(self.ctx.max_chars))
-            self._segments.put_nowait(utt)
+            voice = self._voice(SynthesizeStart.from_event(event).voice)
+            await self._start_stream(_Utterance(streaming=True, ended=voice is _BAD), None if voice is _BAD else voice)
+        elif SelectProgram.is_type(t):
+            ours = self.ctx.info.data["tts"][0]["name"]
+            if SelectProgram.from_event(event).name != ours:
+                raise RequestError(f"select-program: this server's one program is {ours!r}")
         elif SynthesizeChunk.is_type(t):
             text = SynthesizeChunk.from_event(event).text
             st = self._stream
@@ -225,6 +245,12 @@ class WyomingHandler(AsyncEventHandler):
             await self._stop_stream()
         else:
             log.debug("%s: ignoring %s event", self.name, t)
+
+    async def _start_stream(self, utt: _Utterance, voice: Optional[str]) -> None:
+        if self._stream is not None:         # a new stream without a stop: end the old one first
+            await self._stop_stream()
+        self._stream = _Stream(utt, voice, SentenceBuffer(self.ctx.max_chars))
+        self._segments.put_nowait(utt)
 
     async def _stop_stream(self) -> None:
         st, self._stream = self._stream, None
@@ -304,6 +330,9 @@ class WyomingHandler(AsyncEventHandler):
         """Forward one utterance's audio; False when the connection must close (a failed one-shot)."""
         started = False
         while (req := await utt.requests.get()) is not None:
+            if isinstance(req, WyEvent):          # an error of an event refused inside the stream
+                await self.write_event(req)
+                continue
             while True:
                 ev, payload = await req.events.get()
                 if isinstance(ev, AudioChunk) and payload and not utt.ended:
@@ -325,7 +354,8 @@ class WyomingHandler(AsyncEventHandler):
                 elif isinstance(ev, ErrorEvent):
                     if utt.ended:
                         break
-                    await self.write_event(Error(text=ev.message, code=ev.code).event())
+                    text = ev.message if ev.code != "internal" else "the server failed to speak this text (its log has the details)"
+                    await self.write_event(Error(text=text, code=ev.code).event())
                     if not utt.streaming:
                         return False
                     if ev.code in _ENDS_STREAM:
@@ -342,12 +372,15 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ end
 
     async def _cancel(self, ids: list[str]) -> None:
-        def ignore(ev: Event, payload: Optional[bytes]) -> None:
-            pass
-
         for rid in ids:
             if rid in self._pending:
-                await self.ctx.dispatch.handle_request(Cancel(id=rid), ignore)
+                await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev, payload: None)
+
+    async def stop_writing(self) -> None:
+        """Before the last error of a fatal one: no more replies (:meth:`disconnect` follows)."""
+        self._gone = True
+        self._writer_task.cancel()
+        await asyncio.gather(self._writer_task, return_exceptions=True)
 
     async def disconnect(self) -> None:
         """The client is gone (EOF, error, or the server stops): cancel what it left running."""
