@@ -219,6 +219,7 @@ class WyomingConfig:
     voices: tuple = _f((WyomingVoiceConfig(),), "Voices offered (list of {name, voice, description}); the first is the default. Also the options of the MQTT voice select.")
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package).")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
+    max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
 
 
 @dataclass(frozen=True)
