@@ -279,9 +279,9 @@ def test_disconnect_cancels_and_errors_disturb_nobody(tiny_ckpt, tmp_path, start
     async def both() -> Talk:
         good = asyncio.create_task(_talk(tcp, [Synthesize(text="仍然在说话。").event()]))
         reader, writer = await asyncio.open_unix_connection(unix[len("unix://"):])
-        writer.write(b"{not json\n")                              # a broken line: that client is dropped
+        writer.write(b'{"type": "synthesize", "data_length": 1000000000}\n')   # over the limit: dropped
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 30) == b""
+        assert b"wyoming.max_payload_bytes" in await asyncio.wait_for(reader.read(), 30)   # the error, then EOF
         writer.close()
         return await good
 

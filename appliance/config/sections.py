@@ -255,6 +255,7 @@ class WyomingConfig:
     streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
+    max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,19 @@ says so. One audio-start / audio-stop pair frames each utterance (also without a
 ``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
 over ``service.max_text_chars`` is cut into sentences the same way. With ``wyoming.streaming:
 false`` the text of a stream is collected and spoken at ``synthesize-stop``. Replies go out in the
-order the requests came in (one writer task per connection).
+order the requests came in (one writer task per connection; :mod:`.wyoming_replies` writes them).
 
-Errors (our codes: ``bad_text``, ``busy``, ``bad_speaker``...) become Wyoming ``error`` events. A
-failed one-shot (or an unknown voice) sends ``error`` and closes the connection, as Wyoming
-servers do. In a stream, a refused sentence sends ``error`` and the stream goes on; ``cancelled``
-or ``preempted`` (dropped) ends the stream's audio. An alert that preempts with ``on_preempt:
-resume`` restarts the request from the beginning: the audio the client already has is skipped
-(same seed, same audio). Unknown event types are ignored. A client that disconnects has its
-requests cancelled. Nothing here can disturb another connection.
+Every event is checked before anything is queued (:mod:`.wyoming_frame`): a malformed one gets an
+``error`` (``bad_request``, in plain words) and the connection goes on. An event over
+``wyoming.max_payload_bytes`` (or a header over ``service.max_line_bytes``) gets an ``error`` and
+the connection is closed, unread. A request's errors (``bad_text``, ``busy``, ``bad_speaker``...)
+become ``error`` events; a failed one-shot (or an unknown voice) then closes the connection, as
+Wyoming servers do. In a stream, a refused event or sentence sends ``error`` at once (between the
+audio, always before ``synthesize-stopped``) and the stream goes on; ``cancelled`` or
+``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
+restarts from the beginning: the audio the client already has is skipped (same seed, same audio).
+Unknown (well-formed) event types are dropped, as the protocol asks. A client that disconnects has
+its requests cancelled. Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
@@ -43,15 +47,12 @@ import itertools
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
-from wyoming.audio import AudioChunk as WyAudioChunk
-from wyoming.audio import AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event as WyEvent
-from wyoming.info import Describe
+from wyoming.info import Describe, SelectProgram
 from wyoming.ping import Ping, Pong
-from wyoming.server import AsyncEventHandler
 from wyoming.tts import (
     Synthesize,
     SynthesizeChunk,
@@ -61,34 +62,16 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from ..audio.wav import to_int16
-from ..core import SAMPLE_RATE, PcmChunk
-from ..errors import (
-    ApplianceError,
-    CancelledError,
-    PreemptedError,
-    RequestError,
-    SpeakerError,
-)
-from ..messages.protocol import (
-    AudioChunk,
-    Cancel,
-    Done,
-    ErrorEvent,
-    Event,
-    Preempted,
-    Speak,
-    error_event,
-)
+from ..core import PcmChunk
+from ..errors import ApplianceError, RequestError, SpeakerError
+from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
 from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
+from .wyoming_frame import CheckedHandler, FrameError, check_event
+from .wyoming_replies import Fatal, Segment, Speech, Utterance, write_utterance
 
 log = logging.getLogger(__name__)
 
-WIDTH, CHANNELS = 2, 1
-"""Wyoming audio format sent: 16-bit samples, mono."""
-
-_ENDS_STREAM = (CancelledError.code, PreemptedError.code)
 _conn_ids = itertools.count(1)
 
 
@@ -101,7 +84,9 @@ class Context:
         dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).
         voices: voice name -> the same name (a ``speak`` carries it; the pipeline resolves it); the first
             is the default. channel, priority, play: of every request. streaming:
-            ``wyoming.streaming``. max_chars: ``service.max_text_chars``.
+            ``wyoming.streaming``. max_chars: ``service.max_text_chars``. max_line:
+            ``service.max_line_bytes`` (longest event header). max_payload:
+            ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
     """
 
     dispatch: Dispatcher
@@ -112,62 +97,33 @@ class Context:
     play: bool
     streaming: bool
     max_chars: int
-
-
-@dataclass(eq=False)
-class _Request:
-    """One ``speak`` of this connection and its events (from the sink, on the loop)."""
-
-    id: str
-    speak: Optional[Speak] = None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    sent: int = 0        # PCM bytes forwarded to the client
-    skip: int = 0        # bytes to drop after a resume (the client has them already)
-
-
-@dataclass(eq=False)
-class _Utterance:
-    """One one-shot ``synthesize`` or stream: its request (another only after the first ended
-    early), None at the end."""
-
-    streaming: bool
-    requests: asyncio.Queue = field(default_factory=asyncio.Queue)
-    ended: bool = False   # cancelled / preempted: the rest is not spoken
-    current: Optional[_Request] = None   # the open request its next sentences are added to
+    max_line: int = 65536
+    max_payload: int = 1 << 20
 
 
 @dataclass
 class _Stream:
     """The open ``synthesize-start`` ... ``synthesize-stop`` of this connection."""
 
-    utt: _Utterance
+    utt: Utterance
     voice: Optional[str]
     text: SentenceBuffer
     collected: list = field(default_factory=list)     # wyoming.streaming false: all text, spoken at stop
 
 
-class _Fatal:
-    """A segment that sends ``error`` and closes the connection."""
-
-    def __init__(self, event: WyEvent) -> None:
-        self.event = event
-
-
-_Segment = Union[WyEvent, _Utterance, _Fatal]
-
-
-class WyomingHandler(AsyncEventHandler):
+class WyomingHandler(CheckedHandler):
     """The handler of one Wyoming connection (module docstring). Built by the server's factory
     on the event loop."""
 
     def __init__(self, ctx: Context, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         super().__init__(reader, writer)
         self.ctx = ctx
+        self.max_header, self.max_payload = ctx.max_line, ctx.max_payload
         self.name = f"wyoming#{next(_conn_ids)}"
         self._tag = uuid.uuid4().hex[:6]
         self._n = 0
         self._loop = asyncio.get_running_loop()
-        self._segments: asyncio.Queue[_Segment] = asyncio.Queue()
+        self._segments: asyncio.Queue[Segment] = asyncio.Queue()
         self._pending: set[str] = set()          # request ids without their done/error yet
         self._stream: Optional[_Stream] = None
         self._gone = False
@@ -177,14 +133,37 @@ class WyomingHandler(AsyncEventHandler):
     # ------------------------------------------------------------------ events in
 
     async def handle_event(self, event: WyEvent) -> bool:
-        """Handle one client event; never raises (a bad event becomes an ``error`` event)."""
+        """Handle one client event; never raises (a bad event becomes an ``error`` event).
+        The event is checked before anything is queued."""
+        try:
+            event = check_event(event)
+        except FrameError as e:
+            if event.type == "synthesize-start":   # the stream is answered: error, then its end
+                await self._start_stream(Utterance(streaming=True, ended=True), None)
+            self.refuse(str(event.type), e)
+            return not self._gone
         try:
             await self._handle(event)
         except Exception as e:  # noqa: BLE001 - one bad event must not end other work
-            code = getattr(e, "code", "bad_request" if isinstance(e, (KeyError, TypeError, ValueError)) else "internal")
-            log.info("%s: %s event refused: %s (%s)", self.name, event.type, e, code)
-            self._segments.put_nowait(Error(text=f"{event.type}: {e}", code=code).event())
+            self.refuse(event.type, e)
         return not self._gone
+
+    def send_error(self, error: WyEvent) -> None:
+        """A refused event's ``error``: inside an open stream among its replies (the stream goes
+        on), else as the next reply."""
+        if self._stream is None:
+            self._segments.put_nowait(error)
+        else:
+            self._error_in(self._stream.utt, error)
+
+    def _error_in(self, utt: Utterance, error: WyEvent) -> None:
+        """``error`` among ``utt``'s replies, in arrival order, before its audio-stop: between the
+        audio of its open request while that runs (the writer is inside it), else after its requests."""
+        req = utt.current
+        if req is not None and req.id in self._pending:
+            req.events.put_nowait((error, None))
+        else:
+            utt.requests.put_nowait(error)
 
     async def _handle(self, event: WyEvent) -> None:
         t = event.type
@@ -197,22 +176,23 @@ class WyomingHandler(AsyncEventHandler):
                 return                      # the whole text again, for servers that do not stream
             syn = Synthesize.from_event(event)
             voice = self._voice(syn.voice)
-            utt = _Utterance(streaming=False)
+            utt = Utterance(streaming=False)
             self._segments.put_nowait(utt)
-            if voice is not _BAD:
-                text = syn.text or ""
-                pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
-                for i, piece in enumerate(pieces):
-                    await self._say(utt, piece, voice, last=i == len(pieces) - 1)
-            self._end_text(utt)
+            try:
+                if voice is not _BAD:
+                    text = syn.text or ""
+                    pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
+                    for i, piece in enumerate(pieces):
+                        await self._say(utt, piece, voice, last=i == len(pieces) - 1)
+            finally:                        # the utterance always ends (else its writer would wait)
+                self._end_text(utt)
         elif SynthesizeStart.is_type(t):
-            if self._stream is not None:     # a new stream without a stop: end the old one first
-                await self._stop_stream()
-            start = SynthesizeStart.from_event(event)
-            voice = self._voice(start.voice)
-            utt = _Utterance(streaming=True, ended=voice is _BAD)
-            self._stream = _Stream(utt, None if voice is _BAD else voice, SentenceBuffer(self.ctx.max_chars))
-            self._segments.put_nowait(utt)
+            voice = self._voice(SynthesizeStart.from_event(event).voice)
+            await self._start_stream(Utterance(streaming=True, ended=voice is _BAD), None if voice is _BAD else voice)
+        elif SelectProgram.is_type(t):
+            ours = self.ctx.info.data["tts"][0]["name"]
+            if SelectProgram.from_event(event).name != ours:
+                raise RequestError(f"select-program: this server's one program is {ours!r}")
         elif SynthesizeChunk.is_type(t):
             text = SynthesizeChunk.from_event(event).text
             st = self._stream
@@ -234,6 +214,12 @@ class WyomingHandler(AsyncEventHandler):
             await self._stop_stream()
         else:
             log.debug("%s: ignoring %s event", self.name, t)
+
+    async def _start_stream(self, utt: Utterance, voice: Optional[str]) -> None:
+        if self._stream is not None:         # a new stream without a stop: end the old one first
+            await self._stop_stream()
+        self._stream = _Stream(utt, voice, SentenceBuffer(self.ctx.max_chars))
+        self._segments.put_nowait(utt)
 
     async def _stop_stream(self) -> None:
         st, self._stream = self._stream, None
@@ -257,10 +243,10 @@ class WyomingHandler(AsyncEventHandler):
         if name in self.ctx.voices:
             return self.ctx.voices[name]
         msg = f"unknown voice {name!r}; this box offers: {', '.join(self.ctx.voices)}"
-        self._segments.put_nowait(_Fatal(Error(text=msg, code=SpeakerError.code).event()))
+        self._segments.put_nowait(Fatal(Error(text=msg, code=SpeakerError.code).event()))
         return _BAD
 
-    async def _say(self, utt: _Utterance, text: str, voice: Optional[str], last: bool = False) -> None:
+    async def _say(self, utt: Utterance, text: str, voice: Optional[str], last: bool = False) -> None:
         """The next sentence(s) of ``utt``: added to its open request, or the request is opened
         with them (``last``: nothing follows, so it opens closed)."""
         if utt.ended or self._gone:
@@ -272,11 +258,11 @@ class WyomingHandler(AsyncEventHandler):
                     return
             except ApplianceError as e:          # this sentence is refused; the utterance goes on
                 log.info("%s: a sentence of %s refused: %s (%s)", self.name, req.id, e, e.code)
-                req.events.put_nowait((error_event(e, req.id), _NOTE))
+                self._error_in(utt, Error(text=str(e), code=e.code).event())
                 return
             utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
-        req = _Request(id=f"wy-{self._tag}-{self._n}")
+        req = Speech(id=f"wy-{self._tag}-{self._n}")
         utt.requests.put_nowait(req)          # its place in the reply order is fixed now
         self._pending.add(req.id)
         c = self.ctx
@@ -290,21 +276,21 @@ class WyomingHandler(AsyncEventHandler):
         if self._gone:                        # the client left while it was being prepared
             await self._cancel([req.id])
 
-    def _end_text(self, utt: _Utterance) -> None:
+    def _end_text(self, utt: Utterance) -> None:
         """The utterance has all its text: close its open request; no more requests follow."""
         if utt.current is not None:
             self.ctx.dispatch.close_text(utt.current.id)
             utt.current = None
         utt.requests.put_nowait(None)
 
-    def _sink(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
+    def _sink(self, req: Speech, ev: Event, payload: Optional[PcmChunk]) -> None:
         """The request's EventSink: any thread -> the loop (never blocks, never raises)."""
         try:
             self._loop.call_soon_threadsafe(self._on_event, req, ev, payload)
         except RuntimeError:      # the loop is closed: the daemon is gone
             pass
 
-    def _on_event(self, req: _Request, ev: Event, payload: Optional[PcmChunk]) -> None:
+    def _on_event(self, req: Speech, ev: Event, payload: Optional[PcmChunk]) -> None:
         if isinstance(ev, (Done, ErrorEvent)):
             self._pending.discard(req.id)
         req.events.put_nowait((ev, payload))
@@ -315,12 +301,12 @@ class WyomingHandler(AsyncEventHandler):
         try:
             while True:
                 seg = await self._segments.get()
-                if isinstance(seg, _Fatal):
+                if isinstance(seg, Fatal):
                     await self.write_event(seg.event)
                     await self.stop()
                     return
-                if isinstance(seg, _Utterance):
-                    if not await self._write_utterance(seg):
+                if isinstance(seg, Utterance):
+                    if not await write_utterance(seg, self.write_event, lambda: self._cancel(list(self._pending))):
                         await self.stop()
                         return
                 else:
@@ -330,56 +316,18 @@ class WyomingHandler(AsyncEventHandler):
         except asyncio.CancelledError:
             pass
 
-    async def _write_utterance(self, utt: _Utterance) -> bool:
-        """Forward one utterance's audio; False when the connection must close (a failed one-shot)."""
-        started = False
-        while (req := await utt.requests.get()) is not None:
-            while True:
-                ev, payload = await req.events.get()
-                if isinstance(ev, AudioChunk) and isinstance(payload, PcmChunk) and not utt.ended:
-                    data = to_int16(payload.samples).tobytes()      # encoded once, here
-                    if req.skip:
-                        cut = min(req.skip, len(data))
-                        data, req.skip = data[cut:], req.skip - cut
-                    if not data:
-                        continue
-                    if not started:
-                        await self.write_event(AudioStart(rate=ev.rate, width=WIDTH, channels=CHANNELS).event())
-                        started = True
-                    await self.write_event(WyAudioChunk(rate=ev.rate, width=WIDTH, channels=CHANNELS, audio=data).event())
-                    req.sent += len(data)
-                elif payload is _NOTE:          # a refused sentence (not the end of the request)
-                    if not utt.ended:
-                        await self.write_event(Error(text=ev.message, code=ev.code).event())
-                    if not utt.streaming:
-                        return False
-                elif isinstance(ev, Preempted) and ev.action == "resume":
-                    req.skip = req.sent           # it starts again from the beginning: same audio
-                elif isinstance(ev, Done):
-                    break
-                elif isinstance(ev, ErrorEvent):
-                    if utt.ended:
-                        break
-                    await self.write_event(Error(text=ev.message, code=ev.code).event())
-                    if not utt.streaming:
-                        return False
-                    if ev.code in _ENDS_STREAM:
-                        utt.ended = True
-                        await self._cancel([r for r in self._pending])   # its later sentences
-                    break
-        if not started:
-            await self.write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
-        await self.write_event(AudioStop().event())
-        if utt.streaming:
-            await self.write_event(SynthesizeStopped().event())
-        return True
-
     # ------------------------------------------------------------------ end
 
     async def _cancel(self, ids: list[str]) -> None:
         for rid in ids:
             if rid in self._pending:
                 await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev, payload: None)
+
+    async def stop_writing(self) -> None:
+        """Before the last error of a fatal one: no more replies (:meth:`disconnect` follows)."""
+        self._gone = True
+        self._writer_task.cancel()
+        await asyncio.gather(self._writer_task, return_exceptions=True)
 
     async def disconnect(self) -> None:
         """The client is gone (EOF, error, or the server stops): cancel what it left running."""
@@ -395,4 +343,3 @@ class WyomingHandler(AsyncEventHandler):
 
 
 _BAD = object()      # marker: the requested voice does not exist (a fatal error was queued)
-_NOTE = object()     # payload marker of an ``error`` that does not end its request (a refused sentence)

@@ -15,6 +15,10 @@ Listening: every URI of ``wyoming.uris`` (``tcp://HOST:PORT``, ``unix://PATH``; 
 is taken from the config file's directory). :func:`check_free` runs before the model loads, so a
 port or socket in use stops the start at once. UNIX sockets get ``service.socket_mode``.
 
+Limits: an event header line of at most ``service.max_line_bytes``, data + payload of one event
+at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
+(:mod:`.wyoming_frame`).
+
 Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
 (what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
 installed (``pip install zeroconf``; without it a warning says so and the server runs anyway).
@@ -125,7 +129,8 @@ class WyomingServer:
             dispatch=dispatch, info=build_info(cfg),
             voices={v.name: v.name for v in cfg.voices},      # names: the pipeline resolves them
             channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
-            streaming=w.streaming, max_chars=cfg.service.max_text_chars)
+            streaming=w.streaming, max_chars=cfg.service.max_text_chars,
+            max_line=cfg.service.max_line_bytes, max_payload=w.max_payload_bytes)
         self.servers: list[Any] = []
         self._zc: Any = None
         self._zc_info: Any = None

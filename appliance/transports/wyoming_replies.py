@@ -1,0 +1,131 @@
+"""What one Wyoming connection sends back, in the order the client's events came: the writer's half
+of :mod:`.wyoming_handler`.
+
+The handler queues *segments*: a ready Wyoming event (``info``, ``pong``, an ``error``), an
+:class:`Utterance` (a one-shot ``synthesize`` or a stream), or a :class:`Fatal` (an ``error``
+after which the connection closes). An utterance holds its :class:`Speech` items in order (one
+``speak`` request, another only after the first ended early) and, between them, the ``error`` of
+an event refused while none of them ran; None ends it. A speech's events come from the
+dispatcher's sink; an ``error`` of a refused event or sentence can be put among them, so it is
+written at once, between the audio. :func:`write_utterance` turns one utterance into::
+
+    audio-start, audio-chunk* (16-bit mono PCM at 24000 Hz, encoded once here), [error*],
+    audio-stop, [synthesize-stopped: a stream]
+
+One audio-start / audio-stop pair frames each utterance (also without audio). A speech preempted
+with ``on_preempt: resume`` restarts from its beginning: the bytes the client already has are
+skipped (same seed, same audio). ``cancelled`` or ``preempted`` (dropped) ends a stream's audio
+(its later sentences are cancelled); any other error of a one-shot ends the connection, as Wyoming
+servers do. An ``internal`` error is sent without its Python text (the log has it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Optional, Union
+
+from wyoming.audio import AudioChunk as WyAudioChunk
+from wyoming.audio import AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event as WyEvent
+from wyoming.tts import SynthesizeStopped
+
+from ..audio.wav import to_int16
+from ..core import SAMPLE_RATE, PcmChunk
+from ..errors import CancelledError, PreemptedError
+from ..messages.protocol import AudioChunk, Done, ErrorEvent, Preempted, Speak
+
+WIDTH, CHANNELS = 2, 1
+"""Wyoming audio format sent: 16-bit samples, mono."""
+
+ENDS_STREAM = (CancelledError.code, PreemptedError.code)
+"""Error codes that end a stream's audio (the rest of its text is not spoken)."""
+
+
+@dataclass(eq=False)
+class Speech:
+    """One ``speak`` request of a connection and its events ``(event, PcmChunk | None)`` from the
+    sink, on the loop (or ``(error WyEvent, None)``: a refused event or sentence, not its end)."""
+
+    id: str
+    speak: Optional[Speak] = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    sent: int = 0        # PCM bytes forwarded to the client
+    skip: int = 0        # bytes to drop after a resume (the client has them already)
+
+
+@dataclass(eq=False)
+class Utterance:
+    """One one-shot ``synthesize`` or stream: its speeches (and errors between them), None at the end."""
+
+    streaming: bool
+    requests: asyncio.Queue = field(default_factory=asyncio.Queue)
+    ended: bool = False   # cancelled / preempted: the rest is not spoken
+    current: Optional[Speech] = None   # the open request its next sentences are added to
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A segment that sends ``error`` and closes the connection."""
+
+    event: WyEvent
+
+
+Segment = Union[WyEvent, Utterance, Fatal]
+
+
+async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Awaitable[None]],
+                          end_stream: Callable[[], Awaitable[None]]) -> bool:
+    """Forward one utterance (module docstring) with ``write_event``; ``end_stream`` cancels the
+    requests still running when a stream's audio ends. False when the connection must close (a
+    failed one-shot)."""
+    started = False
+    while (req := await utt.requests.get()) is not None:
+        if isinstance(req, WyEvent):          # an error while none of its speeches ran
+            await write_event(req)
+            if not utt.streaming:             # a refused sentence of a one-shot ends it
+                return False
+            continue
+        while True:
+            ev, payload = await req.events.get()
+            if isinstance(ev, AudioChunk) and isinstance(payload, PcmChunk) and not utt.ended:
+                data = to_int16(payload.samples).tobytes()      # encoded once, here
+                if req.skip:
+                    cut = min(req.skip, len(data))
+                    data, req.skip = data[cut:], req.skip - cut
+                if not data:
+                    continue
+                if not started:
+                    await write_event(AudioStart(rate=ev.rate, width=WIDTH, channels=CHANNELS).event())
+                    started = True
+                await write_event(WyAudioChunk(rate=ev.rate, width=WIDTH, channels=CHANNELS, audio=data).event())
+                req.sent += len(data)
+            elif isinstance(ev, WyEvent):       # a refused event or sentence, not the speech's end
+                await write_event(ev)
+                if not utt.streaming:
+                    return False
+            elif isinstance(ev, Preempted) and ev.action == "resume":
+                req.skip = req.sent           # it starts again from the beginning: same audio
+            elif isinstance(ev, Done):
+                break
+            elif isinstance(ev, ErrorEvent):
+                if utt.ended:
+                    break
+                text = ev.message if ev.code != "internal" else "the server failed to speak this text (its log has the details)"
+                await write_event(Error(text=text, code=ev.code).event())
+                if not utt.streaming:
+                    return False
+                if ev.code in ENDS_STREAM:
+                    utt.ended = True
+                    await end_stream()        # its later sentences
+                break
+    if not started:
+        await write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
+    await write_event(AudioStop().event())
+    if utt.streaming:
+        await write_event(SynthesizeStopped().event())
+    return True
+
+
+__all__ = ["Speech", "Utterance", "Fatal", "Segment", "write_utterance", "WIDTH", "CHANNELS"]
