@@ -3,7 +3,8 @@
 # no settings changed beyond paths (backend auto, model.dtype auto, model.compile auto, the 1500 MiB
 # budget). Starts the daemon, times READY, sends 10 requests, reads `status` (memory_kind,
 # memory_mib, host_rss_mib) before and after, and stops it. Results (log, status JSON) under $OUT.
-# Usage: bench/gpu_shipped.sh [extra YAML lines appended to the model: section, e.g. "  compile: off"]
+# Usage: bench/gpu_shipped.sh [KEY=VALUE ...]   model: settings to change, e.g. compile=off max_seq_len=512
+#        (ENG=DIR: an engine directory built before, e.g. by engines compile)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out/gpu_shipped}
@@ -13,17 +14,14 @@ export PYTHONPATH=${PYTHONPATH:-}:$PWD
 D=/tmp/shipped
 mkdir -p $D
 ENG=${ENG:-$D/engines}
+mkdir -p "$ENG"
 sed -e "s#^  path: models/chattts #  path: $CKPT #" -e "s#^  engine_dir: engines/build #  engine_dir: $ENG #" \
     -e "s#^  socket: /run/chattts-appliance/appliance.sock#  socket: $D/appliance.sock#" \
     -e "s#^  spool_dir: spool #  spool_dir: $D/spool #" -e "s#^  wav_dir: out#  wav_dir: $D/out#" config.yaml > $D/config.yaml
-if [ -n "${1:-}" ]; then
-  python3 - "$D/config.yaml" "$1" <<'PY'
-import sys
-p, extra = sys.argv[1], sys.argv[2]
-t = open(p).read().replace("model:\n", "model:\n" + extra.replace("\\n", "\n") + "\n", 1)
-open(p, "w").write(t)
-PY
-fi
+for kv in "$@"; do   # KEY=VALUE settings of the model: section replace the shipped lines (e.g. compile=off)
+  k=${kv%%=*} v=${kv#*=}
+  sed -i "s#^  $k: [^#]*#  $k: $v   #" $D/config.yaml
+done
 grep -n "path:\|engine_dir:\|socket:\|dtype:\|compile:\|memory_budget_mb:" $D/config.yaml | head -8
 t0=$(date +%s.%N)
 python3 -m appliance serve --config $D/config.yaml > "$OUT/daemon.log" 2>&1 &
