@@ -91,8 +91,9 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
 
         mode, why = compile_mode(cfg.model.compile)
         log.info("decode step: %s", why)
-        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant, compile=mode or False,
-                          compile_cache=str(cfg.resolve(cfg.model.engine_dir) / "torch_compile") if mode else None)
+        eng = cfg.resolve(cfg.model.engine_dir)
+        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant, compile=mode or False, aot_dir=str(eng / "aot"),
+                          compile_cache=str(eng / "torch_compile") if mode not in (None, "aot") else None)
     return TorchRunner(cfg, reason=reason)
 
 
