@@ -231,8 +231,8 @@ class JournalConfig:
 class SafetyConfig:
     """Integrity checks, the per-request watchdog and client limits."""
 
-    verify_checkpoint: bool = _f(True, "Check the sha256 of every checkpoint file at start (against SHA256SUMS.json beside asset/, else upstream's published sums); a mismatch refuses to start.")
-    cache_dir: str = _f("cache", "Where the checkpoint sum cache is kept (a file whose size and mtime did not change is not hashed again); relative to the config file; systemd: /var/cache/chattts-appliance.")
+    verify_checkpoint: bool = _f(True, "Check the sha256 of every weight file as it is loaded: the checkpoint's files against SHA256SUMS.json beside asset/ (else upstream's published sums), ONNX graphs, their data and TensorRT plans against their manifest.json; a mismatch refuses to start and names the file.")
+    cache_dir: str = _f("cache", "A directory for the daemon's caches; relative to the config file; systemd: /var/cache/chattts-appliance. (Checkpoint sums are no longer cached: a cache keyed by size and mtime cannot see bit rot.)")
     stall_s: float = _f(60.0, "A request that is synthesizing but made no progress (no decode step, no audio) for this long is ended with engine_error and its slot freed, s.", min=1.0, max=86400.0)
     max_requests_per_s: float = _f(5.0, "Requests (speak, health) one socket client (peer process) may send per second on average; more get 'rate_limited'. 0 = no limit.", min=0.0, max=1e6)
     request_burst: int = _f(20, "Requests a client may send at once before max_requests_per_s applies.", min=1, max=1 << 20)

@@ -39,14 +39,12 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..config import Config
 from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
-from ..model.checkpoint import load_model
+from ..model.checkpoint import load_model, release_host_memory
 from ..model.kv import DecodeRows, PrefillSlot
-from ..model.quant import quantize_
 from ..model.stream import decoder_stream, vocos_stream
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
 from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
@@ -125,16 +123,12 @@ class CudaRunner(Runner):
         self.dtype, precision = _DTYPES[mc.dtype]
         dt = self.dtype
         path = cfg.resolve(mc.path)
-        try:
-            m = load_model(path, "cpu", torch.float32)  # fp32 on the host; quantized/converted before the copy
-            m.embed.head_text = nn.Identity()  # no text mode here (saves 32 MB at full size)
-            if quant:
-                quantize_(m.gpt, quant)
-            m.gpt.to(dtype=dt)   # the Decoder and Vocos stay FP32 (module doc)
-            m.embed.to(dtype=dt)
-            self.model = m.to(dev)
+        try:  # tensor by tensor onto the device in the final dtype; Decoder and Vocos FP32 (module doc)
+            self.model = load_model(path, dev, dt, vocoder_dtype=torch.float32, quant=quant, text_head=False,
+                                    verify=cfg.safety.verify_checkpoint)  # no text mode here: no text head
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {dev} failed: {e}") from e
+        self.weight_files = list(self.model.verified_files)
         s = self.shapes = self.model.shapes
         if mc.max_seq_len > s.max_pos:
             raise CapacityError(f"model.max_seq_len {mc.max_seq_len} exceeds the checkpoint's max_position_embeddings {s.max_pos}")
@@ -213,6 +207,7 @@ class CudaRunner(Runner):
             for row in range(S):
                 self._begin_graph(row)
             self._reset_state()
+        release_host_memory()  # what the captures and compilation freed on the host, before ready
         log.info("cuda runner: %s %s%s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s",
                  dev, self.info.precision, f" compiled ({mode})" if mode else "", S, Lmax, weight_bytes / 2**20,
                  self.kv_bytes / 2**20, self.seam.cuda, self.buckets)
