@@ -296,7 +296,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     asm = Assembler(m, dev, {"gpt": dtype, "embed": dtype, "decoder": voc, "vocos": voc}, quant=quant, text_head=text_head)
     buf = np.empty(CHUNK_BYTES, np.uint8)
     for part, rel in PARTS:
-        digest = ck.files[part].stream(asm.sink(part), asm.wanted(part), buf=buf)
+        digest = ck.files[part].stream(asm.sink(part), asm.wanted(part), buf=buf, digest=verify)
         if sums is not None:
             verified.append((ck.asset / rel, sums.check(rel, digest)))
     del buf

@@ -141,7 +141,7 @@ class TensorFile:
         return {e.name: e.shape for e in self.entries}
 
     def stream(self, sink: Optional[Sink], wanted: Callable[[str], bool] = lambda name: True,
-               chunk_bytes: int = CHUNK_BYTES, buf: Optional[np.ndarray] = None) -> str:
+               chunk_bytes: int = CHUNK_BYTES, buf: Optional[np.ndarray] = None, digest: bool = True) -> str:
         """Read the whole file once in file order, hash it, and pass the wanted tensors to ``sink``.
 
         Args:
@@ -149,6 +149,7 @@ class TensorFile:
             wanted: which tensors go to ``sink`` (the others are read and hashed only).
             chunk_bytes: read size (rounded down to whole rows, at least one row).
             buf: a reusable ``uint8`` buffer (grown if a row does not fit).
+            digest: hash the file (False: only read it, and return ``""``).
 
         Returns:
             the hex sha256 of the whole file (header and data).
@@ -173,14 +174,15 @@ class TensorFile:
                     for r0 in range(0, e.rows, per):
                         n = (min(e.rows, r0 + per) - r0) * e.row_bytes
                         _read_exactly(f, view[:n], self.path)
-                        h.update(view[:n])
+                        if digest:
+                            h.update(view[:n])
                         if take:
                             sink(e, r0, buf[:n])
                 if f.read(1):
                     raise CheckpointError(f"{self.path} grew while it was read: read it again")
         except OSError as e:
             raise CheckpointError(f"cannot read {self.path}: {e}") from e
-        return h.hexdigest()
+        return h.hexdigest() if digest else ""
 
 
 def _read_exactly(f, view: memoryview, path: Path) -> None:

@@ -79,8 +79,9 @@ def periodicity(x: np.ndarray, rate: int, max_lag_ms: float = DEFAULT.max_lag_ms
     neg = np.flatnonzero(r < 0)
     if neg.size == 0:
         return 0.0, 0.0
-    tail = r[neg[0]:]
-    k = int(neg[0] + np.flatnonzero(tail >= tail.max() - 0.02)[0])  # the first near-maximum: the fundamental
+    k = int(neg[0] + np.flatnonzero(r[neg[0]:] >= r[neg[0]:].max() - 0.05)[0])
+    while k < lmax and r[k + 1] > r[k]:  # the top of the first near-maximal peak: the fundamental
+        k += 1
     return float(r[k]), k / rate
 
 
