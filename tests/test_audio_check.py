@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.synth.audio_check import DEFAULT, audio_problems, lsd_db, periodicity, rms_dbfs
+from appliance.synth.audio_check import (
+    DEFAULT,
+    audio_problems,
+    lsd_db,
+    periodicity,
+    rms_dbfs,
+)
 
 RATE = 24000
 T = np.arange(3 * RATE) / RATE
