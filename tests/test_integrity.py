@@ -114,7 +114,7 @@ def test_the_daemons_load_refuses_a_flipped_bit_before_anything_is_used(tmp_path
 
     root = _random_ckpt(tmp_path / "ck")
     flip_safetensors_weight(root / "asset" / "gpt" / "model.safetensors")
-    with pytest.raises(IntegrityError, match="model.safetensors failed its integrity check"):
+    with pytest.raises(IntegrityError, match="model.safetensors: sha256"):
         Pipeline.from_config(_config(root, tmp_path))
     cfg = _config(root, tmp_path)                                   # the CUDA runner's load path, on this CPU
     from appliance.engines.cuda_runner import CudaRunner

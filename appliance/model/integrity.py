@@ -119,8 +119,8 @@ def _hint(root: Path, source: str) -> str:
 
 def mismatch(f: Path, got: str, want: str, source: str, todo: str) -> IntegrityError:
     """The error for a file whose sha256 ``got`` differs from ``want`` (recorded in ``source``)."""
-    return IntegrityError(f"{f} failed its integrity check: sha256 {got}, expected {want} (recorded in {source}). "
-                          f"The file is corrupted or was changed: {todo}")
+    return IntegrityError(f"a weight file failed its integrity check: {f}: sha256 {got}, expected {want} (recorded "
+                          f"in {source}). The file is corrupted or was changed: {todo}")
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,8 @@ def verify_for_config(cfg, asset: Path) -> list[tuple[Path, str]]:
         CheckpointError, IntegrityError: see :func:`verify_files`.
     """
     if not cfg.safety.verify_checkpoint:
-        log.warning("weight integrity checks are off (safety.verify_checkpoint: false)")
+        log.warning("checkpoint integrity check is off (safety.verify_checkpoint: false): no weight file is "
+                    "compared with its sha256")
         return []
     return verify_files(asset, SMALL_FILES)
 
