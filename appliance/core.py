@@ -13,6 +13,7 @@ The layers (imports only point down; ``tests/test_layering.py`` keeps it so)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Optional, Union
 
 import numpy as np
@@ -30,6 +31,15 @@ SAMPLES_PER_TOKEN = 512
 #: Mel bins of the Decoder output and FFT size of the Vocos head.
 N_MELS = 100
 N_FFT = 1024
+
+
+def version() -> str:
+    """This package's version: the installed distribution's, else (a checkout that was not
+    installed) the one ``pyproject.toml`` held when this was written."""
+    try:
+        return metadata.version("chattts-appliance")
+    except metadata.PackageNotFoundError:
+        return "0.1.0"
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ def run(args, legacy: bool) -> dict:
         from appliance.tts.generate import Sequence
         from appliance.tts.pipeline import Pipeline
 
-        from appliance.service.protocol import Speak as Req
-        from appliance.service.protocol import SynthParams
+        from appliance.messages.protocol import Speak as Req
+        from appliance.messages.protocol import SynthParams
     else:
         from appliance.core import SynthesisRequest as Req
         from appliance.core import SynthParams

@@ -135,7 +135,7 @@ def section_env(rep, args, torch):
 
 def _request(text, rid, seed, steps):
     if LEGACY:
-        from appliance.service.protocol import Speak, SynthParams
+        from appliance.messages.protocol import Speak, SynthParams
 
         return Speak(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
     from appliance.core import SynthesisRequest, SynthParams

@@ -276,7 +276,7 @@ def expected_pcm(pipeline, text: str, seed: int, voice: Optional[str] = None) ->
 
 
 def resample_like_daemon(pcm: np.ndarray, rate: int) -> np.ndarray:
-    """24000 Hz -> ``rate`` exactly as :mod:`appliance.service.sound` does (soxr HQ stream)."""
+    """24000 Hz -> ``rate`` exactly as :mod:`appliance.audio.output` does (soxr HQ stream)."""
     if rate == 24000:
         return pcm
     import soxr

@@ -102,3 +102,32 @@ def test_multi_sentence_job_batched_keeps_order(pipe):
     tasks, outs = _run_batched(pipe, jobs)
     assert tasks[0].state == "done" and tasks[0].max_rows == 2
     _close(outs[0], want)
+
+
+def test_an_open_job_waits_for_its_next_sentences_and_ends_when_closed(pipe):
+    """A job whose text still arrives (an utterance streamed in pieces): after its last sentence
+    it waits (no decode row, the engine has no work), takes the sentences added meanwhile in
+    order, and ends once closed; its PCM equals the whole text synthesized as one job."""
+    whole = pipe.prepare(SynthesisRequest(text="你好。今天天气很好。我们去公园散步吧。", id="whole", seed=21))
+    want = np.concatenate([c.samples for c in pipe.run(whole)])
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="open", seed=21))
+    job.open = True
+    out: list = []
+    eng = pipe.engine
+    task = eng.add(job, lambda c: out.append(c.samples))
+    rest = ["今天天气很好。", "我们去公园散步吧。"]
+    steps = 0
+    while not task.finished:
+        if task.state == "waiting":
+            assert not eng.runnable and not pipe.loop.active        # nothing to do until text comes
+            if rest:
+                job.extend(pipe.prepare(SynthesisRequest(text=rest.pop(0), id="open", seed=99)))
+            else:
+                job.close()
+            assert eng.runnable
+        eng.step()
+        steps += 1
+        assert steps < 10_000
+    assert task.state == "done" and job.sentences == ["你好。", "今天天气很好。", "我们去公园散步吧。"]
+    _close(np.concatenate(out), want)
+    assert not eng.tasks and eng.free == eng.capacity

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from appliance.audio.output import AudioOutput
 from appliance.config import config_from_dict
 from appliance.core import SynthParams
-from appliance.service.protocol import Speak
-from appliance.service.scheduler import Item
-from appliance.service.sound import AudioOutput
-from appliance.service.throttle import Level, Throttle
+from appliance.messages.protocol import Speak
+from appliance.ops.throttle import Level, Throttle
+from appliance.service.request import Request as Item
 from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
 

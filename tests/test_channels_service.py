@@ -208,7 +208,7 @@ def test_device_gone_then_back_playback_resumes(three, service_pipeline):
     import os
     import signal
 
-    from appliance.service.sound_device import REOPEN_INTERVAL_S
+    from appliance.audio.device import REOPEN_INTERVAL_S
 
     d, files = three
     raw = str(files["rear"].raw)

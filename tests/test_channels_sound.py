@@ -18,8 +18,8 @@ _SCRIPT = """
 import sys, threading
 import numpy as np
 from pathlib import Path
-from appliance.service.sound_device import DeviceOutput
-from appliance.service.sound_request import RequestAudio
+from appliance.audio.device import DeviceOutput
+from appliance.audio.request import RequestAudio
 dev = DeviceOutput(None, 24000, 50.0, mode=sys.argv[2])
 dev.open()
 tmp = Path(sys.argv[1])

@@ -113,3 +113,50 @@ def test_commands_that_need_a_config_say_where_they_looked(tmp_path, argv):
     assert f"chattts-appliance {argv[0]}: error: no config file found; looked for --config" in r.stderr
     assert "./config.local.yaml, ./config.yaml" in r.stderr and "pass --config PATH" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("key, value", [
+    ("device_id", "+"), ("device_id", "box/1"), ("device_id", "a#"), ("device_id", "a\x00b"), ("device_id", ""),
+    ("topic_prefix", "home/+"), ("topic_prefix", "#"), ("topic_prefix", "x\x00"), ("topic_prefix", ""),
+    ("topic_prefix", "/"), ("discovery_prefix", "ha/#"),
+])
+def test_mqtt_topic_parts_that_break_topics_are_refused_naming_the_key(key, value):
+    """'+'/'#' would subscribe to other boxes' topics, NUL and '' make the broker drop the client
+    (the daemon said 'ready' and reconnected for ever): refused at load."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"mqtt": {key: value}})
+    assert f"mqtt.{key}" in str(e.value)
+    config_from_dict({"mqtt": {"topic_prefix": "home/tts", "device_id": "car-1"}})     # levels in the prefix are fine
+
+
+def test_mqtt_device_id_defaults_to_one_per_box(tmp_path, monkeypatch):
+    """Default device_id: the host name plus a digest of /etc/machine-id (two boxes with the
+    image's host name still differ), only topic-safe characters, stable; never 'appliance'."""
+    from appliance.config import default_device_id
+    m = Config().mqtt
+    assert m.device_id is None and m.box_id == default_device_id() != "appliance"
+    assert m.box_id == Config().mqtt.box_id                              # stable
+    import socket as socket_mod
+    monkeypatch.setattr(socket_mod, "gethostname", lambda: "Ubuntu.local")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("0123456789abcdef0123456789abcdef\n")
+    b.write_text("fedcba9876543210fedcba9876543210\n")
+    ida, idb = default_device_id.__wrapped__(str(a)), default_device_id.__wrapped__(str(b))
+    assert ida != idb and ida.startswith("ubuntu-local-") and len(ida) == len("ubuntu-local-") + 6
+    assert "0123456789" not in ida                                        # the machine id itself is not published
+    assert default_device_id.__wrapped__(str(tmp_path / "missing")) == "ubuntu-local"
+    cfg = config_from_dict({"mqtt": {"device_id": ida}})                  # and it passes the topic checks
+    assert cfg.mqtt.box_id == ida
+
+
+def test_voices_top_level_and_the_old_wyoming_name():
+    calm = {"name": "calm", "voice": "seed:11"}
+    assert [v.name for v in config_from_dict({"voices": [{"name": "default"}, calm]}).voices] == ["default", "calm"]
+    old = config_from_dict({"wyoming": {"voices": [calm], "enabled": False}})
+    assert [(v.name, v.voice) for v in old.voices] == [("calm", "seed:11")]
+    with pytest.raises(ConfigError, match="both set"):
+        config_from_dict({"voices": [calm], "wyoming": {"voices": [calm]}})
+    with pytest.raises(ConfigError, match=r"^wyoming\.voices"):         # the key as written
+        config_from_dict({"wyoming": {"voices": [calm, calm]}})
+    with pytest.raises(ConfigError, match=r"^voices: \['seed:2'\]"):    # a name is never a voice string
+        config_from_dict({"voices": [{"name": "seed:2"}]})

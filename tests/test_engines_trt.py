@@ -101,7 +101,7 @@ def _gpu() -> bool:
 
 
 def test_cli_build_reports_memory_and_refuses_fp8_for_orin(fp16_plans, capsys, tmp_path):
-    from appliance.cli import main
+    from appliance.cli.main import main
 
     root, _ = fp16_plans
     cfg = tmp_path / "config.yaml"

@@ -133,10 +133,10 @@ def test_full_disk_for_the_journal_refuses_new_requests_and_keeps_speaking(tiny_
 
 
 def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, tmp_path):
+    from appliance.audio.output import AudioOutput
     from appliance.core import SynthParams
-    from appliance.service.protocol import Speak
-    from appliance.service.scheduler import Item
-    from appliance.service.sound import AudioOutput
+    from appliance.messages.protocol import Speak
+    from appliance.service.request import Request as Item
     from appliance.service.worker import Worker
     from appliance.synth.pipeline import Pipeline
 

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.errors import ApplianceError
-from appliance.service.mqtt_payload import parse_command
-from appliance.service.protocol import ErrorEvent, error_event, parse_line, to_json
+from appliance.messages.protocol import ErrorEvent, error_event, parse_line, to_json
+from appliance.transports.mqtt_payload import parse_command
 from tests.fixtures_service import launch_daemon, service_config
 
 FIELDS = ["type", "text", "id", "channel", "priority", "voice", "seed", "params", "return_audio", "colour"]
@@ -79,7 +79,7 @@ def test_any_mqtt_payload_becomes_one_request_or_one_error(kind, payload):
 
 def test_the_mqtt_bridge_never_raises_on_any_payload(tmp_path):
     from appliance.config import config_from_dict
-    from appliance.service.mqtt import MQTTBridge
+    from appliance.transports.mqtt import MQTTBridge
 
     cfg = config_from_dict({"mqtt": {"enabled": True, "port": 1, "max_payload_bytes": 2048}}, base_dir=str(tmp_path))
     handed, errors = [], []

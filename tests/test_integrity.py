@@ -135,7 +135,7 @@ def test_a_checkpoint_without_own_sums_is_checked_against_upstreams_map(tmp_path
     assert msg.count("sha256 ") == len(integrity.VERIFIED_FILES)   # random weights are not upstream's
     with pytest.raises(IntegrityError, match="upstream's published sums"):
         load_model(root)
-    from appliance.cli import main
+    from appliance.cli.main import main
 
     assert main(["model", "sums", str(root)]) == 0                  # record our own: accepted from now on
     assert len(integrity.verify_checkpoint(root)) == len(integrity.VERIFIED_FILES)
@@ -339,7 +339,7 @@ def test_nan_weights_end_with_engine_error_naming_the_gpt_never_pcm(nan_pipeline
 
 
 def test_health_check_fails_on_nan_and_on_silence(nan_pipeline, tmp_path):
-    from appliance.service.health import run_health_check
+    from appliance.ops.health import run_health_check
     from appliance.synth.pipeline import Pipeline
 
     cfg = nan_pipeline.cfg

@@ -13,7 +13,8 @@ import pytest
 
 from appliance.config import JournalConfig
 from appliance.errors import JournalError
-from appliance.service.journal import FILE, Journal, decode, encode
+from appliance.service.journal import FILE, Journal
+from appliance.service.records import decode, encode
 from appliance.service.recovery import Recovery
 
 
@@ -151,7 +152,7 @@ def test_a_finished_id_is_answered_again_only_for_the_same_text(tmp_path):
     when its text is the same (a redelivery); with another text (a client reusing ids) it is
     spoken like any new request, as it would be without the restart. The text's digest survives
     the compaction that rewrites finished requests."""
-    from appliance.service.protocol import Speak
+    from appliance.messages.protocol import Speak
 
     j = Journal(tmp_path)
     j.open()
@@ -190,7 +191,7 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
     """A client sending the id of a request that is being replayed now: the same text attaches it
     ('replayed', never spoken twice); another text is refused with bad_request naming the id."""
     from appliance.errors import RequestError
-    from appliance.service.protocol import Speak
+    from appliance.messages.protocol import Speak
 
     _, _, r = _replaying(tmp_path, 5, "还在排队。")
     got = []
@@ -203,7 +204,7 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
 def test_a_replay_that_ended_gives_its_id_to_a_new_text(tmp_path):
     """Once a replayed request has ended (its journal entry keeps only the text's digest), its id
     with the same text is answered with its outcome, with another text spoken anew."""
-    from appliance.service.protocol import Done, Speak
+    from appliance.messages.protocol import Done, Speak
 
     j, rec, r = _replaying(tmp_path, 6, "重放的。")
     j.end(rec.pending[0].n, {"type": "done", "id": "r6"})

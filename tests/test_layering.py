@@ -1,13 +1,16 @@
 """The house keeps its layers: every import inside ``appliance`` points down (or sideways where
 allowed), never up, and no two modules import each other in a circle.
 
-Layers (see ``appliance/core.py``)::
+Layers (see ``appliance/core.py``), in one sentence: the core (errors, config, core, files) is
+below the model, the model below the engines, the engines below synthesis (text beside it), and
+the service wings sit on synthesis in this order: messages and audio, then ops, then the request
+core (service), then the transports, then the daemon's wiring, then the command line::
 
-    errors, config, core  <-  model  <-  engines  <-  synth  <-  service, build  <-  cli
-                                          text  <--'
+    errors, config, core, files  <-  model  <-  engines  <-  synth  <-  messages, audio  <-  ops
+        <-  service  <-  transports  <-  daemon  <-  cli          (text beside synth; build beside service)
 
-The test parses every module with :mod:`ast` (imports inside functions count too) and fails
-naming the offending file, line and edge.
+The test parses every module with :mod:`ast` (imports inside functions and under
+``TYPE_CHECKING`` count too) and fails naming the offending file, line and edge.
 """
 
 from __future__ import annotations
@@ -22,20 +25,31 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "config": {"errors"},
     "core": {"errors"},
+    "files": set(),
     "data": set(),
     "model": {"errors", "config", "core", "data"},
     "engines": {"errors", "config", "core", "model"},
     "text": {"errors", "config", "core", "data"},
     "synth": {"errors", "config", "core", "engines", "text"},
     "build": {"errors", "config", "core", "data", "model", "engines", "text", "synth"},
-    "service": {"errors", "config", "core", "text", "synth"},
-    "cli": {"errors", "config", "core", "data", "model", "engines", "text", "synth", "build", "service"},
+    "messages": {"errors", "config", "core", "text"},
+    "audio": {"errors", "config", "core", "files"},
+    "ops": {"errors", "config", "core", "files", "text", "synth", "messages", "audio"},
+    "service": {"errors", "config", "core", "files", "text", "synth", "messages", "audio", "ops"},
+    "transports": {"errors", "config", "core", "files", "text", "synth", "messages", "audio", "ops", "service"},
+    "daemon": {"errors", "config", "core", "files", "text", "synth", "messages", "audio", "ops", "service",
+               "transports"},
+    "cli": {"errors", "config", "core", "files", "data", "model", "engines", "text", "synth", "build",
+            "messages", "audio", "ops", "service", "transports", "daemon"},
     "__main__": {"cli"},
     "__init__": set(),
 }
 
 #: The largest a module in ``appliance/`` may grow, in lines.
-MAX_LINES = 420
+MAX_LINES = 400
+
+#: Modules being split (each its own commit), with the size they may not grow past meanwhile.
+SPLITTING: dict[str, int] = {"appliance/engines/cuda_runner.py": 414}
 
 
 def _modules() -> dict[str, Path]:
@@ -120,5 +134,5 @@ def test_every_module_has_a_layer():
 
 def test_modules_stay_small():
     big = [f"{p.relative_to(PKG.parent)}: {n} lines" for p in PKG.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > MAX_LINES]
+           if (n := len(p.read_text().splitlines())) > SPLITTING.get(str(p.relative_to(PKG.parent)), MAX_LINES)]
     assert not big, f"modules over {MAX_LINES} lines (split them by responsibility):\n" + "\n".join(big)

@@ -4,8 +4,20 @@ reported in STATUS. Decisions on numbers, then the real daemon (tiny checkpoint,
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from appliance.config import config_from_dict
 from appliance.engines.runner import RunnerInfo
-from appliance.service.memory import MIN_DECODE_TOKENS, plan_fit
+from appliance.engines.sizes import PlannedSizes, plan_sizes, torch_sizes
+from appliance.ops.footprint import combine, memory_kind, nvmap_mib
+from appliance.service.memory import (
+    CUDA_DEVICE_MIB,
+    MIN_DECODE_TOKENS,
+    plan_before_load,
+)
+from appliance.service.memory import plan_fit as _plan_fit
 from tests.fixtures_service import launch_daemon, service_config
 
 KIB = 1024
@@ -14,6 +26,12 @@ KIB = 1024
 def _info(S=2048, B=3, kvpt=122880, weights=300 * 2**20) -> RunnerInfo:
     return RunnerInfo(backend="onnxruntime", precision="int8", hidden_size=768, num_vq=4, num_audio_tokens=626,
                       max_batch=B, max_seq_len=S, max_prompt_tokens=256, weight_bytes=weights, kv_bytes_per_token=kvpt)
+
+
+def plan_fit(rss, dev, info, budget, max_prompt, resizable=True):
+    """The measured plan on a CPU (dev 0) or a Jetson (RSS + device memory)."""
+    fp = combine("cpu", rss, None, None, 0.0) if dev == 0 else combine("unified", rss, dev, None, 0.0)
+    return _plan_fit(fp, info, budget, max_prompt, resizable)
 
 
 def test_fits_as_configured():
@@ -92,3 +110,93 @@ def test_daemon_refuses_to_start_when_nothing_fits(tiny_ckpt, tmp_path):
     assert rc == 2, log[-3000:]
     assert "service.memory_budget_mb 64 MiB cannot hold this model" in log and "Raise service.memory_budget_mb" in log
     assert not d.socket.exists()
+
+
+# ---------------------------------------------------------------- what counts, by the kind of box
+
+
+def test_each_kind_counts_its_own_memory():
+    """Jetson: RSS + NvMap; desktop GPU: the process's device memory (NVML), host RSS apart; CPU: RSS."""
+    j = combine("unified", 900.0, 400.0, None, 300.0)
+    assert (j.budget_mib, j.host_mib, j.source) == (1300.0, None, "nvmap")
+    d = combine("discrete", 1800.0, None, 950.0, 700.0)
+    assert (d.budget_mib, d.host_mib, d.source) == (950.0, 1800.0, "nvml")        # RSS is not in the budget
+    assert combine("discrete", 1800.0, None, None, 700.0).budget_mib == 700.0       # no NVML: the backend's figure
+    c = combine("cpu", 1100.0, None, None, 0.0)
+    assert (c.budget_mib, c.host_mib) == (1100.0, None)
+    with pytest.raises(ValueError):
+        combine("tpu", 1.0, None, None, 0.0)
+
+
+def test_a_discrete_gpu_fits_where_rss_plus_device_did_not():
+    """The daemon's own log on the H200: 1859 MiB RSS + 1126 MiB device memory, refused against
+    1500 MiB when both counted; the device memory alone fits."""
+    info = _info(kvpt=61440, weights=620 * 2**20)
+    old = plan_fit(1859.0, 1126.0, info, 1500.0, 256)                  # both counted (a Jetson would)
+    assert old.action in ("shrink", "refuse")
+    new = _plan_fit(combine("discrete", 1859.0, None, 1126.0, 1126.0), info, 1500.0, 256)
+    assert new.action == "fits" and new.footprint_mib == 1126.0 and "host RSS" in new.text
+
+
+def test_memory_kind_from_the_box(tmp_path):
+    root = tmp_path / "jetson"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text("MemTotal: 7989556 kB\nNvMapMemUsed:     412340 kB\n")
+    assert memory_kind("cuda:0", str(root)) == "unified" and memory_kind("cpu", str(root)) == "unified"
+    assert round(nvmap_mib(str(root))) == 403
+    pc = tmp_path / "pc"
+    (pc / "proc").mkdir(parents=True)
+    (pc / "proc" / "meminfo").write_text("MemTotal: 7989556 kB\n")
+    assert memory_kind("cuda:0", str(pc)) == "discrete" and memory_kind("cpu", str(pc)) == "cpu"
+    assert nvmap_mib(str(pc)) is None
+
+
+# ---------------------------------------------------------------- decided before the load
+
+
+def test_sizes_are_known_before_the_load(tiny_ckpt):
+    """Weight bytes from the checkpoint's headers match the tensors; a GPU holds 16-bit weights by
+    default (the Decoder and Vocos stay float32) and half the KV bytes."""
+    from safetensors.numpy import load_file
+
+    cfg = config_from_dict({"model": {"path": str(tiny_ckpt), "backend": "torch"}})
+    asset = tiny_ckpt / "asset"
+    n = {f: sum(v.size for k, v in load_file(str(asset / f)).items() if k != "embed_tokens.weight")
+         for f in ("gpt/model.safetensors", "Embed.safetensors", "Decoder.safetensors", "Vocos.safetensors")}
+    cpu, gpu = torch_sizes(cfg, gpu=False), torch_sizes(cfg, gpu=True)
+    assert cpu.weight_bytes == 4 * sum(n.values())
+    assert gpu.weight_bytes == 2 * (n["gpt/model.safetensors"] + n["Embed.safetensors"]) + \
+        4 * (n["Decoder.safetensors"] + n["Vocos.safetensors"])
+    gc = json.loads((asset / "gpt" / "config.json").read_text())
+    assert cpu.kv_bytes_per_token == 2 * gc["num_hidden_layers"] * gc["hidden_size"] * 4 == 2 * gpu.kv_bytes_per_token
+    assert plan_sizes(cfg).backend == "torch" and plan_sizes(cfg).resizable
+    f32 = config_from_dict({"model": {"path": str(tiny_ckpt), "backend": "torch", "dtype": "float32"}})
+    assert torch_sizes(f32, gpu=True).kv_bytes_per_token == cpu.kv_bytes_per_token     # FP32 only where asked
+
+
+def test_full_model_on_a_desktop_gpu_fits_the_shipped_budget_before_the_load():
+    """The full-size model's sizes (FP16 GPT + Embed, FP32 Decoder + Vocos, KV 3 x 2048 at FP16)
+    fit 1500 MiB of device memory at the shipped config; FP32 weights (asked for) do not at 2048."""
+    cfg = config_from_dict({})
+    fp16 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6) * 2 + 39.4e6 * 4), 61440, True, "full, fp16")
+    f = plan_before_load(cfg, fp16, "discrete", rss_now_mib=500.0)
+    assert f.action == "fits" and f.footprint_mib < 1500 and f"{CUDA_DEVICE_MIB} MiB CUDA context" in f.text
+    fp32 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6 + 39.4e6) * 4), 122880, True, "full, fp32")
+    g = plan_before_load(cfg, fp32, "discrete", rss_now_mib=500.0)
+    assert g.action in ("shrink", "refuse") and "estimated before the load" in g.text
+    j = plan_before_load(cfg, fp16, "unified", rss_now_mib=500.0)        # a Jetson also counts the host side
+    assert j.footprint_mib > f.footprint_mib + 500.0
+
+
+def test_daemon_refuses_before_loading_anything(tiny_ckpt, tmp_path):
+    """Too small a budget is refused from the known sizes: the log says so before any load."""
+    cfg = service_config(tiny_ckpt, tmp_path, service={"memory_budget_mb": 64})
+    d = launch_daemon(tmp_path / "d", cfg, wait=False)
+    try:
+        rc = d.proc.wait(120)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    log = d.log()
+    assert rc == 2 and "estimated before the load" in log, log[-3000:]
+    assert "pipeline loaded" not in log

@@ -24,7 +24,7 @@ def _hub_reachable() -> bool:
 @pytest.mark.skipif(_hub_reachable(), reason="the hub is reachable here; this test checks the offline path")
 def test_fetch_fails_fast_with_help(tmp_path):
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "appliance.cli", "model", "fetch", str(tmp_path / "ck")],
+    r = subprocess.run([sys.executable, "-m", "appliance", "model", "fetch", str(tmp_path / "ck")],
                        capture_output=True, text=True, timeout=60)
     dt = time.monotonic() - t0
     assert r.returncode == 2, r.stderr

@@ -1,5 +1,6 @@
 """Home Assistant MQTT discovery from the real daemon on a real mosquitto: the configs are
-retained, valid JSON, one device, tied to the availability topic; their templates render the
+retained, valid JSON, one device, tied to the availability topic, and every key is one Home
+Assistant's documented discovery schema allows (:data:`SCHEMA`); their templates render the
 daemon's real status; the entities work (say, stop, voice); Home Assistant's ``online`` makes the
 daemon publish them again."""
 
@@ -12,9 +13,74 @@ import uuid
 import numpy as np
 import pytest
 
-from appliance.service.wavout import read_wav
+from appliance.audio.wav import read_wav
+from appliance.config import config_from_dict
+from appliance.transports.mqtt_discovery import Discovery
+from appliance.transports.mqtt_payload import Topics
 from tests.fixtures_mqtt import Listener, mqtt_section
 from tests.fixtures_service import expected_pcm, launch_daemon, service_config
+
+# ---------------------------------------------------------------- Home Assistant's schema
+# From the "Configuration Variables" of https://www.home-assistant.io/integrations/<component>.mqtt/
+# (text, notify, button, select, sensor, binary_sensor) and the schemas every MQTT entity shares
+# (Home Assistant core, homeassistant/components/mqtt/schemas.py: MQTT_ENTITY_COMMON_SCHEMA with
+# the availability keys, MQTT_ENTITY_DEVICE_INFO_SCHEMA, MQTT_ORIGIN_INFO_SCHEMA). "platform" is
+# left out on purpose: it is allowed only in device-based discovery payloads, not in the
+# per-entity config topics published here.
+
+COMMON = {"availability", "availability_mode", "availability_template", "availability_topic",
+          "payload_available", "payload_not_available", "device", "origin", "enabled_by_default",
+          "encoding", "entity_category", "entity_picture", "icon", "json_attributes_template",
+          "json_attributes_topic", "name", "object_id", "default_entity_id", "unique_id", "qos"}
+SCHEMA = {  # component -> (required keys, allowed keys besides COMMON)
+    "text": ({"command_topic"}, {"command_template", "max", "min", "mode", "pattern", "retain", "state_topic",
+                                 "value_template"}),
+    "notify": ({"command_topic"}, {"command_template", "retain"}),
+    "button": (set(), {"command_topic", "command_template", "device_class", "payload_press", "retain"}),
+    "select": ({"command_topic", "options"}, {"command_template", "optimistic", "retain", "state_topic",
+                                              "value_template"}),
+    "sensor": ({"state_topic"}, {"device_class", "expire_after", "force_update", "last_reset_value_template",
+                                 "options", "state_class", "suggested_display_precision", "unit_of_measurement",
+                                 "value_template"}),
+    "binary_sensor": ({"state_topic"}, {"device_class", "expire_after", "force_update", "off_delay", "payload_off",
+                                        "payload_on", "value_template"}),
+}
+DEVICE_KEYS = {"configuration_url", "connections", "hw_version", "identifiers", "manufacturer", "model", "model_id",
+               "name", "serial_number", "suggested_area", "sw_version", "via_device"}
+ORIGIN_REQUIRED, ORIGIN_KEYS = {"name"}, {"name", "sw_version", "support_url"}
+ENTITY_CATEGORIES = {"config", "diagnostic"}            # ENTITY_CATEGORIES_SCHEMA
+COMMANDS = {"text", "notify", "button", "select"}       # entities that publish to our command topics
+DURATION_UNITS = {"d", "h", "min", "s", "ms", "µs"}
+
+
+def check_ha_schema(component: str, c: dict) -> None:
+    """Fail naming the key where ``c`` (one discovery config) breaks Home Assistant's schema."""
+    required, extra = SCHEMA[component]
+    assert required <= set(c), f"{component}: missing required {sorted(required - set(c))}"
+    unknown = set(c) - COMMON - required - extra
+    assert not unknown, f"{component}: keys Home Assistant does not know: {sorted(unknown)}"
+    assert isinstance(c.get("unique_id"), str) and c["unique_id"], f"{component}: a device block needs unique_id"
+    dev = c["device"]
+    assert set(dev) <= DEVICE_KEYS, f"{component}: unknown device keys {sorted(set(dev) - DEVICE_KEYS)}"
+    assert dev.get("identifiers") or dev.get("connections"), "device needs identifiers or connections"
+    assert all(isinstance(i, str) for i in dev.get("identifiers", []))
+    if "configuration_url" in dev:
+        assert dev["configuration_url"].split("://")[0] in ("http", "https", "homeassistant")
+    assert ORIGIN_REQUIRED <= set(c["origin"]) and set(c["origin"]) <= ORIGIN_KEYS, c["origin"]
+    assert ("availability" in c) != ("availability_topic" in c), "availability and availability_topic are exclusive"
+    assert c.get("qos", 0) in (0, 1, 2)
+    if "entity_category" in c:
+        assert c["entity_category"] in ENTITY_CATEGORIES
+        assert not (component in ("sensor", "binary_sensor") and c["entity_category"] == "config"), \
+            "Home Assistant refuses entity_category config for sensors"
+    if component == "text":
+        assert c.get("mode", "text") in ("text", "password") and 0 <= c.get("min", 0) <= c.get("max", 255) <= 255
+    if component == "select":
+        assert isinstance(c["options"], list) and all(isinstance(o, str) for o in c["options"])
+    if component == "sensor" and c.get("device_class") == "enum":
+        assert c.get("options") and "state_class" not in c and "unit_of_measurement" not in c
+    if component == "sensor" and c.get("device_class") == "duration":
+        assert c.get("unit_of_measurement") in DURATION_UNITS
 
 CHANNELS = [{"name": "main"}, {"name": "cabin"}]
 VOICES = [{"name": "default"}, {"name": "calm", "voice": "seed:11"}]
@@ -53,6 +119,30 @@ def _configs(lst: Listener, after: float = 0.0, n: int = len(OBJECTS)) -> dict:
     return got()
 
 
+def test_payloads_follow_home_assistants_schema(tmp_path):
+    """Without a broker: every config of a one-channel box against :data:`SCHEMA`; the device
+    block gets suggested_area / configuration_url from config; the default device id is this
+    box's own (two boxes no longer share ``appliance``)."""
+    cfg = config_from_dict({"mqtt": {"suggested_area": "Kitchen", "configuration_url": "http://box.local:8080/"},
+                            "voices": [{"name": "default"}, {"name": "calm", "voice": "seed:11"}]}, tmp_path)
+    disc = Discovery(cfg, Topics.from_config(cfg), tmp_path)
+    confs = disc.configs()
+    assert len(confs) == 10
+    for topic, c in confs:
+        component = topic.split("/")[1]
+        check_ha_schema(component, c)
+        assert topic == f"homeassistant/{component}/{disc.node}/{c['unique_id'][len(disc.node) + 1:]}/config"
+        assert c["device"]["suggested_area"] == "Kitchen"
+        assert c["device"]["configuration_url"] == "http://box.local:8080/"
+        assert c["availability_topic"] == f"chattts/{cfg.mqtt.box_id}/availability"
+        assert (c.get("qos") == 1) == (component in COMMANDS), topic
+    assert disc.node == "chattts_" + cfg.mqtt.box_id.replace(".", "_") and cfg.mqtt.box_id != "appliance"
+    bare = Discovery(config_from_dict({}, tmp_path), Topics.from_config(config_from_dict({}, tmp_path)))
+    assert all("suggested_area" not in c["device"] and "configuration_url" not in c["device"] for _, c in bare.configs())
+    with pytest.raises(AssertionError, match="does not know"):          # the check itself bites
+        check_ha_schema("sensor", {**confs[3][1], "command_topic": "x"})
+
+
 def _render(template: str, status: dict) -> str:
     jinja2 = pytest.importorskip("jinja2")
     return jinja2.Environment().from_string(template).render(value_json=status).strip()
@@ -81,6 +171,14 @@ def test_discovery_configs_are_retained_valid_and_one_device(ha, mqtt_broker):
     assert confs["sensor/throttle"][0]["options"] == ["normal", "reduced_channels", "queue_low_priority", "alerts_only"]
     assert confs["sensor/last_ttfb"][0]["unit_of_measurement"] == "ms"
     assert confs["button/stop_main"][0]["name"] == "Stop main"          # two channels: names say which
+    for key, (c, _) in confs.items():                                   # Home Assistant's schema
+        check_ha_schema(key.split("/")[0], c)
+        assert c["origin"]["name"] == "chattts-appliance"
+        if key.split("/")[0] in COMMANDS:
+            assert c["qos"] == 1, key                                   # our command topics are QoS 1
+    assert {k for k, (c, _) in confs.items() if c.get("entity_category") == "diagnostic"} == \
+        {"sensor/last_rtf", "sensor/last_ttfb", "sensor/temperature", "sensor/throttle"}
+    assert confs["select/voice"][0]["entity_category"] == "config"
 
     # the templates read the daemon's real status
     status = box.wait(lambda m: m.leaf == "status", 10, "status").json()

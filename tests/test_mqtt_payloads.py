@@ -9,14 +9,14 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError
-from appliance.service.mqtt import MQTTBridge
-from appliance.service.mqtt_payload import (
+from appliance.messages.protocol import Cancel, Done, HealthRequest, Speak
+from appliance.transports.mqtt import MQTTBridge
+from appliance.transports.mqtt_payload import (
     RecentIds,
     Topics,
     event_payload,
     parse_command,
 )
-from appliance.service.protocol import Cancel, Done, HealthRequest, Speak
 
 
 def test_plain_text_is_spoken_on_the_default_channel():

@@ -14,9 +14,9 @@ import time
 import pytest
 import yaml
 
-from appliance.cli import build_parser
+from appliance.cli.main import build_parser
 from appliance.config import replace
-from appliance.service.health import (
+from appliance.ops.health import (
     EXIT_ERROR,
     EXIT_HEALTHY,
     EXIT_UNHEALTHY,

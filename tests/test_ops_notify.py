@@ -1,4 +1,4 @@
-"""sd_notify, watchdog (appliance.service.notify) and logging set-up (appliance.service.logsetup).
+"""sd_notify, watchdog (appliance.ops.notify) and logging set-up (appliance.ops.logsetup).
 
 Real datagram sockets (tests/fixtures_ops.py), both transports where systemd-python is installed.
 """
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from appliance.service import logsetup, notify
-from appliance.service.logsetup import setup_logging
-from appliance.service.notify import Notifier, Watchdog, format_status
+from appliance.ops import logsetup, notify
+from appliance.ops.logsetup import setup_logging
+from appliance.ops.notify import Notifier, Watchdog, format_status
 
 TRANSPORTS = ["stdlib"] + (["libsystemd"] if notify._sd_daemon is not None else [])
 
@@ -56,7 +56,7 @@ def test_not_under_systemd_is_noop(monkeypatch):
 def test_unreachable_socket_warns_once_and_returns_false(monkeypatch, caplog, transport):
     monkeypatch.setenv("NOTIFY_SOCKET", "/tmp/does-not-exist-chattts/notify.sock")
     n = Notifier(transport)
-    with caplog.at_level(logging.WARNING, logger="appliance.service.notify"):
+    with caplog.at_level(logging.WARNING, logger="appliance.ops.notify"):
         assert n.watchdog() is False
         assert n.watchdog() is False
     assert len([r for r in caplog.records if "sd_notify" in r.message]) == 1
@@ -189,8 +189,8 @@ def test_stderr_journal_logging_without_systemd_python(restore_root_logging, cap
 
 
 def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):
-    from appliance.service.notify import SystemdBridge
-    from appliance.service.protocol import StatusReply
+    from appliance.messages.protocol import StatusReply
+    from appliance.ops.notify import SystemdBridge
 
     monkeypatch.setenv("WATCHDOG_USEC", "400000")
     b = SystemdBridge(extend_s=0.3)

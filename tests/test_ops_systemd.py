@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cli import build_parser
+from appliance.cli.main import build_parser
 
 UNIT_DIR = Path(__file__).resolve().parent.parent / "systemd"
 UNITS = ["chattts-appliance.service", "chattts-appliance.socket", "chattts-appliance-health.service",

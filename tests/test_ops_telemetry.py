@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from appliance.errors import ConfigError
-from appliance.service.telemetry import (
+from appliance.ops.readings import Reading, Trip, merge, parse_tegrastats
+from appliance.ops.sources import SysfsSource
+from appliance.ops.telemetry import (
     appliance_memory_mib,
     open_telemetry,
     process_memory_mib,
 )
-from appliance.service.telemetry_reading import Reading, Trip, merge, parse_tegrastats
-from appliance.service.telemetry_sources import SysfsSource
 
 SAMPLES_FILE = Path("/work/shared/tegrastats-samples.txt")
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from appliance.config import ThrottleConfig, config_from_dict
-from appliance.service.telemetry_reading import Reading, Trip, parse_tegrastats
-from appliance.service.throttle import Ladder, Level, Throttle, board_trip_c
+from appliance.ops.readings import Reading, Trip, parse_tegrastats
+from appliance.ops.throttle import Ladder, Level, Throttle, board_trip_c
 
 ORIN_TRIPS = [Trip("cpu", "passive", 99.0), Trip("cpu", "critical", 104.5), Trip("gpu", "active", 46.0),
               Trip("gpu", "passive", 99.0), Trip("gpu", "critical", 104.5), Trip("tj", "passive", 97.0)]
@@ -149,7 +149,7 @@ def test_rtf_measurements_and_their_expiry():
 
 def test_worst_signal_wins_and_logs_reason(caplog):
     th, clock, changes = make(ThrottleConfig(min_dwell_s=0.0))
-    with caplog.at_level(logging.INFO, logger="appliance.service.throttle"):
+    with caplog.at_level(logging.INFO, logger="appliance.ops.throttle"):
         clock.t += 1
         assert th.update(temp(85, mem_available_mib=100), app_mem_mib=100) is Level.ALERTS_ONLY
     assert "available memory 100.0MiB (<= 128.0MiB: alerts_only)" in changes[0].reason
@@ -198,8 +198,8 @@ def test_monitor_on_a_fake_hot_board(tmp_path):
     import threading
 
     from appliance.config import Config
-    from appliance.service.telemetry import open_telemetry
-    from appliance.service.throttle import Monitor
+    from appliance.ops.telemetry import open_telemetry
+    from appliance.ops.throttle import Monitor
 
     z = tmp_path / "sys/class/thermal/thermal_zone0"
     z.mkdir(parents=True)
@@ -228,8 +228,8 @@ def test_monitor_on_a_fake_hot_board(tmp_path):
 def test_monitor_counts_the_backends_own_device_memory_not_the_whole_gpu(tmp_path):
     """The throttle sees the sum the start-up fit checked (RSS + the backend's device memory), not
     NVML's whole-GPU figure; that figure is used only when the backend reports no device memory."""
-    from appliance.service.telemetry import Reading, open_telemetry, process_memory_mib
-    from appliance.service.throttle import Monitor
+    from appliance.ops.telemetry import Reading, open_telemetry, process_memory_mib
+    from appliance.ops.throttle import Monitor
 
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")

@@ -122,7 +122,7 @@ def test_a_failing_join_gives_its_slot_back(pipe):
                                  {"text": "hi", "voice": "seed:" + "9" * 5000}])
 def test_out_of_range_seeds_are_bad_requests(pipe, obj):
     from appliance.errors import RequestError
-    from appliance.service.protocol import parse_request
+    from appliance.messages.protocol import parse_request
 
     with pytest.raises(RequestError):
         pipe.prepare(parse_request(obj).synthesis_request())

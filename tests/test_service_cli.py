@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from appliance.service.wavout import read_wav
+from appliance.audio.wav import read_wav
 from tests.fixtures_service import ROOT, alsa_home, expected_pcm, service_config
 
 
@@ -170,3 +170,57 @@ def test_sigterm_during_start_up_exits_0(tiny_ckpt, tmp_path, start_daemon):
     assert d.returncode == 0, d.log()[-3000:]
     assert "during start-up" in d.log() or "SIGTERM: stopping" in d.log()
     assert not d.socket.exists()
+
+
+def _walk(parser, path=("chattts-appliance",)):
+    """(command path, parser) for the parser and every sub-command below it."""
+    import argparse
+    yield path, parser
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in a._choices_actions}
+            for name, p in a.choices.items():
+                assert helps.get(name), f"{' '.join(path)} {name}: the sub-command has no help line"
+                yield from _walk(p, path + (name,))
+
+
+def test_every_option_has_a_help_line():
+    import argparse
+
+    from appliance.cli.main import build_parser
+    seen = 0
+    for path, p in _walk(build_parser()):
+        for a in p._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            seen += 1
+            assert a.help and a.help != argparse.SUPPRESS, f"{' '.join(path)} {a.option_strings or a.dest}: no help"
+    assert seen > 60
+
+
+def test_version_and_verbose_after_the_sub_command(tmp_path):
+    from appliance.cli.main import build_parser
+    from appliance.core import version
+    r = subprocess.run([sys.executable, "-m", "appliance", "--version"], cwd=str(ROOT), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"chattts-appliance {version()}", r
+    p = build_parser()
+    assert p.parse_args(["serve", "-v"]).verbose and p.parse_args(["-v", "serve"]).verbose
+    assert not p.parse_args(["serve"]).verbose
+    assert p.parse_args(["engines", "export", "--verbose"]).verbose
+    # the real command: -v after serve is taken (the missing config is what stops it)
+    r = subprocess.run([sys.executable, "-m", "appliance", "serve", "-v", "--config", str(tmp_path / "none.yaml")],
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "cannot read config file" in r.stderr and "unrecognized" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["say", "normalize"])
+def test_text_that_is_not_utf8_gets_a_clear_error(tmp_path, cmd):
+    """A command-line argument in another encoding (here Latin-1 'café') reaches Python as
+    surrogate escapes; the client names the byte instead of 'connection failed'."""
+    env = dict(os.environ, LANG="C.UTF-8", LC_ALL="C.UTF-8")
+    r = subprocess.run([sys.executable, "-m", "appliance", cmd, "--socket", str(tmp_path / "none.sock"),
+                        b"caf\xe9 au lait"], cwd=str(ROOT), capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1, r
+    assert f"{cmd}: the text is not valid UTF-8 (byte 0xe9 at character 4)" in r.stderr, r.stderr
+    assert "connection" not in r.stderr and "iconv" in r.stderr

@@ -120,7 +120,7 @@ def test_third_party_noise_is_quiet_without_verbose():
     are not shown to a user (they look like failures); ``--verbose`` keeps them."""
     code = (
         "import logging, warnings\n"
-        "from appliance.service.logsetup import setup_logging\n"
+        "from appliance.ops.logsetup import setup_logging\n"
         "import sys; setup_logging(verbose=sys.argv[1] == 'v')\n"
         "import torch\n"
         "logging.getLogger('onnxscript.optimizer._constant_folding').info('Skipping constant folding')\n"

@@ -13,8 +13,8 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError, RateLimitError
-from appliance.service.clients import Peer, RateLimiter
 from appliance.service.paths import ensure_dir
+from appliance.service.peers import Peer, RateLimiter
 from tests.fixtures_service import launch_daemon, service_config
 
 SECRET = "S3cr3t-" + uuid.uuid4().hex[:8]

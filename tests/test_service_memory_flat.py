@@ -15,10 +15,10 @@ _SCRIPT = r"""
 import sys, threading, time
 from appliance.config import config_from_dict
 from appliance.core import SynthParams
-from appliance.service.protocol import Speak
-from appliance.service.scheduler import Item
-from appliance.service.sound import AudioOutput
-from appliance.service.sound_request import RequestAudio
+from appliance.messages.protocol import Speak
+from appliance.service.request import Request as Item
+from appliance.audio.output import AudioOutput
+from appliance.audio.request import RequestAudio
 from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from appliance.service.mqtt_payload import parse_command
-from appliance.service.protocol import NormalizeRequest
+from appliance.messages.protocol import NormalizeRequest
+from appliance.transports.mqtt_payload import parse_command
 from tests.fixtures_service import ROOT, launch_daemon, service_config
 
 TEXT = "一共￥2,500元。Meeting starts at 10:45. 你好😀"

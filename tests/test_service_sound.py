@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.service.wavout import read_wav, wav_path, write_wav
+from appliance.audio.wav import read_wav, wav_path, write_wav
 from tests.fixtures_service import ROOT, alsa_home, expected_pcm, service_config
 
 
@@ -30,7 +30,7 @@ def test_wav_round_trip_and_safe_names(tmp_path):
 
 _AUTO = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
          "from appliance.config import config_from_dict\n"
-         "from appliance.service.sound import AudioOutput\n"
+         "from appliance.audio.output import AudioOutput\n"
          "a = AudioOutput(config_from_dict({'audio': {'output': 'auto', 'wav_dir': sys.argv[1]}}))\n"
          "a.start(); print('MODE', a.mode); a.close(1.0)\n")
 
@@ -100,8 +100,8 @@ _BACKPRESSURE = """
 import sys, time, threading
 import numpy as np
 from pathlib import Path
-import appliance.service.sound_device as sound_device
-from appliance.service.sound_request import RequestAudio
+import appliance.audio.device as sound_device
+from appliance.audio.request import RequestAudio
 sound_device.MAX_BUFFER_S = 0.5                # a small FIFO so that the writer must wait
 dev = sound_device.DeviceOutput(None, 24000, 50.0)
 dev.open()

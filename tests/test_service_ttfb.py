@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from appliance.service.sound_mix import Lanes
+from appliance.audio.mix import Lanes
 from tests.fixtures_service import alsa_home, service_config
 
 

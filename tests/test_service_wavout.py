@@ -14,10 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from appliance.config import config_from_dict
-from appliance.errors import ConfigError
-from appliance.service.sound import AudioOutput
-from appliance.service.wavout import (
+from appliance.audio.output import AudioOutput
+from appliance.audio.wav import (
     MIB,
     WavRetention,
     WavWriter,
@@ -25,6 +23,8 @@ from appliance.service.wavout import (
     read_wav,
     remove_partials,
 )
+from appliance.config import config_from_dict
+from appliance.errors import ConfigError
 from tests.fixtures_service import service_config
 
 PCM = (np.sin(np.arange(2400, dtype=np.float32) / 5) * 0.5).astype(np.float32)   # 0.1 s at 24 kHz

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from appliance.errors import BusyError, RequestError
-from appliance.service.protocol import Cancel, Speak
-from appliance.service.scheduler import Item
+from appliance.messages.protocol import Cancel, Speak
+from appliance.service.request import Request as Item
 from appliance.service.worker import Worker
 
 
@@ -73,7 +73,7 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
     import threading
 
     from appliance.config import config_from_dict
-    from appliance.service.daemon import Daemon, Hooks
+    from appliance.daemon.daemon import Daemon, Hooks
     from tests.fixtures_service import service_config
 
     cfg = config_from_dict(service_config(tiny_ckpt, tmp_path, health={"at_start": False}), str(tmp_path))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from appliance.service.sound_mix import Lanes
+from appliance.audio.mix import Lanes
 
 
 def _mix(lanes: Lanes, frames: int, **kw):

@@ -5,7 +5,8 @@ Invariants, for any input:
 1. it returns, or raises the documented :class:`TextError` only when nothing in the input is
    speakable (no letter, digit or known CJK character survives the script pass);
 2. the output holds only what the tokenizer knows: CJK characters of the vocabulary, ASCII
-   letters, ``，。、,.``, spaces and user control tokens; no digit of any script;
+   letters, ``，。、,.``, spaces, apostrophes after a letter (``don't``, ``drivers'``) and user
+   control tokens; no digit of any script;
 3. user control tokens survive byte for byte, in order;
 4. no letter or digit is dropped silently: every CJK character is spoken or reported; every
    Latin word that is not glued to a number (where it may be a unit, expanded into words) is
@@ -41,7 +42,8 @@ FRAGMENTS = [
     "555-1234", "¥", "￥", "$", "€", "£", "%", "‰", "°C", "℃", "km/h", "μg/m³", "m²", "kg", "h", "s", "m", "元",
     "美元", "年", "月", "日", "号", "第", "室", "单元", "点", "折", "个", "→", "←", "&", "@", "+", "=", "#", "×", "©",
     "A12B34", "PM2.5", "G1234", "iPhone 5s", "GPT-4", "No.", "Straße", "Müller", "café", "ß", "臺灣", "電話", "你好",
-    "今天", "温度", "Hello", "world", "meeting", "at", "call", "the", "don't", ",", ".", "，", "。", "！", "？", "、",
+    "今天", "温度", "Hello", "world", "meeting", "at", "call", "the", "don't",
+    "John's", "drivers'", "'yes'", "’", "1e5", "2.5e-3", "1,000th", ",", ".", "，", "。", "！", "？", "、",
     "：", "；", "(", ")", "“", "”", "-", "~", "/", " ", "\n", "😀", "Привет", "α", "①", "½", "１２", "٣", "10²",
     "[uv_break]", "[laugh]", "[speed_5]", "[break_3]", "[Stts]", "[spk_emb]", "\u200b", "\ufe0f",
 ]
@@ -110,7 +112,8 @@ def check(norm: Normalizer, tok: Tokenizer, scripts: ScriptConverter, text: str)
     body = CTRL_RE.sub(" ", out)
     # 2. only what the tokenizer knows
     assert not any(unicodedata.category(c) == "Nd" for c in body), out
-    assert all(is_cjk(c) or is_latin(c) or c in "，。、,. " for c in body), out
+    assert all(is_cjk(c) or is_latin(c) or c in "，。、,. '" for c in body), out
+    assert all(i > 0 and is_latin(body[i - 1]) for i, c in enumerate(body) if c == "'"), out
     assert tok.unknown_chars(body) == [], out
     # 3. control tokens byte for byte
     assert [t for t in CTRL_RE.findall(text) if t in USER_CONTROL_TOKENS] == CTRL_RE.findall(out)

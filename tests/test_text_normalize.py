@@ -164,3 +164,21 @@ def test_numbers_readings():
     assert en_int(1234567) == "one million two hundred thirty four thousand five hundred sixty seven"
     assert verbalize_numbers("-3.25%", "zh") == "负百分之三点二五"
     assert verbalize_numbers("007", "en").split() == ["zero", "zero", "seven"]
+
+
+def test_apostrophes_kept_where_the_tokenizer_knows_them(tmp_path):
+    """bert-base-chinese (which the checkpoint's tokenizer extends) holds ``'``: an apostrophe
+    is kept, ``’`` becomes ``'``, and a quotation mark is not spoken."""
+    tok = Tokenizer.from_dir(make_tiny_tokenizer(tmp_path).parent)
+    assert tok.unknown_chars("don't") == []
+    n = Normalizer(tok)
+    r = n("I don’t know, it's John's car. The drivers' seats, 'yes' or o'clock.")
+    assert r.text == "I don't know, it's John's car. The drivers' seats, yes or o'clock." and r.unspeakable == ()
+
+
+def test_apostrophe_reported_when_the_tokenizer_lacks_it(tmp_path):
+    from appliance.build.random_ckpt import build_vocab, write_tokenizer
+
+    write_tokenizer(tmp_path, [t for t in build_vocab("tiny") if t != "'"])
+    r = Normalizer(Tokenizer.from_dir(tmp_path), use_wetext=False)("I don't know.")
+    assert r.unspeakable == ("'",) and r.text == "I dont know."   # dropped, but never silently

@@ -1,4 +1,4 @@
-"""Sentences out of streamed text (``appliance.service.text_stream``): pieces cut anywhere, even
+"""Sentences out of streamed text (``appliance.transports.text_stream``): pieces cut anywhere, even
 inside words and numbers, give the same sentences as the whole text, each as soon as it is
 known to be complete."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from appliance.service.text_stream import SentenceBuffer, speakable
+from appliance.transports.text_stream import SentenceBuffer, speakable
 
 TEXT = ("你好，今天天气很好。我们去公园散步吧！The time is 9.30 now. It is 21 degrees, isn't it? "
         "He said \"Really?!\" and left.\n新的一行。[uv_break]。。 最后一句")

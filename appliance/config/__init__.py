@@ -23,8 +23,10 @@ from .sections import (
     SynthesisConfig,
     TelemetryConfig,
     ThrottleConfig,
+    VoiceConfig,
     WyomingConfig,
     WyomingVoiceConfig,
+    default_device_id,
 )
 
-__all__ = ["CONFIG_ENV", "CONFIG_SEARCH", "config_from_dict", "find_config", "load_config", "replace", "ModelConfig", "SynthesisConfig", "StreamConfig", "AudioConfig", "ChannelConfig", "ServiceConfig", "MQTTConfig", "TelemetryConfig", "HealthConfig", "ThrottleConfig", "WyomingVoiceConfig", "WyomingConfig", "JournalConfig", "SafetyConfig", "Config"]
+__all__ = ["CONFIG_ENV", "CONFIG_SEARCH", "config_from_dict", "find_config", "load_config", "replace", "ModelConfig", "SynthesisConfig", "StreamConfig", "AudioConfig", "ChannelConfig", "ServiceConfig", "MQTTConfig", "TelemetryConfig", "HealthConfig", "ThrottleConfig", "VoiceConfig", "WyomingVoiceConfig", "WyomingConfig", "default_device_id", "JournalConfig", "SafetyConfig", "Config"]

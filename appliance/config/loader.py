@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .sections import ChannelConfig, Config, WyomingConfig, WyomingVoiceConfig
+from .sections import ChannelConfig, Config, MQTTConfig, VoiceConfig, WyomingConfig
 
 # --------------------------------------------------------------------------------------------
 # building and validation
 # --------------------------------------------------------------------------------------------
 
-_SECTION_ITEM = {("service", "channels"): ChannelConfig, ("wyoming", "voices"): WyomingVoiceConfig}
+_SECTION_ITEM = {("service", "channels"): ChannelConfig, ("", "voices"): VoiceConfig}
+"""(section, key) -> the dataclass of each entry of that list ("" = a top-level key)."""
+
+_VOICE_NAME = re.compile(r"[\w.-]{1,64}", re.A)
+"""A voice name: 1-64 ASCII letters, digits, '-', '_', '.' (never a voice string: those hold
+':' or are base16384 text, which is not ASCII)."""
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -61,6 +66,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     internal = ("base_dir", "source") if cls is Config else ()   # set by load_config, not YAML keys
+    voices_key = "voices"
+    if cls is Config:
+        data, voices_key = _voices_alias(data)
     known = {f.name: f for f in dataclasses.fields(cls) if f.name not in internal}
     unknown = sorted(set(data) - set(known))
     if unknown:
@@ -69,7 +77,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         f = known[name]
-        key = f"{where}.{name}" if where else name
+        key = f"{where}.{name}" if where else (voices_key if name == "voices" else name)
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, value if value is not None else {}, key)
@@ -79,6 +87,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{key}: expected a non-empty list")
             kwargs[name] = tuple(_build(item_cls, v, f"{key}[{i}]") for i, v in enumerate(value))
+            if item_cls is VoiceConfig:
+                _check_voice_names(kwargs[name], key)
             continue
         ok, v = _type_ok(value, tp)
         if not ok and value is False and "off" in f.metadata.get("choices", ()):
@@ -90,6 +100,54 @@ def _build(cls: type, data: Any, where: str) -> Any:
     obj = cls(**kwargs)
     _check(obj, where)
     return obj
+
+
+def _voices_alias(data: dict) -> tuple[dict, str]:
+    """Move ``wyoming.voices`` (the old place of the voice table) to top-level ``voices``;
+    returns the data and the key to name in messages.
+
+    Raises:
+        ConfigError: both are set.
+    """
+    w = data.get("wyoming")
+    if not isinstance(w, dict) or "voices" not in w:
+        return data, "voices"
+    if "voices" in data:
+        raise ConfigError("voices and wyoming.voices are both set: keep only voices (wyoming.voices is its old "
+                          "name; the names now work on every transport)")
+    w = {k: v for k, v in w.items() if k != "voices"}
+    return {**data, "wyoming": w, "voices": data["wyoming"]["voices"]}, "wyoming.voices"
+
+
+def _check_voice_names(voices: tuple, key: str) -> None:
+    names = [v.name for v in voices]
+    if len(set(names)) < len(names) or not all(isinstance(n, str) and _VOICE_NAME.fullmatch(n) for n in names):
+        raise ConfigError(f"{key}: {names} must be 1 or more unique names of 1-64 letters, digits, '-', '_', '.'")
+
+
+def _check_topic_part(key: str, value: Optional[str], slash_ok: bool) -> None:
+    """An MQTT topic level (or levels, with ``slash_ok``) taken from config: refuse what breaks
+    subscriptions or reaches other devices' topics."""
+    if value is None:
+        return
+    bad = [c for c in ("+", "#", "\0") if c in value] + ([] if slash_ok else ["/"] if "/" in value else [])
+    if not value.strip("/").strip():
+        raise ConfigError(f"{key}: {value!r} is empty; MQTT topics need a name here")
+    if bad:
+        shown = ", ".join("NUL" if c == "\0" else repr(c) for c in bad)
+        why = "'+' and '#' are MQTT wildcards (the box would subscribe to other boxes' topics)" if {"+", "#"} & set(bad) \
+            else "NUL is not allowed in MQTT topics" if "\0" in bad else "a device id is one topic level"
+        raise ConfigError(f"{key}: {value!r} holds {shown}: {why}; use letters, digits, '-', '_'")
+
+
+def _check_mqtt(m: MQTTConfig) -> None:
+    """Topic parts of the ``mqtt`` section (checked even while disabled)."""
+    _check_topic_part("mqtt.topic_prefix", m.topic_prefix, slash_ok=True)
+    _check_topic_part("mqtt.device_id", m.device_id, slash_ok=False)
+    _check_topic_part("mqtt.discovery_prefix", m.discovery_prefix, slash_ok=True)
+    if m.configuration_url is not None and not re.match(r"(https?|homeassistant)://\S+$", m.configuration_url):
+        raise ConfigError(f"mqtt.configuration_url: {m.configuration_url!r} is not an http://, https:// or "
+                          f"homeassistant:// URL (Home Assistant refuses the device otherwise)")
 
 
 def _hint(f: dataclasses.Field) -> str:
@@ -133,18 +191,16 @@ def _cross_check(cfg: Config) -> None:
     if la not in ("auto", "exact") and not (la.isdigit() and 1 <= int(la) <= 256):
         raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
     _check_wyoming(cfg.wyoming, names)
+    _check_mqtt(cfg.mqtt)
 
 
 def _check_wyoming(w: WyomingConfig, channels: list[str]) -> None:
-    """URIs, channel and voice names of the ``wyoming`` section (checked even while disabled)."""
+    """URIs and channel of the ``wyoming`` section (checked even while disabled)."""
     for u in w.uris or [""]:
         if not isinstance(u, str) or not re.fullmatch(r"tcp://[^/]+:\d{1,5}/?|unix://.+", u):
             raise ConfigError(f"wyoming.uris: {u!r} is not tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or unix://PATH")
     if w.channel is not None and w.channel not in channels:
         raise ConfigError(f"wyoming.channel: {w.channel!r} is not a configured channel ({', '.join(channels)})")
-    names = [v.name for v in w.voices]
-    if not names or len(set(names)) < len(names) or not all(re.fullmatch(r"[\w.-]{1,64}", n, re.A) for n in names):
-        raise ConfigError(f"wyoming.voices: {names} must be 1 or more unique names of 1-64 letters, digits, '-', '_', '.'")
 
 
 def config_from_dict(data: dict, base_dir: str | os.PathLike = ".") -> Config:

@@ -6,7 +6,11 @@ repository root shows every key (a test compares the two).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -35,13 +39,19 @@ class ModelConfig:
     path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else onnxruntime), tensorrt, onnxruntime or torch.", choices=("auto", "tensorrt", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
-    dtype: str = _f("float32", "Weight/compute precision for the torch backend: float32, float16, bfloat16.", choices=("float32", "float16", "bfloat16"))
+    dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
     threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
     compile: str = _f("auto", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs. auto: compiled where Triton works (desktop x86 GPUs), plain CUDA graphs where it does not (JetPack's PyTorch has no Triton); off; default; max-autotune-no-cudagraphs. H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md). The compiled kernels are cached in model.engine_dir/torch_compile, so only the first start compiles.", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+    def torch_dtype(self, gpu: bool) -> str:
+        """``dtype`` with ``auto`` resolved: ``float16`` on a GPU, ``float32`` on a CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float16" if gpu else "float32"
+
     quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
 
@@ -108,7 +118,8 @@ class ServiceConfig:
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
-    memory_budget_mb: int = _f(1500, "Memory budget for weights + KV caches + activations, MiB.", min=64, max=1 << 20)
+    memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
+    host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
     wav_keep_files: int = _f(200, "WAV output: most request files (<id>.wav) kept in audio.wav_dir; after each file is written (and at start) the oldest beyond this are deleted. 0 = unlimited.", min=0, max=1 << 30, hint="a number of files; 0 = unlimited")
     wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")
@@ -126,8 +137,8 @@ class MQTTConfig:
     password: Optional[str] = _f(None, "Password (never logged, nor shown in error messages).", secret=True)
     tls: bool = _f(False, "Use TLS.")
     ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
-    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability}.")
-    device_id: str = _f("appliance", "This box's id in topics.")
+    topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability} (no '+', '#', NUL; not empty).")
+    device_id: Optional[str] = _f(None, "This box's id in topics and Home Assistant's device registry; unique per box (no '/', '+', '#', NUL). None = derived once per box: <hostname>-<6 hex digits of a digest of /etc/machine-id> (see MQTTConfig.box_id).")
     keepalive_s: int = _f(30, "MQTT keepalive in seconds.", min=5, max=3600)
     max_payload_bytes: int = _f(65536, "Largest accepted command payload.", min=64, max=16 * 1024 * 1024)
     client_id: Optional[str] = _f(None, "MQTT client id; None = chattts-<device_id>.")
@@ -138,6 +149,34 @@ class MQTTConfig:
     dedup_ids: int = _f(1024, "Recent say ids remembered to drop redelivered duplicates.", min=16, max=1 << 20)
     discovery: bool = _f(True, "Publish Home Assistant MQTT discovery configs (retained): the box as one device with say, stop, voice, sensors (service.mqtt_discovery).")
     discovery_prefix: str = _f("homeassistant", "Home Assistant's discovery prefix; its <prefix>/status 'online' makes the box publish the configs again.")
+    suggested_area: Optional[str] = _f(None, "Home Assistant discovery: the area the device is put in when it is first added (e.g. Kitchen); None = none suggested.")
+    configuration_url: Optional[str] = _f(None, "Home Assistant discovery: a link shown on the device page (http://, https:// or homeassistant://), e.g. the box's admin page; None = no link.")
+
+    @property
+    def box_id(self) -> str:
+        """``device_id``, or the derived default when it is None (:func:`default_device_id`)."""
+        return self.device_id if self.device_id is not None else default_device_id()
+
+
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@functools.lru_cache(maxsize=1)
+def default_device_id(machine_id_file: str = "/etc/machine-id") -> str:
+    """This box's default ``mqtt.device_id``: the host name (characters outside
+    ``[A-Za-z0-9_-]`` become ``-``, lower case) and, when ``machine_id_file`` is readable, ``-`` and
+    the first 6 hex digits of ``sha256("chattts-appliance:" + machine id)``. The host name alone
+    collides where boxes keep the image's name (``ubuntu``); the machine id is unique per install
+    and is hashed with an application key, as ``machine-id(5)`` asks, instead of being published.
+    Stable across restarts; changes when the host name or the machine id changes."""
+    host = _ID_UNSAFE.sub("-", socket.gethostname()).strip("-").lower() or "box"
+    try:
+        mid = open(machine_id_file, encoding="ascii", errors="replace").read().strip()
+    except OSError:
+        mid = ""
+    if not mid:
+        return host
+    return f"{host}-{hashlib.sha256(f'chattts-appliance:{mid}'.encode()).hexdigest()[:6]}"
 
 
 @dataclass(frozen=True)
@@ -163,7 +202,7 @@ class HealthConfig:
 
 @dataclass(frozen=True)
 class ThrottleConfig:
-    """Self-throttling with hysteresis (:mod:`appliance.service.throttle`): levels normal ->
+    """Self-throttling with hysteresis (:mod:`appliance.ops.throttle`): levels normal ->
     reduced_channels -> queue_low_priority -> alerts_only, driven by temperature, memory, power
     and measured RTF. Thresholds go up at once and come down one level per ``min_dwell_s``."""
 
@@ -190,17 +229,22 @@ class ThrottleConfig:
 
 
 @dataclass(frozen=True)
-class WyomingVoiceConfig:
-    """One voice offered to Wyoming clients (Home Assistant lists it by ``name``)."""
+class VoiceConfig:
+    """One named voice (top-level ``voices``): a request's ``voice`` may be its name on every
+    transport (socket, MQTT, ``say --voice``, Wyoming; the MQTT voice select's options)."""
 
-    name: str = _f("default", "Voice name shown to clients and sent back in their requests (letters, digits, '-', '_', '.').")
+    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters, digits, '-', '_', '.').")
     voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
     description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
 
 
+WyomingVoiceConfig = VoiceConfig
+"""The old name of :class:`VoiceConfig` (the table was ``wyoming.voices``)."""
+
+
 @dataclass(frozen=True)
 class WyomingConfig:
-    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.service.wyoming_server`.
+    """A Wyoming TTS server (Home Assistant's Wyoming integration), :mod:`appliance.transports.wyoming_server`.
     Its requests go through the same scheduler as socket and MQTT requests, on ``channel``."""
 
     enabled: bool = _f(False, "Serve the Wyoming protocol on the URIs below.")
@@ -209,8 +253,7 @@ class WyomingConfig:
     priority: str = _f("normal", "Priority of Wyoming requests on that channel: alert, normal or background.", choices=("alert", "normal", "background"))
     play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
     streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
-    voices: tuple = _f((WyomingVoiceConfig(),), "Voices offered (list of {name, voice, description}); the first is the default. Also the options of the MQTT voice select.")
-    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package).")
+    zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
 
 
@@ -254,6 +297,7 @@ class Config:
     wyoming: WyomingConfig = field(default_factory=WyomingConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    voices: tuple = _f((VoiceConfig(),), "Named voices (list of {name, voice, description}), the same names on every transport: a request's voice may be a name; Wyoming offers them (the first is its default) and they are the options of the MQTT voice select. wyoming.voices is accepted as an old name for this list.")
     base_dir: str = field(default=".", metadata={"help": "Directory that relative paths are resolved against (set by load_config; not a YAML key)."})
     source: str = field(default="", metadata={"help": "The file this config was read from ('' when built in code; set by load_config; not a YAML key)."})
 

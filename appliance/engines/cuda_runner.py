@@ -120,7 +120,7 @@ class CudaRunner(Runner):
         if quant == "fp8" and cuda and torch.cuda.get_device_capability(dev) < (8, 9):
             cc = torch.cuda.get_device_capability(dev)
             raise ConfigError(f"fp8 weights need compute capability >= 8.9, this GPU is sm {cc[0]}.{cc[1]}: use int8 or fp16")
-        self.dtype, precision = _DTYPES[mc.dtype]
+        self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=True)]
         dt = self.dtype
         path = cfg.resolve(mc.path)
         try:  # tensor by tensor onto the device in the final dtype; Decoder and Vocos FP32 (module doc)

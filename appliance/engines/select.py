@@ -30,7 +30,7 @@ from .runner import Runner
 log = logging.getLogger(__name__)
 
 
-def _trt_plans(cfg: Config, cc: str | None) -> Path | None:
+def trt_plans(cfg: Config, cc: str | None) -> Path | None:
     """A ``trt/<precision>`` directory whose manifest targets compute capability ``cc``."""
     base = cfg.resolve(cfg.model.engine_dir) / "trt"
     for p in ("fp8", "int8", "fp16"):
@@ -58,7 +58,7 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
 
     cc = mf.device_facts().get("compute_capability")
     if cc is not None:
-        plans = _trt_plans(cfg, cc)
+        plans = trt_plans(cfg, cc)
         if plans is not None and (importlib.util.find_spec("tensorrt") or importlib.util.find_spec("tensorrt_rtx")):
             return "tensorrt", f"auto: GPU sm {cc} and plans built for it in {plans}"
         if importlib.util.find_spec("torch") is not None:

@@ -53,7 +53,7 @@ class TorchRunner(HostRunner):
     def __init__(self, cfg: Config, reason: str = ""):
         mc = cfg.model
         self.device = pick_device(mc.device)
-        self.dtype, precision = _DTYPES[mc.dtype]
+        self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=self.device.type == "cuda")]
         if self.device.type == "cpu" and mc.threads > 0:
             torch.set_num_threads(mc.threads)
         path = cfg.resolve(mc.path)

@@ -2,9 +2,9 @@
 
 Transport-neutral. The UNIX socket hands every line to :meth:`Dispatcher.handle_line` (which
 parses it); other inputs parse their own messages into the same request dataclasses
-(:data:`~appliance.service.protocol.Request`) and call :meth:`Dispatcher.handle_request`, or,
+(:data:`~appliance.messages.protocol.Request`) and call :meth:`Dispatcher.handle_request`, or,
 from their own thread (paho-mqtt's network thread), :meth:`Dispatcher.handle_request_threadsafe`.
-Each passes its own :data:`~appliance.service.protocol.EventSink` (thread-safe, non-blocking).
+Each passes its own :data:`~appliance.messages.protocol.EventSink` (thread-safe, non-blocking).
 Every failure becomes an ``error`` event on that sink; nothing raises back into the transport.
 
 ``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
@@ -18,7 +18,13 @@ request is written to the journal (:mod:`appliance.service.journal`, fsynced, on
 thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
 (except ``play: false`` ones, whose audio only goes back to their client: not journaled).
 
-Socket clients (a :class:`~appliance.service.clients.Peer` each) are rate limited
+An *utterance* whose text still arrives (a Wyoming stream, a long text sent in pieces) is ONE
+request: :meth:`Dispatcher.handle_request` with ``more=True`` accepts it with its first piece, then
+:meth:`Dispatcher.add_text` prepares each next piece (same thread) and appends its sentences to
+the running request, and :meth:`Dispatcher.close_text` ends it. It takes one queue place on its
+channel. It is not journaled (its text lives in its client's connection, gone after a crash).
+
+Socket clients (a :class:`~appliance.service.peers.Peer` each) are rate limited
 (``safety.max_requests_per_s``); one that closes its connection has its requests cancelled on
 channels with ``on_disconnect: cancel`` (:meth:`Dispatcher.client_gone`).
 """
@@ -40,9 +46,7 @@ from ..errors import (
     TextError,
     UnknownChannelError,
 )
-from ..text.scripts import describe
-from .clients import Peer, RateLimiter
-from .protocol import (
+from ..messages.protocol import (
     Cancel,
     CancelDone,
     ErrorEvent,
@@ -51,7 +55,6 @@ from .protocol import (
     HealthRequest,
     Normalized,
     NormalizeRequest,
-    Request,
     Speak,
     StatusReply,
     StatusRequest,
@@ -59,7 +62,10 @@ from .protocol import (
     parse_line,
     to_dict,
 )
-from .scheduler import Item
+from ..messages.protocol import Request as Message
+from ..text.scripts import describe
+from .peers import Peer, RateLimiter
+from .request import Request
 
 if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
@@ -79,7 +85,7 @@ class Dispatcher:
         status: ``() -> StatusReply`` (``status`` requests).
         health: ``() -> HealthReply``, run on the worker thread (``health`` requests).
 
-        limiter: the per-client :class:`~appliance.service.clients.RateLimiter` (None: no limit).
+        limiter: the per-client :class:`~appliance.service.peers.RateLimiter` (None: no limit).
 
     Attributes:
         pipeline, worker: set by the daemon once they are loaded.
@@ -137,7 +143,7 @@ class Dispatcher:
             log.info("%s went away: cancelled %s (on_disconnect: cancel)", peer or "a client",
                      ", ".join(it.id for it in items))
 
-    def handle_request_threadsafe(self, req: Request, sink: EventSink, origin: str = "mqtt") -> concurrent.futures.Future:
+    def handle_request_threadsafe(self, req: Message, sink: EventSink, origin: str = "mqtt") -> concurrent.futures.Future:
         """:meth:`handle_request` for inputs living on other threads (e.g. paho-mqtt's network
         thread): schedules it on the event loop and returns at once.
 
@@ -149,15 +155,15 @@ class Dispatcher:
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
         return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin, arrived=time.monotonic()), loop)
 
-    async def handle_request(self, req: Request, sink: EventSink, origin: str = "socket",
-                             peer: Optional[Peer] = None, arrived: Optional[float] = None) -> None:
+    async def handle_request(self, req: Message, sink: EventSink, origin: str = "socket",
+                             peer: Optional[Peer] = None, arrived: Optional[float] = None, more: bool = False) -> None:
         """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest);
         ``origin`` (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a
-        restart)."""
+        restart). ``more``: a ``speak`` whose text goes on (:meth:`add_text`, :meth:`close_text`)."""
         rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
-                await self._speak(req, sink, origin, peer, arrived or time.monotonic())
+                await self._speak(req, sink, origin, peer, arrived or time.monotonic(), more)
             elif isinstance(req, NormalizeRequest):
                 await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
@@ -185,7 +191,7 @@ class Dispatcher:
         if n > limit:
             raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
         if not text.strip():
-            raise TextError("text is empty; send something to say")
+            raise TextError("text is empty; send something to speak")   # the normalizer's wording
 
     async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
         self._check_text(req.text)
@@ -195,8 +201,26 @@ class Dispatcher:
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
              None)
 
-    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer], arrived: float) -> None:
-        if self.recovery is not None and self.recovery.attach(req, sink):
+    async def add_text(self, req: Speak) -> bool:
+        """Append the next piece of an utterance: ``req`` is its ``speak`` with ``text`` the piece
+        (same id, voice, params). False when the request has ended (nothing was added).
+
+        Raises:
+            ApplianceError: the piece is refused (``TextError``: empty, too long, unspeakable).
+        """
+        self._check_text(req.text)
+        part = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
+                                                                req.synthesis_request())
+        return self.worker.add_text(req.id, part)
+
+    def close_text(self, request_id: str) -> None:
+        """The utterance ``request_id`` has all its text (a no-op once it ended)."""
+        if self.worker is not None:
+            self.worker.close_text(request_id)
+
+    async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer], arrived: float,
+                     more: bool = False) -> None:
+        if not more and self.recovery is not None and self.recovery.attach(req, sink):
             return
         self._check_text(req.text)
         channel = req.channel if req.channel is not None else self.channels[0]
@@ -204,8 +228,9 @@ class Dispatcher:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        item = Item(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived)
-        if self.journal is not None and req.play:   # play: false goes only to its client: not replayed
+        job.open = more
+        item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived)
+        if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)
             item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
@@ -213,7 +238,7 @@ class Dispatcher:
             log.info("request %s from %s", req.id, peer)
         self._submit(item)
 
-    def _submit(self, item: Item) -> None:
+    def _submit(self, item: Request) -> None:
         try:
             self.worker.submit(item)
         except ApplianceError as e:                 # refused after all (a race): not to be replayed
@@ -234,7 +259,7 @@ class Dispatcher:
             raise UnknownChannelError(f"channel {channel!r} is no longer configured ({', '.join(self.channels)})")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        self._submit(Item(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
+        self._submit(Request(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
         if self.worker is None:

@@ -38,19 +38,16 @@ from __future__ import annotations
 
 import collections
 import errno
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..errors import JournalError
-from .paths import fsync_dir
+from ..files import fsync_dir
+from .records import Entry, Recovered, decode, encode, slim
 
 log = logging.getLogger(__name__)
 
@@ -59,73 +56,6 @@ KEEP_FINISHED = 1024
 """Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
 FULL_FRACTION = 0.9
 """Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are refused."""
-
-
-def text_sha(text: object) -> str:
-    """The digest a finished request keeps of its text (16 hex digits of SHA-256; ``""`` for no text)."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16] if isinstance(text, str) else ""
-
-
-@dataclass
-class Entry:
-    """One journaled request.
-
-    Attributes:
-        n: journal sequence number (unique across restarts). t: wall-clock accept time, s.
-        origin: ``socket`` or ``mqtt``. req: the ``speak`` object (with ``channel`` and ``seed``).
-        tries: times its synthesis started (in this and earlier runs).
-        ev: its terminal event (``done``/``error`` dict) once ended.
-    """
-
-    n: int
-    t: float
-    origin: str
-    req: dict
-    tries: int = 0
-    ev: Optional[dict] = None
-    size: int = 0               # bytes of its accept record (the journal's bound counts them)
-
-    @property
-    def id(self) -> str:
-        return str(self.req.get("id", ""))
-
-    @property
-    def text_sha(self) -> str:
-        """:func:`text_sha` of its text (kept as ``req["text_sha"]`` once it ended)."""
-        return self.req.get("text_sha") or text_sha(self.req.get("text"))
-
-
-@dataclass
-class Recovered:
-    """What :meth:`Journal.open` found: the unfinished requests (accept order), the finished
-    ones (id -> terminal event; id -> :func:`text_sha` of their text, ``""`` where an older
-    journal did not record it), and how many records were dropped as torn or corrupt."""
-
-    pending: list[Entry] = field(default_factory=list)
-    finished: dict[str, dict] = field(default_factory=dict)
-    finished_sha: dict[str, str] = field(default_factory=dict)
-    torn: int = 0
-    corrupt: int = 0
-
-
-def encode(rec: dict) -> bytes:
-    """One journal line for ``rec``."""
-    body = json.dumps(rec, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return b"%08x " % zlib.crc32(body) + body + b"\n"
-
-
-def decode(line: bytes) -> Optional[dict]:
-    """The record of one line (without its newline), or None when it is damaged."""
-    if len(line) < 10 or line[8:9] != b" ":
-        return None
-    body = line[9:]
-    try:
-        if int(line[:8], 16) != zlib.crc32(body):
-            return None
-        rec = json.loads(body)
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) and rec.get("k") in ("a", "s", "e", "f") else None
 
 
 class Journal:
@@ -269,7 +199,7 @@ class Journal:
             if e is None:
                 return
             self._live_bytes -= e.size
-            e.ev = _slim(event)
+            e.ev = slim(event)
             sha = e.text_sha
             e.req = {"id": e.id, "channel": e.req.get("channel"), "text_sha": sha}   # the text itself is not needed any more
             self._finished[n] = e
@@ -396,13 +326,3 @@ class Journal:
             self._fd = None
         self._size = len(body)
         self._dirty = False
-
-
-def _slim(event: dict) -> dict:
-    """The terminal event as kept in the journal (the fields a returning client needs)."""
-    keep = ("type", "id", "channel", "code", "message", "output", "seed", "audio_s", "ttfb_ms", "rtf",
-            "steps", "steps_per_s", "unspeakable")
-    out = {k: v for k, v in event.items() if k in keep}
-    if isinstance(out.get("message"), str) and len(out["message"]) > 500:
-        out["message"] = out["message"][:500]
-    return out

@@ -1,26 +1,29 @@
-"""The memory budget at start: size the runner so that it fits ``service.memory_budget_mb``.
+"""The memory budget at start: size the runner so that it fits ``service.memory_budget_mb``,
+counted as the hardware holds memory (:mod:`appliance.ops.footprint`): RSS + NvMap on a Jetson,
+the process's device memory (NVML, CUDA context included) on a desktop GPU with host RSS against
+``service.host_rss_limit_mb``, RSS on a CPU.
 
-Every backend allocates its KV cache for all ``model.max_batch`` slots x ``model.max_seq_len``
-positions at load, so what the process will hold at worst is known right after the warm-up:
+Twice:
 
-    footprint = RSS + the backend's device memory (``Pipeline.device_memory_bytes``)
-                [+ the whole KV cache on a CPU backend]
+1. **Before the load** (:func:`plan_before_load`), from the sizes the backend will have
+   (:func:`~appliance.synth.pipeline.Pipeline.planned_sizes`: weight bytes in their final dtype
+   from the checkpoint's headers, KV bytes per position) plus the fixed costs of the kind
+   (:data:`CUDA_DEVICE_MIB`, :data:`CUDA_HOST_MIB`): nothing is compiled or captured for sizes
+   that cannot fit. A torch backend is opened directly at the sizes that fit.
+2. **After the warm-up** (:func:`fit_pipeline`), on the measured footprint: every backend
+   allocates its KV cache for all ``model.max_batch`` slots x ``model.max_seq_len`` positions at
+   load, so the worst case is known then (the host runners allocate their KV buffers lazily
+   zeroed: on a CPU the whole KV cache is counted on top of the RSS; an upper bound).
 
-(the host runners allocate their KV buffers lazily zeroed: pages become resident only as
-positions fill, so on a CPU the measured RSS does not yet hold them and they are counted in full
-on top; an upper bound). :func:`plan_fit` compares it with the budget. If it does not fit:
-``max_seq_len`` is lowered (in steps of 64) to what fits, down to ``max_prompt_tokens`` +
-:data:`MIN_DECODE_TOKENS`; then ``max_batch`` (fewer channels synthesize at once; the others
-wait); if one slot at that length does not fit either, the daemon refuses to start, naming what
-to lower. :func:`fit_pipeline` applies the plan: the torch backends are opened again with the
-smaller sizes; engines built ahead of time for fixed sizes (exported ONNX graphs, TensorRT plans:
-:data:`FIXED_SIZE_BACKENDS`) cannot be, so the daemon starts as built, says in the log and STATUS
-what to rebuild them for, and relies on the run-time throttle (on a CPU their KV pages fill only
-as far as the longest sentence reaches, so the full figure is a worst case).
+If it does not fit: ``max_seq_len`` is lowered (in steps of 64) to what fits, down to
+``max_prompt_tokens`` + :data:`MIN_DECODE_TOKENS`; then ``max_batch`` (fewer channels synthesize
+at once; the others wait); if one slot at that length does not fit either, the daemon refuses to
+start, naming what to lower. Engines built ahead of time for fixed sizes (exported ONNX graphs,
+TensorRT plans) cannot be resized, so the daemon starts as built, says in the log and STATUS what
+to rebuild them for, and relies on the run-time throttle.
 
-At run time the throttle watches the same sum (RSS + NvMap on Jetson / NVML on desktop GPUs, else
-the backend's own device memory) and lowers the channels before the kernel's OOM killer acts;
-STATUS and the health check report it (:func:`current_mib`).
+At run time the throttle watches the same figure and lowers the channels before the kernel's OOM
+killer acts; STATUS and the health check report it (:func:`current`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import Config
 from ..errors import ApplianceError, ConfigError
-from .telemetry import process_memory_mib
+from ..ops.footprint import Footprint, combine, measure, memory_kind
+from ..ops.telemetry import process_memory_mib
 
 if TYPE_CHECKING:
     from ..synth.pipeline import Pipeline
@@ -68,8 +72,23 @@ class MemoryFit:
     text: str
 
 
-def device_mib(pipeline: Pipeline) -> float:
-    """The backend's device memory, MiB (0 on a CPU backend or when the probe fails)."""
+CUDA_DEVICE_MIB = 512
+"""Device memory a torch CUDA process holds beyond its weights and KV cache (CUDA context with
+lazily loaded modules, cuBLAS workspaces, the graphs' pools and activations), MiB, for the
+estimate before the load. Measured on an H200 (bench/bench_memory.py): see bench/RESULTS.md."""
+RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40}
+"""Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
+in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
+2.13) +208 MiB, ``import onnxruntime`` 1.32 +35 MiB."""
+CUDA_HOST_MIB = 280
+"""Host RSS torch's CUDA libraries add once a context and cuBLAS are up, MiB (H200: 491 MiB after
+``import torch``, 767 after a context and one FP16 GEMM); counted in the budget on a Jetson."""
+
+
+def device_mib(pipeline: Optional[Pipeline]) -> float:
+    """The backend's own device memory figure, MiB (0 on a CPU backend or when the probe fails)."""
+    if pipeline is None:
+        return 0.0
     try:
         return pipeline.device_memory_bytes() / MIB
     except Exception as e:  # noqa: BLE001 - a probe must not stop the daemon
@@ -77,36 +96,27 @@ def device_mib(pipeline: Pipeline) -> float:
         return 0.0
 
 
+def pipeline_kind(pipeline: Pipeline) -> str:
+    """The :func:`~appliance.ops.footprint.memory_kind` of a loaded pipeline's backend."""
+    return memory_kind(str(pipeline.info.device or "cpu"))
+
+
+def current(pipeline: Optional[Pipeline]) -> Optional[Footprint]:
+    """The footprint now, by the rule of the backend's kind (None when /proc is unreadable)."""
+    kind = pipeline_kind(pipeline) if pipeline is not None else "cpu"
+    return measure(kind, device_mib(pipeline))
+
+
 def current_mib(pipeline: Optional[Pipeline]) -> Optional[float]:
-    """RSS + the backend's device memory now, MiB (None when /proc is unreadable)."""
-    rss = process_memory_mib()
-    if rss is None:
-        return None
-    return round(rss + (device_mib(pipeline) if pipeline is not None else 0.0), 1)
+    """What counts against ``service.memory_budget_mb`` now, MiB (None when /proc is unreadable)."""
+    fp = current(pipeline)
+    return None if fp is None else round(fp.budget_mib, 1)
 
 
-def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt_tokens: int,
-             resizable: bool = True) -> MemoryFit:
-    """Decide the sizes (module docstring) from a measurement after warm-up.
-
-    Args:
-        rss_mib, dev_mib: measured RSS and device memory, MiB.
-        info: the runner's ``RunnerInfo`` (``kv_bytes_per_token``, ``max_seq_len``, ``max_batch``,
-            ``weight_bytes``).
-        budget_mib: ``service.memory_budget_mb``.
-        max_prompt_tokens: ``model.max_prompt_tokens``.
-        resizable: the backend can be opened again with other sizes (False for
-            :data:`FIXED_SIZE_BACKENDS`: ``shrink`` becomes ``over``).
-    """
-    kvpt = float(info.kv_bytes_per_token) / MIB
-    S, B = int(info.max_seq_len), int(info.max_batch)
-    kv = kvpt * S * B
-    extra_kv = kv if dev_mib <= 0 else 0.0                # host KV pages are not resident yet
-    footprint = rss_mib + dev_mib + extra_kv
-    fixed = footprint - kv
-    what = (f"measured {rss_mib:.0f} MiB RSS + {dev_mib:.0f} MiB device memory after warm-up "
-            f"(weights {info.weight_bytes / MIB:.0f} MiB, KV cache {kv:.0f} MiB for {B} slot(s) x {S} positions"
-            f"{', counted in full on a CPU' if extra_kv else ''})")
+def _fit(fixed: float, kvpt: float, S: int, B: int, budget_mib: float, max_prompt_tokens: int, resizable: bool,
+         backend: str, what: str) -> MemoryFit:
+    """Sizes that fit: ``fixed + kvpt * S * B <= budget`` (MiB), shrinking S then B (module doc)."""
+    footprint = fixed + kvpt * S * B
     if footprint <= budget_mib:
         return MemoryFit("fits", S, B, footprint, budget_mib,
                          f"memory: {footprint:.0f} of {budget_mib:g} MiB (service.memory_budget_mb): {what}")
@@ -120,7 +130,7 @@ def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt
             if not resizable:
                 return MemoryFit("over", S, B, footprint, budget_mib,
                                  f"memory: at worst {footprint:.0f} MiB, over service.memory_budget_mb {budget_mib:g} "
-                                 f"MiB ({what}); the {info.backend} engines are built for these sizes: to fit, set "
+                                 f"MiB ({what}); the {backend} engines are built for these sizes: to fit, set "
                                  f"{' and '.join(changes)} and rebuild them (chattts-appliance engines export / "
                                  f"build); until then the throttle limits the channels at run time")
             return MemoryFit("shrink", s, b, est, budget_mib,
@@ -132,7 +142,87 @@ def plan_fit(rss_mib: float, dev_mib: float, info, budget_mib: float, max_prompt
                      f"{floor} positions (model.max_prompt_tokens + {MIN_DECODE_TOKENS}) needs {need:.0f} MiB. Raise "
                      f"service.memory_budget_mb to at least {need:.0f}, lower model.max_prompt_tokens, or use "
                      f"smaller weights (int8 engines: chattts-appliance engines export --precision int8; "
-                     f"model.dtype float16 or model.quant int8 on a GPU)")
+                     f"model.quant int8 on a GPU)")
+
+
+def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, resizable: bool = True) -> MemoryFit:
+    """Decide the sizes (module docstring) from the footprint measured after warm-up.
+
+    Args:
+        fp: the measured :class:`~appliance.ops.footprint.Footprint` (its kind says what counts).
+        info: the runner's ``RunnerInfo`` (``kv_bytes_per_token``, ``max_seq_len``, ``max_batch``,
+            ``weight_bytes``, ``backend``).
+        budget_mib: ``service.memory_budget_mb``.
+        max_prompt_tokens: ``model.max_prompt_tokens``.
+        resizable: the backend can be opened again with other sizes (False for built engines:
+            ``shrink`` becomes ``over``).
+    """
+    kvpt = float(info.kv_bytes_per_token) / MIB
+    S, B = int(info.max_seq_len), int(info.max_batch)
+    kv = kvpt * S * B
+    host_kv = fp.kind == "cpu"                         # host KV pages are not resident yet: count them
+    footprint = fp.budget_mib + (kv if host_kv else 0.0)
+    what = (f"measured {fp.describe()} after warm-up (weights {info.weight_bytes / MIB:.0f} MiB, KV cache "
+            f"{kv:.0f} MiB for {B} slot(s) x {S} positions{', counted in full on a CPU' if host_kv else ''})")
+    return _fit(footprint - kv, kvpt, S, B, budget_mib, max_prompt_tokens, resizable, info.backend, what)
+
+
+def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> MemoryFit:
+    """Decide the sizes from what the backend will hold, before it loads (module docstring).
+
+    Args:
+        cfg: the config (``model.max_seq_len``, ``model.max_batch``, ``model.max_prompt_tokens``,
+            ``service.memory_budget_mb``).
+        sizes: the backend's :class:`~appliance.engines.sizes.PlannedSizes`.
+        kind: :func:`~appliance.ops.footprint.memory_kind` of its device.
+        rss_now_mib: the process's RSS now, before the load (counted, with the runtime's own
+            :data:`RUNTIME_HOST_MIB`, on a Jetson and a CPU).
+    """
+    w = sizes.weight_bytes / MIB
+    host = rss_now_mib + RUNTIME_HOST_MIB.get(sizes.backend, 0)
+    fixed = {"discrete": CUDA_DEVICE_MIB + w,
+             "unified": host + CUDA_HOST_MIB + CUDA_DEVICE_MIB + w,
+             "cpu": host + w}[kind]
+    what = (f"estimated before the load on a {kind} box: weights {w:.0f} MiB ({sizes.what})"
+            + {"discrete": f" + {CUDA_DEVICE_MIB} MiB CUDA context and workspaces in device memory",
+               "unified": f" + {host:.0f} MiB RSS with the runtime + {CUDA_HOST_MIB + CUDA_DEVICE_MIB} MiB for CUDA",
+               "cpu": f" + {host:.0f} MiB RSS with the runtime"}[kind]
+            + f" + KV {sizes.kv_bytes_per_token * cfg.model.max_seq_len * cfg.model.max_batch / MIB:.0f} MiB")
+    return _fit(fixed, sizes.kv_bytes_per_token / MIB, cfg.model.max_seq_len, cfg.model.max_batch,
+                float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens, sizes.resizable, sizes.backend, what)
+
+
+def resized(cfg: Config, fit: MemoryFit) -> Config:
+    """``cfg`` with ``model.max_seq_len`` / ``max_batch`` as ``fit`` decided."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_seq_len=fit.max_seq_len,
+                                                              max_batch=fit.max_batch))
+
+
+def fit_before_load(cfg: Config, planned: Callable[[Config], Any]) -> tuple[Config, Optional[MemoryFit]]:
+    """Apply :func:`plan_before_load`: returns the config to load with (sizes lowered where
+    needed) and the decision (None when the sizes could not be read: the load reports why).
+
+    Raises:
+        ConfigError: it cannot fit (the message names what to lower), before anything loads.
+    """
+    try:
+        sizes = planned(cfg)
+    except (OSError, KeyError, ValueError) as e:
+        log.debug("no estimate before the load: %s", e)
+        return cfg, None
+    fit = plan_before_load(cfg, sizes, memory_kind(sizes.device), process_memory_mib() or 0.0)
+    if fit.action == "refuse":
+        raise ConfigError(fit.text)
+    (log.info if fit.action == "fits" else log.warning)("%s", fit.text)
+    return (resized(cfg, fit) if fit.action == "shrink" else cfg), fit
+
+
+def check_host(cfg: Config, fp: Optional[Footprint]) -> Optional[str]:
+    """On a desktop GPU, a sentence when host RSS is over ``service.host_rss_limit_mb``; else None."""
+    if fp is None or fp.host_mib is None or fp.host_mib <= cfg.service.host_rss_limit_mb:
+        return None
+    return (f"host RSS {fp.host_mib:.0f} MiB is over service.host_rss_limit_mb {cfg.service.host_rss_limit_mb} MiB "
+            f"(a desktop GPU's device memory counts against service.memory_budget_mb; host memory against this)")
 
 
 def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pipeline],
@@ -145,8 +235,12 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
             the smaller sizes (fixed-size engines: the message names the export to redo).
     """
     info = pipeline.info
-    fit = plan_fit(process_memory_mib() or 0.0, device_mib(pipeline), info, float(cfg.service.memory_budget_mb),
-                   cfg.model.max_prompt_tokens, resizable=info.backend not in FIXED_SIZE_BACKENDS)
+    fp = current(pipeline) or combine("cpu", 0.0, None, None, 0.0)
+    host = check_host(cfg, fp)
+    if host:
+        log.warning("memory: %s", host)
+    fit = plan_fit(fp, info, float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens,
+                   resizable=info.backend not in FIXED_SIZE_BACKENDS)
     if fit.action in ("fits", "over"):
         (log.info if fit.action == "fits" else log.warning)("%s", fit.text)
         return pipeline, fit
@@ -154,8 +248,7 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
         raise ConfigError(fit.text)
     log.warning("%s", fit.text)
     pipeline.close()
-    small = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_seq_len=fit.max_seq_len,
-                                                               max_batch=fit.max_batch))
+    small = resized(cfg, fit)
     try:
         pipeline = factory(small)
     except ApplianceError as e:
@@ -163,6 +256,6 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
                           f"{fit.max_seq_len} and model.max_batch {fit.max_batch} in {cfg.file_hint}") from e
     if warmup:
         pipeline.warmup()
-    log.info("memory after resizing: %.0f MiB RSS + %.0f MiB device memory", process_memory_mib() or 0.0,
-             device_mib(pipeline))
+    fp = current(pipeline)
+    log.info("memory after resizing: %s", fp.describe() if fp is not None else "unknown")
     return pipeline, fit

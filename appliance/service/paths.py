@@ -99,17 +99,3 @@ def prepare_dirs(cfg: Config, socket_inherited: bool = False, environ=None) -> N
         dirs.append(("safety.cache_dir", cfg.resolve(cfg.safety.cache_dir)))
     for key, d in dirs:
         ensure_dir(key, d, roots)
-
-
-def fsync_dir(d: str | Path) -> None:
-    """``fsync`` directory ``d``: makes a file created or renamed in it durable (the journal, WAV
-    files).
-
-    Raises:
-        OSError: it cannot be opened or synced.
-    """
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

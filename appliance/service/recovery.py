@@ -29,12 +29,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
+from ..core import PcmChunk
 from ..errors import ApplianceError, CancelledError, RequestError
-from .journal import Entry, Journal, Recovered, text_sha
-from .protocol import (
+from ..messages.protocol import (
     ErrorEvent,
     Event,
     EventSink,
@@ -44,10 +44,9 @@ from .protocol import (
     parse_event,
     parse_request,
 )
-from .scheduler import Item
-
-if TYPE_CHECKING:
-    from .mqtt import MQTTBridge
+from .journal import Journal
+from .records import Entry, Recovered, text_sha
+from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class Replay:
     def id(self) -> str:
         return self.entry.id
 
-    def sink(self, event: Event, payload: Optional[bytes] = None) -> None:
+    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
         """The replayed request's :data:`EventSink`: remembers its state, forwards to the origin
         and to every attached client."""
         kind = event.type
@@ -135,11 +134,12 @@ class Recovery:
             return f"accepted {age:.0f} s ago, older than journal.max_age_s {self.cfg.max_age_s:g} s"
         return None
 
-    async def replay(self, resubmit: Resubmit, mqtt: Optional[MQTTBridge]) -> int:
+    async def replay(self, resubmit: Resubmit, mqtt_sink: Optional[EventSink] = None,
+                     mqtt_seen: Optional[Callable[[str], None]] = None) -> int:
         """Submit the unfinished requests again (accept order); returns how many were. Those that
-        came over MQTT publish their events through ``mqtt`` and enter its de-dup LRU (a QoS 1
-        redelivery of one is then a duplicate)."""
-        mqtt_sink = mqtt.sink if mqtt is not None else None
+        came over MQTT publish their events through ``mqtt_sink`` (the MQTT bridge's event sink)
+        and their ids go to ``mqtt_seen`` (the bridge's de-dup LRU: a QoS 1 redelivery of one is
+        then a duplicate). Both None: no MQTT bridge runs."""
         pending = self.recovered.pending
         if not pending:
             return 0
@@ -160,8 +160,8 @@ class Recovery:
                                        "message": f"not replayed after the restart: {why}"})
                 continue
             origin = mqtt_sink if e.origin == "mqtt" else None
-            if origin is not None:
-                mqtt.recent.add(e.id)
+            if origin is not None and mqtt_seen is not None:
+                mqtt_seen(e.id)
             r = Replay(e, origin)
             with self._lock:
                 self.replays[e.id] = r
@@ -236,13 +236,15 @@ def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optiona
     return journal, recovery
 
 
-def tell_stopped(items: list[Item], journal_on: bool) -> None:
+def tell_stopped(items: list[Request], journal_on: bool) -> None:
     """Queued requests left at a clean stop: with the journal they stay there and are spoken
     after the next start (client gets ``error`` ``spooled``); without, or for a ``play: false``
     request (never journaled: its audio only goes back to its client), they are dropped
     (``cancelled``)."""
+    kept = 0
     for it in items:
         if journal_on and it.journal is not None:
+            kept += 1
             it.sink(ErrorEvent(code="spooled", id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped; it is kept in "
                                        f"the journal and will be spoken after the restart"), None)
@@ -255,5 +257,16 @@ def tell_stopped(items: list[Item], journal_on: bool) -> None:
                                message=f"request {it.id} was not started before the daemon stopped and is dropped "
                                        f"(journal.enabled: false); send it again"), None)
     if items:
-        log.info("%d queued request(s) left at stop: %s", len(items),
-                 "kept in the journal" if journal_on else "dropped (journal.enabled: false)")
+        log.info("%s", stop_summary(len(items), kept, journal_on))
+
+
+def stop_summary(left: int, kept: int, journal_on: bool) -> str:
+    """The log line of :func:`tell_stopped`: how many queued requests were kept in the journal
+    and how many dropped, and why (``play: false`` ones, e.g. Wyoming's, are never journaled)."""
+    dropped = left - kept
+    parts = [f"{kept} kept in the journal (spoken after the next start)"] if kept else []
+    if dropped:
+        why = ("journal.enabled: false" if not journal_on
+               else "play: false, e.g. Wyoming's: their audio goes only to a client that is gone, so they are never journaled")
+        parts.append(f"{dropped} dropped ({why})")
+    return f"{left} queued request(s) left at stop: " + ", ".join(parts)

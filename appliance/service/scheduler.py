@@ -10,7 +10,7 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
 * ``max_running = min(engine slots, throttle)``. Memory is not counted here: every KV slot is
   allocated at load, and the daemon sized the runner to ``service.memory_budget_mb`` at start
   (:mod:`appliance.service.memory`), so all slots fit; at run time the throttle
-  (:class:`~appliance.service.throttle.Monitor`, fed the process's real memory) lowers
+  (:class:`~appliance.ops.throttle.Monitor`, fed the process's real memory) lowers
   ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
   cannot start at once says why in its ``accepted`` event and the channel's status.
 * An ``alert`` preempts a lower-priority request running or playing on ITS channel
@@ -20,104 +20,22 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 from ..errors import BusyError, RequestError
-from ..text.scripts import describe
-from .protocol import PRIORITIES, Done, EventSink, Speak
-from .throttle import Limits
-
-if TYPE_CHECKING:
-    from ..synth.batch import Task
-    from ..synth.pipeline import Job
-    from .sound_request import RequestAudio
+from ..messages.protocol import EventSink
+from ..ops.throttle import Limits
+from .request import Request, State
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
-
-
 class ThrottlePolicy(Protocol):
-    """What the scheduler asks of a throttle (:class:`~appliance.service.throttle.Monitor`
-    or :class:`~appliance.service.throttle.Throttle`)."""
+    """What the scheduler asks of a throttle (:class:`~appliance.ops.throttle.Monitor`
+    or :class:`~appliance.ops.throttle.Throttle`)."""
 
     def limits(self) -> Limits: ...
 
     def observe_rtf(self, rtf: float) -> None: ...
-
-
-@dataclass(eq=False)
-class Item:
-    """One accepted request.
-
-    Attributes:
-        speak: the request. job: ``Pipeline.prepare(speak)``'s result. channel: resolved name.
-        sink: where its events go. accepted_at: ``time.monotonic()`` at accept.
-        cancel: set to stop synthesis at the next decode step.
-        state: ``queued`` -> ``running`` -> ``playing`` -> ``settled``.
-        audio: its :class:`~appliance.service.sound_request.RequestAudio` once started.
-        first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
-        task: its :class:`~appliance.synth.batch.Task` while synthesizing.
-        preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
-        restarts: times it was resumed from the start after a preemption.
-        journal: its sequence number in the request journal (None: not journaled).
-        progress_at: ``time.monotonic()`` of its last progress (start, decode step, PCM);
-            the per-request watchdog ends it after ``safety.stall_s`` without.
-    """
-
-    speak: Speak
-    job: Optional[Job]
-    channel: str
-    sink: EventSink
-    accepted_at: float = field(default_factory=time.monotonic)
-    arrived_at: Optional[float] = None
-    cancel: threading.Event = field(default_factory=threading.Event)
-    state: str = "queued"
-    audio: Optional[RequestAudio] = None
-    first_pcm_at: Optional[float] = None
-    task: Optional[Task] = None
-    preempted_by: Optional[str] = None
-    restarts: int = 0
-    journal: Optional[int] = None
-    progress_at: float = 0.0
-
-    @property
-    def id(self) -> str:
-        return self.speak.id
-
-    @property
-    def rank(self) -> int:
-        """0 (alert) .. 2 (background)."""
-        return PRIORITIES.index(self.speak.priority)
-
-    def ttfb_ms(self) -> float:
-        """From its arrival to its first sample written out (device, WAV, client; until that is
-        known, its first PCM chunk), ms."""
-        out_at = (self.audio.first_out_at if self.audio is not None else None) or self.first_pcm_at or time.monotonic()
-        return round(1000.0 * (out_at - (self.arrived_at or self.accepted_at)), 1)
-
-    def done_event(self) -> Done:
-        """Its :class:`~appliance.service.protocol.Done` (``output`` filled in at play-out),
-        with ``ttfb_ms`` from the request's arrival to its first sample written out (the device,
-        the WAV file; until play-out is known, its first PCM chunk); the timings are logged."""
-        st = self.job.stats
-        ttfb = self.ttfb_ms()
-        rows = self.task.max_rows if self.task is not None else 0
-        log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
-                 "%.1f steps/s, decode batch up to %d rows",
-                 self.id, self.channel, st.audio_s, ttfb, st.ttfb_ms, st.rtf, st.steps, st.steps_per_s, rows,
-                 extra={"request_id": self.id, "channel": self.channel, "ttfb_ms": ttfb, "rtf": st.rtf,
-                        "batch_rows": rows})
-        return Done(id=self.id, channel=self.channel, ttfb_ms=round(ttfb, 1), synthesis_ttfb_ms=round(float(st.ttfb_ms), 1),
-                    rtf=round(float(st.rtf), 4),
-                    audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
-                    steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
-                    spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],
-                    unspeakable=list(self.job.unspeakable),
-                    unspeakable_names=[describe(u) for u in self.job.unspeakable])
 
 
 class Scheduler:
@@ -143,12 +61,12 @@ class Scheduler:
         self.slots = slots
         self.throttle = throttle
         self.on_preempt = dict(on_preempt or {})
-        self.queue: list[Item] = []
-        self.active: dict[str, Item] = {}
-        self.running: dict[str, Item] = {}
+        self.queue: list[Request] = []
+        self.active: dict[str, Request] = {}
+        self.running: dict[str, Request] = {}
         self.waiting: dict[str, str] = {}
 
-    def check(self, item: Item) -> tuple[int, Optional[str]]:
+    def check(self, item: Request) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
         it would wait (None = it can start now): its channel synthesizes another request
         (``channel 'main' is busy with request X``), requests are queued before it, or the
@@ -182,7 +100,7 @@ class Scheduler:
             waiting = self.why_waiting(item, len(ahead), self.limits())
         return pos, waiting
 
-    def enqueue(self, item: Item) -> list[Item]:
+    def enqueue(self, item: Request) -> list[Request]:
         """Queue a checked ``item``; an ``alert`` marks the lower-priority items running or
         playing on its channel as preempted (``preempted_by``, ``cancel`` set) and returns them."""
         self.insert(item)
@@ -190,14 +108,14 @@ class Scheduler:
         victims = []
         if item.speak.priority == "alert":
             for v in self.active.values():
-                if (v.channel == item.channel and v.state in ("running", "playing") and v.rank > item.rank
+                if (v.channel == item.channel and v.state in (State.RUNNING, State.PLAYING) and v.rank > item.rank
                         and v.preempted_by is None):
                     v.preempted_by = item.id
                     v.cancel.set()
                     victims.append(v)
         return victims
 
-    def insert(self, item: Item) -> None:
+    def insert(self, item: Request) -> None:
         """Into the queue after every request of the same or higher priority."""
         pos = len(self.queue)
         while pos > 0 and self.queue[pos - 1].rank > item.rank:
@@ -222,7 +140,7 @@ class Scheduler:
                                             f"allows {lim.max_channels} channel(s) at once"))
         return min(cands, key=lambda c: c[0])
 
-    def why_waiting(self, item: Item, running: int, lim: Optional[Limits]) -> Optional[str]:
+    def why_waiting(self, item: Request, running: int, lim: Optional[Limits]) -> Optional[str]:
         """Why ``item`` cannot start with ``running`` channels synthesizing under throttle
         limits ``lim`` (from :meth:`limits`, fetched once per admission pass); None = it can."""
         if lim is not None and item.speak.priority not in lim.run_priorities:
@@ -230,10 +148,10 @@ class Scheduler:
         n, why = self.max_running(lim)
         return why if running >= n else None
 
-    def admit(self) -> list[Item]:
+    def admit(self) -> list[Request]:
         """Move the queued items that may start now to running; remember why others wait."""
         lim = self.limits()
-        start: list[Item] = []
+        start: list[Request] = []
         waiting: dict[str, str] = {}
         busy = set(self.running)
         for it in self.queue:
@@ -247,7 +165,7 @@ class Scheduler:
             busy.add(it.channel)
         for it in start:
             self.queue.remove(it)
-            it.state = "running"
+            it.move(State.RUNNING)
             self.running[it.channel] = it
         for ch, why in waiting.items():
             if self.waiting.get(ch) != why:
@@ -255,49 +173,53 @@ class Scheduler:
         self.waiting = waiting
         return start
 
-    def running_items(self) -> list[Item]:
+    def running_items(self) -> list[Request]:
         """The items synthesizing now."""
         return list(self.running.values())
 
-    def ended(self) -> list[Item]:
+    def over(self) -> bool:
+        """True when a running item's synthesis is over (or never began): :meth:`ended` has work."""
+        return any(it.task is None or it.task.finished for it in self.running.values())
+
+    def ended(self) -> list[Request]:
         """Remove and return the running items whose synthesis is over (or never began)."""
         out = [it for it in self.running.values() if it.task is None or it.task.finished]
         for it in out:
             del self.running[it.channel]
         return out
 
-    def requeue(self, item: Item) -> None:
+    def requeue(self, item: Request) -> None:
         """Queue a preempted item again from the start (policy ``resume``)."""
-        item.state = "queued"
-        item.cancel = threading.Event()
-        item.audio, item.task, item.first_pcm_at = None, None, None
-        item.restarts += 1
+        item.restart()
         self.insert(item)
 
-    def targets(self, request_id: Optional[str], channel: Optional[str], sink: Optional[EventSink] = None) -> list[Item]:
+    def find(self, request_id: str) -> Optional[Request]:
+        """The active request with this id, or None."""
+        return self.active.get(request_id)
+
+    def targets(self, request_id: Optional[str], channel: Optional[str], sink: Optional[EventSink] = None) -> list[Request]:
         """The active items a cancel by id, by channel or by client (``sink``) hits."""
         return [it for it in self.active.values()
                 if (request_id and it.id == request_id) or (channel and it.channel == channel)
                 or (sink is not None and it.sink == sink)]
 
-    def remove(self, item: Item) -> bool:
-        """Forget a settled item; False if it was settled already."""
-        if item.state == "settled":
-            return False
-        if item.state == "queued" and item in self.queue:
+    def remove(self, item: Request) -> bool:
+        """Forget an ending item (its state becomes ENDED); False if it had ended already."""
+        if item.state is State.QUEUED and item in self.queue:
             self.queue.remove(item)
-        item.state = "settled"
+        if not item.end():
+            return False
         if self.active.get(item.id) is item:
             del self.active[item.id]
         return True
 
-    def drain_queue(self) -> list[Item]:
-        """Remove every queued item (stop) and return them, marked settled."""
+    def drain_queue(self) -> list[Request]:
+        """Remove every queued item (stop) and return them, ENDED (the caller tells them)."""
         left = list(self.queue)
         self.queue.clear()
         for it in left:
             self.active.pop(it.id, None)
-            it.state = "settled"
+            it.end()
         return left
 
     def status(self) -> dict:
@@ -313,7 +235,7 @@ class Scheduler:
             c["active"] = it.id
             c["batch_rows"] = it.task.max_rows if it.task is not None else 0
         for it in self.active.values():
-            if it.state == "playing":
+            if it.state is State.PLAYING:
                 chans.setdefault(it.channel, dict(blank, playing=[]))["playing"].append(it.id)
         for ch, why in self.waiting.items():
             if ch in chans and chans[ch]["queued"]:

@@ -2,7 +2,7 @@
 
 Progress of a running request is a decode step that advanced its task, or a PCM chunk
 (:meth:`StallWatch.mark`, called by the worker after every engine step; the worker stamps
-``Item.progress_at`` at start and on PCM itself). A thread (``request-watchdog``) looks twice a
+``Request.progress_at`` at start and on PCM itself). A thread (``request-watchdog``) looks twice a
 second: a request running for ``safety.stall_s`` without progress gets its terminal ``error``
 (``engine_error``, naming the limit) at once, its unplayed audio is dropped and its ``cancel``
 event set, so the engine frees its slot at its next step and the next request starts.
@@ -22,10 +22,11 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import EngineError
-from .protocol import Event, error_event
+from ..messages.protocol import Event, error_event
+from .request import State
 
 if TYPE_CHECKING:
-    from .scheduler import Item
+    from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +39,19 @@ class StallWatch:
 
     Args:
         stall_s: ``safety.stall_s``, s.
-        running: ``() -> [Item]``: the items synthesizing now (called with ``lock`` held).
+        running: ``() -> [Request]``: the items synthesizing now (called with ``lock`` held).
         settle: ``settle(item, event)``: the worker's idempotent terminal-event path.
         lock: the worker's lock.
     """
 
-    def __init__(self, stall_s: float, running: Callable[[], list[Item]],
-                 settle: Callable[[Item, Event], None], lock) -> None:
+    def __init__(self, stall_s: float, running: Callable[[], list[Request]],
+                 settle: Callable[[Request, Event], None], lock) -> None:
         self.running = running
         self.lock = lock
         self.settle = settle
         self.stall_s = float(stall_s)
         self.ended = 0
-        self._marks: dict[Item, int] = {}
+        self._marks: dict[Request, int] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -65,7 +66,7 @@ class StallWatch:
             self._thread.join(timeout=2.0)
             self._thread = None
 
-    def mark(self, running: list[Item]) -> None:
+    def mark(self, running: list[Request]) -> None:
         """Worker thread, after an engine step: stamp the items whose task advanced."""
         now = time.monotonic()
         for it in running:
@@ -80,12 +81,13 @@ class StallWatch:
             live = set(running)
             self._marks = {k: v for k, v in self._marks.items() if k in live}
 
-    def check(self, now: Optional[float] = None) -> list[Item]:
+    def check(self, now: Optional[float] = None) -> list[Request]:
         """End the stalled running items now; returns them."""
         now = time.monotonic() if now is None else now
         with self.lock:
             stalled = [it for it in self.running()
-                       if it.state == "running" and it.progress_at and now - it.progress_at > self.stall_s]
+                       if it.state is State.RUNNING and it.progress_at and now - it.progress_at > self.stall_s
+                       and not (it.task is not None and it.task.state == "waiting")]   # for text: not stuck
         for it in stalled:
             idle = now - it.progress_at
             log.error("request %s on %s made no progress for %.1f s (safety.stall_s %g); ending it",

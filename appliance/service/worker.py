@@ -1,17 +1,20 @@
 """The worker: the ONE inference thread that drives the pipeline's batch engine for all channels.
 
-Transport-neutral: a request arrives as an :class:`~appliance.service.scheduler.Item` holding a
-prepared pipeline job and an :data:`~appliance.service.protocol.EventSink` (the socket
-connection, or the MQTT publisher). Events per request::
+Transport-neutral: a request arrives as a :class:`~appliance.service.request.Request` (its life
+and states are drawn there) holding a prepared pipeline job and an
+:data:`~appliance.messages.protocol.EventSink` (a socket connection, the MQTT publisher, a
+Wyoming connection). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
-    worker   -> Started -> [AudioChunk + PCM bytes]* -> (audio played / WAV written) -> Done
+    worker   -> Started -> [AudioChunk + PcmChunk]* -> (audio played / WAV written) -> Done
                         or ErrorEvent (``cancelled``, ``preempted``, ...)
     an alert on its channel -> Preempted(action=resume) -> Started -> ... (from the start again)
                             or Preempted(action=drop) -> ErrorEvent(code=preempted)
 
 Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`Worker._settle`
-is idempotent).
+is idempotent). An utterance whose text still arrives (``Request.more``) runs like any request;
+:meth:`Worker.add_text` / :meth:`Worker.close_text` feed it, and the thread sleeps while every
+running request waits for text.
 
 What runs next is decided by the :class:`~appliance.service.scheduler.Scheduler` (queues,
 throttle admission, preemption); this module is the thread around it, which owns
@@ -29,9 +32,8 @@ the pipeline's :class:`~appliance.synth.batch.BatchEngine`:
   ``preempted`` (``drop``).
 * Cancel by id or by channel (queued, running, playing): unplayed audio is dropped at once.
 
-Hooks (called from the worker thread; must be quick and must not raise):
-``on_heartbeat()`` at least every ``heartbeat_s`` while the worker is alive and making progress
-(idle wait, or each decode step) – a hung synthesis stops it, so it can drive ``WATCHDOG=1``;
+Hooks (worker thread; quick, never raising): ``on_heartbeat()`` at least every ``heartbeat_s``
+while the worker is alive and making progress (a hung synthesis stops it: ``WATCHDOG=1``);
 ``on_finished(item, event)`` after each request's terminal event.
 
 Known limit: the PCM sinks run on the worker thread, so a device FIFO holding more than
@@ -40,53 +42,51 @@ Known limit: the PCM sinks run on the worker thread, so a device FIFO holding mo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core import PcmChunk
-from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
-from .protocol import (
+from ..errors import BusyError, CancelledError
+from ..messages.events import pcm_bytes
+from ..messages.protocol import (
     Accepted,
     AudioChunk,
-    Done,
     ErrorEvent,
     Event,
     EventSink,
-    Preempted,
     Started,
     error_event,
-    to_dict,
 )
-from .scheduler import Item, Scheduler, ThrottlePolicy
+from .ending import Ending
+from .request import Request, State
+from .scheduler import Scheduler, ThrottlePolicy
 from .stall import StallWatch
-from .wavout import encode_pcm
 
 if TYPE_CHECKING:
-    from ..synth.pipeline import Pipeline
+    from ..audio.output import AudioOutput
+    from ..audio.sink import AudioSink
+    from ..synth.pipeline import Job, Pipeline
     from .journal import Journal
-    from .sound import AudioOutput
-    from .sound_request import RequestAudio
 
 log = logging.getLogger(__name__)
 
 
-class Worker:
+class Worker(Ending):
     """Queues (:class:`~appliance.service.scheduler.Scheduler`) + one synthesis thread driving a
     batch engine (module docstring).
 
     Args:
         pipeline: the :class:`~appliance.synth.pipeline.Pipeline` (its ``engine`` and ``info``);
             None only for queue tests that never start the thread.
-        audio: the :class:`~appliance.service.sound.AudioOutput` (None with ``pipeline``).
+        audio: the :class:`~appliance.audio.output.AudioOutput` (None with ``pipeline``).
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
         audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
-        throttle: a :class:`~appliance.service.throttle.Monitor` (``limits()``,
+        throttle: a :class:`~appliance.ops.throttle.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
         journal: the :class:`~appliance.service.journal.Journal` (``started`` when a journaled
             item starts, ``end`` before its terminal event is sent), or None.
@@ -96,7 +96,7 @@ class Worker:
 
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
                  heartbeat_s: float = 1.0, on_heartbeat: Optional[Callable[[], None]] = None,
-                 on_finished: Optional[Callable[[Item, Event], None]] = None,
+                 on_finished: Optional[Callable[[Request, Event], None]] = None,
                  audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
                  throttle: Optional[ThrottlePolicy] = None,
                  journal: Optional[Journal] = None, stall_s: Optional[float] = None) -> None:
@@ -115,7 +115,7 @@ class Worker:
         self.failed = 0
         self._cv = threading.Condition()
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
-        self._spent: list[RequestAudio] = []      # ended requests' audio, released on this thread
+        self._spent: list[AudioSink] = []      # ended requests' audio, released on this thread
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
@@ -134,7 +134,7 @@ class Worker:
         if self.stall is not None:
             self.stall.start()
 
-    def check(self, item: Item) -> None:
+    def check(self, item: Request) -> None:
         """Would :meth:`submit` take ``item`` now? (Raises what it would raise, changes nothing:
         the dispatcher journals the request in between.)"""
         with self._cv:
@@ -147,7 +147,7 @@ class Worker:
         with self._cv:
             self._cv.notify_all()
 
-    def submit(self, item: Item) -> int:
+    def submit(self, item: Request) -> int:
         """Queue ``item``, emitting ``accepted`` first; returns its queue position on its channel
         (0 = next). An ``alert`` preempts a lower-priority request on its channel.
 
@@ -165,14 +165,33 @@ class Worker:
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
                  item.channel, pos, len(item.speak.text), f"; waits: {waiting}" if waiting else "")
         for v in victims:
-            log.info("alert %s preempts %s (%s) on %s", item.id, v.id, v.state, v.channel)
+            log.info("alert %s preempts %s (%s) on %s", item.id, v.id, v.state.value, v.channel)
             if v.audio is not None:
                 v.audio.abort()
             with self._cv:
-                playing = v.state == "playing"
+                playing = v.state is State.PLAYING
             if playing:                     # synthesis already over: decide now
                 self._after_preempt(v)
         return pos
+
+    def add_text(self, request_id: str, part: Job) -> bool:
+        """Append the sentences of ``part`` to the open utterance ``request_id`` (any thread);
+        False when it has ended or takes no more text (nothing added)."""
+        with self._cv:
+            req = self.sched.find(request_id)
+            if req is None or not req.more:
+                return False
+            req.add(part)
+            self._cv.notify_all()
+        return True
+
+    def close_text(self, request_id: str) -> None:
+        """The text of the utterance ``request_id`` is complete (a no-op once it has ended)."""
+        with self._cv:
+            req = self.sched.find(request_id)
+            if req is not None and req.more:
+                req.close()
+                self._cv.notify_all()
 
     def run_task(self, fn: Callable[[], Any], sink: EventSink) -> None:
         """Run ``fn()`` on the worker thread (it owns the pipeline) when a synthesis slot is free,
@@ -188,7 +207,7 @@ class Worker:
             self._cv.notify_all()
 
     def cancel(self, request_id: Optional[str] = None, channel: Optional[str] = None,
-               sink: Optional[EventSink] = None, channels: Optional[set] = None) -> list[Item]:
+               sink: Optional[EventSink] = None, channels: Optional[set] = None) -> list[Request]:
         """Cancel a queued, running or still-playing request by id, all on ``channel``, or all of
         one client (``sink``; only on ``channels`` when given). Each gets an ``error`` event
         with code ``cancelled`` on its own sink; returns the items."""
@@ -200,17 +219,18 @@ class Worker:
                 states[it] = it.state
                 it.cancel.set()
                 it.preempted_by = None
-                if it.state == "queued":
+                if it.state is State.QUEUED:
                     self.sched.queue.remove(it)
+            self._cv.notify_all()       # a worker asleep (its requests wait for text) sees it
         for it in targets:
             st = states[it]
             if it.audio is not None:
                 it.audio.abort()      # drops unplayed audio now; wakes a writer held by back-pressure
-            if st in ("queued", "playing"):
+            if st in (State.QUEUED, State.PLAYING):
                 self._settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
             # running: the worker sees the event at the next step and settles it
         if targets:
-            log.info("cancelled %s", ", ".join(f"{it.id} ({states[it]})" for it in targets))
+            log.info("cancelled %s", ", ".join(f"{it.id} ({states[it].value})" for it in targets))
         return targets
 
     def status(self) -> dict:
@@ -224,7 +244,7 @@ class Worker:
         with self._cv:
             return bool(self.sched.active)
 
-    def stop(self, timeout_s: Optional[float] = None) -> list[Item]:
+    def stop(self, timeout_s: Optional[float] = None) -> list[Request]:
         """Stop taking work: queued requests are removed and returned (not yet settled: the caller
         tells their clients); the running ones finish. Waits for the thread."""
         if self.stall is not None:
@@ -272,7 +292,8 @@ class Worker:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
                 start = [] if self._stopping or task is not None else self.sched.admit()   # the task needs a slot
-                if task is None and not start and not self.sched.running:
+                # idle: nothing to start, to step (every task waits for text, or none) or to end
+                if task is None and not start and not eng.runnable and not self.sched.over():
                     self._cv.wait(self.heartbeat_s)
                     idle = True
                 else:
@@ -292,7 +313,7 @@ class Worker:
                 self._beat(force=True)
             for it in start:
                 self._start(it)
-            if eng.tasks:
+            if eng.runnable:
                 eng.step()
                 if self.stall is not None:
                     self.stall.mark(list(self.sched.running.values()))
@@ -305,7 +326,7 @@ class Worker:
                     log.exception("request %s: completion failed", it.id)
                     self._fail(it, e)
 
-    def _start(self, item: Item) -> None:
+    def _start(self, item: Request) -> None:
         item.progress_at = time.monotonic()
         if self.journal is not None and item.journal is not None:
             self.journal.started(item.journal)
@@ -320,7 +341,7 @@ class Worker:
             item.task = None
             self._fail(item, e)
 
-    def _on_pcm(self, item: Item, chunk: PcmChunk) -> None:
+    def _on_pcm(self, item: Request, chunk: PcmChunk) -> None:
         pcm = chunk.samples
         if not len(pcm) or item.cancel.is_set():
             return
@@ -328,93 +349,7 @@ class Worker:
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
         item.audio.write(pcm)
-        if item.speak.return_audio:
-            data = encode_pcm(pcm, self.audio_format)
-            item.sink(AudioChunk(id=item.id, bytes=len(data), rate=chunk.rate, format=self.audio_format), data)
+        if item.speak.return_audio:       # the samples as they are: each transport encodes them once
+            item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
+                                 format=self.audio_format), chunk)
         self._beat()
-
-    def _complete(self, item: Item) -> None:
-        """A running item left the engine (or never entered it): play out, resume, or settle."""
-        t = item.task
-        if item.preempted_by is not None:
-            if item.audio is not None:
-                item.audio.abort()
-            self._after_preempt(item)
-            return
-        if t is None:
-            return                                    # _start failed and settled it
-        if t.state == "done" and not item.cancel.is_set():
-            with self._cv:
-                item.state = "playing"
-            done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output, ttfb_ms=item.ttfb_ms())))
-            return
-        if t.state == "failed" and not item.cancel.is_set():
-            self._fail(item, t.error)
-            return
-        if item.audio is not None:
-            item.audio.abort()
-        self._settle(item, ErrorEvent(code=CancelledError.code, message=f"request {item.id} was cancelled", id=item.id))
-
-    def _after_preempt(self, item: Item) -> None:
-        """Resume (re-queue from the start) or drop an item an alert interrupted."""
-        policy = self.sched.on_preempt.get(item.channel, "resume")
-        with self._cv:
-            by = item.preempted_by
-            if by is None or item.state in ("settled", "queued"):
-                return                      # already handled (worker and submit may both get here)
-            item.preempted_by = None
-            resume = policy == "resume" and not self._stopping
-            if resume:
-                self.sched.requeue(item)
-                self._cv.notify_all()
-        item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"), None)
-        if resume:
-            log.info("%s resumes on %s after alert %s (from the start)", item.id, item.channel, by)
-            return
-        err = PreemptedError(f"request {item.id} was dropped: alert {by} preempted it on channel {item.channel!r} "
-                             f"(service.channels[].on_preempt: drop)" if policy == "drop" else
-                             f"request {item.id} was preempted by alert {by} while the daemon stops")
-        self._settle(item, error_event(err, item.id))
-
-    def _fail(self, item: Item, e: BaseException) -> None:
-        if item.audio is not None:
-            item.audio.abort()
-        if not isinstance(e, ApplianceError):
-            log.error("request %s failed: %s", item.id, e, exc_info=e)
-        self._settle(item, error_event(e, item.id))
-
-    def _done_event(self, item: Item) -> Done:
-        done = item.done_event()
-        self.last_rtf, self.last_ttfb_ms = done.rtf, done.ttfb_ms
-        if self.throttle is not None:
-            try:
-                self.throttle.observe_rtf(float(done.rtf))
-            except Exception:  # noqa: BLE001
-                log.exception("throttle observe_rtf")
-        return done
-
-    def _settle(self, item: Item, event: Any) -> None:
-        """Emit the request's one terminal event (idempotent)."""
-        with self._cv:
-            if not self.sched.remove(item):
-                return
-            if isinstance(event, Done):
-                self.completed += 1
-            else:
-                self.failed += 1
-            if item.audio is not None:
-                self._spent.append(item.audio)
-            self._cv.notify_all()
-        if self.journal is not None and item.journal is not None:
-            self.journal.end(item.journal, to_dict(event))    # durable before the client hears it
-        item.sink(event, None)
-        if isinstance(event, Done):
-            log.info("done %s -> %s", item.id, event.output)
-        else:
-            log.info("request %s ended with %s: %s", item.id, event.code, event.message)
-        if self.on_finished is not None:
-            try:
-                self.on_finished(item, event)
-            except Exception:
-                log.exception("on_finished hook")

@@ -16,7 +16,9 @@
    task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
    vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
-   without stalling the others.
+   without stalling the others. A job whose text still arrives (``job.open``, sentences added
+   by ``Job.extend``) waits after its last sentence (state ``waiting``: no KV slot, no decode
+   row) until more sentences come or it is closed.
 
 Same seed => same PCM alone or batched: every row has its own KV slot, its own sampler state and
 counter-based random stream (:mod:`appliance.engines.rng`), its own vocoder; the runner's decode
@@ -60,7 +62,8 @@ class Task:
         cancel: set (any thread) to remove the task at the next step.
         chunk_scale: the schedule's largest chunk is multiplied by this (throttle: fewer, larger chunks).
         state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
-            ``failed`` or ``cancelled``.
+            ``failed`` or ``cancelled``; between sentences of an open job (``job.open``: its
+            text still arrives) ``waiting``, holding its vocoder slot but no KV slot.
         error: the exception of a failed/cancelled task.
         max_rows: most rows any decode step of this task had (> 1: it ran batched).
         joined_at_step: the engine's step counter when its first sentence joined.
@@ -129,6 +132,13 @@ class BatchEngine:
         self.rows_hist: collections.Counter = collections.Counter()   # batch rows -> decode steps
 
     @property
+    def runnable(self) -> bool:
+        """True when :meth:`step` has work: a task that is not waiting for text (or whose text
+        came, ended or was cancelled)."""
+        return any(t.state != "waiting" or t.k < len(t.job.prompts) or not getattr(t.job, "open", False)
+                   or (t.cancel is not None and t.cancel.is_set()) for t in self.tasks)
+
+    @property
     def free(self) -> int:
         """Tasks that may still be added."""
         return len(self._free_voc)
@@ -168,6 +178,10 @@ class BatchEngine:
                 self._end(t, "cancelled", CancelledError(f"request {t.job.id} cancelled"))
                 ended.append(t)
         for t in list(self.tasks):
+            if t.state == "waiting":
+                self._next(t)
+                if t.finished:
+                    ended.append(t)
             if t.state == "joining":
                 try:
                     self._join(t)
@@ -254,12 +268,21 @@ class BatchEngine:
         t.steps += seq.steps
         if seq.steps == 0:
             log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
+            t.job.meta.setdefault("silent", set()).add(t.k)     # reported in done.silent_sentences
         self._by_seq.pop(seq, None)
         t.seq = None
         self._out(t, tail)
         t.k += 1
+        self._next(t)
+
+    def _next(self, t: Task) -> None:
+        """After sentence ``k - 1``: join the next one, wait for its text, or end the task."""
+        more = getattr(t.job, "open", False)      # read before the length: close() follows the last extend()
         if t.k < len(t.job.prompts):
             t.state = "joining"
+            return
+        if more:
+            t.state = "waiting"
             return
         wall = time.perf_counter() - t.t0
         if t.samples == 0:

@@ -48,6 +48,7 @@ from ..text.normalize import Normalizer
 from ..text.speaker import resolve_voice
 from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
+from ..text.voices import VoiceBook
 from .batch import BatchEngine
 from .decode_loop import DecodeLoop
 from .schedule import ChunkSchedule
@@ -89,7 +90,11 @@ class Job:
         id: request id. text: normalized text. sentences: the pieces spoken one after another.
         unspeakable: characters of the input that cannot be spoken (skipped, reported).
         seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
-        stats: filled when ``run`` finishes.
+        voice: how ``done`` names the voice (:class:`~appliance.text.voices.VoiceChoice` label).
+        stats: filled when ``run`` finishes. meta: ``refined`` (sentence -> refined text),
+            ``silent`` (indices of sentences that produced no audio).
+        open: more text may still come (:meth:`extend`; an utterance streamed in pieces): the
+            engine waits after the last sentence instead of finishing, until :meth:`close`.
     """
 
     id: str
@@ -104,6 +109,32 @@ class Job:
     meta: dict = field(default_factory=dict)
     prompt: str = ""
     refine_prompts: Optional[list] = None
+    voice: str = ""
+    open: bool = False
+
+    def extend(self, part: "Job") -> None:
+        """Append the sentences of ``part`` (:meth:`Pipeline.prepare` of the next text of the same
+        request: an utterance whose text still arrives) to this job, which must be :attr:`open`.
+        Any thread while the engine runs the job: ``prompts`` grows last, so the engine (which
+        reads ``prompts[k]`` only for ``k < len(prompts)``) never sees a half-added sentence.
+
+        Raises:
+            RequestError: the job is closed (its text is complete).
+        """
+        if not self.open:
+            raise RequestError(f"request {self.id}: its text is complete; nothing can be added")
+        if (self.refine_prompts is None) != (part.refine_prompts is None):
+            raise RequestError(f"request {self.id}: refine_text must stay the same for all of its text")
+        self.text = f"{self.text} {part.text}".strip()
+        self.unspeakable.extend(u for u in part.unspeakable if u not in self.unspeakable)
+        self.sentences.extend(part.sentences)
+        if self.refine_prompts is not None:
+            self.refine_prompts.extend(part.refine_prompts)
+        self.prompts.extend(part.prompts)
+
+    def close(self) -> None:
+        """No more text: the engine ends the job after its last sentence (any thread)."""
+        self.open = False
 
 
 class Pipeline:
@@ -128,6 +159,8 @@ class Pipeline:
         self.runner = runner
         self.tokenizer = tokenizer
         self.normalizer = Normalizer(tokenizer)
+        self.voices = VoiceBook(cfg.voices)
+        self.voices.check(runner.info.hidden_size, cfg.synthesis.voice)
         self._prepare_lock = threading.Lock()
         self.loop = DecodeLoop(runner)
         max_tokens = min(cfg.synthesis.max_new_tokens, runner.info.max_seq_len)
@@ -169,6 +202,14 @@ class Pipeline:
         runner = open_runner(cfg)
         return cls(cfg, runner, tokenizer)
 
+    @staticmethod
+    def planned_sizes(cfg: Config):
+        """What the configured backend will hold, before it loads
+        (:func:`appliance.engines.sizes.plan_sizes`: weight bytes, KV bytes per position)."""
+        from ..engines.sizes import plan_sizes
+
+        return plan_sizes(cfg)
+
     @property
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
@@ -202,7 +243,7 @@ class Pipeline:
 
         Raises:
             TextError: empty, unspeakable or too long text.
-            SpeakerError: malformed voice string.
+            SpeakerError: malformed voice string, or an unknown voice name.
         """
         if not isinstance(request, SynthesisRequest):
             raise TypeError(f"Pipeline.prepare takes a SynthesisRequest, not {type(request).__name__}")
@@ -226,8 +267,8 @@ class Pipeline:
                                s.max_new_tokens, self.vocoders[0].max_tokens,
                                self.runner.info.max_seq_len - cfg.model.max_prompt_tokens - 1))
         prompt = p.prompt if p.prompt is not None else s.prompt
-        voice = speak.voice if speak.voice is not None else s.voice
-        spk_emb = resolve_voice(voice, self.runner.info.hidden_size)
+        voice = self.voices.lookup(speak.voice, s.voice)
+        spk_emb = resolve_voice(voice.spec, self.runner.info.hidden_size)
         split = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
                            with_speaker=spk_emb is not None)
         sentences = [sent.text for sent in split]
@@ -245,7 +286,7 @@ class Pipeline:
         return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
                    unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
                    prompt=prompt,
-                   refine_prompts=refine_prompts)
+                   refine_prompts=refine_prompts, voice=voice.label)
 
     def _refine(self, job: Job, k: int) -> None:
         """Refine-text for sentence ``k`` of ``job`` (called by the engine on the worker thread

@@ -4,7 +4,7 @@
 the daemon, loads only the checkpoint's tokenizer (``model.path``; milliseconds, no weights) and
 runs the same normalizer and sentence split as ``Pipeline.prepare``, so box makers can check
 their announcements on any machine that has the checkpoint's ``tokenizer/`` folder. The result
-has the fields of the daemon's ``normalized`` reply (:class:`appliance.service.protocol.Normalized`).
+has the fields of the daemon's ``normalized`` reply (:class:`appliance.messages.protocol.Normalized`).
 """
 
 from __future__ import annotations

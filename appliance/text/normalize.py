@@ -18,6 +18,8 @@ One request's text goes through, in order:
 5. punctuation as upstream ``norm.py`` within a span: Chinese spans get full-width marks,
    ``：；！（）《》…`` become ``，``/``。`` and only ``，。、,.`` are kept; we additionally keep
    question marks as sentence ends and turn line breaks into sentence ends;
+   an apostrophe is kept (``don't``, ``John's``; ``’`` becomes ``'``): the tokenizer knows it,
+   and a tokenizer that does not reports it as unspeakable in step 6;
 6. whatever is left that cannot be spoken (emoji, other scripts, symbols we have no word for,
    characters the tokenizer maps to ``[UNK]``) is removed and reported, each once, by name.
 
@@ -79,6 +81,7 @@ _SIMPLIFY_EN = str.maketrans({":": ",", ";": ",", "!": ".", "?": ".", "(": ",", 
                               "-": " ", "…": ".", "—": ",", "–": ",", "~": " ", "/": " ", "_": " "})
 _KEPT_PUNCT = set("，。、,.")
 _APOSTROPHES = set("'’")
+_QUOTES = set("'‘’")
 #: wetext gets one clause at a time (it takes ``123456，5`` for one number otherwise).
 _WETEXT_CUT = re.compile(r"(?<=[。！？!?\n，、；：])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
@@ -86,6 +89,28 @@ _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: WordPiece turns a word longer than 100 characters into one [UNK]: long runs are cut.
 _LONG_WORD_RE = re.compile(r"[A-Za-z]{48}(?=[A-Za-z])")
+
+
+def _is_apostrophe(s: str, i: int) -> bool:
+    """Whether the ``'`` or ``’`` at ``s[i]`` is an apostrophe (kept) rather than a quotation mark
+    (not spoken): between two Latin letters (``don't``, ``John's``, ``o'clock``), or after the
+    ``s`` that ends a word (``the drivers' seats``) unless a single quote opened before it is
+    still open (``'yes'``); O(i) per quote character."""
+    before = i > 0 and is_latin(s[i - 1])
+    after = i + 1 < len(s) and is_latin(s[i + 1])
+    if before and after:
+        return True
+    if not before or after or s[i - 1] not in "sS":
+        return False
+    quote_open = False   # scan the quotes before i: a word-initial one opens, a word-final one closes
+    for k in (k for k in range(i) if s[k] in _QUOTES):
+        letter_before = k > 0 and is_latin(s[k - 1])
+        letter_after = k + 1 < len(s) and is_latin(s[k + 1])
+        if letter_after and not letter_before:
+            quote_open = True
+        elif letter_before and not letter_after and quote_open:
+            quote_open = False
+    return not quote_open
 
 
 def clean_controls(text: str) -> str:
@@ -201,10 +226,8 @@ class Normalizer:
         for i, c in enumerate(s):
             if is_cjk(c) or is_latin(c) or c in _KEPT_PUNCT or c == " ":
                 kept.append(c)
-            elif c in _APOSTROPHES and 0 < i < len(s) - 1 and is_latin(s[i - 1]) and is_latin(s[i + 1]):
-                if s[i - 1] in "oO" and (i == 1 or not is_latin(s[i - 2])):
-                    kept.append(" ")  # o'clock -> o clock
-                continue  # don't -> dont, as upstream
+            elif c in _APOSTROPHES and _is_apostrophe(s, i):
+                kept.append("'")  # don't, John's, o'clock, drivers': the tokenizer knows '
             elif c.isspace():
                 kept.append(" ")
             elif unicodedata.category(c).startswith("P"):

@@ -8,7 +8,8 @@ ever reaches the tokenizer or is deleted. Conventions:
   (``1012`` -> 一千零一十二, ``100000001`` -> 一亿零一); a leading 一十 is said 十.
   ``liang=True`` gives the measure-word form: 两 for a leading 2 before 百/千/万/亿 and for
   a bare 2 (两千五百元, 两公里), and 两千 inside a number (一万两千).
-* English cardinals have no "and" (``1234`` -> one thousand two hundred thirty four).
+* English cardinals have no "and" (``1234`` -> one thousand two hundred thirty four); English
+  ordinals change the last word (``1,000th`` -> one thousandth, ``21st`` -> twenty first).
 * Decimals are read digit by digit after the point, as written (``1.50`` -> 一点五零).
 """
 
@@ -95,6 +96,30 @@ def en_int(n: int) -> str:
         if n >= 10 ** p:
             return en_int(n // 10 ** p) + " " + w + ("" if n % 10 ** p == 0 else " " + en_int(n % 10 ** p))
     raise AssertionError(n)  # unreachable
+
+
+_EN_ORD = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
+           "nine": "ninth", "twelve": "twelfth"}
+
+
+def en_ordinal(n: int) -> str:
+    """English ordinal of ``0 <= n < 10**15`` (``1000`` -> "one thousandth", ``21`` -> "twenty
+    first", ``40`` -> "fortieth"): the last word of :func:`en_int` made ordinal."""
+    head, _, last = en_int(n).rpartition(" ")
+    if last in _EN_ORD:
+        last = _EN_ORD[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last += "th"
+    return (head + " " if head else "") + last
+
+
+def en_amount(text: str) -> str:
+    """A written English number as it should reach wetext: unchanged below 1000, in words from
+    four integer digits on (wetext reads ``1234`` like a year, twelve thirty four, and drops the
+    "one" of ``1299.5``); ``text`` is a :data:`NUMBER`."""
+    return en_number(text) if len(text.replace(",", "").split(".")[0].lstrip("+-−")) >= 4 else text
 
 
 #: A written number: optional sign, digits with optional thousands commas, optional decimals.

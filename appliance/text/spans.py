@@ -2,22 +2,22 @@
 
 Letters decide: CJK characters are Chinese, Latin words English. Everything else is neutral and
 joins the text around it: digits, punctuation, symbols, a number with its unit (``120km/h``,
-``35μg/m³``), and codes that mix letters and digits (``A12B34``, ``G1234``, ``PM2.5``, ``5G``),
-which are therefore read in the language of the sentence they stand in (订单号A12B34 is
-Chinese, "Order A12B34" English). A neutral run between two spans of different languages is
-cut after its last clause mark (``,.;:!?，。；：！？、`` and line breaks, not a decimal point):
-what comes before the mark ends the clause on the left and is read in its language, the rest
-starts the clause on the right (``Meeting starts at 10:45. 请准时参加`` reads 10:45 in English;
-``Hello, 你好吗`` keeps its comma with ``Hello``). Without such a mark the run goes to the
-side it is written against (no space between), else to the language that has more words in
-the text around it; the request's dominant language decides only text that has no letters.
+``35μg/m³``), a number in E notation (``2.5e-3``), and codes that mix letters and digits
+(``A12B34``, ``G1234``, ``PM2.5``, ``5G``), which are therefore read in the language of the
+sentence they stand in (订单号A12B34 is Chinese, "Order A12B34" English). A neutral run between
+two spans of different languages is cut after its last clause mark (``,.;:!?，。；：！？、`` and line
+breaks, not a decimal point): what comes before the mark ends the clause on the left and is read
+in its language, the rest starts the clause on the right (``Meeting starts at 10:45. 请准时参加``
+reads 10:45 in English; ``Hello, 你好吗`` keeps its comma with ``Hello``). Without such a mark the
+run goes to the side it is written against (no space between), else to the language that has more
+words in the text around it; the request's dominant language decides only text that has no letters.
 """
 
 from __future__ import annotations
 
 import re
 
-from .rules import CODE_RE
+from .rules import CODE_RE, SCIENTIFIC_RE
 from .scripts import is_cjk, is_latin
 from .units import QUANTITY_RE
 
@@ -52,7 +52,7 @@ def split_spans(seg: str, dominant: str) -> list[tuple[str, str]]:
     """
     n = len(seg)
     neutral = [False] * n
-    for rx in (QUANTITY_RE, CODE_RE):
+    for rx in (QUANTITY_RE, CODE_RE, SCIENTIFIC_RE):
         for m in rx.finditer(seg):
             for i in range(m.start(), m.end()):
                 neutral[i] = True

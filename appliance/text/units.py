@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .numbers import NUMBER, en_number, zh_int, zh_number
+from .numbers import NUMBER, en_amount, zh_int, zh_number
 
 
 @dataclass(frozen=True)
@@ -157,9 +157,7 @@ def read_quantity(m: re.Match, lang: str) -> str:
         return words
     many = (b or a).lstrip("+") not in ("1", "1.0") or bool(b)
 
-    def en(t: str) -> str:   # wetext reads 1013 like a year (ten thirteen): 4+ digits are ours
-        return en_number(t) if len(t.replace(",", "").split(".")[0].lstrip("+-−")) >= 4 else t
-    words = en(a) + (" to " + en(b) if b else "") + " " + _en_unit(u, p, many)
+    words = en_amount(a) + (" to " + en_amount(b) if b else "") + " " + _en_unit(u, p, many)
     if per:
         words += " per " + _en_unit(*per, False)
     return " " + words + " "
@@ -196,7 +194,9 @@ MONEY_RE = re.compile(
 
 def read_money(m: re.Match, lang: str) -> str:
     """Words for a :data:`MONEY_RE` match (``￥1,299.50元`` -> 一千二百九十九元五角;
-    ``$12.50`` -> 12 dollars and 50 cents, left to wetext for the numbers)."""
+    ``$12.50`` -> 12 dollars and 50 cents, left to wetext for the numbers below 1000;
+    ``¥1,299.50`` -> one thousand two hundred ninety nine point five yuan: ¥ has no English minor
+    unit, its decimals are read as written without trailing zeros)."""
     cur = CURRENCIES[m.group("sign")]
     if m.group("word") and m.group("word") != cur.zh:   # $5元: not a repetition, keep both
         return read_money(MONEY_RE.match(m.group()[: -len(m.group("word"))]), lang) + m.group("word")
@@ -220,18 +220,19 @@ def read_money(m: re.Match, lang: str) -> str:
         return zh_number(ip + ("." + frac if frac else ""), liang=True) + cur.zh
     if scale:
         word = _SCALES[scale][1] or {"万": "ten thousand", "亿": "hundred million"}[scale]
-        return f" {m.group('num')} {word} {cur.en_pl} "
+        return f" {en_amount(m.group('num'))} {word} {cur.en_pl} "
     many = cur.en_pl if num not in ("1", "1.0", "1.00") else cur.en
+    whole_num = en_amount(m.group("num").split(".")[0])
     if frac and int(frac) and cur.minor and len(frac) <= 2:
         cents = int(frac) * (10 if len(frac) == 1 else 1)
         whole = cur.en if ip == "1" else cur.en_pl
         small = cur.minor[0] if cents == 1 else cur.minor[1]
         if int(ip) == 0:
             return f" {cents} {small} "
-        return f" {m.group('num').split('.')[0]} {whole} and {cents} {small} "
+        return f" {whole_num} {whole} and {cents} {small} "
     if frac and int(frac):
-        return f" {ip}.{frac.rstrip('0')} {cur.en_pl} "
-    return f" {m.group('num').split('.')[0]} {many} "
+        return f" {en_amount(ip + '.' + frac.rstrip('0'))} {cur.en_pl} "
+    return f" {whole_num} {many} "
 
 
 #: Symbols read as words when they stand alone: (Chinese, English).

@@ -1,0 +1,370 @@
+"""One sound device: a long-lived PortAudio output stream fed from the voices' FIFOs.
+
+:class:`DeviceOutput` owns ONE ``sounddevice.OutputStream`` (callback mode, float32 mono) for
+one device, opened at start and kept running (silence when idle); its voices and their mixing
+are :class:`~appliance.audio.mix.Lanes`. A watcher thread fires "played" callbacks
+(about one output latency after a chunk's last sample was handed to PortAudio), logs
+underruns, and detects a dead device: one that stops calling back or whose stream stops with
+an error. A failed device tells every voice (``on_failure``) and is re-opened by
+:meth:`DeviceOutput.ensure_open`, at most every :data:`REOPEN_INTERVAL_S`.
+
+Device lookup (:func:`find_output_device`) matches a case-insensitive substring of the
+PortAudio name. The ``sounddevice`` import is lazy: without PortAudio every call here raises
+:class:`~appliance.errors.AudioDeviceError` (and :func:`list_output_devices` returns []).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Hashable, Optional
+
+import numpy as np
+
+from ..errors import AudioDeviceError
+from .mix import Lanes
+
+log = logging.getLogger(__name__)
+
+REOPEN_INTERVAL_S = 5.0
+"""Seconds between attempts to re-open a failed device."""
+
+MAX_BUFFER_S = 60.0
+"""Audio (seconds) a device FIFO may hold before the writer waits (back-pressure)."""
+
+BURST_GAP_S = 0.004
+"""Callbacks closer than this (s) belong to one device wake-up (their frames add up to a burst)."""
+
+REBUFFER_S = 0.4
+"""Audio (s) a voice that ran dry mid-stream must hold again before it resumes (one pause per
+stall rather than a gap at every chunk where synthesis is slower than playback)."""
+
+BURSTS_KEPT = 15
+"""Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
+
+
+def _sounddevice():
+    """Import sounddevice; AudioDeviceError if PortAudio is missing."""
+    try:
+        import sounddevice
+    except (OSError, ImportError) as e:
+        raise AudioDeviceError(f"sounddevice/PortAudio is not usable ({e}); install libportaudio2 or set audio.output: wav") from e
+    return sounddevice
+
+
+def list_output_devices() -> list[dict]:
+    """PortAudio output devices as dicts (``index``, ``name``, ``default_samplerate``), [] without PortAudio."""
+    try:
+        sd = _sounddevice()
+        devs = sd.query_devices()
+    except Exception as e:  # PortAudio init failure is an OSError/PortAudioError
+        log.debug("cannot list sound devices: %s", e)
+        return []
+    return [dict(d, index=i) for i, d in enumerate(devs) if d.get("max_output_channels", 0) > 0]
+
+
+def find_output_device(query: Optional[str]) -> dict:
+    """The output device whose name contains ``query`` (case-insensitive); None = the default.
+
+    Raises:
+        AudioDeviceError: no PortAudio, no output device, or none matching (the message lists them).
+    """
+    sd = _sounddevice()
+    outs = list_output_devices()
+    if not outs:
+        raise AudioDeviceError("PortAudio lists no output device; set audio.output: wav or connect one")
+    if query is None:
+        try:
+            idx = sd.default.device[1]
+        except Exception:
+            idx = -1
+        for d in outs:
+            if d["index"] == idx:
+                return d
+        return outs[0]
+    q = query.lower()
+    for d in outs:
+        if q in d["name"].lower():
+            return d
+    names = ", ".join(repr(d["name"]) for d in outs)
+    raise AudioDeviceError(f"no output device matches {query!r}; output devices: {names}")
+
+
+class DeviceOutput:
+    """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
+
+    Args:
+        query: device name substring (None = PortAudio's default output).
+        sample_rate: stream rate in Hz; None = the device's default rate.
+        latency_ms: requested output latency (PortAudio buffer), ms.
+        mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
+            :mod:`appliance.audio.mix`.
+
+    Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
+    thread; the PortAudio callback and a watcher thread run inside.
+    """
+
+    def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
+                 mode: str = "mix") -> None:
+        self.query = query
+        self.mode = mode
+        self.want_rate = sample_rate
+        self.latency_s = latency_ms / 1000.0
+        self.name = query or "default"
+        self.rate: int = sample_rate or 0
+        self.ok = False
+        self.error: Optional[str] = "not opened"
+        self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
+        self.gap_frames = 0         # silence inside streaming voices (dry or re-buffering), frames
+        self.xruns = 0              # PortAudio reported output underflow
+        self.mixed_blocks = 0       # callbacks that summed two or more voices
+        self._logged_underruns = 0
+        self._lock = threading.Condition()
+        self.lanes = Lanes(serialize=mode == "serialize")
+        self._played: list[tuple[float, Callable[[], None]]] = []
+        self._last_cb = 0.0
+        self._burst = 0             # frames asked in the current run of back-to-back callbacks
+        self._bursts: collections.deque[int] = collections.deque(maxlen=BURSTS_KEPT)
+        self.burst_frames = 0       # the median frames of the last wake-ups (start threshold)
+        self._stream = None
+        self._closing = False
+        self._dead: Optional[str] = None    # set by PortAudio's finished callback
+        self._out_latency = self.latency_s  # what PortAudio granted, s
+        self._last_open_attempt = 0.0
+        self._open_lock = threading.Lock()
+        self._watcher: Optional[threading.Thread] = None
+        self._stop_watcher = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Find the device, open and start the stream.
+
+        Raises:
+            AudioDeviceError: no such device, rate refused, PortAudio error (message says which).
+        """
+        self._last_open_attempt = time.monotonic()
+        try:
+            sd = _sounddevice()
+            dev = find_output_device(self.query)
+            rate = self.want_rate or int(dev["default_samplerate"])
+            try:
+                sd.check_output_settings(device=dev["index"], samplerate=rate, channels=1, dtype="float32")
+            except Exception as e:
+                hint = "audio.sample_rate" if self.want_rate else "the device default rate"
+                raise AudioDeviceError(f"device {dev['name']!r} refuses {rate} Hz float32 mono ({e}); change {hint}") from e
+            stream = sd.OutputStream(
+                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
+                latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
+            )
+            with self._lock:
+                self._last_cb = time.monotonic()
+                self._closing = False
+                self._dead = None
+            stream.start()
+        except AudioDeviceError as e:
+            self.ok, self.error = False, str(e)
+            raise
+        except Exception as e:  # sounddevice.PortAudioError and friends
+            self.ok, self.error = False, f"{e.__class__.__name__}: {e}"
+            raise AudioDeviceError(f"cannot open sound device {self.query or 'default'!r}: {e}") from e
+        self._stream, self.rate, self.name = stream, rate, dev["name"]
+        self._out_latency = float(stream.latency)
+        self.ok, self.error = True, None
+        log.info("sound device %r open: %d Hz float32 mono, latency %.0f ms (asked %.0f ms)",
+                 self.name, rate, 1000 * stream.latency, 1000 * self.latency_s)
+        if self._watcher is None:
+            self._stop_watcher.clear()
+            self._watcher = threading.Thread(target=self._watch, name=f"sound-watch-{self.name}", daemon=True)
+            self._watcher.start()
+
+    def ensure_open(self) -> bool:
+        """True if the device is usable; re-opens a failed one at most every REOPEN_INTERVAL_S."""
+        with self._open_lock:      # the worker and AudioOutput's re-open thread may both ask
+            if self.ok:
+                return True
+            if time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
+                return False
+            try:
+                self.open()
+                log.info("sound device %r is back", self.name)
+                return True
+            except AudioDeviceError as e:
+                log.warning("sound device still unusable: %s", e)
+                return False
+
+    def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Play what is queued (up to ``drain_timeout_s``), fire pending callbacks, close the stream."""
+        deadline = time.monotonic() + drain_timeout_s
+        with self._lock:
+            while self.ok and self.lanes.buffered > 0 and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+            self._closing = True
+        time.sleep(self._out_latency if self.ok else 0)
+        self._stop_watcher.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+            self._watcher = None
+        self._fire_played(force=True)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.stop()
+                stream.close()
+            except Exception as e:
+                log.warning("closing sound device %r: %s", self.name, e)
+        self.ok = False
+        self.error = "closed"
+
+    # ------------------------------------------------------------------ feeding
+
+    def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
+              on_first: Optional[Callable[[float], None]] = None) -> None:
+        """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
+        mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
+        ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
+        ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
+        were written to the device."""
+        with self._lock:
+            self.lanes.begin(owner, lane, on_failure, on_first)
+
+    def end(self, owner: object) -> None:
+        """The request wrote its last chunk (it stays registered for failures until played)."""
+        with self._lock:
+            self.lanes.end(owner)
+
+    def forget(self, owner: object) -> None:
+        """The request was played or aborted: no more failure notifications for it."""
+        with self._lock:
+            if self.lanes.forget(owner):
+                self._lock.notify_all()
+
+    def enqueue(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]] = None) -> bool:
+        """Append float32 ``[n]`` samples at :attr:`rate` to ``owner``'s voice; ``on_played``
+        fires (watcher thread) about one latency after its last sample was played. False if the
+        device has failed or ``owner`` is not registered."""
+        with self._lock:
+            return self.ok and self.lanes.push(owner, data, on_played)
+
+    def wait_room(self, aborted: Callable[[], bool], beat: Optional[Callable[[], None]] = None,
+                  owner: object = None) -> None:
+        """Block while ``owner``'s voice is sounding and holds more than MAX_BUFFER_S of audio
+        (returns early on abort/failure); ``beat()`` is called about every 0.1 s meanwhile.
+        A voice that waits behind another in its lane is never held back (holding it would
+        stall the synthesis the sounding voice needs)."""
+        limit = int(MAX_BUFFER_S * max(self.rate, 1))
+        while True:
+            with self._lock:
+                if not (self.ok and self.lanes.over(owner, limit) and not aborted()):
+                    return
+                self._lock.wait(0.1)
+            if beat is not None:
+                beat()
+
+    def drop(self, owner: object) -> int:
+        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
+        with self._lock:
+            dropped = self.lanes.drop(owner)
+            self._lock.notify_all()
+            return dropped
+
+    def status(self) -> dict:
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (stalls of a streaming
+        voice), underrun_ms (the silence they left), xruns, buffered_ms."""
+        return {
+            "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
+            "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
+            "voices": len(self.lanes.voices),
+            "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
+        }
+
+    # ------------------------------------------------------------------ threads
+
+    def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
+        out = outdata[:, 0]
+        now = time.monotonic()
+        with self._lock:
+            # ALSA wakes PortAudio once per period and may ask for several blocks back to back: a
+            # voice must hold a whole wake-up's worth before it starts (Lanes.mix start threshold)
+            if now - self._last_cb < BURST_GAP_S:
+                self._burst += frames
+            else:
+                if self._burst:       # a catch-up after a stall is rare: the median ignores it
+                    self._bursts.append(self._burst)
+                    self.burst_frames = sorted(self._bursts)[len(self._bursts) // 2]
+                self._burst = frames
+            self._last_cb = now
+            if status.output_underflow:
+                self.xruns += 1
+            sounding, dry, gap, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+                                                        start_frames=self.burst_frames,
+                                                        rebuffer_frames=int(REBUFFER_S * self.rate))
+            self.underruns += dry
+            self.gap_frames += gap
+            if sounding > 1:
+                self.mixed_blocks += 1
+            if played:
+                self._lock.notify_all()
+        if sounding == 0:
+            out[:] = 0.0
+        elif sounding > 1:
+            np.clip(out, -1.0, 1.0, out=out)
+
+    def _finished(self) -> None:  # PortAudio thread, stream became inactive
+        with self._lock:
+            if not self._closing and self._dead is None:
+                self._dead = "the output stream stopped unexpectedly"   # the watcher handles it
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if not self.ok:
+                return
+            self.ok, self.error = False, reason
+            self._last_open_attempt = time.monotonic()    # first re-open REOPEN_INTERVAL_S from now
+            self._played.clear()
+            listeners = self.lanes.clear()
+            self._lock.notify_all()
+        log.error("sound device %r failed: %s; requests go to WAV until it is back", self.name, reason)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.abort()
+                stream.close()
+            except Exception:
+                pass
+        for cb in listeners:
+            try:
+                cb(reason)
+            except Exception:
+                log.exception("device-failure listener")
+
+    def _fire_played(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [cb for t, cb in self._played if force or t <= now]
+            self._played = [(t, cb) for t, cb in self._played if not (force or t <= now)]
+        for cb in due:
+            try:
+                cb()
+            except Exception:
+                log.exception("played callback")
+
+    def _watch(self) -> None:
+        stall_s = max(2.0, 10 * self.latency_s)
+        while not self._stop_watcher.wait(0.02):
+            self._fire_played()
+            if self.underruns != self._logged_underruns:
+                log.warning("sound device %r: %d underrun(s) so far, %.0f ms of silence (synthesis slower than "
+                            "playback; a stalled voice re-buffers %.0f ms)", self.name, self.underruns,
+                            1000.0 * self.gap_frames / max(self.rate, 1), 1000 * REBUFFER_S)
+                self._logged_underruns = self.underruns
+            with self._lock:
+                dead = self._dead if self.ok and not self._closing else None
+                stalled = self.ok and not self._closing and time.monotonic() - self._last_cb > stall_s
+            if dead:
+                self._fail(dead)
+            elif stalled:
+                self._fail(f"no audio callback for {stall_s:.1f} s")

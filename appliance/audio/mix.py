@@ -1,0 +1,213 @@
+"""The voices of one sound device and how they are mixed into the output stream.
+
+Each request is a *voice* with its own FIFO of float32 mono chunks, so a cancel drops exactly
+that request's unplayed audio. Voices belong to a *lane*: the voices of one lane play one
+after the other, in the order they began (requests of one channel never overlap). In ``mix``
+mode each channel is its own lane and :meth:`Lanes.mix` sums the lanes' current voices
+(hard-clipped to [-1, 1] by the caller when two or more sound at once; a lone voice is copied
+unchanged); in ``serialize`` mode every voice is in one lane, so a second channel's request
+waits until the first one has played out. Samples of two requests are never interleaved.
+
+No threads and no locking here: :class:`~appliance.audio.device.DeviceOutput` holds its
+lock around every call (the PortAudio callback calls :meth:`Lanes.mix`).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Hashable, Optional
+
+import numpy as np
+
+
+class _Chunk:
+    __slots__ = ("data", "pos", "on_played")
+
+    def __init__(self, data: np.ndarray, on_played: Optional[Callable[[], None]]):
+        self.data, self.pos, self.on_played = data, 0, on_played
+
+
+class Voice:
+    """One request on a device: its chunks, its lane, whether it is still being written.
+
+    Attributes:
+        buffered: samples queued and not yet played.
+        writing: False (no audio yet), True (streaming: running dry is an underrun), None (ended).
+        started: whether it is sounding (see :meth:`Lanes.mix`: start threshold, re-buffering).
+        need: samples it must hold to resume after an underrun (0: it has not run dry).
+        on_failure: ``on_failure(reason)`` when the device fails.
+    """
+
+    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "on_failure", "on_first")
+
+    def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
+                 on_first: Optional[Callable[[float], None]] = None):
+        self.lane = lane
+        self.chunks: collections.deque[_Chunk] = collections.deque()
+        self.buffered = 0
+        self.writing: Optional[bool] = False
+        self.started = False
+        self.need = 0                # samples to hold before resuming after an underrun (0: none)
+        self.on_failure = on_failure
+        self.on_first = on_first     # on_first(monotonic time) once its first samples go out
+
+
+class Lanes:
+    """The voices of one device, in begin order (see the module docstring).
+
+    Args:
+        serialize: put every voice in one lane (``audio.same_device: serialize``).
+
+    Attributes:
+        voices: owner -> :class:`Voice`, in begin order.
+        buffered: samples queued over all voices.
+    """
+
+    def __init__(self, serialize: bool = False) -> None:
+        self.serialize = serialize
+        self.voices: dict[object, Voice] = {}
+        self.buffered = 0
+        self._mixbuf = np.zeros(0, np.float32)
+
+    def begin(self, owner: object, lane: Optional[Hashable], on_failure: Callable[[str], None],
+              on_first: Optional[Callable[[float], None]] = None) -> None:
+        """Register ``owner`` as a voice of ``lane`` (ignored when serializing); ``on_first(t)`` is
+        queued like a played callback when its first samples are written to the device (``t``:
+        the ``written_at`` of that block)."""
+        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first)
+
+    def end(self, owner: object) -> None:
+        """``owner`` wrote its last chunk (it stays registered until :meth:`forget`)."""
+        v = self.voices.get(owner)
+        if v is not None:
+            v.writing = None
+
+    def forget(self, owner: object) -> bool:
+        """Unregister ``owner`` (its unplayed samples leave the count); True if it was there."""
+        v = self.voices.pop(owner, None)
+        if v is None:
+            return False
+        self.buffered -= v.buffered
+        return True
+
+    def push(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]]) -> bool:
+        """Append float32 ``[n]`` samples to ``owner``'s voice; False if it is not registered."""
+        v = self.voices.get(owner)
+        if v is None:
+            return False
+        if v.writing is False and len(data):
+            v.writing = True      # first audio: from now on a dry voice is an underrun
+        v.chunks.append(_Chunk(np.ascontiguousarray(data, dtype=np.float32), on_played))
+        v.buffered += len(data)
+        self.buffered += len(data)
+        return True
+
+    def drop(self, owner: object) -> int:
+        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
+        v = self.voices.get(owner)
+        if v is None:
+            return 0
+        dropped = v.buffered
+        v.chunks.clear()
+        v.buffered = 0
+        self.buffered -= dropped
+        return dropped
+
+    def clear(self) -> list[Callable[[str], None]]:
+        """Forget every voice (the device failed); returns their ``on_failure`` callbacks."""
+        listeners = [v.on_failure for v in self.voices.values()]
+        self.voices.clear()
+        self.buffered = 0
+        return listeners
+
+    def sounding(self) -> list[Voice]:
+        """The voice that plays now in each lane: the first begun one that is not played out
+        (ended and empty; such a voice stays registered for failures until :meth:`forget`)."""
+        seen: dict[object, Voice] = {}
+        for v in self.voices.values():
+            if v.writing is None and not v.chunks:
+                continue
+            if v.lane not in seen:
+                seen[v.lane] = v
+        return list(seen.values())
+
+    def over(self, owner: object, limit: int) -> bool:
+        """True when ``owner``'s voice is sounding and holds more than ``limit`` samples (a voice
+        waiting behind another in its lane never is); without a voice, all voices together."""
+        v = self.voices.get(owner) if owner is not None else None
+        if v is None:
+            return self.buffered > limit
+        return v.buffered > limit and any(x is v for x in self.sounding())
+
+    def mix(self, out: np.ndarray, frames: int, played_at: float,
+            played: list[tuple[float, Callable[[], None]]], written_at: Optional[float] = None,
+            start_frames: int = 0, rebuffer_frames: int = 0) -> tuple[int, int, int, int]:
+        """Fill ``out[:frames]`` (float32) from the sounding voices, summing lanes. The
+        ``on_played`` of every chunk finished here is appended to ``played`` as
+        ``(played_at, callback)``.
+
+        Start threshold (as ALSA's ``start_threshold``): a voice that has not sounded yet and is
+        still being written starts only once it holds ``max(frames, start_frames)`` samples
+        (``start_frames``: what the device takes in one wake-up, e.g. two 25 ms blocks back to
+        back for an ALSA period at 100 ms latency). A request's first chunk (4 decode steps =
+        85 ms, less the ISTFT's and the resampler's hold-back) can be shorter than that, and
+        starting on less would play the chunk, then a gap of silence inside the first word.
+        Waiting costs at most the time to the second chunk. A voice that has ended starts with
+        whatever it holds.
+
+        Underrun and re-buffering (as a media player does): a started voice that runs dry while
+        its request is still being written stops and resumes only once it holds
+        ``max(frames, start_frames, rebuffer_frames)`` samples. Where synthesis is slower than
+        playback the silence is then one pause per stall instead of a gap at every chunk;
+        the total gap is the same, and is counted.
+
+        Returns:
+            ``(sounding, underruns, gap, samples)``: voices that sounded (the caller zeroes
+            ``out`` for 0 and clips it for 2 or more), voices that ran dry in this block (new
+            underruns), samples of silence inside streaming voices (running dry or
+            re-buffering), and samples taken from the FIFOs.
+        """
+        if len(self._mixbuf) < frames:
+            self._mixbuf = np.zeros(frames, np.float32)
+        sounding = underruns = gap = taken = 0
+        for v in self.sounding():
+            if not v.started and v.writing is True and v.buffered < max(frames, start_frames, v.need):
+                if v.need:
+                    gap += frames                          # re-buffering after an underrun
+                continue                                   # below the start threshold: not yet
+            if not v.chunks:
+                if v.writing is True:
+                    underruns += 1
+                    gap += frames
+                    v.started, v.need = False, max(1, rebuffer_frames)
+                continue
+            v.started, v.need = True, 0
+            dst = out if sounding == 0 else self._mixbuf
+            n = 0
+            while n < frames and v.chunks:
+                c = v.chunks[0]
+                take = min(frames - n, len(c.data) - c.pos)
+                dst[n:n + take] = c.data[c.pos:c.pos + take]
+                c.pos += take
+                n += take
+                if c.pos == len(c.data):
+                    v.chunks.popleft()
+                    if c.on_played is not None:
+                        played.append((played_at, c.on_played))
+            if n and v.on_first is not None:   # the voice's first samples go out in this block
+                first, v.on_first = v.on_first, None
+                t = played_at if written_at is None else written_at
+                played.append((played_at, lambda f=first, t=t: f(t)))
+            if n < frames:
+                dst[n:frames] = 0.0
+                if v.writing is True:
+                    underruns += 1
+                    gap += frames - n
+                    v.started, v.need = False, max(1, rebuffer_frames)
+            if sounding > 0:
+                out[:frames] += self._mixbuf[:frames]
+            sounding += 1
+            v.buffered -= n
+            taken += n
+        self.buffered -= taken
+        return sounding, underruns, gap, taken

@@ -1,0 +1,156 @@
+"""What counts against ``service.memory_budget_mb``, by the kind of memory the box has.
+
+Three kinds (:func:`memory_kind`), one rule each:
+
+* ``unified`` (a Jetson: the GPU allocates from system RAM, ``NvMapMemUsed`` in ``/proc/meminfo``
+  or ``/etc/nv_tegra_release`` present): **RSS + NvMap** against the budget. NvMap is the GPU's
+  allocations (weights, KV cache, CUDA context) that RSS does not show.
+* ``discrete`` (a desktop or server GPU): the process's **device memory** against the budget, as
+  NVML reports it for this PID (weights, KV cache, activations and the CUDA context: what the
+  card must hold); where NVML is missing, the backend's own figure (the caching allocator's
+  reserve, which leaves out the context). Host **RSS** is held against its own limit,
+  ``service.host_rss_limit_mb``: a discrete card's memory and the host's are separate pools, and
+  torch's CUDA libraries alone keep about 0.7 GiB resident on the host (measured on an H200:
+  ``import torch`` 491 MiB, + CUDA context 614, + one cuBLAS FP16 GEMM 767; bench/RESULTS.md).
+* ``cpu``: **RSS** against the budget.
+
+The service layer holds no tensors: the backend's device figure comes in as a number.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from .sources import read_text
+from .telemetry import process_memory_mib
+
+log = logging.getLogger(__name__)
+
+KINDS = ("unified", "discrete", "cpu")
+
+
+def is_jetson(root: str = "/") -> bool:
+    """True on an NVIDIA Jetson (unified memory): ``/etc/nv_tegra_release`` exists or
+    ``/proc/meminfo`` has ``NvMapMemUsed``."""
+    if os.path.exists(os.path.join(root, "etc/nv_tegra_release")):
+        return True
+    return "NvMapMemUsed" in (read_text(os.path.join(root, "proc/meminfo")) or "")
+
+
+def memory_kind(device: str, root: str = "/") -> str:
+    """``unified``, ``discrete`` or ``cpu`` for a backend running on ``device`` (``cpu``,
+    ``cuda``, ``cuda:0``, ...)."""
+    if is_jetson(root):
+        return "unified"
+    return "discrete" if device.startswith("cuda") else "cpu"
+
+
+def nvmap_mib(root: str = "/") -> Optional[float]:
+    """``NvMapMemUsed`` from ``/proc/meminfo``, MiB (None where absent)."""
+    m = re.search(r"^NvMapMemUsed:\s+(\d+)\s*kB", read_text(os.path.join(root, "proc/meminfo")) or "", re.M)
+    return int(m.group(1)) / 1024.0 if m else None
+
+
+def nvml_process_mib(pid: Optional[int] = None) -> Optional[float]:
+    """Device memory NVML reports for process ``pid`` (default: this one) summed over the GPUs,
+    MiB, CUDA context included; None without ``nvidia-ml-py``, a driver, or the process on a GPU.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    pid = os.getpid() if pid is None else pid
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - pynvml.NVMLError: no driver or no GPU
+        log.debug("nvml: %s", e)
+        return None
+    try:
+        total, seen = 0, False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.pid == pid and p.usedGpuMemory is not None:
+                    total += int(p.usedGpuMemory)
+                    seen = True
+        return total / (1024.0 * 1024.0) if seen else None
+    except Exception as e:  # noqa: BLE001
+        log.debug("nvml: %s", e)
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One reading of the appliance's memory, by the rule of its kind (module docstring).
+
+    Attributes:
+        kind: ``unified``, ``discrete`` or ``cpu``.
+        rss_mib: the process's resident host memory, MiB.
+        device_mib: GPU memory counted for it (NvMap on a Jetson, NVML or the backend's figure on
+            a desktop GPU, 0 on a CPU), MiB.
+        source: where ``device_mib`` came from: ``nvmap``, ``nvml``, ``backend`` or ``none``.
+        budget_mib: what counts against ``service.memory_budget_mb``, MiB.
+        host_mib: what counts against ``service.host_rss_limit_mb`` (RSS on a desktop GPU;
+            None on the other kinds, whose RSS is in ``budget_mib``).
+    """
+
+    kind: str
+    rss_mib: float
+    device_mib: float
+    source: str
+    budget_mib: float
+    host_mib: Optional[float]
+
+    def describe(self) -> str:
+        """One phrase for logs and STATUS, e.g. ``812 MiB device memory (nvml) + 1100 MiB host RSS``."""
+        if self.kind == "discrete":
+            return (f"{self.device_mib:.0f} MiB device memory ({self.source}) against the budget, "
+                    f"{self.rss_mib:.0f} MiB host RSS against service.host_rss_limit_mb")
+        if self.kind == "unified":
+            return f"{self.rss_mib:.0f} MiB RSS + {self.device_mib:.0f} MiB GPU memory ({self.source})"
+        return f"{self.rss_mib:.0f} MiB RSS"
+
+
+def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[float],
+            backend_mib: float) -> Footprint:
+    """The :class:`Footprint` of one set of readings (pure; :func:`measure` reads them).
+
+    Args:
+        kind: :data:`KINDS`.
+        rss_mib: resident host memory, MiB.
+        nvmap: ``NvMapMemUsed`` MiB (Jetson) or None. nvml: this process's NVML figure or None.
+        backend_mib: the backend's own device memory figure (caching allocator), MiB.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"memory kind {kind!r}: one of {KINDS}")
+    if kind == "unified":
+        dev, src = (nvmap, "nvmap") if nvmap is not None else (backend_mib, "backend")
+        return Footprint(kind, rss_mib, dev, src, rss_mib + dev, None)
+    if kind == "discrete":
+        dev, src = (nvml, "nvml") if nvml is not None else (backend_mib, "backend")
+        return Footprint(kind, rss_mib, dev, src, dev, rss_mib)
+    return Footprint(kind, rss_mib, 0.0, "none", rss_mib, None)
+
+
+def measure(kind: str, backend_mib: float = 0.0, root: str = "/") -> Optional[Footprint]:
+    """Read this process's :class:`Footprint` now (None when ``/proc`` is unreadable).
+
+    Args:
+        kind: :func:`memory_kind` of the running backend.
+        backend_mib: the backend's own device memory figure, MiB (``Pipeline.device_memory_bytes``).
+    """
+    rss = process_memory_mib(root=root)
+    if rss is None:
+        return None
+    nvmap = nvmap_mib(root) if kind == "unified" else None
+    nvml = nvml_process_mib() if kind == "discrete" else None
+    return combine(kind, rss, nvmap, nvml, backend_mib)

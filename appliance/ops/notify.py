@@ -1,0 +1,393 @@
+"""systemd integration: sd_notify messages and the watchdog.
+
+Everything here is a no-op outside systemd (no ``$NOTIFY_SOCKET``, no ``$WATCHDOG_USEC``), so
+the daemon calls it unconditionally. (Socket activation is
+:func:`appliance.transports.socket_server.inherited_socket`.)
+
+**sd_notify transport: libsystemd when importable, else a stdlib sender.** ``systemd-python``
+(``systemd.daemon.notify`` -> ``sd_pid_notify_with_fds(3)``) is the reference implementation of
+the protocol: it follows whatever address forms the running systemd supports (path, abstract
+``@name``, and ``vsock:`` on systemd >= 253) and is what ``python3-systemd`` gives on a Jetson.
+It is a C extension that pip only builds with ``libsystemd-dev`` + ``pkg-config``, so a dev
+box or CI may lack it; then :func:`_send_stdlib` sends the same datagram itself (protocol in
+``sd_notify(3)``: one ``AF_UNIX``/``SOCK_DGRAM`` datagram of newline-separated ``KEY=VALUE``
+assignments to ``$NOTIFY_SOCKET``; a leading ``@`` means the Linux abstract namespace). The
+transport is picked once at import (:data:`TRANSPORT`); :class:`Notifier` composes every
+message and is the only caller of either sender, so the message logic exists once.
+
+Public API used by the daemon (see each docstring):
+
+* :class:`Notifier` – ``ready()``, ``status()``, ``watchdog()``, ``reloading()``, ``stopping()``,
+  ``extend_timeout()``, ``send()``; :func:`format_status` builds the ``STATUS=`` text.
+* :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
+  heartbeat (:meth:`Watchdog.beat`) is fresh.
+* :class:`SystemdBridge` – the daemon's ``Hooks`` as sd_notify calls (``Hooks(**bridge.hooks())``).
+
+Logging (journald under systemd, stderr otherwise) is set up in :mod:`appliance.ops.logsetup`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from ..messages.protocol import StatusReply
+
+log = logging.getLogger(__name__)
+
+try:  # pragma: no cover - depends on the machine
+    from systemd import daemon as _sd_daemon
+except ImportError:  # pragma: no cover
+    _sd_daemon = None
+
+#: ``"libsystemd"`` (systemd-python) or ``"stdlib"``: how :class:`Notifier` sends.
+TRANSPORT = "libsystemd" if _sd_daemon is not None else "stdlib"
+
+
+def _send_stdlib(message: str) -> bool:
+    """Send one sd_notify datagram to ``$NOTIFY_SOCKET`` with the socket module.
+
+    Returns False when ``$NOTIFY_SOCKET`` is unset (not under systemd), True when sent.
+
+    Raises:
+        OSError: the socket cannot be reached (ENOENT, ECONNREFUSED, ...) or the address form
+            is not supported here (``vsock:``, needs libsystemd).
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr[0] == "@":
+        addr = "\0" + addr[1:]
+    elif addr[0] != "/":
+        raise OSError(f"NOTIFY_SOCKET={addr!r}: only path and @abstract addresses are supported "
+                      f"without systemd-python (install python3-systemd)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        s.connect(addr)
+        s.sendall(message.encode("utf-8"))
+    return True
+
+
+def _send_libsystemd(message: str) -> bool:
+    """Send through ``sd_pid_notify_with_fds`` (systemd-python); same contract as
+    :func:`_send_stdlib`."""
+    return bool(_sd_daemon.notify(message))
+
+
+def monotonic_usec() -> int:
+    """``CLOCK_MONOTONIC`` in microseconds (what ``MONOTONIC_USEC=`` carries)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+
+
+def format_status(state: str, *, busy: Optional[int] = None, channels: Optional[int] = None,
+                  last_rtf: Optional[float] = None, last_ttfb_ms: Optional[float] = None,
+                  temperature_c: Optional[float] = None, throttle: Optional[str] = None,
+                  memory_mib: Optional[float] = None, memory_budget_mib: Optional[float] = None) -> str:
+    """One-line ``STATUS=`` text, e.g. ``ready; busy 1/3; rtf 0.42; ttfb 310 ms; 52.1C; throttle normal;
+    mem 812/1500 MiB``.
+
+    Args:
+        state: daemon state word (``loading``, ``warming up``, ``ready``, ``reloading``, ``draining``).
+        busy / channels: channels synthesizing now / channels configured.
+        last_rtf: real-time factor of the last finished request (s compute per s audio).
+        last_ttfb_ms: time to first PCM of the last request, ms.
+        temperature_c: the temperature the throttle uses (tj or GPU), degrees C.
+        throttle: throttle level name (:class:`appliance.ops.throttle.Level` value).
+        memory_mib / memory_budget_mib: RSS + device memory now / ``service.memory_budget_mb``, MiB.
+    """
+    parts = [state]
+    if busy is not None and channels is not None:
+        parts.append(f"busy {busy}/{channels}")
+    if last_rtf is not None:
+        parts.append(f"rtf {last_rtf:.2f}")
+    if last_ttfb_ms is not None:
+        parts.append(f"ttfb {last_ttfb_ms:.0f} ms")
+    if temperature_c is not None:
+        parts.append(f"{temperature_c:.1f}C")
+    if throttle is not None:
+        parts.append(f"throttle {throttle}")
+    if memory_mib is not None:
+        parts.append(f"mem {memory_mib:.0f}" + (f"/{memory_budget_mib:.0f}" if memory_budget_mib else "") + " MiB")
+    return "; ".join(parts)
+
+
+class Notifier:
+    """Sends sd_notify(3) messages to ``$NOTIFY_SOCKET`` (read at each send, as libsystemd does).
+
+    Every method returns True when a datagram was sent, False when not under systemd or when
+    sending failed (a failure is logged as a warning once; notify must never stop the daemon).
+
+    Args:
+        transport: ``"auto"`` (:data:`TRANSPORT`), ``"libsystemd"`` or ``"stdlib"`` (tests).
+
+    Raises:
+        ValueError: ``transport="libsystemd"`` without systemd-python, or an unknown name.
+    """
+
+    def __init__(self, transport: str = "auto") -> None:
+        if transport == "auto":
+            transport = TRANSPORT
+        if transport == "libsystemd" and _sd_daemon is None:
+            raise ValueError("transport 'libsystemd' needs systemd-python (pip install "
+                             "systemd-python, or apt install python3-systemd)")
+        if transport not in ("libsystemd", "stdlib"):
+            raise ValueError(f"unknown notify transport {transport!r} (auto, libsystemd, stdlib)")
+        self.transport = transport
+        self._sender: Callable[[str], bool] = _send_libsystemd if transport == "libsystemd" else _send_stdlib
+        self._warned = False
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        """True when ``$NOTIFY_SOCKET`` is set (the service runs under systemd ``Type=notify``)."""
+        return bool(os.environ.get("NOTIFY_SOCKET"))
+
+    def send(self, *assignments: str) -> bool:
+        """Send ``KEY=VALUE`` assignments in one datagram (newlines inside values are replaced
+        by spaces, since the protocol is line-based)."""
+        if not self.enabled:
+            return False
+        msg = "\n".join(a.replace("\n", " ") for a in assignments)
+        try:
+            with self._lock:
+                return self._sender(msg)
+        except OSError as e:
+            if not self._warned:
+                log.warning("sd_notify to %s failed: %s (further failures are not logged)",
+                            os.environ.get("NOTIFY_SOCKET"), e)
+                self._warned = True
+            return False
+
+    def ready(self, status: Optional[str] = None) -> bool:
+        """``READY=1`` (after warm-up, and again at the end of a reload), with ``STATUS=``."""
+        return self.send("READY=1", *([f"STATUS={status}"] if status is not None else []))
+
+    def status(self, text: str) -> bool:
+        """``STATUS=<text>`` (see :func:`format_status`)."""
+        return self.send(f"STATUS={text}")
+
+    def watchdog(self) -> bool:
+        """``WATCHDOG=1`` (use :class:`Watchdog` instead of calling this directly)."""
+        return self.send("WATCHDOG=1")
+
+    def reloading(self, status: str = "reloading configuration") -> bool:
+        """``RELOADING=1`` + ``MONOTONIC_USEC=`` (systemd >= 253 requires it, older ignores
+        it); send :meth:`ready` when the reload is done."""
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec()}", f"STATUS={status}")
+
+    def stopping(self, status: str = "stopping") -> bool:
+        """``STOPPING=1`` (at SIGTERM, before the drain)."""
+        return self.send("STOPPING=1", f"STATUS={status}")
+
+    def extend_timeout(self, seconds: float, status: Optional[str] = None) -> bool:
+        """``EXTEND_TIMEOUT_USEC=<seconds * 1e6>``: asks systemd for ``seconds`` more from now
+        before the start (or stop) timeout fires; send it again before it runs out while
+        engines load or build."""
+        if seconds <= 0:
+            raise ValueError(f"extend_timeout: seconds must be > 0, got {seconds}")
+        extra = [f"STATUS={status}"] if status is not None else []
+        return self.send(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}", *extra)
+
+
+def watchdog_interval_s(environ: Optional[dict] = None) -> Optional[float]:
+    """The watchdog timeout systemd set for this process, seconds, or None.
+
+    Follows ``sd_watchdog_enabled(3)``: ``$WATCHDOG_USEC`` must be a positive integer and
+    ``$WATCHDOG_PID``, when set, must be this process's pid.
+    """
+    env = os.environ if environ is None else environ
+    usec = env.get("WATCHDOG_USEC")
+    if not usec:
+        return None
+    try:
+        value = int(usec)
+    except ValueError:
+        log.warning("ignoring WATCHDOG_USEC=%r (not an integer)", usec)
+        return None
+    pid = env.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
+    return value / 1e6 if value > 0 else None
+
+
+class Watchdog:
+    """Pings ``WATCHDOG=1`` at half the watchdog interval while every required heartbeat is fresh.
+
+    The worker thread calls :meth:`beat` at least every ``stale_after_s`` (every decode step,
+    and every idle wait, e.g. ``queue.get(timeout=interval/4)``). When a required heartbeat is
+    older than ``stale_after_s`` the pings stop, systemd's ``WatchdogSec`` expires and
+    ``Restart=on-failure`` restarts the service: a hung worker restarts the box's speech
+    within about ``stale_after_s + interval``.
+
+    Args:
+        notifier: where pings go.
+        interval_s: watchdog timeout, s; default from :func:`watchdog_interval_s` (None:
+            disabled, :meth:`start` does nothing).
+        stale_after_s: heartbeat age beyond which pings stop; default ``interval_s``.
+        require: heartbeat names that must all be fresh (e.g. ``("worker", "loop")``).
+        clock: monotonic clock in seconds (tests).
+    """
+
+    def __init__(self, notifier: Notifier, interval_s: Optional[float] = None,
+                 stale_after_s: Optional[float] = None, require: Iterable[str] = ("worker",),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.notifier = notifier
+        self.interval_s = watchdog_interval_s() if interval_s is None else interval_s
+        self.stale_after_s = stale_after_s if stale_after_s is not None else (self.interval_s or 0.0)
+        self.require = tuple(require)
+        self._clock = clock
+        now = clock()
+        self._beats = {name: now for name in self.require}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._stale_logged = False
+        self.pings = 0
+
+    @property
+    def enabled(self) -> bool:
+        """True when systemd asked for a watchdog (``WatchdogSec=`` set on the unit)."""
+        return bool(self.interval_s)
+
+    def beat(self, name: str = "worker") -> None:
+        """Record that thread ``name`` is alive (cheap; call it from the thread itself)."""
+        self._beats[name] = self._clock()
+
+    def stale(self) -> list[str]:
+        """Names of required heartbeats older than ``stale_after_s`` (empty: all fresh)."""
+        now = self._clock()
+        return [n for n in self.require if now - self._beats.get(n, float("-inf")) > self.stale_after_s]
+
+    def tick(self) -> bool:
+        """One watchdog decision: ping if every required heartbeat is fresh. Returns True
+        when ``WATCHDOG=1`` was sent."""
+        stale = self.stale()
+        if stale:
+            if not self._stale_logged:
+                log.error("watchdog: heartbeat of %s is older than %.1f s; withholding WATCHDOG=1 "
+                          "so systemd restarts the service", ", ".join(stale), self.stale_after_s)
+                self._stale_logged = True
+            return False
+        if self._stale_logged:
+            log.warning("watchdog: heartbeats fresh again; pinging resumes")
+            self._stale_logged = False
+        sent = self.notifier.watchdog()
+        if sent:
+            self.pings += 1
+        return sent
+
+    def start(self) -> None:
+        """Start the ping thread (daemon thread ``sd-watchdog``); no-op when disabled."""
+        if not self.enabled or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="sd-watchdog", daemon=True)
+        self._thread.start()
+        log.info("watchdog: interval %.1f s, pinging every %.1f s while %s beat within %.1f s",
+                 self.interval_s, self.interval_s / 2, "/".join(self.require), self.stale_after_s)
+
+    def stop(self) -> None:
+        """Stop the ping thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        period = self.interval_s / 2
+        self.tick()
+        while not self._stop.wait(period):
+            self.tick()
+
+
+class SystemdBridge:
+    """The daemon's hooks (:class:`appliance.daemon.daemon.Hooks`) turned into sd_notify messages.
+
+    Wiring (in ``hooks.build_hooks``)::
+
+        bridge = SystemdBridge()
+        return Hooks(**bridge.hooks())
+
+    * ``on_loading(text)``: ``EXTEND_TIMEOUT_USEC`` + ``STATUS=text``; a keep-alive thread
+      re-sends the extension every ``extend_s / 3`` until ready, so one slow stage (an engine
+      build) does not hit ``TimeoutStartSec``; after ``max_start_s`` it stops extending and
+      systemd's timeout applies (a hung start-up is still caught).
+    * ``on_ready()``: ``READY=1`` + ``STATUS=``; starts the :class:`Watchdog`.
+    * ``on_status(reply)``: ``STATUS=`` from a :class:`~appliance.messages.protocol.StatusReply`
+      (:func:`format_status`: busy channels, last RTF/TTFB, temperature, throttle level).
+    * ``on_heartbeat()``: :meth:`Watchdog.beat` (from the worker thread).
+    * ``on_reload()``: ``RELOADING=1`` + ``MONOTONIC_USEC``; call :meth:`reloaded` when the new
+      config is in force (``READY=1``), or systemd waits for the reload until its timeout.
+    * ``on_stopping()``: ``STOPPING=1`` (the watchdog keeps pinging while the worker drains).
+
+    Args:
+        notifier: default ``Notifier()``.
+        watchdog: default ``Watchdog(notifier)`` (interval from ``$WATCHDOG_USEC``).
+        extend_s: each start-up extension, s.
+        max_start_s: stop extending after this long, s.
+    """
+
+    def __init__(self, notifier: Optional[Notifier] = None, watchdog: Optional[Watchdog] = None,
+                 extend_s: float = 90.0, max_start_s: float = 1800.0) -> None:
+        self.notifier = notifier or Notifier()
+        self.watchdog = watchdog or Watchdog(self.notifier)
+        self.extend_s = extend_s
+        self.max_start_s = max_start_s
+        self._starting = threading.Event()
+        self._ready = threading.Event()
+        self._extender: Optional[threading.Thread] = None
+        self._t0 = time.monotonic()
+
+    def hooks(self) -> dict:
+        """Keyword arguments for ``Hooks(...)``."""
+        return {"on_loading": self.on_loading, "on_ready": self.on_ready, "on_status": self.on_status,
+                "on_heartbeat": self.on_heartbeat, "on_reload": self.on_reload, "on_stopping": self.on_stopping}
+
+    def on_loading(self, text: str) -> None:
+        self.notifier.extend_timeout(self.extend_s, status=text)
+        if self._extender is None and self.notifier.enabled:
+            self._extender = threading.Thread(target=self._keep_extending, name="sd-extend", daemon=True)
+            self._extender.start()
+
+    def _keep_extending(self) -> None:
+        while not self._ready.wait(self.extend_s / 3):
+            if time.monotonic() - self._t0 > self.max_start_s:
+                log.error("start-up still not finished after %.0f s; no more EXTEND_TIMEOUT_USEC", self.max_start_s)
+                return
+            self.notifier.extend_timeout(self.extend_s)
+
+    def on_ready(self) -> None:
+        self._ready.set()
+        self.notifier.ready(format_status("ready"))
+        self.watchdog.start()
+
+    def on_status(self, reply: StatusReply) -> None:
+        chans = reply.channels
+        busy = sum(1 for c in chans.values() if c.get("active"))
+        self.notifier.status(format_status(
+            reply.state, busy=busy, channels=len(chans) or None, last_rtf=reply.last_rtf,
+            last_ttfb_ms=reply.last_ttfb_ms, temperature_c=reply.temperature_c, throttle=reply.throttle,
+            memory_mib=reply.memory_mib, memory_budget_mib=reply.memory_budget_mib))
+
+    def on_heartbeat(self) -> None:
+        self.watchdog.beat("worker")
+
+    def on_reload(self) -> None:
+        self.notifier.reloading()
+
+    def reloaded(self, status: str = "ready (configuration reloaded)") -> None:
+        """``READY=1`` after a reload (see :meth:`on_reload`)."""
+        self.notifier.ready(status)
+
+    def on_stopping(self) -> None:
+        self._ready.set()
+        self.notifier.stopping("stopping: draining accepted requests")
+
+    def close(self) -> None:
+        """Stop the watchdog and extender threads (at exit)."""
+        self._ready.set()
+        self.watchdog.stop()
+        if self._extender is not None:
+            self._extender.join(timeout=2)

@@ -1,0 +1,372 @@
+"""Self-throttling: a level with hysteresis, driven by telemetry and measured RTF.
+
+Levels (:class:`Level`, a ``str`` enum whose value goes into ``STATUS=`` and MQTT status):
+
+==================== =====================================================================
+``normal``            every channel, every priority
+``reduced_channels``  at most ``throttle.reduced_channels`` channels synthesize at once
+``queue_low_priority`` as above, chunks ``throttle.chunk_scale`` x larger, ``background``
+                      requests wait in their queue (accepted, not started)
+``alerts_only``       one channel, only ``alert`` requests start; the rest wait
+==================== =====================================================================
+
+Signals, each a :class:`Ladder` of three thresholds (one per level above normal) with its own
+hysteresis band, so a value hovering at a threshold never flaps:
+
+* temperature (``Reading.hot_c``: ``tj``, else the hottest die sensor) against
+  ``trip - reduce/queue/alerts_margin_c``, where ``trip`` is the board's lowest *passive* trip
+  point (``/sys/class/thermal/*/trip_point_*``; ``active`` fan trips are ignored), else
+  ``throttle.trip_c`` / ``fallback_trip_c``;
+* the appliance's memory use against ``service.memory_budget_mb`` (fractions);
+* system ``MemAvailable`` (on Jetson GPU allocations share it and cannot be swapped);
+* input power (``VDD_IN`` or the sum of rails) against ``throttle.power_limit_mw``;
+* measured RTF (observations older than ``max(60 s, 4 x min_dwell_s)`` are forgotten).
+
+The level is the worst signal's level. It rises at once; it falls one level at a time, at most
+once per ``throttle.min_dwell_s``. Every change is logged with its reason and passed to
+``on_change``; nothing is latched, so every level is left again when the cause goes away.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from ..config import ThrottleConfig
+from .readings import Reading, Trip
+
+log = logging.getLogger(__name__)
+
+
+class Level(str, enum.Enum):
+    """Throttle level; ``.value`` is the string shown in STATUS and MQTT."""
+
+    NORMAL = "normal"
+    REDUCED_CHANNELS = "reduced_channels"
+    QUEUE_LOW_PRIORITY = "queue_low_priority"
+    ALERTS_ONLY = "alerts_only"
+
+    @property
+    def rank(self) -> int:
+        """0 (normal) .. 3 (alerts_only)."""
+        return _ORDER.index(self)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ORDER = [Level.NORMAL, Level.REDUCED_CHANNELS, Level.QUEUE_LOW_PRIORITY, Level.ALERTS_ONLY]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the scheduler may do at a level.
+
+    Attributes:
+        level: the level these limits belong to.
+        max_channels: channels that may synthesize at the same time.
+        chunk_scale: multiply ``stream.chunk_tokens`` by this.
+        run_priorities: priorities that may start now; others stay queued (not refused).
+    """
+
+    level: Level
+    max_channels: int
+    chunk_scale: int
+    run_priorities: frozenset
+
+
+@dataclass(frozen=True)
+class Change:
+    """One level change: ``t`` (monotonic s), ``old``, ``new``, ``reason`` (text)."""
+
+    t: float
+    old: Level
+    new: Level
+    reason: str
+
+
+class Ladder:
+    """One signal's level (0..3) from three thresholds with a hysteresis band.
+
+    Up: the level becomes the highest ``k`` whose threshold the value reaches. Down: level
+    ``k`` is left only when the value is ``hysteresis`` past threshold ``k`` (below it, or
+    above it when ``lower_is_worse``). A None value (sensor absent) releases the signal.
+
+    Args:
+        name: signal name for reasons, e.g. ``temperature``.
+        thresholds: three values for levels 1..3 (None = this signal never reaches that level);
+            increasing (decreasing when ``lower_is_worse``).
+        hysteresis: band width, same unit as the value.
+        unit: printed after values (``C``, ``MiB``...).
+        lower_is_worse: e.g. available memory.
+    """
+
+    def __init__(self, name: str, thresholds: Iterable[Optional[float]], hysteresis: float, unit: str = "",
+                 lower_is_worse: bool = False) -> None:
+        self.name = name
+        self.thresholds = list(thresholds)
+        assert len(self.thresholds) == 3, "one threshold per level above normal"
+        self.hysteresis = hysteresis
+        self.unit = unit
+        self.sign = -1.0 if lower_is_worse else 1.0
+        self.level = 0
+        self.value: Optional[float] = None
+
+    def _reached(self, x: float, k: int) -> bool:
+        t = self.thresholds[k - 1]
+        return t is not None and self.sign * x >= self.sign * t
+
+    def _left(self, x: float, k: int) -> bool:
+        t = self.thresholds[k - 1]
+        return t is None or self.sign * x < self.sign * t - self.hysteresis
+
+    def update(self, value: Optional[float]) -> int:
+        """Feed a value; return the signal's level 0..3."""
+        self.value = value
+        if value is None:
+            self.level = 0
+            return 0
+        up = max([k for k in (1, 2, 3) if self._reached(value, k)], default=0)
+        if up >= self.level:
+            self.level = up
+        else:
+            while self.level > up and self._left(value, self.level):
+                self.level -= 1
+        return self.level
+
+    def describe(self) -> str:
+        """e.g. ``temperature 88.0C (>= 84.0C: reduced_channels)``."""
+        if self.value is None:
+            return f"{self.name} unknown"
+        op = "<=" if self.sign < 0 else ">="
+        if self.level:
+            t = self.thresholds[self.level - 1]
+            return f"{self.name} {self.value:.1f}{self.unit} ({op} {t:.1f}{self.unit}: {_ORDER[self.level].value})"
+        return f"{self.name} {self.value:.1f}{self.unit}"
+
+
+def board_trip_c(trips: Iterable[Trip]) -> Optional[tuple]:
+    """The temperature where the board starts throttling itself, from its trip points.
+
+    Returns ``(temp_c, description)``: the lowest ``passive`` trip of any zone (fan ``active``
+    trips are ignored; PMIC zones skipped); without one, 10 C below the lowest ``hot`` or
+    ``critical`` trip; None when the board reports none.
+    """
+    trips = [t for t in trips if "pmic" not in t.zone]
+    passive = [t for t in trips if t.kind == "passive"]
+    if passive:
+        t = min(passive, key=lambda x: x.temp_c)
+        return t.temp_c, f"{t.zone} passive trip {t.temp_c:.1f}C"
+    crit = [t for t in trips if t.kind in ("hot", "critical")]
+    if crit:
+        t = min(crit, key=lambda x: x.temp_c)
+        return t.temp_c - 10.0, f"{t.zone} {t.kind} trip {t.temp_c:.1f}C - 10C"
+    return None
+
+
+class Throttle:
+    """The throttle policy (thread-safe). See the module docstring.
+
+    Args:
+        cfg: ``config.throttle``.
+        trips: the board's trip points (``Telemetry.trips()``).
+        memory_budget_mb: ``service.memory_budget_mb``, MiB.
+        channels: configured channel count (``len(service.channels)``).
+        on_change: called as ``on_change(change)`` after each level change (publish STATUS/MQTT).
+        clock: monotonic clock, s (tests).
+    """
+
+    def __init__(self, cfg: ThrottleConfig, trips: Iterable[Trip] = (), memory_budget_mb: float = 1500.0,
+                 channels: int = 1, on_change: Optional[Callable[[Change], None]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.channels = channels
+        self.on_change = on_change
+        self._clock = clock
+        self._lock = threading.Lock()
+        if cfg.trip_c is not None:
+            trip, where = cfg.trip_c, f"throttle.trip_c {cfg.trip_c:.1f}C"
+        else:
+            found = board_trip_c(trips)
+            trip, where = found if found else (cfg.fallback_trip_c, f"throttle.fallback_trip_c {cfg.fallback_trip_c:.1f}C (no trip points)")
+        self.trip_c = trip
+        self.trip_source = where
+        temps = [trip - cfg.reduce_margin_c, trip - cfg.queue_margin_c, trip - cfg.alerts_margin_c]
+        budget = float(memory_budget_mb)
+        avail = cfg.min_available_mb
+        power = cfg.power_limit_mw
+        self.ladders = {
+            "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C"),
+            "memory": Ladder("memory", [cfg.mem_reduce_frac * budget, cfg.mem_queue_frac * budget,
+                                        cfg.mem_alerts_frac * budget], cfg.mem_hysteresis_frac * budget, "MiB"),
+            "available": Ladder("available memory", [None, avail, avail / 2], max(16.0, avail / 4), "MiB",
+                                lower_is_worse=True),
+            "power": Ladder("power", [power, power * 1.1 if power else None, None], cfg.power_hysteresis_mw, "mW"),
+            "rtf": Ladder("rtf", [cfg.rtf_reduce, cfg.rtf_queue, None], cfg.rtf_hysteresis),
+        }
+        self.level = Level.NORMAL
+        self.reason = "start"
+        self.history: list = []
+        self._since = clock()
+        self._rtf: Optional[tuple] = None
+        log.info("throttle: temperature levels %.1f/%.1f/%.1fC from %s; memory budget %.0f MiB; power limit %s",
+                 *temps, where, budget, f"{power:.0f} mW" if power else "off")
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def observe_rtf(self, rtf: float) -> None:
+        """Record a measured RTF (call at every finished request); used by the next :meth:`update`."""
+        self._rtf = (float(rtf), self._clock())
+
+    def update(self, reading: Optional[Reading] = None, *, app_mem_mib: Optional[float] = None,
+               rtf: Optional[float] = None) -> Level:
+        """Re-evaluate the level from a telemetry reading, the appliance's own memory use (MiB,
+        counted against the budget) and/or an RTF measurement. Returns the (new) level."""
+        with self._lock:
+            if rtf is not None:
+                self.observe_rtf(rtf)
+            now = self._clock()
+            rtf_value = None
+            if self._rtf is not None and now - self._rtf[1] <= max(60.0, 4 * self.cfg.min_dwell_s):
+                rtf_value = self._rtf[0]
+            lad = self.ladders
+            lad["temperature"].update(reading.hot_c if reading is not None else None)
+            lad["available"].update(reading.mem_available_mib if reading is not None else None)
+            lad["power"].update(reading.power_mw if reading is not None and self.cfg.power_limit_mw else None)
+            lad["memory"].update(app_mem_mib)
+            lad["rtf"].update(rtf_value)
+            if not self.cfg.enabled:
+                return self.level
+            target = max(x.level for x in lad.values())
+            cur = self.level.rank
+            if target > cur:
+                causes = [x.describe() for x in lad.values() if x.level == target]
+                self._set(_ORDER[target], now, "; ".join(causes))
+            elif target < cur and now - self._since >= self.cfg.min_dwell_s:
+                worst = [x.describe() for x in lad.values() if x.level == target and target > 0]
+                why = "; ".join(worst) if worst else ", ".join(x.describe() for x in lad.values() if x.value is not None)
+                self._set(_ORDER[cur - 1], now, f"recovered after {now - self._since:.0f} s: {why}")
+            return self.level
+
+    def _set(self, new: Level, now: float, reason: str) -> None:
+        old = self.level
+        self.level, self.reason, self._since = new, reason, now
+        change = Change(now, old, new, reason)
+        self.history.append(change)
+        (log.warning if new.rank > old.rank else log.info)("throttle %s -> %s: %s", old.value, new.value, reason)
+        if self.on_change is not None:
+            try:
+                self.on_change(change)
+            except Exception:  # noqa: BLE001 - a publisher failure must not stop throttling
+                log.exception("throttle on_change callback failed")
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def limits(self) -> Limits:
+        """The scheduler's limits at the current level (see the module docstring)."""
+        lvl, cfg, n = self.level, self.cfg, self.channels
+        if lvl is Level.NORMAL:
+            return Limits(lvl, n, 1, frozenset({"alert", "normal", "background"}))
+        if lvl is Level.REDUCED_CHANNELS:
+            return Limits(lvl, min(n, cfg.reduced_channels), 1, frozenset({"alert", "normal", "background"}))
+        if lvl is Level.QUEUE_LOW_PRIORITY:
+            return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}))
+        return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}))
+
+
+class Monitor:
+    """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
+    :class:`Throttle` together with the appliance's memory use
+    (:func:`~appliance.ops.telemetry.appliance_memory_mib`).
+
+    Daemon use::
+
+        mon = Monitor(cfg, on_change=lambda ch: publish_status())
+        mon.start()
+        ...  mon.observe_rtf(done.rtf)          # after every finished request
+        ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
+        ...  mon.limits()                       # for the scheduler
+        mon.close()
+
+    Args:
+        cfg: the whole config (``telemetry``, ``throttle``, ``service``).
+        on_change: passed to :class:`Throttle`.
+        telemetry: an opened :class:`~appliance.ops.telemetry.Telemetry` (default:
+            ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
+
+    Raises:
+        ConfigError: ``telemetry.source`` names a source this machine does not have.
+    """
+
+    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None) -> None:
+        from .telemetry import open_telemetry
+
+        self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
+        self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
+                                 len(cfg.service.channels), on_change=on_change)
+        #: ``() -> MiB`` of the backend's own device memory (0: none; then telemetry's GPU figure)
+        self.device_mib: Optional[Callable[[], float]] = None
+        #: ``() -> MiB`` counted against the budget by the box's kind (service.memory.current_mib);
+        #: when set, it is what the throttle watches (device_mib is then not used)
+        self.budget_mib: Optional[Callable[[], Optional[float]]] = None
+        self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
+
+    def start(self) -> None:
+        """Take a first reading now, then sample every ``telemetry.interval_s`` on a thread."""
+        self.telemetry.start(self._on_reading)
+
+    def _on_reading(self, reading: Reading) -> None:
+        """Feed ``reading`` and the appliance's memory to the throttle. The memory is RSS plus the
+        backend's own device memory (:attr:`device_mib`): the sum the start-up fit and the health
+        check use. The telemetry's GPU figure (NVML: every process on the GPU and the CUDA context;
+        NvMap: every allocation on the box) stands in only where the backend reports none: on an
+        H200 it read 2204 MiB where the allocator held 804, and a budget the start-up check had
+        passed sent the throttle to ``alerts_only`` at once."""
+        from .telemetry import appliance_memory_mib
+
+        if self.budget_mib is not None:
+            try:
+                self.memory_mib = self.budget_mib()
+            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
+                self.memory_mib = None
+            self.throttle.update(reading, app_mem_mib=self.memory_mib)
+            return
+        dev = None
+        if self.device_mib is not None:
+            try:
+                dev = self.device_mib()
+            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
+                dev = None
+        if dev:
+            rss = appliance_memory_mib(None)
+            self.memory_mib = None if rss is None else rss + dev
+        else:
+            self.memory_mib = appliance_memory_mib(reading)
+        self.throttle.update(reading, app_mem_mib=self.memory_mib)
+
+    def observe_rtf(self, rtf: float) -> None:
+        """Record a finished request's RTF (used at the next reading)."""
+        self.throttle.observe_rtf(rtf)
+
+    @property
+    def level(self) -> str:
+        """Throttle level string for STATUS / MQTT (``normal`` ...)."""
+        return self.throttle.level.value
+
+    @property
+    def temperature_c(self) -> Optional[float]:
+        """The temperature the throttle uses (``tj`` or hottest sensor), C; None if unknown."""
+        r = self.telemetry.latest
+        return r.hot_c if r is not None else None
+
+    def limits(self) -> Limits:
+        """The scheduler's limits now."""
+        return self.throttle.limits()
+
+    def close(self) -> None:
+        """Stop sampling (and the tegrastats subprocess, if any)."""
+        self.telemetry.close()

@@ -1,0 +1,240 @@
+"""The Wyoming TTS server (``wyoming:`` in config): how Home Assistant finds and uses the box.
+
+Built on the ``wyoming`` package (its :class:`~wyoming.server.AsyncTcpServer` /
+:class:`~wyoming.server.AsyncUnixServer`, event classes and framing: one JSON line, optional data
+and PCM payload per event). It runs on the daemon's event loop beside the UNIX socket; each
+connection is a :class:`~appliance.transports.wyoming_handler.WyomingHandler` (what each event does,
+errors, cancel on disconnect), whose requests go through the daemon's dispatcher and scheduler.
+
+``describe`` is answered with one TTS program, ``chattts-appliance``: its voices are
+config ``voices`` (``seed:N`` presets and upstream speaker strings, by name), languages ``zh``
+and ``en``, the attribution names ChatTTS (2noise) and the licence of its weights (CC BY-NC 4.0,
+non-commercial), and ``supports_synthesize_streaming`` is ``wyoming.streaming``.
+
+Listening: every URI of ``wyoming.uris`` (``tcp://HOST:PORT``, ``unix://PATH``; a relative path
+is taken from the config file's directory). :func:`check_free` runs before the model loads, so a
+port or socket in use stops the start at once. UNIX sockets get ``service.socket_mode``.
+
+Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
+(what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
+installed (``pip install zeroconf``; without it a warning says so and the server runs anyway).
+A wildcard host (``0.0.0.0``) is advertised with the address of the interface that routes to the
+mDNS group. A loopback address (``tcp://127.0.0.1:10200``, as in the shipped ``config.local.yaml``)
+is advertised with a warning that says how to listen on the LAN (:func:`warn_loopback`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import os
+import socket
+from functools import partial
+from typing import Any
+from urllib.parse import urlparse
+
+from ..config import Config
+from ..core import version
+from ..errors import ConfigError
+from ..service.dispatch import Dispatcher
+from .socket_server import check_socket_path
+from .wyoming_handler import Context, WyomingHandler
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = ["zh", "en"]
+ATTRIBUTION = ("2noise/ChatTTS (model weights: CC BY-NC 4.0, non-commercial)", "https://github.com/2noise/ChatTTS")
+MDNS_GROUP = "224.0.0.251"
+
+
+def parse_uri(cfg: Config, uri: str) -> tuple[str, Any]:
+    """``("tcp", (host, port))`` or ``("unix", Path)`` for one ``wyoming.uris`` entry (already
+    validated by the config)."""
+    r = urlparse(uri)
+    if r.scheme == "tcp":
+        return "tcp", (r.hostname, int(r.port))
+    return "unix", cfg.resolve(r.netloc + r.path)
+
+
+def uris(cfg: Config) -> list[str]:
+    """``wyoming.uris`` as a list."""
+    return list(cfg.wyoming.uris)
+
+
+def check_free(cfg: Config) -> None:
+    """Fail fast, before the model loads, when a Wyoming port or socket is taken.
+
+    Raises:
+        ConfigError: a TCP port is in use (or not bindable), or another process listens on a
+            UNIX socket path (a stale socket file is removed).
+    """
+    for uri in uris(cfg):
+        kind, where = parse_uri(cfg, uri)
+        if kind == "unix":
+            try:
+                check_socket_path(where)
+            except ConfigError as e:
+                raise ConfigError(f"wyoming.uris {uri}: {e}") from e
+            continue
+        host, port = where
+        for fam, typ, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            with socket.socket(fam, typ, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(addr)
+                except OSError as e:
+                    why = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror
+                    raise ConfigError(f"wyoming.uris: cannot listen on {uri}: {why}; stop the other server "
+                                      f"or choose another port") from e
+            break
+
+
+def build_info(cfg: Config) -> Any:
+    """The ``info`` event ``describe`` is answered with (module docstring)."""
+    from wyoming.info import Attribution, Info, TtsProgram, TtsVoice
+
+    __version__ = version()
+    att = Attribution(name=ATTRIBUTION[0], url=ATTRIBUTION[1])
+    voices = [TtsVoice(name=v.name, attribution=att, installed=True, version=None, languages=list(LANGUAGES),
+                       description=v.description or (v.voice if v.voice and v.voice.startswith("seed:")
+                                                     else "speaker string" if v.voice
+                                                     else f"synthesis.voice ({cfg.synthesis.voice[:24]})"))
+              for v in cfg.voices]
+    prog = TtsProgram(name="chattts-appliance", attribution=att, installed=True, version=__version__,
+                      description=f"ChatTTS speech appliance {__version__} (code AGPL-3.0; ChatTTS weights "
+                                  f"CC BY-NC 4.0, non-commercial use only)",
+                      voices=voices, supports_synthesize_streaming=cfg.wyoming.streaming)
+    return Info(tts=[prog]).event()
+
+
+class WyomingServer:
+    """Every ``wyoming.uris`` listener of one daemon, and the zeroconf advertisement.
+
+    Args:
+        cfg: the daemon's config (``wyoming``, ``service``, ``synthesis.voice``).
+        dispatch: the daemon's dispatcher (its ``loop`` must be running: :meth:`start` is awaited
+            on it).
+    """
+
+    def __init__(self, cfg: Config, dispatch: Dispatcher) -> None:
+        w = cfg.wyoming
+        self.cfg = cfg
+        self.ctx = Context(
+            dispatch=dispatch, info=build_info(cfg),
+            voices={v.name: v.name for v in cfg.voices},      # names: the pipeline resolves them
+            channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
+            streaming=w.streaming, max_chars=cfg.service.max_text_chars)
+        self.servers: list[Any] = []
+        self._zc: Any = None
+        self._zc_info: Any = None
+
+    async def start(self) -> None:
+        """Listen on every URI, then advertise over zeroconf (if configured).
+
+        Raises:
+            ConfigError: a URI cannot be listened on (the message names it).
+        """
+        from wyoming.server import AsyncTcpServer, AsyncUnixServer
+
+        factory = partial(WyomingHandler, self.ctx)
+        for uri in uris(self.cfg):
+            kind, where = parse_uri(self.cfg, uri)
+            try:
+                if kind == "tcp":
+                    srv = AsyncTcpServer(*where)
+                else:
+                    check_socket_path(where)          # never take over a live socket
+                    where.parent.mkdir(parents=True, exist_ok=True)
+                    srv = AsyncUnixServer(where)
+                await srv.start(factory)
+            except (OSError, ConfigError) as e:
+                raise ConfigError(f"wyoming.uris: cannot listen on {uri}: {e}") from e
+            if kind == "unix":
+                os.chmod(where, self.cfg.service.socket_mode)
+            self.servers.append(srv)
+            log.info("wyoming: listening on %s (channel %s, priority %s, %s, streaming %s, voices %s)", uri,
+                     self.ctx.channel, self.ctx.priority, "also played here" if self.ctx.play else "audio to the client only",
+                     "on" if self.ctx.streaming else "off", ", ".join(self.ctx.voices))
+        if self.cfg.wyoming.zeroconf:
+            await self._advertise()
+
+    async def stop(self) -> None:
+        """Withdraw the advertisement, close every connection (their requests are cancelled)
+        and the listeners (UNIX socket files are removed)."""
+        if self._zc is not None:
+            try:
+                await self._zc.async_unregister_service(self._zc_info)
+                await self._zc.async_close()
+            except Exception as e:  # noqa: BLE001 - best effort at shutdown
+                log.warning("wyoming: zeroconf shutdown: %s", e)
+            self._zc = None
+        for srv in self.servers:
+            try:
+                await asyncio.wait_for(srv.stop(), 5.0)
+            except Exception as e:  # noqa: BLE001
+                log.warning("wyoming: stopping a listener: %s", e)
+        self.servers.clear()
+
+    async def _advertise(self) -> None:
+        tcp = [parse_uri(self.cfg, u)[1] for u in uris(self.cfg) if parse_uri(self.cfg, u)[0] == "tcp"]
+        if not tcp:
+            log.warning("wyoming.zeroconf: no tcp:// URI to advertise (zeroconf works over TCP only)")
+            return
+        try:
+            from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+        except ImportError:
+            log.warning("wyoming.zeroconf is on but the zeroconf package is not installed (pip install zeroconf); "
+                        "add the box in Home Assistant by host and port instead")
+            return
+        host, port = tcp[0]
+        ip = host if host not in ("0.0.0.0", "::", "") else _route_ip()
+        warn_loopback(ip, port, host)
+        name = self.cfg.wyoming.zeroconf_name or f"chattts-{socket.gethostname()}"
+        info = AsyncServiceInfo("_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", port=port,
+                                addresses=[socket.inet_aton(ip)], properties={"program": "chattts-appliance"})
+        try:
+            zc = AsyncZeroconf()
+            await zc.async_register_service(info)
+        except Exception as e:  # noqa: BLE001 - discovery is optional; the server runs anyway
+            log.warning("wyoming.zeroconf: cannot advertise %s on %s:%d: %s", name, ip, port, e)
+            return
+        self._zc, self._zc_info = zc, info
+        log.info("wyoming: advertised as %s._wyoming._tcp.local. at %s:%d", name, ip, port)
+
+
+def warn_loopback(ip: str, port: int, host: str) -> bool:
+    """Log a warning when the address to advertise is a loopback one (Home Assistant on another
+    machine cannot reach it; the shipped ``config.local.yaml`` listens on ``127.0.0.1``), saying
+    how to listen on the LAN. Returns True when it warned."""
+    try:
+        loopback = ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        loopback = ip == "localhost"
+    if loopback:
+        why = (f"wyoming.uris listens on {host}" if host not in ("0.0.0.0", "::", "")
+               else "this host has no route to the LAN")
+        log.warning("wyoming.zeroconf: advertising %s:%d, a loopback address (%s): Home Assistant on another "
+                    "machine finds the box but cannot connect. Listen on the LAN: set wyoming.uris to "
+                    "[\"tcp://0.0.0.0:%d\"] (every interface) or tcp://<this box's LAN address>:%d", ip, port, why,
+                    port, port)
+    return loopback
+
+
+def _route_ip() -> str:
+    """This host's address on the interface that routes to the mDNS group (127.0.0.1 if none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((MDNS_GROUP, 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def voice_names(cfg: Config) -> list[str]:
+    """Names of the configured voices (config ``voices``), Wyoming's default first."""
+    return [v.name for v in cfg.voices]
+
+
+__all__ = ["WyomingServer", "check_free", "build_info", "parse_uri", "voice_names"]
