@@ -40,14 +40,12 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..config import Config
 from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
-from ..model.checkpoint import load_model
+from ..model.checkpoint import load_model, release_host_memory
 from ..model.kv import DecodeRows, PrefillSlot
-from ..model.quant import quantize_
 from ..model.stream import decoder_stream, vocos_stream
 from .aot_step import open_steps
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
@@ -109,16 +107,12 @@ class CudaRunner(Runner):
         self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=True)]
         dt = self.dtype
         path = cfg.resolve(mc.path)
-        try:
-            m = load_model(path, "cpu", torch.float32)  # fp32 on the host; quantized/converted before the copy
-            m.embed.head_text = nn.Identity()  # no text mode here (saves 32 MB at full size)
-            if quant:
-                quantize_(m.gpt, quant)
-            m.gpt.to(dtype=dt)   # the Decoder and Vocos stay FP32 (module doc)
-            m.embed.to(dtype=dt)
-            self.model = m.to(dev)
+        try:  # tensor by tensor onto the device in the final dtype; Decoder and Vocos FP32 (module doc)
+            self.model = load_model(path, dev, dt, vocoder_dtype=torch.float32, quant=quant, text_head=False,
+                                    verify=cfg.safety.verify_checkpoint)  # no text mode here: no text head
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {dev} failed: {e}") from e
+        self.weight_files = list(self.model.verified_files)
         s = self.shapes = self.model.shapes
         if mc.max_seq_len > s.max_pos:
             raise CapacityError(f"model.max_seq_len {mc.max_seq_len} exceeds the checkpoint's max_position_embeddings {s.max_pos}")
@@ -187,6 +181,7 @@ class CudaRunner(Runner):
             log.warning("decode step: %s", self.step_source)
             self.seam.clear()
             self._capture_all(batches)
+        release_host_memory()  # what the captures and compilation freed on the host, before ready
         log.info("cuda runner: %s %s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s; step: %s",
                  dev, self.info.precision, S, Lmax, weight_bytes / 2**20, self.kv_bytes / 2**20, self.seam.cuda,
                  self.buckets, self.step_source)
