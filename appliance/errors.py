@@ -34,6 +34,16 @@ class CheckpointError(ApplianceError):
     code = "bad_checkpoint"
 
 
+class IntegrityError(CheckpointError):
+    """A weight file's bytes differ from the sha256 recorded for it (a checkpoint file against
+    ``SHA256SUMS.json`` or upstream's map, an ONNX graph, its external data or a TensorRT plan
+    against the engine's ``manifest.json``): bit rot, a truncated or overwritten copy. The message
+    names the file, the expected and the actual digest and what to do. Raised at load (the
+    file is hashed as it is read) and reported by the background re-verification."""
+
+    code = "integrity_error"
+
+
 class FetchError(ApplianceError):
     """Downloading the official checkpoint failed (hub unreachable, checksum mismatch)."""
 

@@ -19,7 +19,7 @@
 #                      onnx/fp16 subdirectory); copied into the engine cache. Needed when this
 #                      box has no torch to export them itself.
 #   --skip-model       do not download the checkpoint when it is missing
-#   --skip-engines     do not build or check TensorRT engines
+#   --skip-engines     do not build or check TensorRT engines (nor the ahead-of-time compiled torch step)
 #   --skip-health      do not run the health check
 #   --no-enable        install the units but do not enable/start them
 #   --probe-root DIR   read /etc/nv_tegra_release and /proc/device-tree/model under DIR (tests)
@@ -386,6 +386,25 @@ step_engines() {
     run "$CLI" engines build --config "$CONFIG" --precision "$PRECISION"
 }
 
+# step_aot: the torch CUDA path's decode step compiled ahead of time (chattts-appliance engines
+# compile: AOTInductor packages in <engine_dir>/aot, loaded at start by model.compile: auto). It
+# needs a PyTorch with Triton to build; JetPack's has none, so on a stock Jetson this is skipped
+# and the torch fallback captures plain CUDA graphs (the TensorRT plans above are the fast path).
+step_aot() {
+    say "ahead-of-time compiled torch step in $ENGINE_DIR/aot"
+    if [ "$SKIP_ENGINES" -eq 1 ]; then
+        note "skipped (--skip-engines)"
+        return
+    fi
+    if [ "$DRY_RUN" -eq 1 ]; then
+        note "(only where PyTorch has CUDA and Triton: not JetPack's)"
+    elif ! "$VENV/bin/python" -c 'import sys, torch; from appliance.engines.step_modes import has_triton; sys.exit(0 if torch.cuda.is_available() and has_triton() else 1)' >/dev/null 2>&1; then
+        note "skipped: no PyTorch with CUDA and Triton in $VENV; the torch fallback runs plain CUDA graphs"
+        return
+    fi
+    run "$CLI" engines compile --config "$CONFIG"
+}
+
 step_owner() {
     say "ownership of $STATE_DIR and $CACHE_DIR"
     run chown -R "$SERVICE_USER:$SERVICE_USER" "$STATE_DIR" "$CACHE_DIR"
@@ -448,6 +467,7 @@ step_units
 if [ "$SYSTEM" -eq 1 ]; then
     step_model
     step_engines
+    step_aot
     step_owner
     step_health
     step_enable

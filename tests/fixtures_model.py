@@ -84,6 +84,9 @@ def golden_ckpt(golden, tmp_path_factory) -> Path:
     for name, tensors in files.items():
         (asset / name).parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(asset / name))
+    from appliance.model.integrity import write_sums
+
+    write_sums(root)  # its own sums (not upstream's): every load verifies them
     return root
 
 

@@ -11,7 +11,12 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest
-from appliance.errors import CapacityError, EngineError, EngineMismatchError
+from appliance.errors import (
+    CapacityError,
+    EngineError,
+    EngineMismatchError,
+    IntegrityError,
+)
 from tests.fixtures_model import ONNX_LIMITS as LIMITS
 
 
@@ -120,8 +125,12 @@ def test_ort_failure_wrapped(tiny_ckpt, onnx_dir):
     copy = onnx_dir.parent / "engines_broken"
     shutil.copytree(onnx_dir, copy, dirs_exist_ok=True)
     (copy / "onnx" / "fp32" / "vocos.onnx").write_bytes(b"not a model")
+    with pytest.raises(IntegrityError, match="failed its integrity check: .*vocos.onnx: sha256"):
+        OnnxRunner(_cfg(tiny_ckpt, copy))            # refused by its sha256 before onnxruntime sees it
+    unchecked = _cfg(tiny_ckpt, copy)
+    unchecked = dataclasses.replace(unchecked, safety=dataclasses.replace(unchecked.safety, verify_checkpoint=False))
     with pytest.raises(EngineError, match="onnxruntime loading vocos failed"):
-        OnnxRunner(_cfg(tiny_ckpt, copy))
+        OnnxRunner(unchecked)
 
 
 def test_auto_picks_onnxruntime_without_gpu(tiny_ckpt, onnx_dir, caplog):

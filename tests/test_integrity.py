@@ -1,12 +1,15 @@
-"""Integrity at load and at output: checkpoint sha256 sums (cached by size + mtime), the PCM
-guard (NaN/Inf never reach a sink: engine_error naming the stage), and the health check's audio
-checks (non-finite, silent). Real checkpoints written by ``model random``, real pipelines."""
+"""Integrity at load and at output: every weight file hashed as it is read and compared with its
+recorded sha256 (checkpoint, ONNX graphs and their data, TensorRT plans), the background
+re-verification, the PCM guard (NaN/Inf never reach a sink: engine_error naming the stage), and
+the health check's audio checks (non-finite, silent). Real checkpoints written by ``model random``,
+real exports, real pipelines; one flipped exponent bit with size, inode and mtime unchanged."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -14,9 +17,16 @@ import numpy as np
 import pytest
 
 from appliance.core import SynthesisRequest, SynthParams
-from appliance.errors import CheckpointError, EngineError
+from appliance.errors import (
+    CheckpointError,
+    EngineError,
+    EngineMismatchError,
+    IntegrityError,
+)
 from appliance.model import integrity
+from appliance.model.tensorfile import TensorFile
 from appliance.synth.guard import check_pcm, finite
+from tests.fixtures_model import ONNX_LIMITS
 
 
 def _random_ckpt(root: Path) -> Path:
@@ -36,6 +46,28 @@ def corrupt_behind_header(f: Path, value: int = 0xFF, n: int = 200_000) -> None:
     f.write_bytes(bytes(b))
 
 
+def flip_exponent_bit(f: Path, offset: int, itemsize: int = 4) -> None:
+    """Flip the top exponent bit of the little-endian float at byte ``offset`` of ``f`` in place, as
+    bit rot would: same inode, same size, mtime put back."""
+    st = f.stat()
+    with open(f, "r+b") as h:
+        h.seek(offset + itemsize - 1)          # the byte with the sign and the top exponent bits
+        b = h.read(1)[0]
+        h.seek(offset + itemsize - 1)
+        h.write(bytes([b ^ 0x40]))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st2 = f.stat()
+    assert (st2.st_ino, st2.st_size, st2.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def flip_safetensors_weight(f: Path) -> str:
+    """Flip an exponent bit of the first float32 weight matrix of ``f``; returns its key."""
+    tf = TensorFile(f)
+    e = next(e for e in tf.entries if e.dtype == "F32" and len(e.shape) == 2 and e.end - e.begin >= 64)
+    flip_exponent_bit(f, tf.data_start + e.begin + 4 * 5)
+    return e.name
+
+
 def _config(root: Path, tmp: Path, **safety):
     from appliance.config import config_from_dict
 
@@ -44,56 +76,230 @@ def _config(root: Path, tmp: Path, **safety):
                              "safety": {"cache_dir": str(tmp / "cache"), **safety}}, base_dir=str(tmp))
 
 
-def test_random_checkpoint_carries_its_sums_and_the_cache_makes_boot_cheap(tmp_path):
+def test_random_checkpoint_carries_its_sums_and_the_load_hashes_every_file_it_reads(tmp_path):
+    from appliance.model.checkpoint import load_model
+
     root = _random_ckpt(tmp_path / "ck")
     sums = json.loads((root / integrity.SUMS_FILE).read_text())
     assert set(sums) == {f"asset/{r}" for r in integrity.VERIFIED_FILES}
-    cache = tmp_path / "cache" / integrity.CACHE_FILE
-    r1 = integrity.verify_checkpoint(root, cache)
-    assert r1.hashed == r1.files == len(integrity.VERIFIED_FILES) and r1.source.endswith(integrity.SUMS_FILE)
-    r2 = integrity.verify_checkpoint(root / "asset", cache)        # the asset dir itself works too
-    assert r2.hashed == 0                                           # size + mtime + inode unchanged: no re-hash
-    f = root / "asset" / "Embed.safetensors"
-    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))   # touched: hashed again
-    assert integrity.verify_checkpoint(root, cache).hashed == 1
+    m = load_model(root)
+    got = {str(p.relative_to(root)): d for p, d in m.verified_files}
+    assert got == {k: v for k, v in sums.items() if "tokenizer" not in k}   # config + the 4 weight files
+    files = integrity.verify_checkpoint(root / "asset")             # the asset dir itself works too
+    assert {str(p.relative_to(root)): d for p, d in files} == sums
 
 
-def test_bytes_corrupted_behind_an_intact_header_are_refused_naming_the_file(tmp_path):
+@pytest.mark.parametrize("rel", ["gpt/model.safetensors", "Embed.safetensors", "Decoder.safetensors",
+                                 "Vocos.safetensors"])
+def test_a_flipped_exponent_bit_in_a_checkpoint_weight_is_refused_at_load_naming_the_file(tmp_path, rel):
+    from appliance.model.checkpoint import load_model
+
     root = _random_ckpt(tmp_path / "ck")
-    cache = tmp_path / "cache" / integrity.CACHE_FILE
-    integrity.verify_checkpoint(root, cache)                       # good sums cached first
-    gpt = root / "asset" / "gpt" / "model.safetensors"
-    size = gpt.stat().st_size
-    corrupt_behind_header(gpt)
-    assert gpt.stat().st_size == size
-    with pytest.raises(CheckpointError) as e:
-        integrity.verify_checkpoint(root, cache)
+    load_model(root)                                                # loads (and verifies) once
+    f = root / "asset" / rel
+    want = json.loads((root / integrity.SUMS_FILE).read_text())[f"asset/{rel}"]
+    flip_safetensors_weight(f)                                      # size, inode and mtime unchanged
+    with pytest.raises(IntegrityError) as e:
+        load_model(root)
     msg = str(e.value)
-    assert str(gpt) in msg and "sha256" in msg and "model random" in msg and "verify_checkpoint: false" in msg
-    for other in ("Embed.safetensors", "Vocos.safetensors"):
-        assert other not in msg                                    # only the bad file is named
-    # the pipeline refuses to load it: nothing heavy is built
+    assert str(f) in msg and want in msg and integrity.sha256_file(f) in msg
+    assert "model random" in msg and "verify_checkpoint: false" in msg and e.value.code == "integrity_error"
+    for other in {"model.safetensors", "Embed.safetensors", "Vocos.safetensors", "Decoder.safetensors"} - {f.name}:
+        assert other not in msg                                     # only the bad file is named
+    assert load_model(root, verify=False) is not None              # the check is what refuses it
+
+
+def test_the_daemons_load_refuses_a_flipped_bit_before_anything_is_used(tmp_path):
     from appliance.synth.pipeline import Pipeline
 
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    root = _random_ckpt(tmp_path / "ck")
+    flip_safetensors_weight(root / "asset" / "gpt" / "model.safetensors")
+    with pytest.raises(IntegrityError, match="model.safetensors: sha256"):
         Pipeline.from_config(_config(root, tmp_path))
+    cfg = _config(root, tmp_path)                                   # the CUDA runner's load path, on this CPU
+    from appliance.engines.cuda_runner import CudaRunner
+
+    with pytest.raises(IntegrityError, match="model.safetensors"):
+        CudaRunner(cfg, quant="int8", capture_batches=[], buckets=[256], prefill_buckets=[64])
 
 
 def test_a_checkpoint_without_own_sums_is_checked_against_upstreams_map(tmp_path):
+    from appliance.model.checkpoint import load_model
+
     root = _random_ckpt(tmp_path / "ck")
     (root / integrity.SUMS_FILE).unlink()
-    with pytest.raises(CheckpointError) as e:
+    with pytest.raises(IntegrityError) as e:
         integrity.verify_checkpoint(root)
     msg = str(e.value)
     assert "upstream's published sums" in msg and f"model sums {root}" in msg
     assert msg.count("sha256 ") == len(integrity.VERIFIED_FILES)   # random weights are not upstream's
+    with pytest.raises(IntegrityError, match="upstream's published sums"):
+        load_model(root)
     from appliance.cli.main import main
 
     assert main(["model", "sums", str(root)]) == 0                  # record our own: accepted from now on
-    assert integrity.verify_checkpoint(root).hashed == len(integrity.VERIFIED_FILES)
+    assert len(integrity.verify_checkpoint(root)) == len(integrity.VERIFIED_FILES)
     (root / "asset" / "tokenizer" / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="tokenizer.json: missing"):
         integrity.verify_checkpoint(root)
+
+
+def test_a_truncated_or_malformed_weight_file_is_named(tmp_path):
+    from appliance.model.checkpoint import load_model
+
+    root = _random_ckpt(tmp_path / "ck")
+    f = root / "asset" / "Vocos.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=r"Vocos.safetensors: not a valid safetensors file \(the tensors cover"):
+        load_model(root)
+
+
+# ------------------------------------------------------------------ engine files
+
+
+def _onnx_copy(onnx_dir: Path, tmp: Path) -> Path:
+    copy = tmp / "engines"
+    shutil.copytree(onnx_dir, copy)
+    return copy
+
+
+def _ort_cfg(tiny_ckpt, engine_dir, **safety):
+    from appliance.config import config_from_dict
+
+    return config_from_dict({"model": {"path": str(tiny_ckpt), "backend": "onnxruntime", "threads": 1, **ONNX_LIMITS,
+                                       "engine_dir": str(engine_dir)}, "safety": safety}, base_dir=str(tiny_ckpt))
+
+
+def _external_float(onnx_file: Path) -> int:
+    """Byte offset in ``<onnx_file>.data`` of the first float32 initializer stored there."""
+    import onnx
+
+    m = onnx.load(str(onnx_file), load_external_data=False)
+    for t in m.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            if int(info.get("length", 0)) >= 64:
+                return int(info.get("offset", 0))
+    raise AssertionError(f"{onnx_file} has no external float initializer")
+
+
+def _inline_float(onnx_file: Path) -> int:
+    """Byte offset in ``onnx_file`` of a float32 constant stored in the graph itself."""
+    import onnx
+
+    m = onnx.load(str(onnx_file), load_external_data=False)
+    raw = onnx_file.read_bytes()
+    for t in list(m.graph.initializer) + [a.t for n in m.graph.node for a in n.attribute if a.HasField("t")]:
+        if t.data_type == onnx.TensorProto.FLOAT and len(t.raw_data) >= 16 and raw.count(t.raw_data) == 1:
+            return raw.index(t.raw_data)
+    raise AssertionError(f"{onnx_file} has no inline float constant")
+
+
+@pytest.mark.parametrize("name", ["vocos.onnx.data", "decoder.onnx.data", "gpt.onnx.data", "vocos_first.onnx",
+                                  "embed.safetensors"])
+def test_a_flipped_bit_in_an_onnx_engine_file_is_refused_at_load(tiny_ckpt, onnx_dir, tmp_path, name):
+    from appliance.engines.onnx_runner import OnnxRunner
+
+    eng = _onnx_copy(onnx_dir, tmp_path)
+    d = eng / "onnx" / "fp32"
+    want = json.loads((d / "manifest.json").read_text())["files"][name]
+    f = d / name
+    if name.endswith(".data"):
+        flip_exponent_bit(f, _external_float(d / name[:-len(".data")]))
+    elif name.endswith(".onnx"):
+        flip_exponent_bit(f, _inline_float(f))
+    else:
+        flip_safetensors_weight(f)
+    with pytest.raises(IntegrityError) as e:
+        OnnxRunner(_ort_cfg(tiny_ckpt, eng))
+    msg = str(e.value)
+    assert str(f) in msg and want in msg and "rebuild the engine" in msg and "engines export" in msg
+    r = OnnxRunner(_ort_cfg(tiny_ckpt, eng, verify_checkpoint=False))  # only the check refuses it
+    r.close()
+
+
+def test_onnx_runner_lists_what_it_verified_and_an_old_manifest_is_refused(tiny_ckpt, onnx_dir, tmp_path):
+    from appliance.engines.onnx_runner import OnnxRunner
+
+    eng = _onnx_copy(onnx_dir, tmp_path)
+    d = eng / "onnx" / "fp32"
+    r = OnnxRunner(_ort_cfg(tiny_ckpt, eng))
+    m = json.loads((d / "manifest.json").read_text())
+    assert {p.name: s for p, s in r.weight_files} == m["files"]
+    assert {"gpt.onnx", "gpt.onnx.data", "vocos.onnx.data", "embed.safetensors"} <= set(m["files"])
+    r.close()
+    del m["files"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(EngineMismatchError, match="records no sha256 of its files.*rebuild with: chattts-appliance engines export"):
+        OnnxRunner(_ort_cfg(tiny_ckpt, eng))
+
+
+def test_a_flipped_bit_in_a_tensorrt_plan_is_refused_before_any_cuda_call(tiny_ckpt, onnx_dir, tmp_path):
+    """A plan directory whose manifest records its files' sums (TensorRT cannot run here: the plans
+    are stand-in bytes; the check runs before TensorRT or CUDA are touched)."""
+    from appliance.engines import manifest as mf
+    from appliance.engines.tensorrt_runner import TensorRTRunner
+
+    trt = pytest.importorskip("appliance.engines.trt")
+    try:
+        runtime = {"name": trt.flavor(), "version": trt.version()}
+    except Exception:  # noqa: BLE001 - no TensorRT flavour installed: the manifest check would refuse first
+        pytest.skip("no TensorRT module to write a matching manifest for")
+    src = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
+    d = tmp_path / "engines" / "trt" / "fp16"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    graphs = {}
+    for g in ("gpt", "decoder", "vocos"):
+        (d / f"{g}.plan").write_bytes(rng.standard_normal(4096).astype(np.float32).tobytes())
+        graphs[g] = {**src["graphs"][g], "file": f"{g}.plan"}
+    shutil.copy2(onnx_dir / "onnx" / "fp32" / "embed.safetensors", d / "embed.safetensors")
+    man = {k: src[k] for k in ("checkpoint", "limits", "shapes", "special", "embed", "kv")}
+    mf.write(d, {"kind": "tensorrt", "precision": "fp16", "runtime": runtime, "device": {}, **man, "graphs": graphs})
+    sums = json.loads((d / "manifest.json").read_text())["files"]
+    assert set(sums) == {"gpt.plan", "decoder.plan", "vocos.plan", "embed.safetensors"}
+    flip_exponent_bit(d / "vocos.plan", 4 * 100)
+    from appliance.config import config_from_dict
+
+    cfg = config_from_dict({"model": {"path": str(tiny_ckpt), "backend": "tensorrt", **ONNX_LIMITS,
+                                      "engine_dir": str(tmp_path / "engines")}}, base_dir=str(tiny_ckpt))
+    with pytest.raises(IntegrityError) as e:
+        TensorRTRunner(cfg, plan_dir=d)
+    assert str(d / "vocos.plan") in str(e.value) and sums["vocos.plan"] in str(e.value)
+    assert "engines build" in str(e.value)
+
+
+# ------------------------------------------------------------------ background re-verification
+
+
+def test_reverifier_walks_the_files_in_bounded_steps_and_names_the_first_rotten_one(tmp_path):
+    from appliance.model.fetch import sha256_file
+    from appliance.model.reverify import Reverifier, budget_bytes
+
+    files = []
+    for i, n in enumerate((3 << 20, 1 << 20, 5000)):
+        f = tmp_path / f"w{i}.bin"
+        f.write_bytes(np.random.default_rng(i).bytes(n))
+        files.append((f, sha256_file(f)))
+    r = Reverifier(files)
+    steps = 0
+    while r.rounds == 0:
+        assert r.step(budget_bytes(mib_per_s=1, seconds=0.5)) is None   # 512 KiB per step
+        steps += 1
+    assert steps == 9 and r.position == (0, 0)                          # 4 MiB + 5000 B in 512 KiB steps
+    flip_exponent_bit(files[1][0], 1000)
+    r.step((3 << 20) + 1)                                               # all of w0 (fine), 1 byte of w1
+    assert r.failure is None and r.position == (1, 1)
+    err = r.step(1 << 30)
+    assert isinstance(err, IntegrityError) and str(files[1][0]) in str(err) and files[1][1] in str(err)
+    assert r.step(1 << 30) is err                                       # stays reported
+    r.reset()
+    files[2][0].unlink()
+    for _ in range(3):
+        err = r.step(8 << 20)
+    assert err is not None and str(files[1][0]) in str(err)             # the first failure wins
+    r2 = Reverifier(files[2:])
+    assert "cannot be read" in str(r2.step(1)) and str(files[2][0]) in str(r2.failure)
 
 
 def test_guard_passes_finite_audio_and_names_the_stage_of_nan(tmp_path):

@@ -65,3 +65,21 @@ def test_decode_step_cuda_graph_equals_eager(golden_model):
     ref = g.decode_step(new, slots, pos, None)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     m.to("cpu")
+
+
+def test_load_streams_onto_the_device_in_the_final_dtype(golden_ckpt):
+    """The CUDA runner's load (fp16 GPT/Embed, fp32 vocoder, int8 GPT linears, no text head) made
+    on the GPU equals the same load made on the host (folds and quantization run on the device)."""
+    from appliance.model.checkpoint import load_model
+
+    kw = dict(vocoder_dtype=torch.float32, quant="int8", text_head=False)
+    host = load_model(golden_ckpt, "cpu", torch.float16, **kw).state_dict()
+    dev = load_model(golden_ckpt, "cuda", torch.float16, **kw).state_dict()
+    assert host.keys() == dev.keys()
+    for k, a in host.items():
+        b = dev[k]
+        assert b.device.type == "cuda" and b.dtype == a.dtype, k
+        if a.is_floating_point():
+            torch.testing.assert_close(b.cpu(), a, rtol=2e-3, atol=1e-6)
+        else:
+            assert int((b.cpu().int() - a.int()).abs().max()) <= 1, k

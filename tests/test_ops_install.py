@@ -45,7 +45,7 @@ def test_dry_run_here_prints_the_plan_and_says_not_a_jetson():
     for needle in ("==> apt packages", "useradd --system", "-m venv --system-site-packages /opt/chattts-appliance/venv",
                    "-m pip install", "/etc/chattts-appliance/config.yaml", "/etc/systemd/system/chattts-appliance.service",
                    "model fetch", "engines build --config /etc/chattts-appliance/config.yaml --precision fp16",
-                   "health --config", "systemctl enable --now chattts-appliance.service chattts-appliance-health.timer",
+                   "engines compile --config /etc/chattts-appliance/config.yaml", "health --config", "systemctl enable --now chattts-appliance.service chattts-appliance-health.timer",
                    f"(exit {EXIT_NOT_JETSON})"):
         assert needle in out, needle
     assert (os.path.exists("/opt/chattts-appliance"), os.path.exists("/etc/chattts-appliance")) == before

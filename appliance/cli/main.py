@@ -12,7 +12,8 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
   (``--socket`` asks a running one) (same module).
 * ``health`` – field health check, here or by the running daemon (:mod:`appliance.ops.health`).
-* ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`).
+* ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`);
+  ``engines compile`` – the CUDA decode step compiled ahead of time (:mod:`appliance.build.aot`).
 
 Every subcommand reads the same config file (:func:`appliance.config.find_config`): ``--config``,
 else ``$CHATTTS_APPLIANCE_CONFIG``, else ``./config.local.yaml``, else ``./config.yaml``; the
@@ -45,7 +46,7 @@ _CLIENTS = ("say", "status", "cancel", "health")
 #: above only, unless ``-v``.
 _QUIET = ("normalize", "calibrate", "health")
 #: Subcommands that run on the built-in defaults when there is no config file.
-_DEFAULTS_OK = _CLIENTS + ("engines export", "engines build")
+_DEFAULTS_OK = _CLIENTS + ("engines export", "engines build", "engines compile")
 
 # subcommand -> (module, function). The function takes the parsed argparse namespace and
 # returns an exit status.
@@ -61,6 +62,7 @@ _COMMANDS = {
     "normalize": ("appliance.cli.client", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
+    "engines compile": ("appliance.build.aot", "cli_main"),
     "calibrate": ("appliance.build.calibrate", "cli_main"),
 }
 
@@ -135,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask the running daemon (at the config's service.socket) instead of loading the engines here")
     h.add_argument("--socket", default=None, help="ask the running daemon at this socket (implies --daemon)")
 
-    e = _Sub(sub.add_parser("engines", help="ONNX export and TensorRT build", leaf=False)
+    e = _Sub(sub.add_parser("engines", help="ONNX export, TensorRT build, ahead-of-time compiled step", leaf=False)
              .add_subparsers(dest="sub", required=True), common)
     ex = e.add_parser("export", help="export ONNX graphs from a checkpoint")
     ex.add_argument("--config", default=None, help=CONFIG_HELP)
@@ -154,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
     b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
+    c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages)")
+    c.add_argument("--config", default=None, help=CONFIG_HELP)
+    c.add_argument("--mode", default="default", choices=("default", "max-autotune-no-cudagraphs"))
+    c.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: model.device")
+    c.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1..model.max_batch)")
+    c.add_argument("--buckets", default=None, help="comma-separated attention spans (default: the runner's)")
+    c.add_argument("--out", default=None, help="output dir (default: <model.engine_dir>/aot)")
     for x in (ex, b):
         x.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")

@@ -45,7 +45,8 @@ class ModelConfig:
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
-    compile: str = _f("auto", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs. auto: compiled where Triton works (desktop x86 GPUs), plain CUDA graphs where it does not (JetPack's PyTorch has no Triton); off; default; max-autotune-no-cudagraphs. H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md). The compiled kernels are cached in model.engine_dir/torch_compile, so only the first start compiles.", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+    compile: str = _f("auto", "torch CUDA path: how the decode step inside its CUDA graphs is made fast. auto: the ahead-of-time compiled step (AOTInductor packages in model.engine_dir/aot, built once by 'chattts-appliance engines compile' for this GPU, checkpoint, torch and config) when one matches, else plain CUDA graphs with the reason logged: a start never compiles. off: plain CUDA graphs. default / max-autotune-no-cudagraphs: torch.compile at every start (minutes cold; kernels cached in model.engine_dir/torch_compile). H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md).", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+
     def torch_dtype(self, gpu: bool) -> str:
         """``dtype`` with ``auto`` resolved: ``float16`` on a GPU, ``float32`` on a CPU."""
         if self.dtype != "auto":
@@ -275,8 +276,8 @@ class JournalConfig:
 class SafetyConfig:
     """Integrity checks, the per-request watchdog and client limits."""
 
-    verify_checkpoint: bool = _f(True, "Check the sha256 of every checkpoint file at start (against SHA256SUMS.json beside asset/, else upstream's published sums); a mismatch refuses to start.")
-    cache_dir: str = _f("cache", "Where the checkpoint sum cache is kept (a file whose size and mtime did not change is not hashed again); relative to the config file; systemd: /var/cache/chattts-appliance.")
+    verify_checkpoint: bool = _f(True, "Check the sha256 of every weight file as it is loaded: the checkpoint's files against SHA256SUMS.json beside asset/ (else upstream's published sums), ONNX graphs, their data and TensorRT plans against their manifest.json; a mismatch refuses to start and names the file.")
+    cache_dir: str = _f("cache", "A directory for the daemon's caches; relative to the config file; systemd: /var/cache/chattts-appliance. (Checkpoint sums are no longer cached: a cache keyed by size and mtime cannot see bit rot.)")
     stall_s: float = _f(60.0, "A request that is synthesizing but made no progress (no decode step, no audio) for this long is ended with engine_error and its slot freed, s.", min=1.0, max=86400.0)
     max_requests_per_s: float = _f(5.0, "Requests (speak, health) one socket client (peer process) may send per second on average; more get 'rate_limited'. 0 = no limit.", min=0.0, max=1e6)
     request_burst: int = _f(20, "Requests a client may send at once before max_requests_per_s applies.", min=1, max=1 << 20)

@@ -19,17 +19,18 @@ captured once and replayed, optionally compiled):
   :class:`~appliance.engines.sampler_torch.DeviceSampler`, stores the hidden state of each row in
   the slot's hidden buffer, writes the codes into a device ring and advances the positions, all on
   the device. It is captured once per ``(b, L)`` at start-up (:class:`~appliance.engines.cuda_graphs.GraphSeam`:
-  CUDA graphs on a GPU, eager calls on a CPU so tests run the same logic). With ``compile`` the
-  step goes through ``torch.compile`` (inductor fuses norms, RoPE, K/V writes, residuals, most of
-  the sampler) before our own capture; that needs Triton (not in JetPack's PyTorch).
+  CUDA graphs on a GPU, eager calls on a CPU so tests run the same logic). The step's inductor
+  fusion (norms, RoPE, K/V writes, residuals, most of the sampler) comes ahead of time from an
+  AOTInductor package per ``(b, L)`` (``compile="aot"``, :mod:`~appliance.engines.aot_step`, built by
+  ``chattts-appliance engines compile``) or from ``torch.compile`` at start; building either needs
+  Triton (not in JetPack's PyTorch). Modes: :mod:`~appliance.engines.step_modes`.
 * The prefill pads the embedded prompt to a length bucket and runs as one captured graph per
   bucket; the first draw (:meth:`CudaRunner.start`) is a captured graph per row.
 * :meth:`CudaRunner.step` replays ``k`` steps and copies the codes ``[k, b, 4]`` into pinned host
   memory with ONE host sync; hidden states never leave the device, only the spectrum of the new
   frames comes back from :meth:`CudaRunner.vocode`.
 
-Measured on an H200 before this runner used the model's own step (bench/RESULTS.md): 1.59 ms per
-step at B=1 with plain graphs, 0.83 ms compiled.
+H200 (bench/RESULTS.md): 1.6 ms per step at B=1 with plain graphs, 0.82 ms compiled.
 """
 
 from __future__ import annotations
@@ -39,45 +40,24 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..config import Config
 from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
-from ..model.checkpoint import load_model
+from ..model.checkpoint import load_model, release_host_memory
 from ..model.kv import DecodeRows, PrefillSlot
-from ..model.quant import quantize_
 from ..model.stream import decoder_stream, vocos_stream
+from .aot_step import open_steps
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
 from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
 from .sampler_torch import DeviceSampler
+from .step_modes import COMPILE_MODES, compile_mode, jit_compile  # noqa: F401 (compile_mode: select, tests)
 from .torch_runner import _DTYPES, pick_device
 from .vocoder_state import VocoderCursor
 
 log = logging.getLogger(__name__)
 
 QUANT_MODES = (None, "int8", "fp8")
-
-
-def compile_mode(setting: str) -> tuple[Optional[str], str]:
-    """``model.compile`` -> (torch.compile mode or None, why): ``auto`` compiles where Triton works
-    (inductor's GPU kernels are Triton kernels; JetPack's PyTorch ships without it), else plain
-    CUDA graphs of the eager step."""
-    if setting == "off":
-        return None, "plain CUDA graphs (model.compile: off)"
-    if setting != "auto":
-        return setting, f"compiled ({setting}) inside CUDA graphs (model.compile: {setting})"
-    try:
-        from torch.utils._triton import has_triton
-        ok = has_triton()
-    except ImportError:
-        ok = False
-    if ok:
-        return "default", "compiled inside CUDA graphs (model.compile: auto, Triton found)"
-    return None, "plain CUDA graphs (model.compile: auto, no working Triton: e.g. JetPack's PyTorch)"
-# CudaRunner(compile=...) -> torch.compile mode ("default" = inductor's default; None = not compiled)
-COMPILE_MODES = {False: None, True: "default", "none": None, "off": None, "default": "default",
-                 "max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
 
 
 class CudaRunner(Runner):
@@ -89,9 +69,10 @@ class CudaRunner(Runner):
         reason: why this backend was chosen.
         quant: None, ``int8`` or ``fp8`` (weight-only; fp8 needs sm >= 8.9 on CUDA).
         graphs: capture CUDA graphs (default: on CUDA).
-        compile: ``torch.compile`` the step before our capture: ``True``/``"default"`` or an
-            inductor mode such as ``"max-autotune-no-cudagraphs"``; each ``(b, L)`` is one
-            compilation (static shapes).
+        compile: the step mode (:mod:`appliance.engines.step_modes`): False (plain graphs),
+            ``"aot"`` (packages from ``aot_dir``, else plain graphs, the reason in ``step_source``),
+            or ``torch.compile`` at start: ``True``/``"default"`` or ``"max-autotune-no-cudagraphs"``
+            (each ``(b, L)`` one compilation, static shapes).
         buckets: attention spans to capture (default :func:`kv_buckets`).
         step_chunk: steps one :meth:`step` call should run (``info.step_chunk``; ring size 2x).
         capture_batches: batch sizes captured at start-up (default ``1..max_batch``; others lazily).
@@ -99,6 +80,7 @@ class CudaRunner(Runner):
         compile_cache: directory for inductor's compiled kernels and graphs (``TORCHINDUCTOR_CACHE_DIR``,
             set here: torch fills that variable with its default as soon as inductor is imported),
             so that a restart reuses them; None: inductor's default (``/tmp/torchinductor_<user>``).
+        aot_dir: ``<model.engine_dir>/aot``, where ``engines compile`` put the packages (``compile="aot"``).
 
     Raises:
         CheckpointError, CapacityError: bad checkpoint, max_seq_len past the model's positions.
@@ -109,7 +91,7 @@ class CudaRunner(Runner):
     def __init__(self, cfg: Config, reason: str = "", *, quant: Optional[str] = None, graphs: Optional[bool] = None,
                  compile: bool | str = False, buckets: Optional[list[int]] = None, step_chunk: int = 8,
                  capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None,
-                 compile_cache: Optional[str] = None):
+                 compile_cache: Optional[str] = None, aot_dir: Optional[str] = None):
         quant = None if quant in (None, "none") else quant
         mode = COMPILE_MODES.get(compile, compile) if isinstance(compile, (bool, str)) else compile
         if mode not in COMPILE_MODES.values():
@@ -125,16 +107,12 @@ class CudaRunner(Runner):
         self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=True)]
         dt = self.dtype
         path = cfg.resolve(mc.path)
-        try:
-            m = load_model(path, "cpu", torch.float32)  # fp32 on the host; quantized/converted before the copy
-            m.embed.head_text = nn.Identity()  # no text mode here (saves 32 MB at full size)
-            if quant:
-                quantize_(m.gpt, quant)
-            m.gpt.to(dtype=dt)   # the Decoder and Vocos stay FP32 (module doc)
-            m.embed.to(dtype=dt)
-            self.model = m.to(dev)
+        try:  # tensor by tensor onto the device in the final dtype; Decoder and Vocos FP32 (module doc)
+            self.model = load_model(path, dev, dt, vocoder_dtype=torch.float32, quant=quant, text_head=False,
+                                    verify=cfg.safety.verify_checkpoint)  # no text mode here: no text head
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {dev} failed: {e}") from e
+        self.weight_files = list(self.model.verified_files)
         s = self.shapes = self.model.shapes
         if mc.max_seq_len > s.max_pos:
             raise CapacityError(f"model.max_seq_len {mc.max_seq_len} exceeds the checkpoint's max_position_embeddings {s.max_pos}")
@@ -177,22 +155,7 @@ class CudaRunner(Runner):
         self.pos_host = np.zeros(S, np.int64)       # next position per logical slot
         self.buckets = sorted(set(buckets or kv_buckets(Lmax)) | {Lmax})
         self.seam = GraphSeam(cuda=cuda if graphs is None else bool(graphs and cuda), warmup=3 if mode else 2)
-        self._body = self._step_body
-        if mode is not None:
-            import os
-
-            import torch._dynamo as dyn
-
-            if compile_cache:
-                os.makedirs(compile_cache, exist_ok=True)
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
-
-            for k in ("cache_size_limit", "recompile_limit"):
-                if hasattr(dyn.config, k):
-                    setattr(dyn.config, k, max(getattr(dyn.config, k), 64))
-            # our own graph captures the compiled step: inductor must not add its own CUDA graphs
-            self._body = torch.compile(self._step_body, dynamic=False, fullgraph=True,
-                                       mode=None if mode == "default" else mode)
+        self._body = self._step_body if mode in (None, "aot") else jit_compile(self._step_body, mode, compile_cache)
         self.compiled = mode
         self._event = torch.cuda.Event() if cuda else None
         weight_bytes = sum(t.numel() * t.element_size() for t in list(self.model.parameters()) + [
@@ -204,18 +167,35 @@ class CudaRunner(Runner):
             text_mode=False, step_chunk=self.step_chunk, device=str(dev),
             engine_id=f"torch {torch.__version__} {quant or precision}",  # not the compile mode: windows are not compiled
             **receptive_fields(s.dec_layers, s.voc_layers))
+        batches = list(capture_batches if capture_batches is not None else range(1, S + 1))
+        self._aot, self.step_source = None, "plain CUDA graphs" if mode is None else f"compiled ({mode}) at start"
+        if mode == "aot":
+            self._aot, self.step_source = open_steps(self, aot_dir, path, [(b, L) for b in batches for L in self.buckets])
+            self.compiled = "aot" if self._aot is not None else None
+        try:
+            self._capture_all(batches)
+        except (RuntimeError, EngineError) as e:   # a package that loads but fails to run: the plain step
+            if self._aot is None:
+                raise
+            self._aot, self.compiled, self.step_source = None, None, f"plain CUDA graphs: the ahead-of-time step failed ({e})"
+            log.warning("decode step: %s", self.step_source)
+            self.seam.clear()
+            self._capture_all(batches)
+        release_host_memory()  # what the captures and compilation freed on the host, before ready
+        log.info("cuda runner: %s %s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s; step: %s",
+                 dev, self.info.precision, S, Lmax, weight_bytes / 2**20, self.kv_bytes / 2**20, self.seam.cuda,
+                 self.buckets, self.step_source)
+
+    def _capture_all(self, batches: list[int]) -> None:
         with torch.inference_mode():
-            for b in (capture_batches if capture_batches is not None else range(1, S + 1)):
+            for b in batches:
                 for L in self.buckets:
                     self._graph(b, L)
             for T in self.prefill_buckets:
                 self._prefill_graph(T)
-            for row in range(S):
+            for row in range(self.info.max_batch):
                 self._begin_graph(row)
             self._reset_state()
-        log.info("cuda runner: %s %s%s, %d rows x %d positions, weights %.1f MiB, KV %.1f MiB, graphs %s, buckets %s",
-                 dev, self.info.precision, f" compiled ({mode})" if mode else "", S, Lmax, weight_bytes / 2**20,
-                 self.kv_bytes / 2**20, self.seam.cuda, self.buckets)
 
     # ------------------------------------------------------------------ captured bodies
     def _step_body(self, b: int, L: int) -> None:
@@ -257,7 +237,8 @@ class CudaRunner(Runner):
         small per-row state is saved and restored, so a lazy capture mid-request is safe."""
         if (b, L) in self.seam.graphs:
             return self.seam.graphs[(b, L)]
-        return self._capture((b, L), lambda: self._body(b, L), lambda: (self.t.zero_(), self.pos.fill_(L - 1)),
+        fn = self._aot.fn(b, L) if self._aot is not None else None
+        return self._capture((b, L), fn or (lambda: self._body(b, L)), lambda: (self.t.zero_(), self.pos.fill_(L - 1)),
                              self.sampler.state() + [self.codes_in, self.pos, self.t])
 
     def _prefill_graph(self, T: int) -> Callable[[], None]:

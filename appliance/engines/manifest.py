@@ -12,12 +12,16 @@ graphs, ``<engine_dir>/trt/<precision>/`` for TensorRT plans). It records:
 * ``limits``: ``max_batch``, ``max_seq_len``, ``max_prompt_tokens``, ``window_tokens``;
 * ``shapes``: the model dimensions (:class:`appliance.model.shapes.ModelShapes` fields);
 * ``build``: flags (workspace MiB, timing cache, TensorRT flavour, opset, quantization);
-* ``graphs``: per graph ``file``, ``sha256``, ``inputs`` / ``outputs`` (name, shape with -1 or a
-  symbol for dynamic dims, dtype), ``profile`` (min/opt/max per dynamic input) and, for plans,
-  ``weights_bytes`` / ``activation_bytes`` as the builder reported them.
+* ``graphs``: per graph ``file``, ``inputs`` / ``outputs`` (name, shape with -1 or a symbol for
+  dynamic dims, dtype), ``profile`` (min/opt/max per dynamic input) and, for plans,
+  ``weights_bytes`` / ``activation_bytes`` as the builder reported them;
+* ``files``: the sha256 of every file a runner maps (:func:`weight_files`: each graph's file,
+  its ONNX external data ``<file>.data``, the host embedding tables), written by :func:`write`.
 
 :func:`check` compares a manifest with what the loader expects and raises
-:class:`~appliance.errors.EngineMismatchError` whose message ends in ``rebuild with: ...``.
+:class:`~appliance.errors.EngineMismatchError` whose message ends in ``rebuild with: ...``;
+:func:`verify_files` hashes the mapped files and raises :class:`~appliance.errors.IntegrityError`
+for one whose bytes differ from ``files``.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError, EngineMismatchError
+from ..model.integrity import mismatch
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +188,26 @@ def expect_common(cfg: Any, manifest: dict, kind: str) -> dict:
     return expect
 
 
+def weight_files(d: Path, manifest: dict) -> list[str]:
+    """Names (relative to ``d``) of the files a runner of this engine maps: each graph's ``file``,
+    its external data ``<file>.data`` where that exists (the name our ONNX exports give it), and
+    the host embedding tables (``embed.file``)."""
+    names = []
+    for e in manifest.get("graphs", {}).values():
+        names += [n for n in (e["file"], e["file"] + ".data") if n == e["file"] or (d / n).is_file()]
+    emb = manifest.get("embed", {}).get("file")
+    if emb:
+        names.append(emb)
+    return names
+
+
 def write(directory: str | os.PathLike, manifest: dict) -> Path:
-    """Write ``manifest`` (adds ``format`` and ``created``) as ``<directory>/manifest.json``."""
+    """Write ``manifest`` (adds ``format``, ``created`` and ``files``: the sha256 of each of its
+    :func:`weight_files`) as ``<directory>/manifest.json``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    m = {"format": FORMAT, "created": now_iso(), **manifest}
+    files = {n: file_sha256(d / n) for n in weight_files(d, manifest) if (d / n).is_file()}
+    m = {"format": FORMAT, "created": now_iso(), **manifest, "files": files}
     p = d / MANIFEST
     tmp = p.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(m, indent=1, sort_keys=False) + "\n")
@@ -210,6 +231,41 @@ def read(directory: str | os.PathLike, rebuild_hint: str = "") -> dict:
     if m.get("format") != FORMAT:
         raise EngineMismatchError(f"{p}: manifest format {m.get('format')!r}, this version reads {FORMAT}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else ""))
     return m
+
+
+def verify_files(d: Path, manifest: dict, rebuild_hint: str, names: list[str] | None = None) -> list[tuple[Path, str]]:
+    """Hash the files ``names`` (default: all :func:`weight_files`) of the engine in ``d`` and
+    compare each with the sha256 its manifest records; before a runtime maps them. Returns
+    ``[(file, sha256)]`` (for a later re-verification).
+
+    Raises:
+        EngineMismatchError: the manifest records no sum for a file (an export by an older
+            version, or a file added since): rebuild.
+        EngineError: a file is missing or unreadable.
+        IntegrityError: a file's sha256 differs (names the file, both sums, and the rebuild command).
+    """
+    rec = manifest.get("files")
+    if not isinstance(rec, dict):
+        raise EngineMismatchError(f"{d / MANIFEST} records no sha256 of its files (written by an older version); "
+                                  f"rebuild with: {rebuild_hint}")
+    t0, n_bytes, out = time.perf_counter(), 0, []
+    for name in names if names is not None else weight_files(d, manifest):
+        f = d / name
+        want = rec.get(name)
+        if want is None:
+            raise EngineMismatchError(f"{d / MANIFEST} records no sha256 of {name}; rebuild with: {rebuild_hint}")
+        try:
+            got = file_sha256(f)
+            n_bytes += f.stat().st_size
+        except OSError as e:
+            raise EngineError(f"cannot read the engine file {f}: {e}; rebuild with: {rebuild_hint}") from e
+        if got != want:
+            raise mismatch(f, got, want, str(d / MANIFEST), f"rebuild the engine with: {rebuild_hint}. "
+                                                            "(safety.verify_checkpoint: false skips this check.)")
+        out.append((f, got))
+    dt = time.perf_counter() - t0
+    log.info("%s: %d engine files match their manifest (%.0f MiB hashed in %.2f s)", d, len(out), n_bytes / 2**20, dt)
+    return out
 
 
 def check(manifest: dict, expect: dict, rebuild_hint: str) -> None:

@@ -55,12 +55,19 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..config import Config
-from ..errors import CapacityError, ConfigError, EngineError, EngineMismatchError
+from ..errors import (
+    CapacityError,
+    CheckpointError,
+    ConfigError,
+    EngineError,
+    EngineMismatchError,
+)
+from ..model.integrity import mismatch
 from . import manifest as mf
 from .host_runner import HostRunner
 from .runner import RunnerInfo, receptive_fields
@@ -76,21 +83,44 @@ def find_export(cfg: Config) -> Path | None:
     return mf.find_built(cfg.resolve(cfg.model.engine_dir), "onnx", PRECISIONS)
 
 
-def load_embeddings(d: Path, m: dict, hint: str = "") -> tuple[np.ndarray, np.ndarray]:
+def load_embeddings(d: Path, m: dict, hint: str = "", verify: bool = True) -> tuple[np.ndarray, np.ndarray, Optional[str]]:
     """The host-side embedding tables written by the export: ``emb_text [N, D]``,
-    ``emb_code [Q, V, D]`` (float32).
+    ``emb_code [Q, V, D]`` (float32), read in one pass that also hashes the file
+    (:class:`~appliance.model.tensorfile.TensorFile`), and the file's sha256 (None without ``verify``).
 
     Raises:
         EngineError: the file is missing or malformed (says how to rebuild).
+        IntegrityError: ``verify`` and its sha256 differs from the manifest's (``files``, or
+            ``embed.sha256`` of older manifests).
     """
-    from safetensors.numpy import load_file
+    from ..model.tensorfile import TensorFile
 
-    f = d / m.get("embed", {}).get("file", "embed.safetensors")
+    name = m.get("embed", {}).get("file", "embed.safetensors")
+    f = d / name
+    todo = f"; rebuild with: {hint}" if hint else ""
     try:
-        t = load_file(str(f))
-        return t["emb_text"], t["emb_code"]
-    except (OSError, KeyError, ValueError) as e:
-        raise EngineError(f"cannot read the embedding tables {f}: {e}" + (f"; rebuild with: {hint}" if hint else "")) from e
+        tf = TensorFile(f)
+        ent = {e.name: e for e in tf.entries}
+        out = {k: np.empty(ent[k].shape, {"F32": np.float32, "F16": np.float16}[ent[k].dtype]) for k in ("emb_text", "emb_code")}
+    except (CheckpointError, KeyError) as e:
+        raise EngineError(f"cannot read the embedding tables {f}: {e}{todo}") from e
+
+    def sink(e, r0, raw: np.ndarray) -> None:
+        a = out[e.name]
+        n = raw.nbytes // e.row_bytes
+        a[r0:r0 + n] = raw.view(a.dtype).reshape(n, *e.shape[1:])
+
+    try:
+        got = tf.stream(sink, lambda k: k in out)
+    except CheckpointError as e:
+        raise EngineError(f"{e}{todo}") from e
+    if not verify:
+        return out["emb_text"], out["emb_code"], None
+    want = m.get("files", {}).get(name) or m.get("embed", {}).get("sha256")
+    if got != want:
+        raise mismatch(f, got, str(want), str(d / mf.MANIFEST), f"rebuild the engine{todo or ''}. "
+                       "(safety.verify_checkpoint: false skips this check.)")
+    return out["emb_text"], out["emb_code"], got
 
 
 def embed_prompt(emb_text: np.ndarray, ids: np.ndarray, spk_emb: np.ndarray | None, spk_id: int) -> np.ndarray:
@@ -146,6 +176,12 @@ class OnnxRunner(HostRunner):
             raise EngineMismatchError(f"{d} holds stateless vocoder graphs from an older export; this version runs "
                                       f"the stateful ones: export again with: {hint}")
         self.manifest, self.dir = m, d
+        # every file that onnxruntime maps, hashed before it is handed over; the tables below in
+        # the pass that reads them (safety.verify_checkpoint)
+        verify = cfg.safety.verify_checkpoint
+        emb_name = m.get("embed", {}).get("file", "embed.safetensors")
+        self.weight_files = mf.verify_files(d, m, hint, [n for n in mf.weight_files(d, m) if n != emb_name]) \
+            if verify else []
         s = m["shapes"]
         L, H, hd, D = s["n_layers"], s["n_heads"], s["hidden"] // s["n_heads"], s["hidden"]
         self._L, self._D, self._Q, self._V = L, D, s["num_vq"], s["num_audio_tokens"]
@@ -170,7 +206,9 @@ class OnnxRunner(HostRunner):
         self._k = np.zeros((L, S, M, H, hd), kv_dt)  # positions first: the filled part is a prefix
         self._v = np.zeros((L, S, M, H, hd), kv_dt)
         self._kv_shape = (M, H, hd)
-        self._emb_text, self._emb_code = load_embeddings(d, m, hint)  # host side: the graph takes embeddings
+        self._emb_text, self._emb_code, emb_sha = load_embeddings(d, m, hint, verify)  # host side: the graph takes embeddings
+        if emb_sha is not None:
+            self.weight_files.append((d / emb_name, emb_sha))
         # per decode batch size: I/O buffers allocated once and bound once (IO binding)
         self._bind: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
         gpt = self._sess["gpt"]

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -125,9 +127,13 @@ class VocodeWindow:
 
 
 class Runner(abc.ABC):
-    """The backend-neutral contract (see module docstring). Subclasses set :attr:`info`."""
+    """The backend-neutral contract (see module docstring). Subclasses set :attr:`info` and, when
+    ``safety.verify_checkpoint`` is on, :attr:`weight_files`: ``(file, sha256)`` of every weight
+    file the backend read or maps, each verified at load; what a background re-verification
+    (:class:`appliance.model.reverify.Reverifier`) re-hashes."""
 
     info: RunnerInfo
+    weight_files: Sequence[tuple[Path, str]] = ()
 
     @abc.abstractmethod
     def prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> None:

@@ -91,8 +91,9 @@ def _torch_runner(cfg: Config, reason: str) -> Runner:
 
         mode, why = compile_mode(cfg.model.compile)
         log.info("decode step: %s", why)
-        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant, compile=mode or False,
-                          compile_cache=str(cfg.resolve(cfg.model.engine_dir) / "torch_compile") if mode else None)
+        eng = cfg.resolve(cfg.model.engine_dir)
+        return CudaRunner(cfg, reason=reason, quant=cfg.model.quant, compile=mode or False, aot_dir=str(eng / "aot"),
+                          compile_cache=str(eng / "torch_compile") if mode not in (None, "aot") else None)
     return TorchRunner(cfg, reason=reason)
 
 
@@ -101,10 +102,12 @@ def open_runner(cfg: Config) -> Runner:
 
     Raises:
         ConfigError: the requested backend is not installed or not usable here.
-        CheckpointError: the checkpoint is missing, malformed or fails its sha256 check.
+        CheckpointError: the checkpoint is missing or malformed.
+        IntegrityError: a file it reads or maps (checkpoint, ONNX graph or data, plan) fails its sha256 check.
         EngineMismatchError: engines exist but do not match the config, checkpoint or device.
     """
-    verify_for_config(cfg, cfg.resolve(cfg.model.path))   # sha256 of the checkpoint files (safety.verify_checkpoint)
+    # sha256 of the checkpoint's config and tokenizer; each backend verifies the weight files it maps
+    verify_for_config(cfg, cfg.resolve(cfg.model.path))
     backend, reason = choose_backend(cfg)
     if backend == "torch":
         runner: Runner = _torch_runner(cfg, reason)

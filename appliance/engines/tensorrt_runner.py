@@ -76,6 +76,13 @@ class TensorRTRunner(Runner):
                               + mf.rebuild_hint(cfg.file_hint, 'fp16', tensorrt=True))
         m = load_manifest(cfg, d)
         self.manifest, self.dir = m, d
+        # the plans, hashed before TensorRT reads them (and before any CUDA call); the embedding
+        # tables below in the pass that reads them (safety.verify_checkpoint)
+        verify = cfg.safety.verify_checkpoint
+        hint = mf.rebuild_hint(cfg.file_hint, d.name, tensorrt=True)
+        emb_name = m.get("embed", {}).get("file", "embed.safetensors")
+        self.weight_files = mf.verify_files(d, m, hint, [n for n in mf.weight_files(d, m) if n != emb_name]) \
+            if verify else []
         self.plan = plan_buffers(m)
         torch = self._torch = _torch_cuda()
         from .onnx_runner import load_embeddings
@@ -106,7 +113,9 @@ class TensorRTRunner(Runner):
         kv_dt = tdt[next(iter(self.plan["kv"].values()))["dtype"]]
         self._k = torch.zeros(L, S, M, H, D // H, dtype=kv_dt, device=dev)  # layer i bound as k_cache.i
         self._v = torch.zeros_like(self._k)
-        et, ec = load_embeddings(d, m)
+        et, ec, emb_sha = load_embeddings(d, m, hint, verify)
+        if emb_sha is not None:
+            self.weight_files.append((d / emb_name, emb_sha))
         self._emb_text = torch.from_numpy(et).to(dev)
         self._emb_code = torch.from_numpy(ec).to(dev).reshape(Q * V, D)
         self._code_off = torch.arange(Q, device=dev) * V

@@ -58,11 +58,12 @@ class TorchRunner(HostRunner):
             torch.set_num_threads(mc.threads)
         path = cfg.resolve(mc.path)
         try:
-            self.model = load_model(path, self.device, self.dtype)
+            self.model = load_model(path, self.device, self.dtype, verify=cfg.safety.verify_checkpoint)
         except CheckpointError:
             raise
         except (RuntimeError, OSError) as e:
             raise EngineError(f"loading {path} on {self.device} failed: {e}") from e
+        self.weight_files = list(self.model.verified_files)
         s = self.model.shapes
         if mc.max_seq_len > s.max_pos:
             raise CapacityError(

@@ -1,31 +1,46 @@
 """Load the official ChatTTS checkpoint layout (HF ``2Noise/ChatTTS`` ``asset/``) into our modules.
 
-:func:`read_checkpoint` reads ``gpt/config.json`` and the safetensors files, infers the shapes
-(:class:`~appliance.model.shapes.ModelShapes`) from the config and the tensors, and checks every
-tensor against :mod:`appliance.model.layout`: all missing, unexpected and misshaped keys are
-reported at once, each with its file. :func:`load_model` builds a :class:`ChatTTSModel` from it.
+:func:`read_checkpoint` reads ``gpt/config.json`` and the safetensors *headers*, infers the shapes
+(:class:`~appliance.model.shapes.ModelShapes`) from the config and the tensor shapes, and checks
+every tensor against :mod:`appliance.model.layout`: all missing, unexpected and misshaped keys are
+reported at once, each with its file, before any weight is read. :func:`load_model` then builds a
+:class:`ChatTTSModel` on the ``meta`` device and streams each file once into it
+(:mod:`appliance.model.tensorfile` reads and hashes, :mod:`appliance.model.assemble` copies each
+tensor to the device in its final dtype and fuses there), comparing every file's sha256 with its
+recorded sum (:mod:`appliance.model.integrity`) before the model is returned. Peak host memory is
+the model's final host part plus one 16 MiB buffer; what the load allocated on the host is handed
+back to the OS before it returns (:func:`release_host_memory`).
 
-The GPT file's unused ``embed_tokens.weight`` is never read; Vocos's feature-extractor buffers
-and ISTFT window are accepted and ignored; ``DVAE.safetensors`` is not read.
+The GPT file's unused ``embed_tokens.weight`` is never loaded (but hashed); Vocos's
+feature-extractor buffers and ISTFT window are accepted and ignored; ``DVAE.safetensors`` is not read.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import hashlib
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
+import numpy as np
 import torch
-from safetensors import safe_open
 
 from ..errors import CheckpointError
 from . import layout
+from .assemble import Assembler, empty_model
 from .decoder import Decoder
-from .embed import Embed, apply_speaker, fold_weight_norm
+from .embed import Embed, apply_speaker
 from .gpt import GPT
+from .integrity import Sums
 from .shapes import FULL, ModelShapes
+from .tensorfile import CHUNK_BYTES, TensorFile
 from .vocos import Vocos
 
 log = logging.getLogger(__name__)
@@ -48,46 +63,41 @@ def asset_dir(path: str | Path) -> Path:
     )
 
 
-def _read_tensors(path: Path, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file missing: {path}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys() if k not in skip}
-    except CheckpointError:
-        raise
-    except Exception as e:  # safetensors raises its own error types
-        raise CheckpointError(f"cannot read {path}: {e}") from e
-
-
 def _count(keys, pattern: str) -> int:
     rx = re.compile(pattern)
     return len({m.group(1) for k in keys if (m := rx.fullmatch(k))})
 
 
-def _dim(t: dict[str, torch.Tensor], key: str, axis: int, default: int) -> int:
-    return int(t[key].shape[axis]) if key in t and t[key].dim() > axis else default
+Shapes = dict[str, tuple[int, ...]]
+
+#: The weight files a model is made of: (part of :class:`ChatTTSModel`, file relative to ``asset/``).
+PARTS = (("gpt", layout.GPT_FILE), ("embed", layout.EMBED_FILE), ("decoder", layout.DECODER_FILE),
+         ("vocos", layout.VOCOS_FILE))
+
+
+def _dim(t: Shapes, key: str, axis: int, default: int) -> int:
+    return int(t[key][axis]) if key in t and len(t[key]) > axis else default
 
 
 @dataclass
-class CheckpointTensors:
-    """Validated host tensors of one checkpoint, per file, plus its shapes and paths."""
+class CheckpointFiles:
+    """A validated checkpoint: its shapes, the headers of its weight files (``files``: part ->
+    :class:`~appliance.model.tensorfile.TensorFile`; no weight read yet), the control-token ids
+    and the sha256 of the ``gpt/config.json`` bytes that were parsed."""
 
     asset: Path
     shapes: ModelShapes
-    gpt: dict[str, torch.Tensor]
-    embed: dict[str, torch.Tensor]
-    decoder: dict[str, torch.Tensor]
-    vocos: dict[str, torch.Tensor]
+    files: dict[str, TensorFile]
     special_ids: dict[str, int]
+    config_sha256: str
 
     @property
     def tokenizer_dir(self) -> Path:
         return self.asset / layout.TOKENIZER_DIR
 
 
-def read_shapes(cfg: dict, gpt: dict, embed: dict, dec: dict, voc: dict) -> ModelShapes:
-    """Shapes from ``config.json`` (GPT) and tensor shapes (Embed, Decoder, Vocos).
+def read_shapes(cfg: dict, gpt: Shapes, embed: Shapes, dec: Shapes, voc: Shapes) -> ModelShapes:
+    """Shapes from ``config.json`` (GPT) and tensor shapes ``{key: shape}`` (Embed, Decoder, Vocos).
 
     Raises:
         CheckpointError: config.json lacks a GPT dimension or asks for GQA / bias.
@@ -126,24 +136,24 @@ def read_shapes(cfg: dict, gpt: dict, embed: dict, dec: dict, voc: dict) -> Mode
     )
 
 
-def check_tensors(file: str, tensors: dict[str, torch.Tensor], expected: dict[str, tuple],
+def check_tensors(file: str, tensors: Shapes, expected: dict[str, tuple],
                   optional: dict[str, tuple] | None = None) -> list[str]:
-    """Compare ``tensors`` with ``expected`` (key -> shape); returns one problem line per bad key."""
+    """Compare the shapes ``tensors`` (key -> shape) with ``expected``; one problem line per bad key."""
     optional = optional or {}
     probs = []
     for k, shp in expected.items():
         if k not in tensors:
             probs.append(f"{file}: missing key {k!r} (shape {list(shp)})")
-        elif tuple(tensors[k].shape) != tuple(shp):
-            probs.append(f"{file}: key {k!r} has shape {list(tensors[k].shape)}, expected {list(shp)}")
+        elif tuple(tensors[k]) != tuple(shp):
+            probs.append(f"{file}: key {k!r} has shape {list(tensors[k])}, expected {list(shp)}")
     for k in tensors:
         if k in expected:
             continue
         if k in optional:
-            if tuple(tensors[k].shape) != tuple(optional[k]):
-                probs.append(f"{file}: key {k!r} has shape {list(tensors[k].shape)}, expected {list(optional[k])}")
+            if tuple(tensors[k]) != tuple(optional[k]):
+                probs.append(f"{file}: key {k!r} has shape {list(tensors[k])}, expected {list(optional[k])}")
             continue
-        probs.append(f"{file}: unexpected key {k!r} (shape {list(tensors[k].shape)})")
+        probs.append(f"{file}: unexpected key {k!r} (shape {list(tensors[k])})")
     return probs
 
 
@@ -161,8 +171,9 @@ def read_special_ids(tok_dir: Path) -> dict[str, int]:
         raise CheckpointError(f"cannot read tokenizer {f}: {e}") from e
 
 
-def read_checkpoint(path: str | Path) -> CheckpointTensors:
-    """Read and validate a checkpoint in the official layout (``path`` or ``path/asset``).
+def read_checkpoint(path: str | Path) -> CheckpointFiles:
+    """Read and validate a checkpoint in the official layout (``path`` or ``path/asset``): the config
+    and the safetensors headers only, no weights.
 
     Raises:
         CheckpointError: a file is missing or unreadable; any missing, unexpected or misshaped
@@ -170,16 +181,16 @@ def read_checkpoint(path: str | Path) -> CheckpointTensors:
     """
     a = asset_dir(path)
     try:
-        cfg = json.loads((a / layout.GPT_CONFIG).read_text(encoding="utf-8"))
+        raw = (a / layout.GPT_CONFIG).read_bytes()
+        cfg = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {a / layout.GPT_CONFIG}: {e}") from e
-    gpt = _read_tensors(a / layout.GPT_FILE, skip=layout.GPT_IGNORED)
-    embed = _read_tensors(a / layout.EMBED_FILE)
-    dec = _read_tensors(a / layout.DECODER_FILE)
-    voc = _read_tensors(a / layout.VOCOS_FILE)
+    files = {part: TensorFile(a / rel) for part, rel in PARTS}
     for name in layout.TOKENIZER_FILES:
         if not (a / layout.TOKENIZER_DIR / name).is_file():
             raise CheckpointError(f"checkpoint file missing: {a / layout.TOKENIZER_DIR / name}")
+    gpt = {k: v for k, v in files["gpt"].shapes().items() if k not in layout.GPT_IGNORED}
+    embed, dec, voc = (files[p].shapes() for p in ("embed", "decoder", "vocos"))
     s = read_shapes(cfg, gpt, embed, dec, voc)
     if s.hidden % s.n_heads:
         raise CheckpointError(f"{layout.GPT_CONFIG}: hidden_size {s.hidden} not divisible by num_attention_heads {s.n_heads}")
@@ -195,7 +206,7 @@ def read_checkpoint(path: str | Path) -> CheckpointTensors:
         raise CheckpointError(f"checkpoint {a} does not match the ChatTTS layout:\n  " + "\n  ".join(probs))
     special = read_special_ids(a / layout.TOKENIZER_DIR)
     log.info("checkpoint %s: D=%d layers=%d heads=%d text vocab=%d", a, s.hidden, s.n_layers, s.n_heads, s.num_text_tokens)
-    return CheckpointTensors(a, s, gpt, embed, dec, voc, special)
+    return CheckpointFiles(a, s, files, special, hashlib.sha256(raw).hexdigest())
 
 
 class ChatTTSModel(torch.nn.Module):
@@ -232,42 +243,66 @@ class ChatTTSModel(torch.nn.Module):
         return self.embed.audio_logits(hidden)
 
 
-def build_model(ck: CheckpointTensors) -> ChatTTSModel:
-    """Modules from validated tensors (weight norm folded). Float32, CPU.
-
-    Raises:
-        CheckpointError: a state dict does not load (should not happen after validation).
-    """
-    s = ck.shapes
-    m = ChatTTSModel(s, ck.special_ids)
-    emb = {k: v for k, v in ck.embed.items() if "parametrizations" not in k}
-    emb["head_text.weight"] = fold_weight_norm(ck.embed["head_text.parametrizations.weight.original0"],
-                                               ck.embed["head_text.parametrizations.weight.original1"])
-    for i in range(s.num_vq):
-        p = f"head_code.{i}.parametrizations.weight."
-        emb[f"head_code.{i}.weight"] = fold_weight_norm(ck.embed[p + "original0"], ck.embed[p + "original1"])
-    voc = {k: v for k, v in ck.vocos.items() if k in layout.vocos_keys(s)}
+def release_host_memory() -> bool:
+    """Return what a load freed to the OS: ``gc.collect()`` then glibc's ``malloc_trim(0)`` (freed
+    heap pages below the top of the heap otherwise stay resident). True if ``malloc_trim`` ran
+    (glibc only; a no-op elsewhere, e.g. musl or macOS)."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
     try:
-        with torch.no_grad():
-            m.gpt.load_state_dict(ck.gpt, strict=True)
-            m.embed.load_state_dict(emb, strict=True)
-            m.decoder.load_state_dict(ck.decoder, strict=True)
-            m.vocos.load_state_dict(voc, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint {ck.asset}: {e}") from e
-    return m.float().eval()
+        libc = ctypes.CDLL(name or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> ChatTTSModel:
-    """Read, validate and build the model from a checkpoint directory, on ``device`` in ``dtype``.
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
+               vocoder_dtype: Optional[torch.dtype] = None, quant: Optional[str] = None, text_head: bool = True,
+               verify: bool = True) -> ChatTTSModel:
+    """Read, validate, verify and build the model from a checkpoint directory, straight on ``device``.
+
+    Args:
+        path: the checkpoint (``path`` or ``path/asset``).
+        device: where every weight goes (the host holds one 16 MiB read buffer beside it).
+        dtype: the GPT's and Embed's dtype, and the Decoder's and Vocos' unless ``vocoder_dtype``.
+        vocoder_dtype: the Decoder's and Vocos' dtype (None: ``dtype``).
+        quant: None, ``int8`` or ``fp8``: the GPT block linears weight-only (:mod:`appliance.model.quant`),
+            quantized from the checkpoint's float32 values.
+        text_head: keep the text head (refine-text); False leaves ``embed.head_text`` an identity.
+        verify: compare each file's sha256, computed while it is read, with its recorded sum
+            (``SHA256SUMS.json`` beside ``asset/``, else upstream's map); also ``gpt/config.json``.
+
+    The RoPE tables stay float32 (cast per call). Returns the model in eval mode; its
+    ``verified_files`` attribute lists ``(file, sha256)`` of what was verified (empty without ``verify``).
 
     Raises:
-        CheckpointError: see :func:`read_checkpoint`.
+        CheckpointError: see :func:`read_checkpoint`; a file could not be read.
+        IntegrityError: a file's sha256 differs from its recorded sum (names the file, both sums
+            and what to do); the model is discarded.
     """
-    m = build_model(read_checkpoint(path))
-    m.gpt.rope_cos = m.gpt.rope_cos.float()
-    m.gpt.rope_sin = m.gpt.rope_sin.float()
-    m = m.to(device=device)
-    for mod in (m.gpt.layers, m.gpt.norm, m.embed, m.decoder, m.vocos):
-        mod.to(dtype=dtype)
+    t0 = time.perf_counter()
+    ck = read_checkpoint(path)
+    sums = Sums.of(ck.asset) if verify else None
+    verified: list[tuple[Path, str]] = []
+    if sums is not None:
+        verified.append((ck.asset / layout.GPT_CONFIG, sums.check(layout.GPT_CONFIG, ck.config_sha256)))
+    dev = torch.device(device)
+    with empty_model():
+        m = ChatTTSModel(ck.shapes, ck.special_ids)
+    voc = vocoder_dtype or dtype
+    asm = Assembler(m, dev, {"gpt": dtype, "embed": dtype, "decoder": voc, "vocos": voc}, quant=quant, text_head=text_head)
+    buf = np.empty(CHUNK_BYTES, np.uint8)
+    for part, rel in PARTS:
+        digest = ck.files[part].stream(asm.sink(part), asm.wanted(part), buf=buf, digest=verify)
+        if sums is not None:
+            verified.append((ck.asset / rel, sums.check(rel, digest)))
+    del buf
+    m = asm.finish()
+    m.verified_files = verified
+    release_host_memory()
+    log.info("loaded %s onto %s in %.2f s (%s)", ck.asset, dev, time.perf_counter() - t0,
+             f"{len(verified)} files match {sums.source}" if sums is not None else "sha256 not checked")
     return m

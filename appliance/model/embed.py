@@ -19,8 +19,29 @@ from .shapes import ModelShapes
 
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``g [out, 1]``, ``v [out, in]`` -> ``W = g * v / ||v||_row`` ``[out, in]`` (float32 math)."""
-    g32, v32 = g.float(), v.float()
-    return (g32 * (v32 / v32.norm(dim=1, keepdim=True))).to(v.dtype)
+    return fold_weight_norm_(g.float(), v.float().clone()).to(v.dtype)
+
+
+def fold_weight_norm_(g32: torch.Tensor, v32: torch.Tensor) -> torch.Tensor:
+    """:func:`fold_weight_norm` in place on float32 ``v32`` (no second copy: the loader folds in
+    the destination's rows); returns ``v32``."""
+    return v32.div_(v32.norm(dim=1, keepdim=True)).mul_(g32)
+
+
+#: Tables/heads stored per codebook in the checkpoint (``emb_code.N.weight``) and fused here.
+FUSED = ("emb_code", "head_code")
+
+
+def fused_target(key: str) -> tuple[str, int] | None:
+    """``emb_code.2.weight`` -> (``emb_code.weight``, 2): the fused table a per-codebook key goes
+    to and its block (rows ``2 * V .. 3 * V``); weight-norm parts (``head_code.2.parametrizations.
+    weight.original1``) map likewise (folded first); None for a key loaded as it is."""
+    name, _, rest = key.partition(".")
+    if name in FUSED:
+        n, _, tail = rest.partition(".")
+        if n.isdigit() and tail in ("weight", "parametrizations.weight.original0", "parametrizations.weight.original1"):
+            return f"{name}.weight", int(n)
+    return None
 
 
 class Embed(nn.Module):
@@ -41,12 +62,19 @@ class Embed(nn.Module):
         self.emb_text = nn.Embedding(s.num_text_tokens, d)
         self.head_text = nn.Linear(d, s.num_text_tokens, bias=False)
         self.head_code = nn.Linear(d, q * v, bias=False)
-        self.register_buffer("code_offset", torch.arange(q, dtype=torch.int64) * v, persistent=False)  # [Q]
+        self.init_buffers()
+
+    def init_buffers(self, device=None) -> None:
+        """(Re)make the non-persistent buffer ``code_offset`` int64 ``[Q]`` (row of code 0 of each
+        codebook in the fused tables) on ``device`` (see :meth:`appliance.model.gpt.GPT.init_buffers`)."""
+        s = self.shapes
+        off = torch.arange(s.num_vq, dtype=torch.int64, device="cpu") * s.num_audio_tokens  # [Q]
+        self.register_buffer("code_offset", off if device is None else off.to(device), persistent=False)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Load with per-codebook (checkpoint) or fused code tables/heads."""
         sd = dict(state_dict)
-        for name in ("emb_code", "head_code"):
+        for name in FUSED:
             keys = [f"{name}.{i}.weight" for i in range(self.shapes.num_vq)]
             if all(k in sd for k in keys):
                 sd[f"{name}.weight"] = torch.cat([sd.pop(k) for k in keys], 0)

@@ -114,18 +114,36 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+#: Our fused weights and the HF Llama projections they are made of, rows in this order.
+FUSED = {"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj")}
+_PART = {f"{p}.weight": (f"{ours}.weight", i) for ours, parts in FUSED.items() for i, p in enumerate(parts)}
+
+
+def fused_target(key: str) -> tuple[str, int] | None:
+    """Where a checkpoint key goes when fused: ``layers.3.self_attn.k_proj.weight`` ->
+    (``layers.3.self_attn.qkv.weight``, 1), the part's block (it fills rows ``1 * rows .. 2 * rows``
+    of the fused weight, all parts of one weight being of equal size); None for a key loaded as it is."""
+    head, sep, rest = key.partition(".")
+    if head == "layers" and sep:
+        n, _, tail = rest.partition(".")
+        hit = _PART.get(tail)
+        if hit is not None:
+            return f"layers.{n}.{hit[0]}", hit[1]
+    return None
+
+
 def fuse_state_dict(sd: Mapping[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """HF Llama names -> ours: per layer ``q/k/v_proj`` -> ``self_attn.qkv`` (rows q, k, v) and
-    ``gate_proj/up_proj`` -> ``mlp.gate_up`` (rows gate, up). Keys already fused pass through."""
+    """HF Llama names -> ours (:data:`FUSED`): per layer ``q/k/v_proj`` -> ``self_attn.qkv`` (rows
+    q, k, v) and ``gate_proj/up_proj`` -> ``mlp.gate_up`` (rows gate, up). Keys already fused pass
+    through. (The checkpoint loader fuses on the device instead, :mod:`appliance.model.assemble`.)"""
     out = dict(sd)
     for i in range(n_layers):
         p = f"layers.{i}."
-        a = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
-        if all(k in out for k in a):
-            out[p + "self_attn.qkv.weight"] = torch.cat([out.pop(k) for k in a], 0)
-        m = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        if all(k in out for k in m):
-            out[p + "mlp.gate_up.weight"] = torch.cat([out.pop(k) for k in m], 0)
+        for ours, parts in FUSED.items():
+            keys = [f"{p}{x}.weight" for x in parts]
+            if all(k in out for k in keys):
+                out[f"{p}{ours}.weight"] = torch.cat([out.pop(k) for k in keys], 0)
     return out
 
 
@@ -141,14 +159,21 @@ class GPT(nn.Module):
         self.shapes = s
         self.layers = nn.ModuleList([Block(s) for _ in range(s.n_layers)])
         self.norm = RMSNorm(s.hidden, s.rms_eps)
-        cos, sin = rope_table(s.max_pos, s.head_dim, s.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)  # [max_pos, hd] float32
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_buffer("kpos", torch.arange(s.max_pos), persistent=False)  # [max_pos] int64: key positions
+        self.init_buffers()
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         self.max_batch = 0
         self.max_seq = 0
+
+    def init_buffers(self, device=None) -> None:
+        """(Re)make the non-persistent buffers on ``device``: RoPE tables float32 ``[max_pos, hd]``
+        (computed on the host, as at construction) and the key positions int64 ``[max_pos]``. The
+        loader builds the model on the ``meta`` device and calls this once the weights are in."""
+        s = self.shapes
+        cos, sin = rope_table(s.max_pos, s.head_dim, s.rope_theta, device="cpu")
+        kpos = torch.arange(s.max_pos, device="cpu")
+        for name, t in (("rope_cos", cos), ("rope_sin", sin), ("kpos", kpos)):
+            self.register_buffer(name, t if device is None else t.to(device), persistent=False)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """Load HF Llama names (fused here, :func:`fuse_state_dict`) or our own."""

@@ -1,9 +1,20 @@
-"""Checkpoint integrity: the sha256 of every checkpoint file the appliance reads, checked at load.
+"""Weight-file integrity: every file the appliance reads is compared with a recorded sha256.
 
 A flipped bit on an SD card, a truncated copy or an overwritten tensor does not always break a
-safetensors file: the header stays intact and the weights load, then the model speaks NaN or
-noise while every check passes. So before anything is loaded, each file the appliance reads
-(:data:`VERIFIED_FILES`, relative to ``asset/``) is compared with a known sum:
+safetensors file: the header stays intact and the weights load, then the model speaks NaN, noise
+or a periodic buzz while every other check passes. So every file is hashed *as it is read* and
+the digest compared before the model is used:
+
+* the checkpoint's weight files (``gpt/model.safetensors``, ``Embed``, ``Decoder``, ``Vocos``) by
+  the torch loader, in the same pass that copies their tensors to the device
+  (:mod:`appliance.model.tensorfile`, :func:`appliance.model.checkpoint.load_model`);
+* the small files read beside them (``gpt/config.json``, the tokenizer) here, by
+  :func:`verify_files`, before a backend loads;
+* an engine's ONNX graphs, their external data, its embedding tables and TensorRT plans by the
+  backend that maps them, against the sha256 its ``manifest.json`` records
+  (:func:`appliance.engines.manifest.verify_files`).
+
+The expected sums of a checkpoint (:data:`VERIFIED_FILES`, relative to ``asset/``) come from
 
 * ``<checkpoint>/SHA256SUMS.json`` beside ``asset/`` when it exists (``{"asset/gpt/model.safetensors":
   "<hex>", ...}``): written by ``chattts-appliance model random`` for random checkpoints and by
@@ -11,12 +22,12 @@ noise while every check passes. So before anything is loaded, each file the appl
 * otherwise upstream's published map for the official ``2Noise/ChatTTS`` checkpoint
   (``ChatTTS/res/sha256_map.json``, kept in :data:`appliance.model.fetch.SHA256`).
 
-Hashing 1.2 GB takes seconds on a desktop and tens of seconds on a Jetson's eMMC, so results are
-cached (:class:`SumCache`, one JSON file) keyed by path, size, mtime and inode: an unchanged file
-costs one ``stat`` at boot. A file rewritten in place gets a new mtime and is hashed again.
+No digest is cached: a cache keyed by size, mtime and inode cannot see a bit that rotted in place
+(the file's metadata does not change), which is the failure this check exists for. Hashing costs
+CPU time on bytes that the load reads anyway (measured in ``docs/integrity.md``).
 
-A mismatch raises :class:`~appliance.errors.CheckpointError` naming every bad file, the sums,
-where the expected sum came from and what to do. No torch here.
+A mismatch raises :class:`~appliance.errors.IntegrityError` naming the file, the expected and
+the actual sum, where the expected sum came from and what to do. No torch here.
 """
 
 from __future__ import annotations
@@ -27,9 +38,8 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, IntegrityError
 from . import layout
 from .fetch import SHA256 as UPSTREAM_SHA256
 from .fetch import sha256_file
@@ -39,82 +49,9 @@ log = logging.getLogger(__name__)
 SUMS_FILE = "SHA256SUMS.json"
 """Our own sums, beside ``asset/`` (keys relative to the checkpoint directory, e.g. ``asset/Embed.safetensors``)."""
 
-CACHE_FILE = "checkpoint-sha256.json"
-"""Name of the sum cache in ``safety.cache_dir``."""
-
 #: Files read at run time, relative to ``asset/`` (DVAE is not loaded, so not checked).
 VERIFIED_FILES = (layout.GPT_CONFIG, layout.GPT_FILE, layout.EMBED_FILE, layout.DECODER_FILE, layout.VOCOS_FILE,
                   *(f"{layout.TOKENIZER_DIR}/{n}" for n in layout.TOKENIZER_FILES))
-
-
-@dataclass(frozen=True)
-class Report:
-    """Outcome of :func:`verify_checkpoint`.
-
-    Attributes:
-        source: where the expected sums came from (``SHA256SUMS.json`` path or ``upstream``).
-        files: files checked. hashed: files actually read (the rest came from the cache).
-        seconds: wall time of the check, s.
-    """
-
-    source: str
-    files: int
-    hashed: int
-    seconds: float
-
-
-class SumCache:
-    """sha256 of files keyed by ``(path, size, mtime_ns, inode)``, kept in one JSON file.
-
-    Args:
-        path: the cache file (its directory is created when saved); None = no cache.
-
-    An unreadable or malformed cache is ignored (everything is hashed again); a cache that
-    cannot be written is logged once and the check still runs.
-    """
-
-    def __init__(self, path: Optional[Path]) -> None:
-        self.path = path
-        self._data: dict[str, dict] = {}
-        self._dirty = False
-        if path is not None:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(data, dict):
-                    self._data = {k: v for k, v in data.items() if isinstance(v, dict)}
-            except (OSError, ValueError):
-                pass
-
-    @staticmethod
-    def _key(st: os.stat_result) -> list:
-        return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-    def sha256(self, f: Path) -> tuple[str, bool]:
-        """``(hex sha256, True if the file was read)`` for ``f`` (which must exist)."""
-        st = f.stat()
-        k = str(f.resolve())
-        hit = self._data.get(k)
-        if hit is not None and hit.get("stat") == self._key(st) and isinstance(hit.get("sha256"), str):
-            return hit["sha256"], False
-        digest = sha256_file(f)
-        st2 = f.stat()
-        if self._key(st2) == self._key(st):       # not changed while it was read
-            self._data[k] = {"stat": self._key(st2), "sha256": digest}
-            self._dirty = True
-        return digest, True
-
-    def save(self) -> None:
-        """Write the cache (atomically) if anything was added."""
-        if self.path is None or not self._dirty:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(self._data, indent=0, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, self.path)
-            self._dirty = False
-        except OSError as e:
-            log.warning("cannot write the checkpoint sum cache %s (%s); the next start hashes again", self.path, e)
 
 
 def locate(path: str | Path) -> tuple[Path, Path]:
@@ -168,66 +105,132 @@ def write_sums(root: str | Path) -> Path:
     return out
 
 
-def verify_checkpoint(path: str | Path, cache_file: Optional[Path] = None) -> Report:
-    """Check every :data:`VERIFIED_FILES` entry of the checkpoint at ``path`` against its sum.
+def _hint(root: Path, source: str) -> str:
+    """What to do about a checkpoint file that fails its check (depends on where the sums came from)."""
+    hint = ("copy the file again from a good source (the official checkpoint: "
+            f"'chattts-appliance model fetch {root}')")
+    if source != str(root / SUMS_FILE):
+        hint += (f"; if this is a checkpoint of your own (fine-tuned or converted), record its sums once with "
+                 f"'chattts-appliance model sums {root}'")
+    else:
+        hint += "; a random checkpoint is written again with 'chattts-appliance model random DIR'"
+    return hint + ". (safety.verify_checkpoint: false skips this check.)"
 
-    Args:
-        path: the checkpoint directory (holding ``asset/``) or ``asset/`` itself.
-        cache_file: the :class:`SumCache` file; None hashes every file.
+
+def mismatch(f: Path, got: str, want: str, source: str, todo: str) -> IntegrityError:
+    """The error for a file whose sha256 ``got`` differs from ``want`` (recorded in ``source``)."""
+    return IntegrityError(f"a weight file failed its integrity check: {f}: sha256 {got}, expected {want} (recorded "
+                          f"in {source}). The file is corrupted or was changed: {todo}")
+
+
+@dataclass(frozen=True)
+class Sums:
+    """The expected sums of one checkpoint: ``want`` (``{"asset/<rel>": hex}``), their ``source``
+    and the checkpoint's ``root`` (the directory holding ``asset/``)."""
+
+    root: Path
+    want: dict[str, str]
+    source: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> "Sums":
+        """The sums for the checkpoint at ``path`` (``path`` or ``path/asset``).
+
+        Raises:
+            CheckpointError: ``SHA256SUMS.json`` exists but cannot be read.
+        """
+        root = locate(path)[1]
+        want, source = expected_sums(root)
+        return cls(root, want, source)
+
+    def expected(self, rel: str) -> str:
+        """The recorded hex sha256 of ``asset/<rel>``.
+
+        Raises:
+            IntegrityError: no sum is recorded for it (says how to record one).
+        """
+        want = self.want.get(f"asset/{rel}")
+        if want is None:
+            raise IntegrityError(f"{self.root / 'asset' / rel} has no sha256 in {self.source}: {_hint(self.root, self.source)}")
+        return want
+
+    def check(self, rel: str, got: str) -> str:
+        """Compare the digest ``got`` of ``asset/<rel>`` (hashed as it was read); returns it.
+
+        Raises:
+            IntegrityError: it differs (file, both digests, the source and what to do).
+        """
+        want = self.expected(rel)
+        if got != want:
+            raise mismatch(self.root / "asset" / rel, got, want, self.source, _hint(self.root, self.source))
+        return got
+
+
+def verify_files(path: str | Path, rels: tuple[str, ...]) -> list[tuple[Path, str]]:
+    """Hash the files ``rels`` (relative to ``asset/``) of the checkpoint at ``path`` and compare.
+
+    For files read whole by other code (``gpt/config.json``, the tokenizer): they are small.
+    Returns ``[(file, sha256)]`` (for a later re-verification).
 
     Raises:
-        CheckpointError: a file is missing, has no known sum, or its sum differs (all such files
-            listed, with the expected sum's source and what to do).
+        CheckpointError: a file is missing. IntegrityError: a sum is missing or differs. Either
+            lists every bad file.
     """
-    t0 = time.perf_counter()
-    asset, root = locate(path)
-    want, source = expected_sums(root)
-    cache = SumCache(cache_file)
+    asset = locate(path)[0]
+    sums = Sums.of(path)
     bad: list[str] = []
-    hashed = 0
-    for rel in VERIFIED_FILES:
-        key = f"asset/{rel}"
+    missing = False
+    out = []
+    for rel in rels:
         f = asset / rel
+        want = sums.want.get(f"asset/{rel}")
         if not f.is_file():
             bad.append(f"{f}: missing")
-            continue
-        if key not in want:
-            bad.append(f"{f}: no sum in {source}")
-            continue
-        got, read = cache.sha256(f)
-        hashed += read
-        if got != want[key]:
-            bad.append(f"{f}: sha256 {got[:16]}..., expected {want[key][:16]}...")
-    cache.save()
-    if bad:
-        own = source != str(root / SUMS_FILE)
-        hint = ("copy the file(s) again from a good source (the official checkpoint: "
-                f"'chattts-appliance model fetch {root}')")
-        if own:
-            hint += (f"; if this is a checkpoint of your own (fine-tuned or converted), record its sums once with "
-                     f"'chattts-appliance model sums {root}'")
+            missing = True
+        elif want is None:
+            bad.append(f"{f}: no sum in {sums.source}")
+        elif (got := sha256_file(f)) != want:
+            bad.append(f"{f}: sha256 {got}, expected {want}")
         else:
-            hint += ("; a random checkpoint is written again with 'chattts-appliance model random DIR'")
-        raise CheckpointError(f"checkpoint {root} failed its integrity check against {source}:\n  "
-                              + "\n  ".join(bad) + f"\nThe file(s) are corrupted or were changed: {hint}. "
-                              "(safety.verify_checkpoint: false skips this check.)")
-    dt = time.perf_counter() - t0
-    log.info("checkpoint %s: %d files match %s (%d hashed, %d from the cache, %.2f s)",
-             root, len(VERIFIED_FILES), source, hashed, len(VERIFIED_FILES) - hashed, dt)
-    return Report(source=source, files=len(VERIFIED_FILES), hashed=hashed, seconds=dt)
+            out.append((f, got))
+    if bad:
+        raise (CheckpointError if missing else IntegrityError)(
+            f"checkpoint {sums.root} failed its integrity check against {sums.source}:\n  " + "\n  ".join(bad)
+            + f"\nThe file(s) are corrupted or were changed: {_hint(sums.root, sums.source)}")
+    return out
 
 
-def verify_for_config(cfg, asset: Path) -> Optional[Report]:
-    """:func:`verify_checkpoint` as configured (``safety.verify_checkpoint``, the cache in
-    ``safety.cache_dir``); None when the check is off.
+def verify_checkpoint(path: str | Path) -> list[tuple[Path, str]]:
+    """Hash every :data:`VERIFIED_FILES` entry of the checkpoint at ``path`` (whole files, no cache)
+    and compare each with its sum; returns ``[(file, sha256)]``. Used by ``model sums``-style checks
+    and tests; a backend verifies what it reads while reading it.
 
     Raises:
-        CheckpointError: see :func:`verify_checkpoint`.
+        CheckpointError: a file is missing. IntegrityError: a sum is missing or differs (all listed).
+    """
+    t0 = time.perf_counter()
+    out = verify_files(path, VERIFIED_FILES)
+    log.info("checkpoint %s: %d files match their sums (%.2f s)", locate(path)[1], len(out), time.perf_counter() - t0)
+    return out
+
+
+#: Files of a checkpoint that are read whole by other code than the weight loader (checked by
+#: :func:`verify_for_config` before a backend loads).
+SMALL_FILES = (layout.GPT_CONFIG, *(f"{layout.TOKENIZER_DIR}/{n}" for n in layout.TOKENIZER_FILES))
+
+
+def verify_for_config(cfg, asset: Path) -> list[tuple[Path, str]]:
+    """:func:`verify_files` of :data:`SMALL_FILES` as configured (``safety.verify_checkpoint``);
+    ``[]`` when the check is off. The weight files are verified by the backend that reads them.
+
+    Raises:
+        CheckpointError, IntegrityError: see :func:`verify_files`.
     """
     if not cfg.safety.verify_checkpoint:
-        log.warning("checkpoint integrity check is off (safety.verify_checkpoint: false)")
-        return None
-    return verify_checkpoint(asset, cfg.resolve(cfg.safety.cache_dir) / CACHE_FILE)
+        log.warning("checkpoint integrity check is off (safety.verify_checkpoint: false): no weight file is "
+                    "compared with its sha256")
+        return []
+    return verify_files(asset, SMALL_FILES)
 
 
 def cli_main(args) -> int:

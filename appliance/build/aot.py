@@ -1,0 +1,91 @@
+"""``chattts-appliance engines compile``: the CUDA runner's decode step, compiled ahead of time.
+
+Loads the configured checkpoint exactly as the daemon's CUDA runner does (``model.dtype``,
+``model.quant``, ``model.max_batch`` x ``model.max_seq_len``, the default attention buckets),
+then compiles one AOTInductor package per (batch, attention bucket) into
+``<model.engine_dir>/aot/<key>/`` (:mod:`appliance.engines.aot_step`). The daemon's next start
+with ``model.compile: auto`` loads them in well under a second each instead of compiling; where
+they do not match (another GPU, checkpoint, torch or config) it says why and runs plain CUDA graphs.
+
+Building needs what ``torch.compile`` needs (Triton on a GPU; a C++ compiler on a CPU); running
+the packages does not. Run it where the daemon will run (installers do), once per GPU, checkpoint,
+torch version and config: about 15-40 s per package on a desktop GPU (12 packages at the default
+3 x 2048 KV cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..config import Config, load_config
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[int]] = None,
+                     buckets: Optional[list[int]] = None, out: Optional[str] = None, progress=None) -> Path:
+    """Build the packages for ``cfg`` and return their directory.
+
+    Args:
+        cfg: the daemon's configuration (``model.device`` auto/cuda; cpu for development).
+        mode: ``default`` or ``max-autotune-no-cudagraphs`` (inductor's autotuned GEMMs).
+        batches: batch sizes (default ``1..model.max_batch``); buckets: attention spans (default
+            the runner's, :func:`appliance.engines.cuda_graphs.kv_buckets`).
+        out: the ``aot`` directory (default ``<model.engine_dir>/aot``).
+        progress: called with each package's file name before it is compiled.
+
+    Raises:
+        ConfigError: no torch, an unknown mode, or a GPU without Triton (nothing can be compiled).
+        CheckpointError, EngineError: the checkpoint does not load, or export/compilation failed.
+    """
+    if mode not in ("default", "max-autotune-no-cudagraphs"):
+        raise ConfigError(f"compile mode {mode!r}: use default or max-autotune-no-cudagraphs")
+    try:
+        from ..engines import aot_step
+        from ..engines import manifest as mf
+        from ..engines.cuda_runner import CudaRunner
+        from ..engines.step_modes import has_triton
+        from ..engines.torch_runner import pick_device
+    except ImportError as e:
+        raise ConfigError(f"engines compile needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
+    dev = pick_device(cfg.model.device)
+    if dev.type == "cuda" and not has_triton():
+        raise ConfigError("this PyTorch has no working Triton (JetPack's has none): it cannot compile the step; "
+                          "the daemon runs plain CUDA graphs (or TensorRT plans) instead")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=dev.type))
+    ckpt = cfg.resolve(cfg.model.path)
+    runner = CudaRunner(cfg, reason="engines compile", quant=cfg.model.quant, graphs=False)
+    try:
+        L = sorted(set(buckets)) if buckets else runner.buckets
+        shapes = [(b, s) for b in (batches or range(1, cfg.model.max_batch + 1)) for s in L]
+        root = Path(out) if out else cfg.resolve(cfg.model.engine_dir) / aot_step.SUBDIR
+        return aot_step.build(runner, root, mf.checkpoint_identity(ckpt), shapes, mode=mode, progress=progress)
+    finally:
+        runner.close()
+
+
+def cli_main(args) -> int:
+    """``engines compile``; returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    from ..engines import manifest as mf
+
+    cfg = load_config(args.config)  # None: the built-in defaults
+    if args.device:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=args.device))
+    ints = (lambda s: [int(x) for x in s.split(",")] if s else None)
+    t0 = time.perf_counter()
+    d = compile_packages(cfg, mode=args.mode, batches=ints(args.batches), buckets=ints(args.buckets), out=args.out,
+                         progress=lambda name: print(f"compiling {name} ({time.perf_counter() - t0:.0f} s)",
+                                                     file=sys.stderr, flush=True))
+    m = mf.read(d)
+    total = sum(g["bytes"] for g in m["graphs"].values())
+    print(f"compiled {len(m['graphs'])} packages ({total / 2**20:.1f} MiB) in {time.perf_counter() - t0:.0f} s into {d}")
+    for name, g in m["graphs"].items():
+        print(f"  {name:22s} {g['bytes'] / 2**20:7.1f} MiB  {g['compile_s']:6.1f} s")
+    print("the daemon loads them at its next start with model.compile: auto")
+    return 0
