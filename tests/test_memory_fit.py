@@ -13,7 +13,7 @@ from appliance.engines.runner import RunnerInfo
 from appliance.engines.sizes import PlannedSizes, plan_sizes, torch_sizes
 from appliance.ops.footprint import combine, memory_kind, nvmap_mib
 from appliance.service.memory import (
-    CUDA_DEVICE_MIB,
+    CUDA_EXTRA_MIB,
     MIN_DECODE_TOKENS,
     plan_before_load,
 )
@@ -121,6 +121,8 @@ def test_each_kind_counts_its_own_memory():
     assert (j.budget_mib, j.host_mib, j.source) == (1300.0, None, "nvmap")
     d = combine("discrete", 1800.0, None, 950.0, 700.0)
     assert (d.budget_mib, d.host_mib, d.source) == (950.0, 1800.0, "nvml")        # RSS is not in the budget
+    h200 = combine("discrete", 1798.0, None, 1910.0, 1126.0, context_mib=621.0)    # measured on an H200
+    assert h200.budget_mib == 1289.0 and h200.context_mib == 621.0 and "621 MiB CUDA context" in h200.describe()
     assert combine("discrete", 1800.0, None, None, 700.0).budget_mib == 700.0       # no NVML: the backend's figure
     c = combine("cpu", 1100.0, None, None, 0.0)
     assert (c.budget_mib, c.host_mib) == (1100.0, None)
@@ -180,7 +182,7 @@ def test_full_model_on_a_desktop_gpu_fits_the_shipped_budget_before_the_load():
     cfg = config_from_dict({})
     fp16 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6) * 2 + 39.4e6 * 4), 61440, True, "full, fp16")
     f = plan_before_load(cfg, fp16, "discrete", rss_now_mib=500.0)
-    assert f.action == "fits" and f.footprint_mib < 1500 and f"{CUDA_DEVICE_MIB} MiB CUDA context" in f.text
+    assert f.action == "fits" and f.footprint_mib < 1500 and f"{CUDA_EXTRA_MIB} MiB of workspaces" in f.text
     fp32 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6 + 39.4e6) * 4), 122880, True, "full, fp32")
     g = plan_before_load(cfg, fp32, "discrete", rss_now_mib=500.0)
     assert g.action in ("shrink", "refuse") and "estimated before the load" in g.text

@@ -383,6 +383,7 @@ class Daemon:
             memory_budget_mib=self.cfg.service.memory_budget_mb, memory_kind=fp.kind if fp is not None else None,
             host_rss_mib=round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None,
             host_rss_limit_mib=self.cfg.service.host_rss_limit_mb if fp is not None and fp.host_mib is not None else None,
+            cuda_context_mib=round(fp.context_mib, 1) if fp is not None and fp.context_mib else None,
             memory_note="; ".join(n for n in (
                 self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
                 check_host(self.cfg, fp)) if n) or None,

@@ -107,6 +107,11 @@ class CudaRunner(Runner):
         self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=True)]
         dt = self.dtype
         path = cfg.resolve(mc.path)
+        context_bytes = 0
+        if dev.type == "cuda":   # the bare CUDA context, before anything of ours (the GPU's only user assumed)
+            torch.zeros(1, device=dev)
+            free, total = torch.cuda.mem_get_info(dev)
+            context_bytes = int(total - free)
         try:  # tensor by tensor onto the device in the final dtype; Decoder and Vocos FP32 (module doc)
             self.model = load_model(path, dev, dt, vocoder_dtype=torch.float32, quant=quant, text_head=False,
                                     verify=cfg.safety.verify_checkpoint)  # no text mode here: no text head
@@ -164,7 +169,7 @@ class CudaRunner(Runner):
             backend=f"torch-{dev.type}", precision=quant or precision, hidden_size=D, num_vq=Q, num_audio_tokens=V,
             max_batch=S, max_seq_len=Lmax, max_prompt_tokens=Tmax, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
-            text_mode=False, step_chunk=self.step_chunk, device=str(dev),
+            text_mode=False, step_chunk=self.step_chunk, device=str(dev), context_bytes=context_bytes,
             engine_id=f"torch {torch.__version__} {quant or precision}",  # not the compile mode: windows are not compiled
             **receptive_fields(s.dec_layers, s.voc_layers))
         batches = list(capture_batches if capture_batches is not None else range(1, S + 1))

@@ -74,6 +74,9 @@ class RunnerInfo:
             shapes (each new one costs cuDNN/TensorRT set-up time); 1 = no widening (host).
         engine_id: what identifies the built engines (sha256 of their manifest; the torch version
             and dtype for torch): a look-ahead calibration holds only for the same engines.
+        context_bytes: device memory the bare CUDA context took before the runner allocated
+            anything, bytes (0 on a host): a property of the card and driver (621 MiB on an H200),
+            which the memory budget leaves out on a desktop GPU (appliance.ops.footprint).
     """
 
     backend: str
@@ -95,6 +98,7 @@ class RunnerInfo:
     device: str = "cpu"
     window_quantum: int = 1
     engine_id: str = ""
+    context_bytes: int = 0
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:

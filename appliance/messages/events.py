@@ -172,7 +172,8 @@ class StatusReply:
     ``memory_mib`` (what counts against the budget on this ``memory_kind`` of box: RSS + NvMap
     on a Jetson ``unified``, the process's device memory on a ``discrete`` GPU, RSS on a ``cpu``;
     MiB) against ``memory_budget_mib`` (``service.memory_budget_mb``); on a discrete GPU also
-    ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``); and
+    ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
+    CUDA context left out of the budget (``cuda_context_mib``); and
     ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit."""
 
     state: str
@@ -187,6 +188,7 @@ class StatusReply:
     memory_kind: Optional[str] = None
     host_rss_mib: Optional[float] = None
     host_rss_limit_mib: Optional[float] = None
+    cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
     type: str = "status"
 

@@ -6,9 +6,11 @@ Three kinds (:func:`memory_kind`), one rule each:
   or ``/etc/nv_tegra_release`` present): **RSS + NvMap** against the budget. NvMap is the GPU's
   allocations (weights, KV cache, CUDA context) that RSS does not show.
 * ``discrete`` (a desktop or server GPU): the process's **device memory** against the budget, as
-  NVML reports it for this PID (weights, KV cache, activations and the CUDA context: what the
-  card must hold); where NVML is missing, the backend's own figure (the caching allocator's
-  reserve, which leaves out the context). Host **RSS** is held against its own limit,
+  NVML reports it for this PID (weights, KV cache, activations, workspaces, loaded kernels), less
+  the bare CUDA context the runner measured before it allocated anything: the context is a
+  property of the card and driver (621 MiB on an H200 with lazy loading, a few hundred MiB on a
+  desktop card), not of the appliance, and it is reported apart (``context_mib``). Where NVML is
+  missing, the backend's own figure (the caching allocator's reserve). Host **RSS** is held against its own limit,
   ``service.host_rss_limit_mb``: a discrete card's memory and the host's are separate pools, and
   torch's CUDA libraries alone keep about 0.7 GiB resident on the host (measured on an H200:
   ``import torch`` 491 MiB, + CUDA context 614, + one cuBLAS FP16 GEMM 767; bench/RESULTS.md).
@@ -98,6 +100,7 @@ class Footprint:
         device_mib: GPU memory counted for it (NvMap on a Jetson, NVML or the backend's figure on
             a desktop GPU, 0 on a CPU), MiB.
         source: where ``device_mib`` came from: ``nvmap``, ``nvml``, ``backend`` or ``none``.
+        context_mib: the bare CUDA context left out of ``budget_mib`` on a desktop GPU, MiB.
         budget_mib: what counts against ``service.memory_budget_mb``, MiB.
         host_mib: what counts against ``service.host_rss_limit_mb`` (RSS on a desktop GPU;
             None on the other kinds, whose RSS is in ``budget_mib``).
@@ -109,11 +112,13 @@ class Footprint:
     source: str
     budget_mib: float
     host_mib: Optional[float]
+    context_mib: float = 0.0
 
     def describe(self) -> str:
         """One phrase for logs and STATUS, e.g. ``812 MiB device memory (nvml) + 1100 MiB host RSS``."""
         if self.kind == "discrete":
-            return (f"{self.device_mib:.0f} MiB device memory ({self.source}) against the budget, "
+            ctx = f" less the {self.context_mib:.0f} MiB CUDA context" if self.context_mib else ""
+            return (f"{self.device_mib:.0f} MiB device memory ({self.source}){ctx} against the budget, "
                     f"{self.rss_mib:.0f} MiB host RSS against service.host_rss_limit_mb")
         if self.kind == "unified":
             return f"{self.rss_mib:.0f} MiB RSS + {self.device_mib:.0f} MiB GPU memory ({self.source})"
@@ -121,7 +126,7 @@ class Footprint:
 
 
 def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[float],
-            backend_mib: float) -> Footprint:
+            backend_mib: float, context_mib: float = 0.0) -> Footprint:
     """The :class:`Footprint` of one set of readings (pure; :func:`measure` reads them).
 
     Args:
@@ -129,6 +134,8 @@ def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[fl
         rss_mib: resident host memory, MiB.
         nvmap: ``NvMapMemUsed`` MiB (Jetson) or None. nvml: this process's NVML figure or None.
         backend_mib: the backend's own device memory figure (caching allocator), MiB.
+        context_mib: the bare CUDA context (``RunnerInfo.context_bytes``), MiB: left out of a
+            desktop GPU's NVML figure (the allocator's figure never held it).
     """
     if kind not in KINDS:
         raise ValueError(f"memory kind {kind!r}: one of {KINDS}")
@@ -136,21 +143,23 @@ def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[fl
         dev, src = (nvmap, "nvmap") if nvmap is not None else (backend_mib, "backend")
         return Footprint(kind, rss_mib, dev, src, rss_mib + dev, None)
     if kind == "discrete":
-        dev, src = (nvml, "nvml") if nvml is not None else (backend_mib, "backend")
-        return Footprint(kind, rss_mib, dev, src, dev, rss_mib)
+        if nvml is not None:
+            return Footprint(kind, rss_mib, nvml, "nvml", max(0.0, nvml - context_mib), rss_mib, context_mib)
+        return Footprint(kind, rss_mib, backend_mib, "backend", backend_mib, rss_mib)
     return Footprint(kind, rss_mib, 0.0, "none", rss_mib, None)
 
 
-def measure(kind: str, backend_mib: float = 0.0, root: str = "/") -> Optional[Footprint]:
+def measure(kind: str, backend_mib: float = 0.0, context_mib: float = 0.0, root: str = "/") -> Optional[Footprint]:
     """Read this process's :class:`Footprint` now (None when ``/proc`` is unreadable).
 
     Args:
         kind: :func:`memory_kind` of the running backend.
         backend_mib: the backend's own device memory figure, MiB (``Pipeline.device_memory_bytes``).
+        context_mib: the bare CUDA context, MiB (``RunnerInfo.context_bytes``).
     """
     rss = process_memory_mib(root=root)
     if rss is None:
         return None
     nvmap = nvmap_mib(root) if kind == "unified" else None
     nvml = nvml_process_mib() if kind == "discrete" else None
-    return combine(kind, rss, nvmap, nvml, backend_mib)
+    return combine(kind, rss, nvmap, nvml, backend_mib, context_mib)

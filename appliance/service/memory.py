@@ -8,7 +8,7 @@ Twice:
 1. **Before the load** (:func:`plan_before_load`), from the sizes the backend will have
    (:func:`~appliance.synth.pipeline.Pipeline.planned_sizes`: weight bytes in their final dtype
    from the checkpoint's headers, KV bytes per position) plus the fixed costs of the kind
-   (:data:`CUDA_DEVICE_MIB`, :data:`CUDA_HOST_MIB`): nothing is compiled or captured for sizes
+   (:data:`CUDA_EXTRA_MIB`, :data:`CUDA_CONTEXT_MIB`, :data:`CUDA_HOST_MIB`): nothing is compiled or captured for sizes
    that cannot fit. A torch backend is opened directly at the sizes that fit.
 2. **After the warm-up** (:func:`fit_pipeline`), on the measured footprint: every backend
    allocates its KV cache for all ``model.max_batch`` slots x ``model.max_seq_len`` positions at
@@ -72,10 +72,15 @@ class MemoryFit:
     text: str
 
 
-CUDA_DEVICE_MIB = 512
-"""Device memory a torch CUDA process holds beyond its weights and KV cache (CUDA context with
-lazily loaded modules, cuBLAS workspaces, the graphs' pools and activations), MiB, for the
-estimate before the load. Measured on an H200 (bench/bench_memory.py): see bench/RESULTS.md."""
+CUDA_EXTRA_MIB = 384
+"""Device memory a torch CUDA process holds beyond its weights, KV cache and bare CUDA context
+(cuBLAS/cuDNN workspaces and the kernels they load, the graphs' pool, activations, the
+allocator's slack), MiB, for the estimate before the load. Measured on an H200, plain CUDA
+graphs, full checkpoint FP16, KV 3 x 2048, after warm-up: NVML 1910 MiB = 621 context + 549
+weights + 360 KV + 380 (bench/gpu_memory_probe.py; bench/RESULTS.md)."""
+CUDA_CONTEXT_MIB = 300
+"""The bare CUDA context on a Jetson with lazy loading, MiB (published figure, docs/jetson-memory.md):
+counted before the load on unified memory, where the budget holds everything."""
 RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40}
 """Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
 in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
@@ -103,8 +108,9 @@ def pipeline_kind(pipeline: Pipeline) -> str:
 
 def current(pipeline: Optional[Pipeline]) -> Optional[Footprint]:
     """The footprint now, by the rule of the backend's kind (None when /proc is unreadable)."""
-    kind = pipeline_kind(pipeline) if pipeline is not None else "cpu"
-    return measure(kind, device_mib(pipeline))
+    if pipeline is None:
+        return measure("cpu")
+    return measure(pipeline_kind(pipeline), device_mib(pipeline), pipeline.info.context_bytes / MIB)
 
 
 def current_mib(pipeline: Optional[Pipeline]) -> Optional[float]:
@@ -180,12 +186,12 @@ def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> Memor
     """
     w = sizes.weight_bytes / MIB
     host = rss_now_mib + RUNTIME_HOST_MIB.get(sizes.backend, 0)
-    fixed = {"discrete": CUDA_DEVICE_MIB + w,
-             "unified": host + CUDA_HOST_MIB + CUDA_DEVICE_MIB + w,
+    fixed = {"discrete": CUDA_EXTRA_MIB + w,
+             "unified": host + CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB + w,
              "cpu": host + w}[kind]
     what = (f"estimated before the load on a {kind} box: weights {w:.0f} MiB ({sizes.what})"
-            + {"discrete": f" + {CUDA_DEVICE_MIB} MiB CUDA context and workspaces in device memory",
-               "unified": f" + {host:.0f} MiB RSS with the runtime + {CUDA_HOST_MIB + CUDA_DEVICE_MIB} MiB for CUDA",
+            + {"discrete": f" + {CUDA_EXTRA_MIB} MiB of workspaces and graphs in device memory (the CUDA context apart)",
+               "unified": f" + {host:.0f} MiB RSS with the runtime + {CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB} MiB for CUDA",
                "cpu": f" + {host:.0f} MiB RSS with the runtime"}[kind]
             + f" + KV {sizes.kv_bytes_per_token * cfg.model.max_seq_len * cfg.model.max_batch / MIB:.0f} MiB")
     return _fit(fixed, sizes.kv_bytes_per_token / MIB, cfg.model.max_seq_len, cfg.model.max_batch,
