@@ -125,6 +125,16 @@ class DaemonProc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def wait_log(self, text: str, timeout_s: float = 60.0) -> None:
+        """Wait until the daemon's log holds ``text`` (the event a test waits on is a line the
+        daemon writes; the file is re-read every 50 ms). Raises AssertionError on timeout or
+        when the daemon exits first."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log():
+            assert self.proc.poll() is None, f"the daemon exited before logging {text!r}:\n{self.log()[-2000:]}"
+            assert time.monotonic() < deadline, f"{text!r} not logged within {timeout_s} s:\n{self.log()[-2000:]}"
+            time.sleep(0.05)
+
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit status."""
         if self.proc.poll() is None:

@@ -281,6 +281,7 @@ class SafetyConfig:
     stall_s: float = _f(60.0, "A request that is synthesizing but made no progress (no decode step, no audio) for this long is ended with engine_error and its slot freed, s.", min=1.0, max=86400.0)
     max_requests_per_s: float = _f(5.0, "Requests (speak, health) one socket client (peer process) may send per second on average; more get 'rate_limited'. 0 = no limit.", min=0.0, max=1e6)
     request_burst: int = _f(20, "Requests a client may send at once before max_requests_per_s applies.", min=1, max=1 << 20)
+    reverify_mib_per_s: float = _f(8.0, "While the daemon runs, re-hash the weight files the backend verified at load (checkpoint, ONNX data, TensorRT plans) at this rate, MiB/s, and fail the health check naming a file that changed (8: the 1.2 GB checkpoint every ~2.5 min, ~1 % of a core). 0 = off.", min=0.0, max=4096.0)
 
 
 @dataclass(frozen=True)

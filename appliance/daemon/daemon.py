@@ -68,15 +68,15 @@ from ..audio.output import AudioOutput
 from ..config import Config, load_config
 from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
+from ..ops.integrity_watch import IntegrityWatch
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal
 from ..service.memory import (
     MemoryFit,
-    check_host,
-    current,
     current_mib,
     fit_before_load,
     fit_pipeline,
+    status_fields,
 )
 from ..service.paths import prepare_dirs
 from ..service.peers import RateLimiter
@@ -149,6 +149,7 @@ class Daemon:
         self._pending_signals: list[int] = []
         self._socket_path: Optional[Path] = None
         self.last_health: Optional[HealthReply] = None
+        self.integrity: Optional[IntegrityWatch] = None   # re-hashes the loaded weight files (safety.reverify_mib_per_s)
         self.throttle: Optional[Monitor] = None   # telemetry -> level -> scheduler limits
         self.mqtt: Optional[MQTTBridge] = None    # when mqtt.enabled (built in _load, started at ready)
         self.wyoming: Optional[WyomingServer] = None   # when wyoming.enabled (started with the socket)
@@ -213,6 +214,8 @@ class Daemon:
         if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
             self.memory_fit = before if self.memory_fit.action == "fits" else dataclasses.replace(
                 self.memory_fit, text=f"before the load: {before.text}; after warm-up: {self.memory_fit.text}")
+        self.integrity = IntegrityWatch(getattr(self.pipeline.runner, "weight_files", ()), self.cfg.safety.reverify_mib_per_s)
+        self.integrity.start()
         if self.cfg.health.at_start:
             call_hook(self.hooks.on_loading, "health check")
             self._health_check()
@@ -337,6 +340,8 @@ class Daemon:
         await loop.run_in_executor(None, self.audio.close)
         if self.throttle is not None:
             self.throttle.close()
+        if self.integrity is not None:
+            self.integrity.stop()
         call_hook(self.hooks.on_status, self.status())
         if self.mqtt is not None:      # after the drain: the last events, then 'offline'
             await loop.run_in_executor(None, self.mqtt.stop)
@@ -356,7 +361,8 @@ class Daemon:
         HealthReply and keeps it as :attr:`last_health`."""
         from ..ops.health import run_health_check
 
-        self.last_health = run_health_check(self.pipeline, self.cfg)
+        self.last_health = run_health_check(self.pipeline, self.cfg,
+                                            self.integrity.failure if self.integrity is not None else None)
         if not self.last_health.healthy:
             log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
         return self.last_health
@@ -367,7 +373,6 @@ class Daemon:
     def status(self) -> StatusReply:
         """Current :class:`StatusReply` (thread-safe)."""
         chans = {}
-        fp = current(self.pipeline)
         wst = self.worker.status() if self.worker is not None else {}
         for name in self.channels:
             c = dict(wst.get(name, {"queued": 0, "active": None}))
@@ -379,14 +384,7 @@ class Daemon:
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
-            memory_mib=round(fp.budget_mib, 1) if fp is not None else None,
-            memory_budget_mib=self.cfg.service.memory_budget_mb, memory_kind=fp.kind if fp is not None else None,
-            host_rss_mib=round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None,
-            host_rss_limit_mib=self.cfg.service.host_rss_limit_mb if fp is not None and fp.host_mib is not None else None,
-            cuda_context_mib=round(fp.context_mib, 1) if fp is not None and fp.context_mib else None,
-            memory_note="; ".join(n for n in (
-                self.memory_fit.text if self.memory_fit is not None and self.memory_fit.action != "fits" else None,
-                check_host(self.cfg, fp)) if n) or None,
+            **status_fields(self.cfg, self.pipeline, self.memory_fit),
         )
 
 

@@ -14,7 +14,12 @@ with the ``health`` section of config:
 * a run longer than ``health.timeout_s`` is cancelled and unhealthy;
 * the audio itself: a NaN/Inf sample is unhealthy (the engine's output guard,
   :mod:`appliance.synth.guard`, fails the run with ``engine_error``), and so is audio whose peak
-  stays below :data:`SILENT_PEAK` (broken weights that compute zeros speak silence).
+  stays below :data:`SILENT_PEAK` (broken weights that compute zeros speak silence); the same
+  sentence is also synthesized under a second seed and
+  :func:`~appliance.synth.audio_check.audio_problems` flags degenerate audio: a periodic buzz,
+  or audio that ignores the seed (what one flipped exponent bit in a weight speaks);
+* the weight files on disk: the background re-verification's first mismatch
+  (:mod:`appliance.ops.integrity_watch`), naming the file.
 
 Every failed comparison adds a reason (``"rtf 1.32 > max 1.00"``). An error from the pipeline
 (e.g. ``empty_result``) is unhealthy with its code as the reason.
@@ -39,9 +44,10 @@ from typing import Any, Optional
 import numpy as np
 
 from ..config import Config, load_config
-from ..core import SynthesisRequest
+from ..core import SAMPLE_RATE, SynthesisRequest
 from ..errors import ApplianceError, CancelledError, ConfigError
 from ..messages.protocol import HealthReply, parse_event, to_json
+from ..synth.audio_check import audio_problems
 from .footprint import measure, memory_kind
 
 log = logging.getLogger(__name__)
@@ -64,7 +70,14 @@ def _device_memory_mib(pipeline: Any) -> Optional[float]:
     return b / 2**20 if b else None
 
 
-def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
+def _speak(pipeline: Any, text: str, seed: int, cancel: threading.Event) -> tuple[np.ndarray, Any]:
+    """The health sentence under ``seed``, not played: (float32 PCM ``[n]`` at 24 kHz, its job)."""
+    job = pipeline.prepare(SynthesisRequest(text=text, id=f"health-{seed}", seed=seed))
+    parts = [c.samples for c in pipeline.run(job, cancel) if c.samples.size]
+    return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), job
+
+
+def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] = None) -> HealthReply:
     """Run the reference sentence through ``pipeline`` without playing it and judge the numbers.
 
     Must run on the thread that owns the pipeline (the daemon's worker thread; the pipeline
@@ -73,6 +86,8 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     Args:
         pipeline: a :class:`~appliance.synth.pipeline.Pipeline` (``prepare``, ``run``, ``job.stats``).
         cfg: configuration (``health``, ``service.memory_budget_mb``).
+        weights_failure: the background re-verification's first mismatch
+            (:class:`~appliance.ops.integrity_watch.IntegrityWatch`), reported as a reason.
 
     Returns:
         :class:`HealthReply` with ``rtf``, ``ttfb_ms``, ``steps_per_s``, ``memory_mib`` (None when
@@ -87,15 +102,12 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
     timer.daemon = True
     t0 = time.perf_counter()
     try:
-        job = pipeline.prepare(SynthesisRequest(text=h.sentence, id="health", seed=HEALTH_SEED))
         timer.start()
-        samples, peak, nonfinite = 0, 0.0, 0
-        for chunk in pipeline.run(job, cancel):
-            x = chunk.samples
-            samples += x.size
-            if x.size:
-                nonfinite += int(np.count_nonzero(~np.isfinite(x)))
-                peak = max(peak, float(np.max(np.abs(np.nan_to_num(x)))))
+        pcm, job = _speak(pipeline, h.sentence, HEALTH_SEED, cancel)
+        samples = pcm.size
+        nonfinite = int(np.count_nonzero(~np.isfinite(pcm)))
+        peak = float(np.max(np.abs(np.nan_to_num(pcm)))) if samples else 0.0
+        other = _speak(pipeline, h.sentence, HEALTH_SEED + 1, cancel)[0] if not nonfinite and peak >= SILENT_PEAK else None
     except CancelledError:
         return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"],
                            limits=limits)
@@ -117,6 +129,11 @@ def run_health_check(pipeline: Any, cfg: Config) -> HealthReply:
         reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
     elif peak < SILENT_PEAK:
         reasons.append(f"audio: silent (peak |x| {peak:.1e} < {SILENT_PEAK:g} over {samples} samples)")
+    else:   # a flipped weight that saturates a layer speaks a buzz, or the same noise whatever the seed
+        reasons += [r for r in audio_problems(pcm, SAMPLE_RATE, other_seed=other)
+                    if not r.startswith(("audio: silent", "audio: constant"))]
+    if weights_failure:
+        reasons.append(f"weights: {weights_failure}")
     if stats.rtf > h.max_rtf:
         reasons.append(f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
     if stats.ttfb_ms > h.max_ttfb_ms:

@@ -265,3 +265,19 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
     fp = current(pipeline)
     log.info("memory after resizing: %s", fp.describe() if fp is not None else "unknown")
     return pipeline, fit
+
+
+def status_fields(cfg: Config, pipeline: Optional[Pipeline], fit: Optional[MemoryFit]) -> dict:
+    """The memory fields of ``status`` (:class:`~appliance.messages.protocol.StatusReply`): what
+    counts against the budget now, the kind of box, host RSS and the CUDA context on a desktop GPU,
+    and a note when the runner was sized down at start or host RSS is over its limit."""
+    fp = current(pipeline)
+    host = fp is not None and fp.host_mib is not None
+    return dict(
+        memory_mib=round(fp.budget_mib, 1) if fp is not None else None,
+        memory_budget_mib=cfg.service.memory_budget_mb, memory_kind=fp.kind if fp is not None else None,
+        host_rss_mib=round(fp.host_mib, 1) if host else None,
+        host_rss_limit_mib=cfg.service.host_rss_limit_mb if host else None,
+        cuda_context_mib=round(fp.context_mib, 1) if fp is not None and fp.context_mib else None,
+        memory_note="; ".join(n for n in (fit.text if fit is not None and fit.action != "fits" else None,
+                                          check_host(cfg, fp)) if n) or None)
