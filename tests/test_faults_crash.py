@@ -150,3 +150,56 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
         assert len(at[rid]) == 1, (rid, at)
     assert at["r1"][0] < at["r2"][0] < at["r3"][0] < at["r4"][0]      # in accept order
     assert Journal(tmp / "d" / "spool").open().pending == []
+
+
+def test_crash_loop_guard_counts_only_the_request_that_was_running(tiny_ckpt, tmp_path):
+    """Three SIGKILLs in a row while ``g1`` sounds and ``g2``, ``g3`` (synthesized, not one sample
+    played) wait behind it in the channel's play-out queue: only ``g1`` was running at each crash,
+    so only ``g1`` reaches ``journal.max_attempts`` (3) and is not replayed; ``g2`` and ``g3`` are
+    spoken after the fourth start. Each kill waits for the journal's own state records (``p``:
+    g1's first sample reached the device; ``w``: g2 and g3 synthesized and waiting), not for a time."""
+    from tests.waits import journal_states, wait_for, wait_log
+
+    steps = {"g1": 400, "g2": 40, "g3": 40}
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device"}, synthesis={"max_new_tokens": 400},
+                         service={"channels": [{"name": "main", "on_disconnect": "finish"}]})
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    spool = tmp_path / "d" / "spool"
+
+    def speak(rid: str) -> dict:
+        return {"type": "speak", "text": f"{rid}。", "seed": 20, "id": rid,
+                "params": {"min_new_tokens": steps[rid], "max_new_tokens": steps[rid]}}
+
+    want = {"g1": "p", "g2": "w", "g3": "w"}
+    d = None
+    try:
+        for run in range(3):
+            d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+            if run == 0:
+                c = d.connect()
+                for rid in steps:
+                    c.send(speak(rid))
+                c.events_until_ids(set(steps), kinds=("accepted",))
+                c.close()                    # on_disconnect: finish
+            else:
+                wait_log(d.log, "replaying 3 journaled request(s)")
+            wait_for(lambda: journal_states(spool) == want, 60,
+                     f"run {run + 1}: g1 sounding, g2 and g3 synthesized and waiting",
+                     show=lambda: (journal_states(spool), d.log()[-2000:]))
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait(10)
+            rec = Journal(spool).open()      # counts the crash: only the running request
+            assert {e.id: e.tries for e in rec.pending} == {"g1": run + 1, "g2": 0, "g3": 0}
+
+        d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+        wait_log(d.log, "replaying 2 journaled request(s)")
+        assert "journaled request g1 is not replayed: it was synthesizing or playing during 3 crash(es)" in d.log()
+        for rid in ("g2", "g3"):
+            back = d.request(speak(rid), timeout_s=120)
+            assert back[0]["type"] == "replayed" and back[-1]["type"] == "done" and back[-1]["id"] == rid, back
+        assert d.stop() == 0, d.log()[-3000:]
+    finally:
+        if d is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
+    assert Journal(spool).open().pending == []

@@ -61,6 +61,7 @@ from ..messages.protocol import (
     error_event,
     to_dict,
 )
+from .journal import mark
 from .scheduler import Item, Scheduler, ThrottlePolicy
 from .stall import StallWatch
 
@@ -307,12 +308,12 @@ class Worker:
 
     def _start(self, item: Item) -> None:
         item.progress_at = time.monotonic()
-        if self.journal is not None and item.journal is not None:
-            self.journal.started(item.journal)
+        mark(self.journal, item.journal, "started")
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play)
+            item.audio.on_sounding = lambda: mark(self.journal, item.journal, "sounding")
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
@@ -346,6 +347,7 @@ class Worker:
         if t.state == "done" and not item.cancel.is_set():
             with self._cv:
                 item.state = "playing"
+            mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
             item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output, ttfb_ms=item.ttfb_ms())))
             return
@@ -370,6 +372,7 @@ class Worker:
                 self._cv.notify_all()
         item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"), None)
         if resume:
+            mark(self.journal, item.journal, "requeued")
             log.info("%s resumes on %s after alert %s (from the start)", item.id, item.channel, by)
             return
         err = PreemptedError(f"request {item.id} was dropped: alert {by} preempted it on channel {item.channel!r} "
