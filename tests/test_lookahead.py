@@ -64,6 +64,42 @@ def test_exact_lookahead_is_exact_for_every_chunk_size(pipe, sentence):
     assert voc.exact
 
 
+def test_same_request_same_samples_whatever_the_load(pipe, monkeypatch):
+    """Load changes the chunk schedule (the measured step and window times, the throttle's
+    chunk_scale), so the vocoder windows differ; with the exact look-ahead the samples may differ
+    only by FP32 rounding (the daemon tests compare played audio at 1e-6). A clock that advances
+    0.1 ms (a fast box) to 60 ms (a loaded one, RTF > 1: chunks at the cap) per reading drives the
+    real schedule into other chunk sizes. (A calibrated look-ahead commits each frame with the
+    right context its chunk had: there the samples move within the calibrated bound.)"""
+    import types
+
+    from appliance.synth import batch
+
+    def run(tick_s: float, scale: int = 1) -> tuple[np.ndarray, list[int]]:
+        now = [0.0]
+
+        def clock() -> float:
+            now[0] += tick_s
+            return now[0]
+
+        monkeypatch.setattr(batch, "time", types.SimpleNamespace(perf_counter=clock))
+        job = pipe.prepare(SynthesisRequest(id="load", text="Cancel me soon.", seed=70,
+                                            params=SynthParams(min_new_tokens=190, max_new_tokens=190)))
+        chunks: list[np.ndarray] = []
+        eng = pipe.engine
+        eng.step_s = eng.window_s = 0.0
+        eng.add(job, lambda c: chunks.append(c.samples), None, scale)
+        while eng.tasks:
+            eng.step()
+        return np.concatenate(chunks), [len(c) for c in chunks]
+
+    fast, fast_sizes = run(1e-4)
+    for tick, scale in ((0.01, 2), (0.06, 1), (0.004, 1)):
+        got, sizes = run(tick, scale)
+        assert sizes != fast_sizes                            # another schedule ...
+        assert got.shape == fast.shape and np.abs(got - fast).max() <= 1e-6, (tick, scale)   # ... same samples
+
+
 def test_shorter_lookahead_error_shrinks_and_joins_stay_within_it(pipe, sentence):
     """Less right context -> a larger error; the error is the whole story (no click at the joins:
     a discontinuity would show as a sample error far above the bound)."""

@@ -103,13 +103,15 @@ class Lanes:
         return True
 
     def drop(self, owner: object) -> int:
-        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
+        """Remove ``owner``'s unplayed chunks (cancel: the voice is over, so running dry until
+        :meth:`forget` is no underrun); returns samples dropped."""
         v = self.voices.get(owner)
         if v is None:
             return 0
         dropped = v.buffered
         v.chunks.clear()
         v.buffered = 0
+        v.writing = None
         self.buffered -= dropped
         return dropped
 

@@ -46,6 +46,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..audio.cancel import abort_all
 from ..audio.wav import encode_pcm
 from ..core import PcmChunk
 from ..errors import ApplianceError, BusyError, CancelledError, PreemptedError
@@ -203,11 +204,9 @@ class Worker:
                 it.preempted_by = None
                 if it.state == "queued":
                     self.sched.queue.remove(it)
+        abort_all(it.audio for it in targets if it.audio is not None)   # unplayed audio dropped now
         for it in targets:
-            st = states[it]
-            if it.audio is not None:
-                it.audio.abort()      # drops unplayed audio now; wakes a writer held by back-pressure
-            if st in ("queued", "playing"):
+            if states[it] in ("queued", "playing"):
                 self._settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
             # running: the worker sees the event at the next step and settles it
         if targets:
