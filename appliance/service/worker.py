@@ -166,10 +166,9 @@ class Worker:
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
                  item.channel, pos, len(item.speak.text), f"; waits: {waiting}" if waiting else "")
+        abort_all(v.audio for v in victims if v.audio is not None)    # the sounding one last
         for v in victims:
             log.info("alert %s preempts %s (%s) on %s", item.id, v.id, v.state, v.channel)
-            if v.audio is not None:
-                v.audio.abort()
             with self._cv:
                 playing = v.state == "playing"
             if playing:                     # synthesis already over: decide now
