@@ -10,8 +10,10 @@ engine directory holds a matching calibration, and the exact receptive field) it
 * ``single``: ``--runs`` requests one after another on channel ``a``, each a sentence of ``--steps``
   decode steps (EOS masked): ``done.ttfb_ms`` (the request line's arrival → its first sample
   written to the device, in the PortAudio callback), ``done.synthesis_ttfb_ms`` (the pipeline's
-  first chunk), ``done.rtf``, and the device's underrun count before and after (a streaming voice
-  that ran dry while its request was still being synthesized);
+  first chunk), ``done.rtf``, the device's underrun count before and after (a streaming voice
+  that ran dry while its request was still being synthesized) and how many requests had one
+  (``runs_with_underrun``), and the start decision (``done.predicted_rtf``, ``start_hold_ms``,
+  ``start_delay_ms``: :mod:`appliance.service.startpolicy`);
 * ``third``: two requests of ``2 * --steps`` on channels ``a`` and ``b`` (mixed on the one device),
   then, once both have played for ``--join-after`` s, a third of ``--steps`` on channel ``c``: its
   ``ttfb_ms`` while joining the running batch, and the underruns of the whole scenario.
@@ -61,6 +63,12 @@ def _memory(pid: int) -> dict:
     kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
           if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
     return {f"{k.lower()}_mib": round(v / 1024) for k, v in kb.items()}
+
+
+def _med_opt(xs: list) -> float | None:
+    """Median of the values that are not None (None: a tree whose done lacks the field)."""
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def _gap(a: tuple, b: tuple) -> float | None:
@@ -121,9 +129,11 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
         u0 = _underruns(d)
         for i in range(args.runs):
             r: dict = {}
+            before = _underruns(d)[0]
             _speak(d, SENTENCES[i % len(SENTENCES)], "a", args.steps, 100 + i, r)
             if r.get("type") != "done":
                 raise RuntimeError(f"request failed: {r}")
+            r["_underruns"] = _underruns(d)[0] - before      # done comes after play-out: this request's
             single.append(r)
             time.sleep(0.3)
         u1 = _underruns(d)
@@ -152,6 +162,11 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "synthesis_ttfb_ms": med([r["synthesis_ttfb_ms"] for r in single]),
             "rtf": med([r["rtf"] for r in single]), "audio_s": single[0]["audio_s"],
             "underruns_single": u1[0] - u0[0], "underrun_ms_single": _gap(u0, u1),
+            "runs_with_underrun": sum(1 for r in single if r.get("_underruns")),
+            "predicted_rtf": _med_opt([r.get("predicted_rtf") for r in single]),
+            "start_hold_ms": _med_opt([r.get("start_hold_ms") for r in single]),
+            "start_hold_max_ms": max((r["start_hold_ms"] for r in single if r.get("start_hold_ms") is not None), default=None),
+            "start_delay_ms": _med_opt([r.get("start_delay_ms") for r in single]),
             "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
             "third_rtf": res["c"]["rtf"], "underruns_three": u2[0] - u1[0],
             "underrun_ms_three": _gap(u1, u2), **mem}
@@ -204,11 +219,13 @@ def main() -> int:
         old = json.loads(out.read_text()) if out.exists() else []
         out.write_text(json.dumps(old + [rec], indent=1, ensure_ascii=False) + "\n")
     print("\n| tree | stream.lookahead | look-ahead used | TTFB at device (median) | pipeline TTFB | RTF "
-          "| underruns (silence) single | third channel TTFB | underruns (silence) 3 channels | ready |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| underruns (silence) single | requests with one | start hold (median, max) | predicted RTF "
+          "| third channel TTFB | underruns (silence) 3 channels | ready |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['tree']} | {r['stream_lookahead']} | {r['lookahead']} | {r['ttfb_ms']} ms | {r['synthesis_ttfb_ms']} ms | {r['rtf']} "
-              f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['third_ttfb_ms']} ms "
+              f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['runs_with_underrun']} of {args.runs} "
+              f"| {r['start_hold_ms']}, {r['start_hold_max_ms']} ms | {r['predicted_rtf']} | {r['third_ttfb_ms']} ms "
               f"| {r['underruns_three']} ({r['underrun_ms_three']} ms) | {r['ready_s']} s |")
     return 0
 

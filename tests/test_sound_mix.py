@@ -124,3 +124,23 @@ def test_a_cancel_by_channel_never_lets_a_cancelled_waiting_request_sound():
     # the order this replaces (request order, one by one): q1 sounds between two aborts
     heard, _ = _cabin(lambda audios: [a.abort() for a in audios])
     assert np.float32(0.2) in heard
+
+
+def test_a_held_voice_starts_with_its_hold_queued_or_when_its_request_ends():
+    """The start policy's hold (slack for a hiccup, more where synthesis cannot keep up): the voice
+    waits for one wake-up plus the hold, not just the wake-up; an ended request plays at once;
+    after its start the hold plays no part (re-buffering has its own rule)."""
+    lanes = Lanes()
+    lanes.begin("r", "main", lambda reason: None)
+    lanes.hold("r", 1000)
+    lanes.push("r", np.full(1500, 0.5, np.float32), None)     # a wake-up (1024) but not the hold
+    assert _mix(lanes, 512, start_frames=1024)[1:] == (0, 0, 0, 0)
+    lanes.push("r", np.full(600, 0.5, np.float32), None)      # 2100 >= 1024 + 1000
+    assert _mix(lanes, 512, start_frames=1024)[1:] == (1, 0, 0, 512)
+    lanes.begin("e", "other", lambda reason: None)
+    lanes.hold("e", 10 ** 6)
+    lanes.push("e", np.full(100, 0.25, np.float32), None)
+    assert _mix(lanes, 512, start_frames=1024)[1] == 1        # "e" still waits: only "r" sounds
+    lanes.end("e")
+    out, sounding, *_ = _mix(lanes, 512, start_frames=1024)
+    assert sounding == 2 and np.count_nonzero(out == 0.75) == 100   # "e" ended: it plays what it has

@@ -358,6 +358,7 @@ class Daemon:
         for name in self.channels:
             c = dict(wst.get(name, {"queued": 0, "active": None}))
             c.update(self.audio.status(name))
+            c.update(self.worker.starts.status(name) if self.worker is not None and self.worker.starts else {})
             chans[name] = c
         return StatusReply(
             state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,

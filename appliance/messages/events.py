@@ -100,6 +100,11 @@ class Done:
             rewritten by refine-text as rewritten).
         unspeakable: characters of the text that could not be spoken and were skipped;
             unspeakable_names: the same with code point and Unicode name.
+        predicted_rtf: the real-time factor its synthesis was predicted to run at when its first
+            chunk was made; start_hold_ms: the audio its player held beyond one device wake-up
+            before it started (``stream.start_slack_ms``, more where the box could not keep up:
+            a later start instead of gaps); start_delay_ms: from its first chunk to its first
+            sample at the device, ms (:mod:`appliance.service.startpolicy`; None where unknown).
     """
 
     id: str
@@ -115,6 +120,9 @@ class Done:
     spoken: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
     unspeakable_names: list = field(default_factory=list)
+    predicted_rtf: Optional[float] = None
+    start_hold_ms: Optional[float] = None
+    start_delay_ms: Optional[float] = None
     type: str = "done"
 
 

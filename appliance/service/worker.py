@@ -65,6 +65,7 @@ from ..messages.protocol import (
 from .journal import mark
 from .scheduler import Item, Scheduler, ThrottlePolicy
 from .stall import StallWatch
+from .startpolicy import StartPolicy
 
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
@@ -126,6 +127,7 @@ class Worker:
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt)
         self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
+        self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -326,6 +328,7 @@ class Worker:
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
+            self.starts.apply(item)           # before its first write: how much its player holds
         item.audio.write(pcm)
         if item.speak.return_audio:
             data = encode_pcm(pcm, self.audio_format)
@@ -347,7 +350,8 @@ class Worker:
                 item.state = "playing"
             mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output, ttfb_ms=item.ttfb_ms())))
+            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(
+                done, output=output, ttfb_ms=item.ttfb_ms(), **self.starts.fields(item))))
             return
         if t.state == "failed" and not item.cancel.is_set():
             self._fail(item, t.error)

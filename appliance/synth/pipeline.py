@@ -89,7 +89,8 @@ class Job:
         id: request id. text: normalized text. sentences: the pieces spoken one after another.
         unspeakable: characters of the input that cannot be spoken (skipped, reported).
         seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
-        stats: filled when ``run`` finishes.
+        stats: filled when ``run`` finishes. meta: ``text_tokens`` (per sentence, its text's
+        tokens without the prompt's frame: the expected length), ``refined`` (refine-text).
     """
 
     id: str
@@ -140,7 +141,8 @@ class Pipeline:
         log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
         st = cfg.stream
         self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
-                                                                          st.chunk_growth, st.realtime_share),
+                                                                          st.chunk_growth, st.realtime_share,
+                                                                          st.start_slack_ms / 1000.0),
                                   job_stats=self._job_stats,
                                   refiner=self._refine)
 
@@ -232,6 +234,8 @@ class Pipeline:
                            with_speaker=spk_emb is not None)
         sentences = [sent.text for sent in split]
         prompts = [sent.ids for sent in split]   # tokenized once, by split_text
+        frame = self.tokenizer.code_prompt("", with_speaker=spk_emb is not None, prompt=prompt).size
+        text_tokens = [max(1, int(ids.size) - int(frame)) for ids in prompts]   # expected length (start plan)
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
@@ -244,7 +248,7 @@ class Pipeline:
             refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
         return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
                    unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
-                   prompt=prompt,
+                   prompt=prompt, meta={"text_tokens": text_tokens},
                    refine_prompts=refine_prompts)
 
     def _refine(self, job: Job, k: int) -> None:
