@@ -101,8 +101,10 @@ DRAIN_TIMEOUT_S = 600.0
 """Longest wait for the running request to finish and play out at stop, s."""
 
 
-class _StopDuringStart(Exception):
-    pass
+class _StopDuringStart(BaseException):
+    """SIGTERM/SIGINT during start-up. A BaseException (as KeyboardInterrupt): raised wherever the
+    main thread is, it must not be swallowed by an ``except Exception`` there (a start-up hook's
+    did, and the daemon ignored the stop and began serving)."""
 
 
 class Daemon:
