@@ -20,7 +20,8 @@ what trained ChatTTS speaks at ``[speed_5]``), clipped to the request's ``min_ne
 that runs longer may still run dry (re-buffering, counted as an underrun).
 
 The decision is reported in ``done`` (``predicted_rtf``, ``start_hold_ms``: the audio held beyond
-the device wake-up; ``start_delay_ms``: its first chunk to its first sample at the device) and,
+the device wake-up, 0 for a WAV file or audio that only goes back to the client;
+``start_delay_ms``: its first chunk to its first sample at the device) and,
 per channel, in ``status`` (``start``: the channel's latest request). Thread-safe.
 """
 
@@ -75,8 +76,8 @@ class StartPolicy:
             plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.job),
                               eng.vocoders[task.voc].lookahead_tokens, rows=max(1, len(eng.tasks)),
                               scale=task.chunk_scale)
-            hold_s = self.slack_s + plan.hold_s
-            dev = getattr(item.audio, "device", None)
+            dev = getattr(item.audio, "device", None)          # None: a WAV file or the client's audio
+            hold_s = self.slack_s + plan.hold_s if dev is not None else 0.0
             if dev is not None:
                 dev.hold(item.audio, hold_s)
             with self._lock:
