@@ -110,7 +110,7 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
     return {
         "model": model,
         "synthesis": {"max_new_tokens": 2048, "voice": "seed:2"},
-        "stream": {"lookahead": lookahead},
+        "stream": {"lookahead": lookahead, **({"start_slack_ms": args.start_slack_ms} if args.start_slack_ms is not None else {})},
         "audio": {"output": "device", "wav_dir": str(tmp / "wav"), "latency_ms": args.latency_ms},
         "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": True, "channels": chans,
                     "spool_dir": str(tmp / "spool"), "memory_budget_mb": args.memory_budget_mb},
@@ -163,6 +163,7 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "rtf": med([r["rtf"] for r in single]), "audio_s": single[0]["audio_s"],
             "underruns_single": u1[0] - u0[0], "underrun_ms_single": _gap(u0, u1),
             "runs_with_underrun": sum(1 for r in single if r.get("_underruns")),
+            "underrun_requests": [r.get("id") for r in single if r.get("_underruns")],
             "predicted_rtf": _med_opt([r.get("predicted_rtf") for r in single]),
             "start_hold_ms": _med_opt([r.get("start_hold_ms") for r in single]),
             "start_hold_max_ms": max((r["start_hold_ms"] for r in single if r.get("start_hold_ms") is not None), default=None),
@@ -182,6 +183,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--join-after", type=float, default=1.5, help="s the two channels play before the third joins")
     ap.add_argument("--latency-ms", type=float, default=100.0, help="audio.latency_ms (device buffer)")
+    ap.add_argument("--start-slack-ms", type=float, default=None, help="stream.start_slack_ms (default: the config's)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--memory-budget-mb", type=int, default=1500, help="service.memory_budget_mb")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="model.device (cuda: --backend torch)")
@@ -212,7 +214,7 @@ def main() -> int:
                "batch": 1, "stream_lookahead": mode, **r,
                "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
                         f"on a, b and {args.steps} on c after {args.join_after} s; paced ALSA file device "
-                        f"44100 Hz, latency_ms {args.latency_ms}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
+                        f"44100 Hz, latency_ms {args.latency_ms}, start_slack_ms {args.start_slack_ms or 'default'}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
         print(json.dumps(rec, ensure_ascii=False), flush=True)
         rows.append(rec)
         out.parent.mkdir(parents=True, exist_ok=True)
