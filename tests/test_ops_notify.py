@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from appliance.ops import logsetup, notify
 from appliance.ops.logsetup import setup_logging
 from appliance.ops.notify import Notifier, Watchdog, format_status
-from appliance.ops import logsetup, notify
 
 TRANSPORTS = ["stdlib"] + (["libsystemd"] if notify._sd_daemon is not None else [])
 
