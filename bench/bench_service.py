@@ -10,8 +10,10 @@ engine directory holds a matching calibration, and the exact receptive field) it
 * ``single``: ``--runs`` requests one after another on channel ``a``, each a sentence of ``--steps``
   decode steps (EOS masked): ``done.ttfb_ms`` (the request line's arrival → its first sample
   written to the device, in the PortAudio callback), ``done.synthesis_ttfb_ms`` (the pipeline's
-  first chunk), ``done.rtf``, and the device's underrun count before and after (a streaming voice
-  that ran dry while its request was still being synthesized);
+  first chunk), ``done.rtf``, the device's underrun count before and after (a streaming voice
+  that ran dry while its request was still being synthesized) and how many requests had one
+  (``runs_with_underrun``), and the start decision (``done.predicted_rtf``, ``start_hold_ms``,
+  ``start_delay_ms``: :mod:`appliance.service.startpolicy`);
 * ``third``: two requests of ``2 * --steps`` on channels ``a`` and ``b`` (mixed on the one device),
   then, once both have played for ``--join-after`` s, a third of ``--steps`` on channel ``c``: its
   ``ttfb_ms`` while joining the running batch, and the underruns of the whole scenario.
@@ -63,6 +65,12 @@ def _memory(pid: int) -> dict:
     return {f"{k.lower()}_mib": round(v / 1024) for k, v in kb.items()}
 
 
+def _med_opt(xs: list) -> float | None:
+    """Median of the values that are not None (None: a tree whose done lacks the field)."""
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
 def _gap(a: tuple, b: tuple) -> float | None:
     return None if a[1] is None or b[1] is None else round(b[1] - a[1], 1)
 
@@ -102,7 +110,7 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
     return {
         "model": model,
         "synthesis": {"max_new_tokens": 2048, "voice": "seed:2"},
-        "stream": {"lookahead": lookahead},
+        "stream": {"lookahead": lookahead, **({"start_slack_ms": args.start_slack_ms} if args.start_slack_ms is not None else {})},
         "audio": {"output": "device", "wav_dir": str(tmp / "wav"), "latency_ms": args.latency_ms},
         "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": True, "channels": chans,
                     "spool_dir": str(tmp / "spool"), "memory_budget_mb": args.memory_budget_mb},
@@ -121,9 +129,11 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
         u0 = _underruns(d)
         for i in range(args.runs):
             r: dict = {}
+            before = _underruns(d)[0]
             _speak(d, SENTENCES[i % len(SENTENCES)], "a", args.steps, 100 + i, r)
             if r.get("type") != "done":
                 raise RuntimeError(f"request failed: {r}")
+            r["_underruns"] = _underruns(d)[0] - before      # done comes after play-out: this request's
             single.append(r)
             time.sleep(0.3)
         u1 = _underruns(d)
@@ -152,6 +162,12 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "synthesis_ttfb_ms": med([r["synthesis_ttfb_ms"] for r in single]),
             "rtf": med([r["rtf"] for r in single]), "audio_s": single[0]["audio_s"],
             "underruns_single": u1[0] - u0[0], "underrun_ms_single": _gap(u0, u1),
+            "runs_with_underrun": sum(1 for r in single if r.get("_underruns")),
+            "underrun_requests": [r.get("id") for r in single if r.get("_underruns")],
+            "predicted_rtf": _med_opt([r.get("predicted_rtf") for r in single]),
+            "start_hold_ms": _med_opt([r.get("start_hold_ms") for r in single]),
+            "start_hold_max_ms": max((r["start_hold_ms"] for r in single if r.get("start_hold_ms") is not None), default=None),
+            "start_delay_ms": _med_opt([r.get("start_delay_ms") for r in single]),
             "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
             "third_rtf": res["c"]["rtf"], "underruns_three": u2[0] - u1[0],
             "underrun_ms_three": _gap(u1, u2), **mem}
@@ -167,6 +183,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--join-after", type=float, default=1.5, help="s the two channels play before the third joins")
     ap.add_argument("--latency-ms", type=float, default=100.0, help="audio.latency_ms (device buffer)")
+    ap.add_argument("--start-slack-ms", type=float, default=None, help="stream.start_slack_ms (default: the config's)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--memory-budget-mb", type=int, default=1500, help="service.memory_budget_mb")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="model.device (cuda: --backend torch)")
@@ -197,18 +214,20 @@ def main() -> int:
                "batch": 1, "stream_lookahead": mode, **r,
                "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
                         f"on a, b and {args.steps} on c after {args.join_after} s; paced ALSA file device "
-                        f"44100 Hz, latency_ms {args.latency_ms}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
+                        f"44100 Hz, latency_ms {args.latency_ms}, start_slack_ms {args.start_slack_ms or 'default'}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
         print(json.dumps(rec, ensure_ascii=False), flush=True)
         rows.append(rec)
         out.parent.mkdir(parents=True, exist_ok=True)
         old = json.loads(out.read_text()) if out.exists() else []
         out.write_text(json.dumps(old + [rec], indent=1, ensure_ascii=False) + "\n")
     print("\n| tree | stream.lookahead | look-ahead used | TTFB at device (median) | pipeline TTFB | RTF "
-          "| underruns (silence) single | third channel TTFB | underruns (silence) 3 channels | ready |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| underruns (silence) single | requests with one | start hold (median, max) | predicted RTF "
+          "| third channel TTFB | underruns (silence) 3 channels | ready |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['tree']} | {r['stream_lookahead']} | {r['lookahead']} | {r['ttfb_ms']} ms | {r['synthesis_ttfb_ms']} ms | {r['rtf']} "
-              f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['third_ttfb_ms']} ms "
+              f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['runs_with_underrun']} of {args.runs} "
+              f"| {r['start_hold_ms']}, {r['start_hold_max_ms']} ms | {r['predicted_rtf']} | {r['third_ttfb_ms']} ms "
               f"| {r['underruns_three']} ({r['underrun_ms_three']} ms) | {r['ready_s']} s |")
     return 0
 

@@ -58,6 +58,28 @@ class AlsaFile:
         data = self.raw.read_bytes()[offset_bytes:]
         return np.frombuffer(data[: len(data) // 4 * 4], dtype="<f4")
 
+    def pacers(self) -> list[int]:
+        """Pids of the pacer processes writing this file (one per open PCM stream)."""
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+                except OSError:
+                    continue
+                if "pacer.py" in cmd and str(self.raw) in cmd:
+                    pids.append(int(d.name))
+        return pids
+
+    def wait_flushed(self, timeout_s: float = 30.0) -> int:
+        """Wait until every pacer of this file has exited (its stream was closed, or the daemon
+        died, and it wrote what was left in its pipe: the file is final); returns its size."""
+        deadline = time.monotonic() + timeout_s
+        while self.pacers():
+            assert time.monotonic() < deadline, f"the pacers of {self.raw} are still running after {timeout_s} s"
+            time.sleep(0.02)
+        return self.size()
+
 
 def alsa_home(home: Path, raw: Path, rate: int = DEFAULT_RATE) -> AlsaFile:
     """Write ``home/.asoundrc`` from ``tests/asound/asoundrc.tmpl`` (float32 mono at ``rate`` Hz)."""
@@ -125,15 +147,9 @@ class DaemonProc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_log(self, text: str, timeout_s: float = 60.0) -> None:
-        """Wait until the daemon's log holds ``text`` (the event a test waits on is a line the
-        daemon writes; the file is re-read every 50 ms). Raises AssertionError on timeout or
-        when the daemon exits first."""
-        deadline = time.monotonic() + timeout_s
-        while text not in self.log():
-            assert self.proc.poll() is None, f"the daemon exited before logging {text!r}:\n{self.log()[-2000:]}"
-            assert time.monotonic() < deadline, f"{text!r} not logged within {timeout_s} s:\n{self.log()[-2000:]}"
-            time.sleep(0.05)
+    def alive(self) -> bool:
+        """The daemon process has not exited (``tests.waits.wait_log(d.log, ..., alive=d.alive)``)."""
+        return self.proc.poll() is None
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit status."""

@@ -19,6 +19,7 @@ from tests.fixtures_service import (
     resample_like_daemon,
     service_config,
 )
+from tests.waits import wait_for
 
 # batched rows differ from a lone row by float32 rounding (tests/test_channels_batch.py)
 ATOL = 1e-6
@@ -130,9 +131,8 @@ def test_alert_preempts_resume_and_drop(three, service_pipeline):
             "channel": "front", "params": long_p})
     c.send({"type": "speak", "text": "Another long normal one.", "seed": 51, "id": "n-rear",
             "channel": "rear", "params": long_p})
-    deadline = time.monotonic() + 30
-    while min(heard(files["front"]), heard(files["rear"])) < 0.3 * DEFAULT_RATE and time.monotonic() < deadline:
-        time.sleep(0.05)                   # both are being heard ...
+    wait_for(lambda: min(heard(files["front"]), heard(files["rear"])) >= 0.3 * DEFAULT_RATE, 30,
+             "both being heard")           # ...
     for n, s in (("front", 60), ("rear", 61)):
         c.send({"type": "speak", "text": "Alert!", "seed": s, "id": f"a-{n}", "channel": n,
                 "priority": "alert", "params": short_p})
@@ -181,18 +181,18 @@ def test_cancel_stops_playback_within_one_window_and_queue_full_is_busy(three, s
     (st,) = d.request({"type": "status"})
     assert st["channels"]["cabin"]["queued"] == 2 and st["channels"]["cabin"]["active"] == "c1"
     assert st["throttle"] == "normal"
-    deadline = time.monotonic() + 20
-    while heard(files["cabin"]) < DEFAULT_RATE * 0.5 and time.monotonic() < deadline:
-        time.sleep(0.02)                                          # half a second heard
-    d.request({"type": "cancel", "channel": "cabin"}, until=("error",))
-    at_cancel = heard(files["cabin"])
+    wait_for(lambda: heard(files["cabin"]) >= DEFAULT_RATE * 0.5, 20, "half a second heard", poll_s=0.01)
+    d.request({"type": "cancel", "channel": "cabin"}, until=("error",))   # the device dropped their audio
+    at_cancel, size = heard(files["cabin"]), files["cabin"].size()
     evs, ends = c.events_until_ids({"c1", "q1", "q2"})
     c.close()
     assert {e["code"] for e in ends.values()} == {"cancelled"}
-    time.sleep(1.5)
+    # what was already in flight: the pacer's pipe (64 KiB) + PortAudio's buffer (latency_ms 50);
+    # the device plays silence when idle, so once that much more reached the file, all of it has
+    in_flight = 65536 + 4 * DEFAULT_RATE * 0.05
+    wait_for(lambda: files["cabin"].size() >= size + in_flight + 4096, 20, "what was in flight played")
     after = 4 * (heard(files["cabin"]) - at_cancel)
-    # what was already in flight: the pacer's pipe (64 KiB) + PortAudio's buffer (latency_ms 50)
-    # + one streaming window (stream.chunk_tokens 24 = 512 ms); the request had ~3 s left
+    # + one streaming window (stream.chunk_tokens 24 = 512 ms) of slack; the request had ~3 s left
     window = 4 * DEFAULT_RATE * (0.05 + 24 * 512 / 24000)
     assert after <= 65536 + window, f"{after} bytes of speech played after the cancel"
     want = speech(expected(service_pipeline, "Cancel me soon.", 70, **long_p))
@@ -217,23 +217,16 @@ def test_device_gone_then_back_playback_resumes(three, service_pipeline):
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     t_gone = time.monotonic()
-    deadline = t_gone + 10
-    while time.monotonic() < deadline:
-        (st,) = d.request({"type": "status"})
-        if st["channels"]["rear"]["ok"] is False:
-            break
-        time.sleep(0.1)
-    assert st["channels"]["rear"]["ok"] is False and st["channels"]["rear"]["error"]
+    st = wait_for(lambda: (lambda s: s if s["channels"]["rear"]["ok"] is False else None)(
+        d.request({"type": "status"})[0]), 10, "status showing the rear device failed")
+    assert st["channels"]["rear"]["error"]
     assert st["channels"]["front"]["ok"] is True                  # the other devices are unaffected
     evs = d.request({"type": "speak", "text": "Meanwhile.", "seed": 80, "id": "gone", "channel": "rear"})
     assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("gone.wav"), evs
-    deadline = t_gone + 3 * REOPEN_INTERVAL_S       # re-opened by AudioOutput on its own, no request needed
-    while time.monotonic() < deadline:
-        (st,) = d.request({"type": "status"})
-        if st["channels"]["rear"]["ok"] is True:
-            break
-        time.sleep(0.2)
-    assert st["channels"]["rear"]["ok"] is True and st["channels"]["rear"]["output"] == "device", st
+    # re-opened by AudioOutput on its own, no request needed
+    st = wait_for(lambda: (lambda s: s if s["channels"]["rear"]["ok"] is True else None)(
+        d.request({"type": "status"})[0]), t_gone + 3 * REOPEN_INTERVAL_S - time.monotonic(), "the rear device back")
+    assert st["channels"]["rear"]["output"] == "device", st
     before = heard(files["rear"])
     p = dict(min_new_tokens=40, max_new_tokens=40)
     evs = d.request({"type": "speak", "text": "I am back.", "seed": 81, "id": "back", "channel": "rear", "params": p})
@@ -266,22 +259,18 @@ def test_device_gone_request_waits_and_plays_when_it_returns(tiny_ckpt, tmp_path
     raw = str(files["front"].raw)
     for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, raw)]:
         os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        (st,) = d.request({"type": "status"})
-        if st["channels"]["front"]["ok"] is False:
-            break
-        time.sleep(0.05)
+    st = wait_for(lambda: (lambda s: s if s["channels"]["front"]["ok"] is False else None)(
+        d.request({"type": "status"})[0]), 10, "status showing the front device failed")
     assert st["channels"]["front"]["output"] == "waiting for the device", st
     before = heard(files["front"])
     p = dict(min_new_tokens=40, max_new_tokens=40)
     c = d.connect()
     c.send({"type": "speak", "text": "Hold me.", "seed": 90, "id": "held", "channel": "front", "params": p})
     assert c.events(("started",))[-1]["type"] == "started"
-    time.sleep(0.5)
-    (st,) = d.request({"type": "status"})
-    if st["channels"]["front"]["ok"] is False:          # still down: the request is held, not lost
-        assert st["channels"]["front"]["waiting_for_device"] == 1, st
+    st = wait_for(lambda: (lambda s: s if s["waiting_for_device"] == 1 or s["ok"] else None)(
+        d.request({"type": "status"})[0]["channels"]["front"]), 10, "the request held (or the device back)")
+    if st["ok"] is False:                               # still down: the request is held, not lost
+        assert st["waiting_for_device"] == 1, st
     (done,) = [e for e in c.events(("done", "error")) if e["type"] in ("done", "error")]
     c.close()
     assert done["type"] == "done" and done["output"] == "device:tts_front", done

@@ -20,6 +20,7 @@ import pytest
 from tests.fixtures_model import ONNX_LIMITS
 from tests.fixtures_service import alsa_home, launch_daemon, service_config
 from tests.test_integrity import corrupt_behind_header
+from tests.waits import wait_for
 
 
 def _fails_to_start(tmp, cfg, **kw) -> str:
@@ -57,8 +58,7 @@ def test_with_the_check_off_nan_weights_end_in_engine_error_and_nothing_is_playe
         evs = d.request({"type": "speak", "text": "你好", "seed": 1, "id": "nan-1"})
         assert [e["type"] for e in evs] == ["accepted", "started", "error"], evs
         assert evs[-1]["code"] == "engine_error" and "NaN/Inf" in evs[-1]["message"] and "GPT" in evs[-1]["message"]
-        time.sleep(1.0)
-        (st,) = d.request({"type": "status"})
+        (st,) = d.request({"type": "status"})           # settled before its error was sent
         assert st["channels"]["main"]["active"] is None and st["state"] == "ready"
     finally:
         assert d.stop() == 0
@@ -143,13 +143,13 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
     cfg = dataclasses.replace(tiny_config, audio=dataclasses.replace(tiny_config.audio, output="wav",
                                                                      wav_dir=str(tmp_path / "wav")))
     p = Pipeline.from_config(cfg)
-    hang = threading.Event()
+    hang, unstuck = threading.Event(), threading.Event()
     prefill = p.runner.prefill
 
-    def stuck_prefill(slot, ids, spk_emb):       # the injected fault: one backend call hangs 3 s
+    def stuck_prefill(slot, ids, spk_emb):       # the injected fault: one backend call hangs until released
         if hang.is_set():
             hang.clear()
-            time.sleep(3.0)
+            unstuck.wait(30)
         return prefill(slot, ids, spk_emb)
     p.runner.prefill = stuck_prefill
     audio = AudioOutput(cfg)
@@ -175,9 +175,9 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
         t0 = time.monotonic()
         submit("stuck")
         submit("next")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (ended("stuck") and ended("next")):
-            time.sleep(0.02)
+        wait_for(lambda: ended("stuck"), 30, "the watchdog ending the stuck request", show=lambda: evs)
+        unstuck.set()                            # the backend call returns (after the watchdog ended it)
+        wait_for(lambda: ended("next"), 30, "the next request", show=lambda: evs)
         err = evs["stuck"][-1]
         assert err.type == "error" and err.code == "engine_error" and "no progress" in err.message, evs["stuck"]
         assert [e.type for e in evs["next"]] == ["accepted", "started", "done"], evs["next"]

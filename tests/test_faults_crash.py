@@ -7,7 +7,6 @@ with a request's id is told ``replayed`` instead of having it spoken twice."""
 from __future__ import annotations
 
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from tests.fixtures_service import (
     resample_like_daemon,
     service_config,
 )
+from tests.waits import journal_states, wait_for, wait_log
 
 #: id -> (text, seed, decode steps); r2 is long so that it is still synthesizing at the kill
 REQS = {
@@ -66,18 +66,10 @@ def occurrences(played: np.ndarray, e: np.ndarray, probe: int = 64) -> list[int]
     return out
 
 
-def settled_size(alsa, quiet_s: float = 1.0, timeout_s: float = 15.0) -> int:
-    """The ALSA file's size once the killed daemon's pacer has written what was in its pipe."""
-    last, since = -1, time.monotonic()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        n = alsa.size()
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return n
-        time.sleep(0.05)
-    return last
+def settled_size(alsa, timeout_s: float = 15.0) -> int:
+    """The ALSA file's size once the killed daemon's pacer has written what was in its pipe and
+    exited (:meth:`AlsaFile.wait_flushed <tests.fixtures_service.AlsaFile.wait_flushed>`)."""
+    return alsa.wait_flushed(timeout_s)
 
 
 def _status(c) -> dict:
@@ -97,27 +89,20 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
         c.send(_speak(rid))
     c.events_until_ids({"r1", "r2", "r3", "r4"}, kinds=("accepted",))
     s = d.connect()
-    seen = None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        st = _status(s)
-        if st["active"] == "r2" and "r1" in st["playing"] and st["queued"] >= 2:
-            seen = st
-            break
-        time.sleep(0.005)
-    d.proc.send_signal(signal.SIGKILL)
-    d.proc.wait(10)
-    c.close()
-    s.close()
-    assert seen is not None, "never saw r1 playing while r2 synthesized"
+    try:
+        wait_for(lambda: (lambda st: st["active"] == "r2" and "r1" in st["playing"] and st["queued"] >= 2)(_status(s)),
+                 30, "r1 playing while r2 synthesizes and r3, r4 wait", poll_s=0.005)
+    finally:
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        c.close()
+        s.close()
     off1 = settled_size(alsa)
     assert [e.id for e in Journal(tmp / "d" / "spool").open().pending] == ["r1", "r2", "r3", "r4"]
 
     # run 2: killed again while it replays r1 (playing)
     d = launch_daemon(tmp / "d", cfg, alsa=alsa)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and alsa.size() - off1 < 4 * RATE * 0.5:
-        time.sleep(0.02)
+    wait_for(lambda: np.count_nonzero(alsa.read(off1)) >= RATE // 2, 30, "half a second of r1 replayed")
     assert "replaying 4 journaled request(s)" in d.log()
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait(10)
@@ -133,15 +118,11 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
         back3 = d.request(_speak("r3"), timeout_s=120)         # queued since run 1: attached, not doubled
         assert back3[0]["type"] == "replayed" and back3[0]["state"] in ("queued", "running", "playing"), back3
         assert back3[-1]["type"] == "done" and back3[-1]["id"] == "r3", back3
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(f"replayed request {r}: done" in d.log()
-                                                      for r in ("r1", "r2", "r3", "r4")):
-            time.sleep(0.1)
         for rid in ("r1", "r2", "r3", "r4"):
-            assert f"replayed request {rid}: done" in d.log(), d.log()[-3000:]
-        time.sleep(0.5)
+            wait_log(d.log, f"replayed request {rid}: done", 120)
     finally:
         assert d.stop() == 0, d.log()[-3000:]
+    alsa.wait_flushed()                                       # everything played is in the file
     played = alsa.read(off2)
     played = played[played != 0]
     at = {rid: occurrences(played, want[rid]) for rid in REQS}
@@ -150,3 +131,54 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
         assert len(at[rid]) == 1, (rid, at)
     assert at["r1"][0] < at["r2"][0] < at["r3"][0] < at["r4"][0]      # in accept order
     assert Journal(tmp / "d" / "spool").open().pending == []
+
+
+def test_crash_loop_guard_counts_only_the_request_that_was_running(tiny_ckpt, tmp_path):
+    """Three SIGKILLs in a row while ``g1`` sounds and ``g2``, ``g3`` (synthesized, not one sample
+    played) wait behind it in the channel's play-out queue: only ``g1`` was running at each crash,
+    so only ``g1`` reaches ``journal.max_attempts`` (3) and is not replayed; ``g2`` and ``g3`` are
+    spoken after the fourth start. Each kill waits for the journal's own state records (``p``:
+    g1's first sample reached the device; ``w``: g2 and g3 synthesized and waiting), not for a time."""
+    steps = {"g1": 400, "g2": 40, "g3": 40}
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device"}, synthesis={"max_new_tokens": 400},
+                         service={"channels": [{"name": "main", "on_disconnect": "finish"}]})
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    spool = tmp_path / "d" / "spool"
+
+    def speak(rid: str) -> dict:
+        return {"type": "speak", "text": f"{rid}。", "seed": 20, "id": rid,
+                "params": {"min_new_tokens": steps[rid], "max_new_tokens": steps[rid]}}
+
+    want = {"g1": "p", "g2": "w", "g3": "w"}
+    d = None
+    try:
+        for run in range(3):
+            d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+            if run == 0:
+                c = d.connect()
+                for rid in steps:
+                    c.send(speak(rid))
+                c.events_until_ids(set(steps), kinds=("accepted",))
+                c.close()                    # on_disconnect: finish
+            else:
+                wait_log(d.log, "replaying 3 journaled request(s)")
+            wait_for(lambda: journal_states(spool) == want, 60,
+                     f"run {run + 1}: g1 sounding, g2 and g3 synthesized and waiting",
+                     show=lambda: (journal_states(spool), d.log()[-2000:]))
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait(10)
+            rec = Journal(spool).open()      # counts the crash: only the running request
+            assert {e.id: e.tries for e in rec.pending} == {"g1": run + 1, "g2": 0, "g3": 0}
+
+        d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+        wait_log(d.log, "replaying 2 journaled request(s)")
+        assert "journaled request g1 is not replayed: it was synthesizing or playing during 3 crash(es)" in d.log()
+        for rid in ("g2", "g3"):
+            back = d.request(speak(rid), timeout_s=120)
+            assert back[0]["type"] == "replayed" and back[-1]["type"] == "done" and back[-1]["id"] == rid, back
+        assert d.stop() == 0, d.log()[-3000:]
+    finally:
+        if d is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
+    assert Journal(spool).open().pending == []

@@ -21,6 +21,7 @@ from tests.fixtures_service import (
     service_config,
 )
 from tests.test_faults_crash import occurrences, settled_size
+from tests.waits import wait_for, wait_log
 
 STEPS = 60
 
@@ -69,16 +70,17 @@ def test_commands_sent_while_the_broker_is_down_are_spoken_exactly_once(tiny_ckp
         for i, rid in enumerate(ids):                     # queued by the publisher's client (QoS 1)
             lst.c.publish(f"{base}/say", json.dumps({"text": f"断线时发送的第{i}句。", "id": rid, "seed": 40 + i},
                                                     ensure_ascii=False).encode(), qos=1)
-        time.sleep(2.0)
+        wait_log(d.log, "mqtt: lost the broker")          # the daemon saw the outage
         t_up = time.monotonic()
         broker.start()
         _online(lst, after=t_up, timeout_s=30)
         for rid in ids:
             assert lst.wait_event(rid, timeout_s=60)["type"] == "done"
-        time.sleep(1.0)
+        wants = [_want(pipe, f"断线时发送的第{i}句。", 40 + i) for i in range(len(ids))]
+        wait_for(lambda: all(occurrences(_played(alsa), w) for w in wants), 30, "every command's audio in the file")
         played = _played(alsa)
-        for i, rid in enumerate(ids):
-            assert len(occurrences(played, _want(pipe, f"断线时发送的第{i}句。", 40 + i))) == 1, rid
+        for rid, want in zip(ids, wants):
+            assert len(occurrences(played, want)) == 1, rid
             terms = [e for e in lst.events(rid) if e["type"] in ("done", "error")]
             assert {e["type"] for e in terms} == {"done"}   # QoS 1 may repeat an event, never a second outcome
     finally:
@@ -119,9 +121,9 @@ def test_mqtt_request_queued_at_a_crash_is_replayed_once(tiny_ckpt, tmp_path, mq
         assert done["type"] == "done", done
         lst.wait(lambda m: m.leaf == "event" and m.at >= t_restart and m.json().get("id") == long_id
                  and m.json().get("type") == "done", 60, "long done after the restart")
-        time.sleep(1.0)
-        played = _played(alsa, off)
-        assert len(occurrences(played, _want(pipe, "排队等候的一句。", 51))) == 1
+        want = _want(pipe, "排队等候的一句。", 51)
+        wait_for(lambda: occurrences(_played(alsa, off), want), 30, "the replayed request's audio in the file")
+        assert len(occurrences(_played(alsa, off), want)) == 1
     finally:
         pipe.close()
         rc = d.stop()

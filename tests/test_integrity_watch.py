@@ -16,6 +16,7 @@ from appliance.core import PcmChunk
 from appliance.ops.health import run_health_check
 from appliance.ops.integrity_watch import IntegrityWatch
 from tests.fixtures_service import launch_daemon, service_config
+from tests.waits import wait_log
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_daemon_finds_bit_rot_after_the_load(tiny_ckpt, tmp_path):
         assert h["healthy"] or not any(r.startswith("weights:") for r in h["reasons"]), h
         target = ck / "asset" / "Decoder.safetensors"
         _flip_bit(target, target.stat().st_size // 2)
-        d.wait_log("weights changed on disk", timeout_s=60)
+        wait_log(d.log, "weights changed on disk", 60, alive=d.alive)
         (h,) = d.request({"type": "health"}, until=("health",))
         assert not h["healthy"] and any(r.startswith("weights:") and "Decoder.safetensors" in r for r in h["reasons"]), h
     finally:

@@ -133,9 +133,10 @@ def test_replay_decisions_age_alerts_and_attempts(tmp_path):
     j.accept(_req(0))
     j.accept(_req(1, priority="alert"))
     n2 = j.accept(_req(2))
-    for _ in range(3):
+    for _ in range(3):                                 # running at three crashes
         j.started(n2)
-    rec = Journal(tmp_path).open()
+        j = Journal(tmp_path)
+        rec = j.open()
     r = Recovery(j, rec, JournalConfig(max_age_s=3600, alert_max_age_s=30, max_attempts=3))
     e0, e1, e2 = rec.pending
     now = time.time()
@@ -145,6 +146,30 @@ def test_replay_decisions_age_alerts_and_attempts(tmp_path):
     assert "journal.max_age_s" in r.why_not(e0, now + 4000)
     assert "3 crash(es)" in r.why_not(e2, now)
     assert r.why_not(e0, now - 1e6) is None            # a clock that went back: age 0
+
+
+def test_attempts_count_only_requests_running_at_the_crash(tmp_path):
+    """A crash counts an attempt for a request that was synthesizing or sounding (last state
+    record ``s`` or ``p``), not for one that was queued, synthesized and waiting to sound, or back
+    in the queue after a preemption; the state survives a compaction in the middle of a run."""
+    j = Journal(tmp_path, max_bytes=65536)
+    j.open()
+    n = {k: j.accept(_req(i, text=k)) for i, k in enumerate(
+        ["queued", "synthesizing", "sounding", "waiting", "sounded_then_synthesized", "requeued"])}
+    for k in ("synthesizing", "sounding", "waiting", "sounded_then_synthesized", "requeued"):
+        j.started(n[k])
+    j.sounding(n["sounding"])
+    j.synthesized(n["waiting"])                        # synthesized, not one sample played
+    j.sounding(n["sounded_then_synthesized"])
+    j.synthesized(n["sounded_then_synthesized"])       # still sounding: running
+    j.requeued(n["requeued"])
+    with j._lock:
+        j._compact()                                   # the running state is carried by the 'a' record
+    rec = Journal(tmp_path).open()
+    assert {e.req["text"]: e.tries for e in rec.pending} == {
+        "queued": 0, "synthesizing": 1, "sounding": 1, "waiting": 0, "sounded_then_synthesized": 1, "requeued": 0}
+    rec = Journal(tmp_path).open()                     # a clean reopen adds nothing
+    assert sum(e.tries for e in rec.pending) == 3
 
 
 def test_a_finished_id_is_answered_again_only_for_the_same_text(tmp_path):

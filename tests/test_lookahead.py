@@ -64,6 +64,42 @@ def test_exact_lookahead_is_exact_for_every_chunk_size(pipe, sentence):
     assert voc.exact
 
 
+def test_same_request_same_samples_whatever_the_load(pipe, monkeypatch):
+    """Load changes the chunk schedule (the measured step and window times, the throttle's
+    chunk_scale), so the vocoder windows differ; with the exact look-ahead the samples may differ
+    only by FP32 rounding (the daemon tests compare played audio at 1e-6). A clock that advances
+    0.1 ms (a fast box) to 60 ms (a loaded one, RTF > 1: chunks at the cap) per reading drives the
+    real schedule into other chunk sizes. (A calibrated look-ahead commits each frame with the
+    right context its chunk had: there the samples move within the calibrated bound.)"""
+    import types
+
+    from appliance.synth import batch
+
+    def run(tick_s: float, scale: int = 1) -> tuple[np.ndarray, list[int]]:
+        now = [0.0]
+
+        def clock() -> float:
+            now[0] += tick_s
+            return now[0]
+
+        monkeypatch.setattr(batch, "time", types.SimpleNamespace(perf_counter=clock))
+        job = pipe.prepare(SynthesisRequest(id="load", text="Cancel me soon.", seed=70,
+                                            params=SynthParams(min_new_tokens=190, max_new_tokens=190)))
+        chunks: list[np.ndarray] = []
+        eng = pipe.engine
+        eng.step_s = eng.window_s = 0.0
+        eng.add(job, lambda c: chunks.append(c.samples), None, scale)
+        while eng.tasks:
+            eng.step()
+        return np.concatenate(chunks), [len(c) for c in chunks]
+
+    fast, fast_sizes = run(1e-4)
+    for tick, scale in ((0.01, 2), (0.06, 1), (0.004, 1)):
+        got, sizes = run(tick, scale)
+        assert sizes != fast_sizes                            # another schedule ...
+        assert got.shape == fast.shape and np.abs(got - fast).max() <= 1e-6, (tick, scale)   # ... same samples
+
+
 def test_shorter_lookahead_error_shrinks_and_joins_stay_within_it(pipe, sentence):
     """Less right context -> a larger error; the error is the whole story (no click at the joins:
     a discontinuity would show as a sample error far above the bound)."""
@@ -149,6 +185,46 @@ def test_chunk_schedule_small_first_chunk_growth_and_keeping_up():
     f = s.first_chunk(0.005, 0.05)
     assert f * 0.8 * a >= c1 * 0.005 + 0.05 and (f - 1) * 0.8 * a < c1 * 0.005 + 0.05
     assert s.first_chunk(0.0, 0.0) == 4 and s.next(4, 0.0, 0.0) == 8   # nothing measured yet
+
+
+def test_first_chunk_leaves_slack_for_one_hiccup():
+    """The first chunk's audio covers the making of the second one plus one scheduling hiccup
+    (``stream.start_slack_ms``): on a box where 4 steps cover the second chunk with nothing to
+    spare, the slack makes it larger."""
+    a = 512 / 24000
+    bare, slack = ChunkSchedule(4, 48, 2.0, 0.8), ChunkSchedule(4, 48, 2.0, 0.8, slack_s=0.08)
+    assert bare.first_chunk(0.003, 0.04) == 4
+    f = slack.first_chunk(0.003, 0.04)
+    c1 = slack.sustainable(0.003, 0.04)
+    assert f > 4 and f * 0.8 * a >= c1 * 0.003 + 0.04 + 0.08 > (f - 1) * 0.8 * a
+    assert slack.first_chunk(0.0008, 0.003) == 5              # a fast GPU: one step more (0.8 ms)
+
+
+def test_start_plan_holds_what_a_box_that_cannot_keep_up_needs():
+    """Where the stream keeps up nothing is held; where it cannot, the player holds the audio that
+    lets the rest be made before it is due, and a simulation of the chunk arrivals at the cap
+    confirms that playback started then never runs dry, while starting a chunk earlier would."""
+    from appliance.synth.schedule import start_plan
+
+    a = 512 / 24000
+    s = ChunkSchedule(4, 48, 2.0, 0.9)
+    fast = start_plan(s, 0.005, 0.05, 300, 14)
+    assert fast.hold_s == 0.0 and fast.predicted_rtf < 0.9 and abs(fast.expected_s - 300 * a) < 1e-9
+    assert start_plan(s, 0.0, 0.0, 300, 14).predicted_rtf is None          # nothing measured yet
+    for step_s, steps, rows in ((0.03, 300, 1), (0.022, 600, 1), (0.012, 400, 3)):
+        plan = start_plan(s, step_s, 0.2, steps, 14, rows=rows)
+        assert plan.predicted_rtf * 1.0 > 0.9 and 0 < plan.hold_s <= plan.expected_s
+        per = (step_s + rows * 0.2 / 48) / 0.9                             # wall s per step, at the share
+        arrive = [(14 + 48 * (i + 1)) * per for i in range(-(-steps // 48))]
+        sizes = [min(48, steps - 48 * i) * a for i in range(len(arrive))]
+
+        def dry(start_audio: float) -> bool:
+            k = next(i for i in range(len(sizes)) if sum(sizes[:i + 1]) >= start_audio - 1e-9)
+            t0 = arrive[k]                                                 # the player starts here
+            return any(arrive[i] > t0 + sum(sizes[:i]) + 1e-9 for i in range(k + 1, len(arrive)))
+
+        assert not dry(plan.hold_s), (step_s, steps, rows, plan)
+        assert dry(plan.hold_s - 48 * a) or plan.hold_s < 48 * a, (step_s, steps, rows, plan)
 
 
 def test_a_rebuild_of_the_engines_invalidates_the_calibration(tiny_ckpt, tmp_path):

@@ -22,6 +22,7 @@ from tests.fixtures_service import (
     service_config,
     wait_played,
 )
+from tests.waits import wait_log
 
 STEPS = 60
 """synthesis.max_new_tokens of the test daemons (~1.3 s of audio at most)."""
@@ -262,9 +263,9 @@ def test_broker_restart_mid_session(tiny_ckpt, tmp_path, mqtt_broker_factory, se
         a, text_a = _rid("before"), "Accepted before the broker went away."
         lst.publish("say", {"text": text_a, "id": a, "seed": 31})
         lst.wait_event(a, ("accepted",))
-        t_down = time.monotonic()
         broker.stop()
-        time.sleep(3.0)                                # A synthesizes and plays meanwhile
+        wait_log(d.log, "mqtt: lost the broker")
+        wait_log(d.log, f"done {a} -> device:")        # A synthesized and played meanwhile
         broker.start()
         t_up = time.monotonic()
         _online(lst, after=t_up, timeout_s=30)         # the daemon reconnected and said so
@@ -278,7 +279,6 @@ def test_broker_restart_mid_session(tiny_ckpt, tmp_path, mqtt_broker_factory, se
         lst.publish("say", {"text": text_b, "id": b, "seed": 32})
         assert lst.wait_event(b, timeout_s=30)["type"] == "done"
         _assert_played(d, service_pipeline, text_b, 32, rate)
-        assert t_up - t_down >= 3.0
     finally:
         rc = d.stop()
         lst.close()
@@ -304,10 +304,8 @@ def test_tls_and_credentials(tiny_ckpt, tmp_path, mqtt_broker_factory):
         lst.publish("say", {"text": "Over TLS.", "id": rid, "seed": 4})
         done = lst.wait_event(rid)
         assert done["type"] == "done" and done["output"].endswith(".wav"), done
-        deadline = time.monotonic() + 20
-        while "refused the connection" not in bad.log() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "refused the connection" in bad.log() and "mqtt.username/password" in bad.log()
+        wait_log(bad.log, "refused the connection", 20)
+        assert "mqtt.username/password" in bad.log()
         assert bad.request({"type": "status"})[0]["state"] == "ready"     # the socket still serves
     finally:
         rcs = (d.stop(), bad.stop())
@@ -325,8 +323,7 @@ def test_broker_down_at_start_then_up(tiny_ckpt, tmp_path, mqtt_broker_factory):
     d = launch_daemon(tmp_path / "d", cfg)
     try:
         assert d.request({"type": "status"})[0]["state"] == "ready"
-        time.sleep(1.5)
-        assert "cannot reach the broker" in d.log()
+        wait_log(d.log, "cannot reach the broker", 20)
         broker = mqtt_broker_factory(port=port)
         lst = Listener(broker, _base(cfg))
         try:

@@ -208,10 +208,12 @@ def test_entities_say_stop_and_voice(ha, mqtt_broker, service_pipeline):
     got, _ = read_wav(done["output"])
     want = expected_pcm(service_pipeline, "A calm voice.", 4, voice="seed:11")
     assert len(got) == len(want) and np.abs(got - np.clip(want, -1, 1)).max() <= 1 / 32767 + 1e-6
+    t1 = time.monotonic()
     box.publish("voice/set", "nobody")                                # unknown: kept at calm
-    time.sleep(0.5)
-    assert [m.payload for m in box.msgs if m.leaf == "voice"][-1] == b"calm"
-    box.publish("voice/set", "default")
+    box.publish("voice/set", "default")                               # handled after it, in order
+    box.wait(lambda m: m.leaf == "voice" and m.at >= t1 and m.payload == b"default", 10, "voice default")
+    states = [m.payload for m in box.msgs if m.leaf == "voice" and m.at >= t1]
+    assert list(dict.fromkeys(states)) == [b"calm", b"default"], states      # 'nobody' left it at calm
 
     # the text entity publishes plain text on its command topic: it is spoken
     t0 = time.monotonic()
@@ -239,9 +241,11 @@ def test_republished_when_home_assistant_comes_online(ha, mqtt_broker):
         again = _configs(lst, after=t0)
         assert set(again) == OBJECTS
         assert "Home Assistant is online" in d.log()
-        n = len(lst.msgs)
+        t1 = time.monotonic()
         lst.publish("status", "offline")                 # only 'online' triggers it
-        time.sleep(1.0)
-        assert not [m for m in lst.msgs[n:] if m.leaf.endswith("/config")]
+        box.publish("voice/set", "default")              # handled after it, in order: its state marks the end
+        box.wait(lambda m: m.leaf == "voice" and m.at >= t1, 10, "voice state")
+        with lst.cv:
+            assert not [m for m in lst.msgs if m.leaf.endswith("/config") and m.at >= t1]
     finally:
         lst.close()

@@ -19,6 +19,7 @@ from tests.fixtures_service import (
     service_config,
     wait_played,
 )
+from tests.waits import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +41,15 @@ def _status(d) -> dict:
 
 def test_client_gone_cancels_and_the_next_request_starts_at_once(daemon, service_pipeline):
     c = daemon.connect()
+    off = daemon.alsa.size()
     c.send({"type": "speak", "text": "这是一个很长的句子，没有人会听完它。", "id": "long-1", "seed": 5,
             "params": {"min_new_tokens": 400, "max_new_tokens": 400}})          # 8.5 s of audio
     evs = c.events(("started", "error"))
     assert evs[-1]["type"] == "started", evs
-    time.sleep(0.3)
+    wait_for(lambda: np.count_nonzero(daemon.alsa.read(off)), 30, "long-1 being heard")
     c.close()                                           # gone (not a half-close)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and "long-1" in (str(_status(daemon)["active"]) + str(_status(daemon)["playing"])):
-        time.sleep(0.05)
+    wait_for(lambda: (lambda st: "long-1" not in str(st["active"]) + str(st["playing"]))(_status(daemon)), 10,
+             "long-1 cancelled", show=lambda: _status(daemon))
     st = _status(daemon)
     assert st["active"] is None and st["playing"] == [], st
     assert "went away: cancelled long-1 (on_disconnect: cancel)" in daemon.log()

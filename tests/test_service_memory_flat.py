@@ -23,10 +23,13 @@ from appliance.service.worker import Worker
 from appliance.synth.pipeline import Pipeline
 
 released = []
+all_released = threading.Event()
 orig = RequestAudio.release
 def release(self):
     released.append((self.request_id, threading.current_thread().name))
     orig(self)
+    if len(released) >= 3:
+        all_released.set()
 RequestAudio.release = release
 
 ck, tmp = sys.argv[1], sys.argv[2]
@@ -48,7 +51,7 @@ for i in range(3):
     items.append(it)
     w.submit(it)
     assert ev.wait(30)
-time.sleep(0.3)                          # the worker wakes on the settle and releases
+assert all_released.wait(30)            # the worker wakes on the settle and releases
 w.stop(5)
 audio.close()
 assert all(it.audio.output.startswith("device:") for it in items), [it.audio.output for it in items]

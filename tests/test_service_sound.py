@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from appliance.audio.wav import read_wav, wav_path, write_wav
 from tests.fixtures_service import ROOT, alsa_home, expected_pcm, service_config
+from tests.waits import wait_for
 
 
 def test_wav_round_trip_and_safe_names(tmp_path):
@@ -77,7 +77,7 @@ def test_device_dying_mid_request_completes_it_to_wav(tiny_ckpt, tmp_path, start
     c = d.connect()
     c.send({"type": "speak", "text": text, "seed": seed, "id": "unplugged"})
     c.events(("started",))
-    time.sleep(0.3)                         # the request is being heard ...
+    wait_for(lambda: np.count_nonzero(alsa.read()), 30, "the request is being heard")   # ...
     pacers = _pids_with(str(alsa.raw))
     assert pacers
     for pid in pacers:                      # ... when the "card" goes away
@@ -129,7 +129,6 @@ def test_device_fifo_back_pressure_keeps_the_heartbeat(tmp_path):
     # buffers and the pacer's pipe (about 1.3 s together: with 2.5 s of audio it once waited only 1.2 s)
     assert float(t_write) >= 1.5
     assert int(beats) >= 10                 # ... and kept beating while it waited
-    deadline = time.monotonic() + 10        # the pacer may still be flushing its pipe into the file
-    while np.count_nonzero(alsa.read() == np.float32(0.25)) < 20 * 6000 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: np.count_nonzero(alsa.read() == np.float32(0.25)) >= 20 * 6000, 10,
+             "the pacer flushing its pipe into the file")
     assert np.count_nonzero(alsa.read() == np.float32(0.25)) == 20 * 6000     # every sample played once

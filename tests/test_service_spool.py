@@ -2,13 +2,13 @@
 get ``spooled``) and are spoken after restart."""
 
 import logging
-import time
 
 from appliance.messages.protocol import parse_request
 from appliance.service.journal import Journal
 from appliance.service.recovery import tell_stopped
 from appliance.service.scheduler import Item
 from tests.fixtures_service import launch_daemon, service_config
+from tests.waits import wait_log
 
 
 def test_queued_requests_are_spooled_at_stop_and_spoken_after_restart(tiny_ckpt, tmp_path):
@@ -37,18 +37,11 @@ def test_queued_requests_are_spooled_at_stop_and_spoken_after_restart(tiny_ckpt,
     d2 = launch_daemon(tmp_path / "d", cfg)
     try:
         wav = tmp_path / "wav"
-        deadline = time.time() + 120
-        while time.time() < deadline and not ((wav / "s1.wav").exists() and (wav / "s2.wav").exists()
-                                              and "replaying 2 journaled" in d2.log()):
-            time.sleep(0.2)
-        log = d2.log()
-        assert "replaying 2 journaled request(s)" in log, log[-3000:]
-        deadline = time.time() + 120
-        while time.time() < deadline and log.count("replayed request s") < 2:
-            time.sleep(0.2)
-            log = d2.log()
-        assert "replayed request s1: done" in log and "replayed request s2: done" in log, log[-3000:]
-        assert "replayed request s0" not in log
+        wait_log(d2.log, "replaying 2 journaled request(s)", 120)
+        for rid in ("s1", "s2"):
+            wait_log(d2.log, f"replayed request {rid}: done", 120)
+            assert (wav / f"{rid}.wav").exists()
+        assert "replayed request s0" not in d2.log()
     finally:
         assert d2.stop() == 0
     assert Journal(spool).open().pending == []

@@ -26,6 +26,7 @@ from appliance.audio.wav import (
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError
 from tests.fixtures_service import service_config
+from tests.waits import wait_for
 
 PCM = (np.sin(np.arange(2400, dtype=np.float32) / 5) * 0.5).astype(np.float32)   # 0.1 s at 24 kHz
 
@@ -66,7 +67,8 @@ def test_a_reader_polling_the_final_name_never_sees_a_partial_file(tmp_path):
         for _ in range(200):
             w.write(PCM)
         w.close()
-        time.sleep(0.05)
+        n = 200 * len(PCM)
+        wait_for(lambda: (n, n) in seen, 10, "the reader seeing the complete file")
     finally:
         stop.set()
         t.join()
@@ -153,7 +155,7 @@ def test_the_writer_applies_retention_once_the_file_is_in_place(tmp_path):
         w = WavWriter(tmp_path / f"req{i}.wav", 24000, r)
         w.write(PCM)
         w.close()
-        time.sleep(0.01)                                  # distinct mtimes
+        time.sleep(0.01)     # distinct mtimes: retention orders by mtime, set when the file is closed
     assert sorted(os.listdir(tmp_path)) == ["req2.wav", "req3.wav"]
 
 

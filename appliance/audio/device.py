@@ -263,6 +263,21 @@ class DeviceOutput:
             if beat is not None:
                 beat()
 
+    def hold(self, owner: object, seconds: float) -> None:
+        """``owner``'s voice starts only once it holds ``seconds`` of audio beyond one device
+        wake-up (or its request has ended): :meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`."""
+        with self._lock:
+            self.lanes.hold(owner, round(max(0.0, seconds) * self.rate))
+
+    def position(self, owner: object) -> int:
+        """Where ``owner``'s voice is in the order voices began on this device (0 = first), -1 if
+        it has none (:func:`~appliance.audio.cancel.abort_all`)."""
+        with self._lock:
+            for i, o in enumerate(self.lanes.voices):
+                if o is owner:
+                    return i
+            return -1
+
     def drop(self, owner: object) -> int:
         """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
         with self._lock:

@@ -35,10 +35,12 @@ class Voice:
         writing: False (no audio yet), True (streaming: running dry is an underrun), None (ended).
         started: whether it is sounding (see :meth:`Lanes.mix`: start threshold, re-buffering).
         need: samples it must hold to resume after an underrun (0: it has not run dry).
+        hold: samples it must hold beyond the start threshold before it first starts (the start
+            slack, and more for a request the box cannot keep up with: :meth:`Lanes.hold`).
         on_failure: ``on_failure(reason)`` when the device fails.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "on_failure", "on_first")
+    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "hold", "on_failure", "on_first")
 
     def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
                  on_first: Optional[Callable[[float], None]] = None):
@@ -48,6 +50,7 @@ class Voice:
         self.writing: Optional[bool] = False
         self.started = False
         self.need = 0                # samples to hold before resuming after an underrun (0: none)
+        self.hold = 0                # samples to hold beyond the start threshold before the first start
         self.on_failure = on_failure
         self.on_first = on_first     # on_first(monotonic time) once its first samples go out
 
@@ -90,6 +93,13 @@ class Lanes:
         self.buffered -= v.buffered
         return True
 
+    def hold(self, owner: object, samples: int) -> None:
+        """``owner``'s voice starts only once it holds ``samples`` more than the start threshold
+        (or its request has ended); no effect once it has sounded."""
+        v = self.voices.get(owner)
+        if v is not None:
+            v.hold = max(0, int(samples))
+
     def push(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]]) -> bool:
         """Append float32 ``[n]`` samples to ``owner``'s voice; False if it is not registered."""
         v = self.voices.get(owner)
@@ -103,13 +113,15 @@ class Lanes:
         return True
 
     def drop(self, owner: object) -> int:
-        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
+        """Remove ``owner``'s unplayed chunks (cancel: the voice is over, so running dry until
+        :meth:`forget` is no underrun); returns samples dropped."""
         v = self.voices.get(owner)
         if v is None:
             return 0
         dropped = v.buffered
         v.chunks.clear()
         v.buffered = 0
+        v.writing = None
         self.buffered -= dropped
         return dropped
 
@@ -147,13 +159,14 @@ class Lanes:
         ``(played_at, callback)``.
 
         Start threshold (as ALSA's ``start_threshold``): a voice that has not sounded yet and is
-        still being written starts only once it holds ``max(frames, start_frames)`` samples
-        (``start_frames``: what the device takes in one wake-up, e.g. two 25 ms blocks back to
-        back for an ALSA period at 100 ms latency). A request's first chunk (4 decode steps =
-        85 ms, less the ISTFT's and the resampler's hold-back) can be shorter than that, and
-        starting on less would play the chunk, then a gap of silence inside the first word.
-        Waiting costs at most the time to the second chunk. A voice that has ended starts with
-        whatever it holds.
+        still being written starts only once it holds ``max(frames, start_frames) + hold``
+        samples (``start_frames``: what the device takes in one wake-up, e.g. two 25 ms blocks
+        back to back for an ALSA period at 100 ms latency; ``hold``: :meth:`hold`, the start
+        slack for one scheduling hiccup, and more where the box cannot keep up). A request's
+        first chunk (4 decode steps = 85 ms, less the ISTFT's and the resampler's hold-back) can
+        be shorter than one wake-up, and starting on less would play the chunk, then a gap of
+        silence inside the first word; starting on one wake-up exactly leaves nothing for a
+        late second chunk. A voice that has ended starts with whatever it holds.
 
         Underrun and re-buffering (as a media player does): a started voice that runs dry while
         its request is still being written stops and resumes only once it holds
@@ -171,7 +184,7 @@ class Lanes:
             self._mixbuf = np.zeros(frames, np.float32)
         sounding = underruns = gap = taken = 0
         for v in self.sounding():
-            if not v.started and v.writing is True and v.buffered < max(frames, start_frames, v.need):
+            if not v.started and v.writing is True and v.buffered < max(max(frames, start_frames) + v.hold, v.need):
                 if v.need:
                     gap += frames                          # re-buffering after an underrun
                 continue                                   # below the start threshold: not yet
@@ -181,7 +194,7 @@ class Lanes:
                     gap += frames
                     v.started, v.need = False, max(1, rebuffer_frames)
                 continue
-            v.started, v.need = True, 0
+            v.started, v.need, v.hold = True, 0, 0
             dst = out if sounding == 0 else self._mixbuf
             n = 0
             while n < frames and v.chunks:

@@ -97,6 +97,8 @@ class RequestAudio:
         self._on_done: Optional[Callable[[str], None]] = None
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
+        #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
+        self.on_sounding: Optional[Callable[[], None]] = None
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:
@@ -122,6 +124,8 @@ class RequestAudio:
     def _first_out(self, t: float) -> None:
         if self.first_out_at is None:
             self.first_out_at = t
+            if self.on_sounding is not None:
+                self.on_sounding()
 
     def _resample(self, pcm: np.ndarray, last: bool = False) -> np.ndarray:
         if self._rs is None:

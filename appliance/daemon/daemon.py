@@ -108,8 +108,10 @@ DRAIN_TIMEOUT_S = 600.0
 """Longest wait for the running request to finish and play out at stop, s."""
 
 
-class _StopDuringStart(Exception):
-    pass
+class _StopDuringStart(BaseException):
+    """SIGTERM/SIGINT during start-up. A BaseException (as KeyboardInterrupt): raised wherever the
+    main thread is, it must not be swallowed by an ``except Exception`` there (a start-up hook's
+    did, and the daemon ignored the stop and began serving)."""
 
 
 class Daemon:
@@ -377,6 +379,7 @@ class Daemon:
         for name in self.channels:
             c = dict(wst.get(name, {"queued": 0, "active": None}))
             c.update(self.audio.status(name))
+            c.update(self.worker.starts.status(name) if self.worker is not None and self.worker.starts else {})
             chans[name] = c
         return StatusReply(
             state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,

@@ -107,6 +107,11 @@ class Done:
             ``speaker:<first 12 hex digits of the speaker string's sha256>``.
         silent_sentences: indices into ``spoken`` of the sentences that produced no audio (the
             model ended them at their first step); empty when every sentence sounded.
+        predicted_rtf: the real-time factor its synthesis was predicted to run at when its first
+            chunk was made; start_hold_ms: the audio its player held beyond one device wake-up
+            before it started (``stream.start_slack_ms``, more where the box could not keep up:
+            a later start instead of gaps); start_delay_ms: from its first chunk to its first
+            sample at the device, ms (:mod:`appliance.service.startpolicy`; None where unknown).
     """
 
     id: str
@@ -124,6 +129,9 @@ class Done:
     unspeakable_names: list = field(default_factory=list)
     voice: Optional[str] = None
     silent_sentences: list = field(default_factory=list)
+    predicted_rtf: Optional[float] = None
+    start_hold_ms: Optional[float] = None
+    start_delay_ms: Optional[float] = None
     type: str = "done"
 
 

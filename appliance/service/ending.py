@@ -13,7 +13,7 @@ every way out goes through ONE method, :meth:`Ending._settle`::
 :meth:`Ending._settle` is idempotent (:meth:`Request.end <appliance.service.request.Request.end>`):
 it journals the outcome (durable before the client hears it), sends the event, and calls the
 ``on_finished`` hook. The attributes it uses are the worker's (``_cv``, ``sched``, ``journal``,
-``throttle``, counters).
+``throttle``, ``starts``, counters).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ApplianceError, CancelledError, PreemptedError
 from ..messages.protocol import Done, ErrorEvent, Preempted, error_event, to_dict
+from .journal import mark
 from .request import Request, State
 
 log = logging.getLogger("appliance.service.worker")
@@ -45,8 +46,10 @@ class Ending:
         if t.state == "done" and not item.cancel.is_set():
             with self._cv:
                 item.move(State.PLAYING)
+            mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(done, output=output, ttfb_ms=item.ttfb_ms())))
+            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(
+                done, output=output, ttfb_ms=item.ttfb_ms(), **self.starts.fields(item))))
             return
         if t.state == "failed" and not item.cancel.is_set():
             self._fail(item, t.error)
@@ -69,6 +72,7 @@ class Ending:
                 self._cv.notify_all()
         item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"), None)
         if resume:
+            mark(self.journal, item.journal, "requeued")
             log.info("%s resumes on %s after alert %s (from the start)", item.id, item.channel, by)
             return
         err = PreemptedError(f"request {item.id} was dropped: alert {by} preempted it on channel {item.channel!r} "

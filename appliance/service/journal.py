@@ -6,8 +6,11 @@ One append-only file, ``<service.spool_dir>/journal.log``, one record per line::
 
 Records (``k``): ``a`` accepted (``n`` sequence number, ``t`` wall-clock time, ``o`` origin
 ``socket``/``mqtt``, ``req`` the ``speak`` request with its channel and resolved seed, ``tries``
-start attempts carried over by a compaction); ``s`` started (synthesis began: counts attempts);
-``e`` ended (``ev``: the terminal ``done``/``error`` event; ``ts``: :func:`text_sha` of its text);
+crashes it was running during, carried over by a compaction; ``run`` 1: it was running when
+the compaction wrote it); ``s`` started (synthesis began: running), ``w`` waiting (synthesis over
+and not one sample played yet, or back in the queue after a preemption: not running), ``p``
+playing (its first sample reached the sound device: running again); ``e`` ended (``ev``: the
+terminal ``done``/``error`` event; ``ts``: :func:`text_sha` of its text);
 ``f`` finished (a compacted ``a`` + ``e`` pair with ``ts``, kept so a client that asks again after
 a restart gets the outcome: :class:`~appliance.service.recovery.Recovery` gives it only to a
 request of the same id *and* text).
@@ -15,8 +18,14 @@ request of the same id *and* text).
 Durability (``journal.fsync``): :meth:`Journal.accept` writes and ``fsync``\\ s the file (and the
 directory when the file was created or replaced) before it returns, and the caller sends
 ``accepted`` only then; :meth:`Journal.end` does the same before the caller sends ``done`` or
-``error``, so a request whose ``done`` a client saw is never spoken again. ``s`` records are
-advisory (not fsynced).
+``error``, so a request whose ``done`` a client saw is never spoken again. The state records
+(``s``, ``w``, ``p``) are advisory (not fsynced).
+
+Crash attempts (``journal.max_attempts``): a request counts one attempt for each crash during
+which it was *running*, i.e. its last state record is ``s`` or ``p`` (synthesizing, or sounding
+on the device). Requests that were only waiting (accepted and queued, or synthesized and
+waiting in their channel's play-out queue behind the one that sounded) are not counted: they
+did not take part in the crash. :meth:`Journal.open` adds the attempt.
 
 Reading (:meth:`Journal.open`): a torn last record (power cut mid-write: no newline, bad CRC or
 bad JSON) is dropped and the file truncated to the last good record; a bad record elsewhere
@@ -54,6 +63,8 @@ log = logging.getLogger(__name__)
 FILE = "journal.log"
 KEEP_FINISHED = 1024
 """Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
+RUNNING = ("s", "p")
+"""State records of a running request (synthesizing or sounding): a crash counts an attempt."""
 FULL_FRACTION = 0.9
 """Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are refused."""
 
@@ -119,6 +130,9 @@ class Journal:
         for n in sorted(entries):
             e = entries[n]
             if e.ev is None:
+                if e.running:            # running when the last run died: one more attempt
+                    e.tries += 1
+                    e.running = False
                 rec.pending.append(e)
             else:
                 rec.finished[e.id] = e.ev
@@ -143,13 +157,15 @@ class Journal:
         if k in ("a", "f"):
             req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", ""), "text_sha": str(r.get("ts", ""))}
             e = Entry(n=n, t=float(r.get("t", 0.0)), origin=str(r.get("o", "socket")), req=req,
-                      tries=int(r.get("tries", 0)))
+                      tries=int(r.get("tries", 0)), running=bool(r.get("run")))
             if k == "f":
                 e.ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
             entries[n] = e
         elif n in entries:
-            if k == "s":
-                entries[n].tries += 1
+            if k in RUNNING:
+                entries[n].running = True
+            elif k == "w":
+                entries[n].running = False
             elif k == "e":
                 entries[n].ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
 
@@ -180,16 +196,23 @@ class Journal:
             return n
 
     def started(self, n: int) -> None:
-        """Synthesis of ``n`` began (an attempt; advisory, not fsynced). Never raises."""
-        with self._lock:
-            e = self._live.get(n)
-            if e is None:
-                return
-            e.tries += 1
-            try:
-                self._append(encode({"k": "s", "n": n}), sync=False)
-            except JournalError as err:
-                log.warning("%s", err)
+        """Synthesis of ``n`` began: it is running (a crash from now on counts an attempt;
+        advisory, not fsynced). Never raises."""
+        self._state(n, "s", sounded=False)
+
+    def synthesized(self, n: int) -> None:
+        """Synthesis of ``n`` is over: unless it already sounds, it only waits in its channel's
+        play-out queue now (not running). Never raises."""
+        self._state(n, "w", unless_sounded=True)
+
+    def sounding(self, n: int) -> None:
+        """The first sample of ``n`` reached the sound device (any thread): running until it
+        ends. Never raises."""
+        self._state(n, "p", sounded=True)
+
+    def requeued(self, n: int) -> None:
+        """``n`` is back in its queue (preempted, resumes later): not running. Never raises."""
+        self._state(n, "w", sounded=False)
 
     def end(self, n: int, event: dict) -> None:
         """``n`` is over (played, written or failed): record its terminal event durably, so it
@@ -213,6 +236,19 @@ class Journal:
                 return
             self._maybe_compact()
 
+    def _state(self, n: int, k: str, sounded: Optional[bool] = None, unless_sounded: bool = False) -> None:
+        with self._lock:
+            e = self._live.get(n)
+            if e is None or (unless_sounded and e.sounded):
+                return
+            if sounded is not None:
+                e.sounded = sounded
+            e.running = k in RUNNING
+            try:
+                self._append(encode({"k": k, "n": n}), sync=False)
+            except JournalError as err:
+                log.warning("%s", err)
+
     def pending_ids(self) -> list[str]:
         """Ids of the unfinished requests, in accept order."""
         with self._lock:
@@ -234,6 +270,8 @@ class Journal:
         r = {"k": "a", "n": e.n, "t": round(e.t, 3), "o": e.origin, "req": e.req}
         if e.tries:
             r["tries"] = e.tries
+        if e.running:
+            r["run"] = 1
         return r
 
     @staticmethod
@@ -326,3 +364,10 @@ class Journal:
             self._fd = None
         self._size = len(body)
         self._dirty = False
+
+
+def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:
+    """``journal.<state>(n)`` (``started``, ``synthesized``, ``sounding``, ``requeued``) for a
+    journaled request; nothing when the journal is off or the request is not journaled. Never raises."""
+    if journal is not None and n is not None:
+        getattr(journal, state)(n)

@@ -25,7 +25,9 @@ class Entry:
     Attributes:
         n: journal sequence number (unique across restarts). t: wall-clock accept time, s.
         origin: ``socket`` or ``mqtt``. req: the ``speak`` object (with ``channel`` and ``seed``).
-        tries: times its synthesis started (in this and earlier runs).
+        tries: crashes during which it was running (synthesizing or sounding), in earlier runs.
+        running: it is running now (its last state record is ``s`` or ``p``).
+        sounded: its first sample reached the sound device since it last started (this run).
         ev: its terminal event (``done``/``error`` dict) once ended.
     """
 
@@ -34,6 +36,8 @@ class Entry:
     origin: str
     req: dict
     tries: int = 0
+    running: bool = False
+    sounded: bool = False
     ev: Optional[dict] = None
     size: int = 0               # bytes of its accept record (the journal's bound counts them)
 
@@ -77,7 +81,7 @@ def decode(line: bytes) -> Optional[dict]:
         rec = json.loads(body)
     except ValueError:
         return None
-    return rec if isinstance(rec, dict) and rec.get("k") in ("a", "s", "e", "f") else None
+    return rec if isinstance(rec, dict) and rec.get("k") in ("a", "s", "w", "p", "e", "f") else None
 
 
 def slim(event: dict) -> dict:

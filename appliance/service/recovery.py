@@ -8,7 +8,8 @@ except (each logged, and ended in the journal so it is never tried again):
 * one accepted more than ``journal.max_age_s`` ago, or an ``alert`` older than
   ``journal.alert_max_age_s`` (a stale warning is worse than none);
 * one that was synthesizing or playing during ``journal.max_attempts`` crashes in a row (it may
-  be what crashes the daemon);
+  be what crashes the daemon; requests that were only waiting at a crash, queued or synthesized
+  and not yet sounding, are not counted: :mod:`appliance.service.journal`);
 * one whose channel no longer exists or that the daemon now refuses (its error is logged).
 
 Where its events go: a request that came over MQTT publishes ``replayed`` and then its events

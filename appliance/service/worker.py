@@ -47,6 +47,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..audio.cancel import abort_all
 from ..core import PcmChunk
 from ..errors import BusyError, CancelledError
 from ..messages.events import pcm_bytes
@@ -60,9 +61,11 @@ from ..messages.protocol import (
     error_event,
 )
 from .ending import Ending
+from .journal import mark
 from .request import Request, State
 from .scheduler import Scheduler, ThrottlePolicy
 from .stall import StallWatch
+from .startpolicy import StartPolicy
 
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
@@ -88,8 +91,8 @@ class Worker(Ending):
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
         throttle: a :class:`~appliance.ops.throttle.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
-        journal: the :class:`~appliance.service.journal.Journal` (``started`` when a journaled
-            item starts, ``end`` before its terminal event is sent), or None.
+        journal: the :class:`~appliance.service.journal.Journal` (its state records: started,
+            synthesized, sounding, requeued; ``end`` before its terminal event is sent), or None.
         stall_s: per-request watchdog (``safety.stall_s``): a running request without progress
             for this long is ended with ``engine_error`` (:mod:`appliance.service.stall`); None = off.
     """
@@ -124,6 +127,7 @@ class Worker(Ending):
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt)
         self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
+        self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -164,10 +168,9 @@ class Worker(Ending):
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
                  item.channel, pos, len(item.speak.text), f"; waits: {waiting}" if waiting else "")
+        abort_all(v.audio for v in victims if v.audio is not None)    # the sounding one last
         for v in victims:
             log.info("alert %s preempts %s (%s) on %s", item.id, v.id, v.state.value, v.channel)
-            if v.audio is not None:
-                v.audio.abort()
             with self._cv:
                 playing = v.state is State.PLAYING
             if playing:                     # synthesis already over: decide now
@@ -222,11 +225,9 @@ class Worker(Ending):
                 if it.state is State.QUEUED:
                     self.sched.queue.remove(it)
             self._cv.notify_all()       # a worker asleep (its requests wait for text) sees it
+        abort_all(it.audio for it in targets if it.audio is not None)   # unplayed audio dropped now
         for it in targets:
-            st = states[it]
-            if it.audio is not None:
-                it.audio.abort()      # drops unplayed audio now; wakes a writer held by back-pressure
-            if st in (State.QUEUED, State.PLAYING):
+            if states[it] in (State.QUEUED, State.PLAYING):
                 self._settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
             # running: the worker sees the event at the next step and settles it
         if targets:
@@ -328,12 +329,12 @@ class Worker(Ending):
 
     def _start(self, item: Request) -> None:
         item.progress_at = time.monotonic()
-        if self.journal is not None and item.journal is not None:
-            self.journal.started(item.journal)
+        mark(self.journal, item.journal, "started")
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play)
+            item.audio.on_sounding = lambda: mark(self.journal, item.journal, "sounding")
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
@@ -348,6 +349,7 @@ class Worker(Ending):
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
+            self.starts.apply(item)           # before its first write: how much its player holds
         item.audio.write(pcm)
         if item.speak.return_audio:       # the samples as they are: each transport encodes them once
             item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,

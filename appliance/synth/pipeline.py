@@ -91,8 +91,9 @@ class Job:
         unspeakable: characters of the input that cannot be spoken (skipped, reported).
         seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
         voice: how ``done`` names the voice (:class:`~appliance.text.voices.VoiceChoice` label).
-        stats: filled when ``run`` finishes. meta: ``refined`` (sentence -> refined text),
-            ``silent`` (indices of sentences that produced no audio).
+        stats: filled when ``run`` finishes. meta: ``text_tokens`` (per sentence, its text's tokens
+            without the prompt's frame: the expected length), ``refined`` (sentence -> refined
+            text), ``silent`` (indices of sentences that produced no audio).
         open: more text may still come (:meth:`extend`; an utterance streamed in pieces): the
             engine waits after the last sentence instead of finishing, until :meth:`close`.
     """
@@ -130,6 +131,7 @@ class Job:
         self.sentences.extend(part.sentences)
         if self.refine_prompts is not None:
             self.refine_prompts.extend(part.refine_prompts)
+        self.meta.setdefault("text_tokens", []).extend(part.meta.get("text_tokens", []))
         self.prompts.extend(part.prompts)
 
     def close(self) -> None:
@@ -173,7 +175,8 @@ class Pipeline:
         log.info("look-ahead: %s", self.lookahead.describe(self.vocoders[0].exact_lookahead))
         st = cfg.stream
         self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
-                                                                          st.chunk_growth, st.realtime_share),
+                                                                          st.chunk_growth, st.realtime_share,
+                                                                          st.start_slack_ms / 1000.0),
                                   job_stats=self._job_stats,
                                   refiner=self._refine)
 
@@ -273,6 +276,8 @@ class Pipeline:
                            with_speaker=spk_emb is not None)
         sentences = [sent.text for sent in split]
         prompts = [sent.ids for sent in split]   # tokenized once, by split_text
+        frame = self.tokenizer.code_prompt("", with_speaker=spk_emb is not None, prompt=prompt).size
+        text_tokens = [max(1, int(ids.size) - int(frame)) for ids in prompts]   # expected length (start plan)
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
@@ -285,7 +290,7 @@ class Pipeline:
             refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
         return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
                    unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
-                   prompt=prompt,
+                   prompt=prompt, meta={"text_tokens": text_tokens},
                    refine_prompts=refine_prompts, voice=voice.label)
 
     def _refine(self, job: Job, k: int) -> None:
@@ -343,14 +348,8 @@ class Pipeline:
     def _job_stats(self, job: Job, ttfb_s: float, wall_s: float, samples: int, steps: int) -> None:
         """Fill ``job.stats`` when the engine finishes ``job`` (and log the timings)."""
         audio_s = samples / SAMPLE_RATE
-        job.stats = JobStats(
-            ttfb_ms=1000.0 * ttfb_s,
-            rtf=wall_s / audio_s,
-            audio_s=audio_s,
-            steps=steps,
-            steps_per_s=steps / wall_s if wall_s > 0 else 0.0,
-            sentences=len(job.prompts),
-        )
+        job.stats = JobStats(ttfb_ms=1000.0 * ttfb_s, rtf=wall_s / audio_s, audio_s=audio_s, steps=steps,
+                             steps_per_s=steps / wall_s if wall_s > 0 else 0.0, sentences=len(job.prompts))
         log.info("request %s done: %.2f s audio, TTFB %.0f ms, RTF %.3f, %d steps (%.1f/s)",
                  job.id, audio_s, job.stats.ttfb_ms, job.stats.rtf, steps, job.stats.steps_per_s,
                  extra={"request_id": job.id, "ttfb_ms": job.stats.ttfb_ms, "rtf": job.stats.rtf})

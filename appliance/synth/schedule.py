@@ -10,11 +10,16 @@ measured while the engine runs (the warm-up gives the first values). So:
   smaller ones lose ground with every window (measured on the 2-core CPU: a buffer-limited
   schedule that kept chunks at 4 steps doubled the RTF);
 * the first chunk is small (``stream.first_chunk_tokens``, 4 steps = 85 ms of audio) so the first
-  sound comes early, but never so small that the device runs dry before the second chunk is made:
-  ``first * a >= sustainable * s + W`` (on a fast GPU that is 1-2 steps; on a 2-core CPU the
+  sound comes early, but never so small that the device runs dry before the second chunk is made,
+  even if one scheduling hiccup ``h`` (``stream.start_slack_ms``) delays it:
+  ``first * a >= sustainable * s + W + h`` (on a fast GPU that is 5 steps; on a 2-core CPU the
   vocoder window alone outlasts 4 steps of audio, and the first chunk grows to cover it);
 * later chunks grow by ``stream.chunk_growth`` up to ``stream.chunk_tokens`` (larger chunks
   amortize each window's context), as far as the audio already queued covers their making.
+
+Where even chunks at the cap do not keep up (``s + W / cap > safety * a``: a slow or loaded box),
+no schedule avoids a gap once playback starts at the first chunk; :func:`start_plan` says how much
+audio the player must hold before it starts so that the whole request plays without one.
 """
 
 from __future__ import annotations
@@ -33,12 +38,15 @@ class ChunkSchedule:
     Attributes:
         first: the smallest first chunk. cap: the largest chunk. growth: factor per chunk (>= 1).
         safety: share of real time the stream may use (0 < safety <= 1).
+        slack_s: one scheduling hiccup the first chunk's audio must cover on top of the making of
+            the second, s (``stream.start_slack_ms``).
     """
 
     first: int
     cap: int
     growth: float = 2.0
     safety: float = 0.8
+    slack_s: float = 0.0
 
     def sustainable(self, step_s: float, window_s: float, cap: int | None = None) -> int:
         """The smallest chunk that keeps up with playback (``cap`` when none does; 1 when unknown)."""
@@ -52,11 +60,11 @@ class ChunkSchedule:
 
     def first_chunk(self, step_s: float, window_s: float) -> int:
         """Steps in a request's first chunk: ``first``, or more where the second chunk would not be
-        made before the first one has played."""
+        made (plus one hiccup of ``slack_s``) before the first one has played."""
         if step_s <= 0:
             return self.first
         c1 = self.sustainable(step_s, window_s)
-        need = math.ceil((c1 * step_s + window_s) / (self.safety * AUDIO_S_PER_STEP))
+        need = math.ceil((c1 * step_s + window_s + self.slack_s) / (self.safety * AUDIO_S_PER_STEP))
         return max(self.first, min(self.cap, need))
 
     def next(self, prev: int, buffered_s: float, step_s: float, window_s: float = 0.0, scale: int = 1) -> int:
@@ -70,3 +78,50 @@ class ChunkSchedule:
             afford = math.floor((self.safety * buffered_s - window_s) / step_s)
             grown = min(grown, afford) if afford >= sus else sus   # short of audio: at least keep up
         return max(1, grown)
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """How a request's playback starts (:func:`start_plan`).
+
+    Attributes:
+        predicted_rtf: synthesis seconds per second of its audio, predicted from the measured step
+            and window times (None: nothing measured yet).
+        expected_s: the audio it is expected to make, s.
+        hold_s: audio the player should hold before it starts, beyond one device wake-up and the
+            start slack, so that the rest is made before it is due (0: the stream keeps up).
+    """
+
+    predicted_rtf: float | None
+    expected_s: float
+    hold_s: float
+
+
+def start_plan(sched: ChunkSchedule, step_s: float, window_s: float, steps: int, lookahead: int,
+               rows: int = 1, scale: int = 1) -> StartPlan:
+    """When to start playing a request of ``steps`` decode steps (all its sentences) that streams
+    with ``lookahead`` steps of right context, made by an engine whose decode step takes
+    ``step_s`` s (all ``rows`` rows together) and whose vocoder window takes ``window_s`` s (one
+    per chunk per row, all on the same thread).
+
+    Model (the chunk schedule's own): where the stream cannot keep up, every chunk is at the cap
+    ``c = cap * scale`` steps; a step costs ``s' = step_s + rows * window_s / c`` and the stream
+    may use ``safety`` of real time, so it makes audio at ``r = s' / (safety * a)`` seconds per
+    second of audio. The last chunk is ready ``(lookahead + steps) * s' / safety`` after the start;
+    the audio before it must last until then, so playback may start no earlier than
+    ``t_s = L (r - 1) + c a + lookahead a r`` (``L = steps * a``), when ``t_s / r`` of audio is
+    queued: that is ``hold_s`` (at most ``L``: a request that never keeps up plays once made).
+    ``r <= 1``: the schedule keeps up and ``hold_s`` is 0.
+    """
+    a = AUDIO_S_PER_STEP
+    expected = max(0, steps) * a
+    if step_s <= 0 or steps <= 0:
+        return StartPlan(None, expected, 0.0)
+    c = max(sched.first, sched.cap * max(1, scale))
+    per_step = step_s + max(1, rows) * window_s / c
+    rtf = per_step / a
+    r = rtf / sched.safety
+    if r <= 1.0:
+        return StartPlan(rtf, expected, 0.0)
+    t_s = expected * (r - 1.0) + c * a + lookahead * a * r
+    return StartPlan(rtf, expected, min(expected, t_s / r))

@@ -1,0 +1,64 @@
+"""Test fixture: the real daemon on a runner made slower, as on a box that cannot keep up.
+
+Usage (``launch_daemon(..., argv_prefix=slow_runner.argv(...))``)::
+
+    python tests/slow_runner.py STEP_MS HICCUP_AT HICCUP_MS -- <python> -m appliance ARGS...
+
+Every decode step of the backend's runner takes ``STEP_MS`` ms longer, and the ``HICCUP_AT``-th
+step of every sentence (0 = none) ``HICCUP_MS`` ms longer (one scheduling hiccup of a loaded
+machine, placed where it hurts: right after a request's first chunk). Everything else is the
+real daemon. The sleeps model the slow box; the tests assert on what the daemon does with it.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def argv(step_ms: float = 0.0, hiccup_at: int = 0, hiccup_ms: float = 0.0) -> list[str]:
+    """The ``argv_prefix`` that runs the daemon through this wrapper."""
+    return [sys.executable, str(Path(__file__).resolve()), str(step_ms), str(hiccup_at), str(hiccup_ms), "--"]
+
+
+def _slow(runner, step_ms: float, hiccup_at: int, hiccup_ms: float):
+    step, start = runner.step, runner.start
+    done: dict[int, int] = {}          # slot -> steps of its sentence so far
+
+    def slow_start(slot, params, seed):
+        done[int(slot)] = 0
+        return start(slot, params, seed)
+
+    def slow_step(slots, k):
+        out = step(slots, k)
+        extra = out.shape[0] * step_ms
+        for s in slots:
+            n = done.get(int(s), 0)
+            if hiccup_at and n < hiccup_at <= n + out.shape[0]:
+                extra += hiccup_ms
+            done[int(s)] = n + out.shape[0]
+        time.sleep(extra / 1000.0)
+        return out
+
+    runner.step, runner.start = slow_step, slow_start
+    return runner
+
+
+def main() -> None:
+    step_ms, hiccup_at, hiccup_ms = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    rest = sys.argv[sys.argv.index("--") + 1:]           # [python, -m, appliance, args...]
+    sys.path.insert(0, str(ROOT))
+    from appliance.engines import select
+
+    open_runner = select.open_runner
+    select.open_runner = lambda cfg: _slow(open_runner(cfg), step_ms, hiccup_at, hiccup_ms)
+    sys.argv = ["appliance"] + rest[3:]
+    runpy.run_module("appliance", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
