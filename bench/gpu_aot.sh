@@ -5,7 +5,13 @@
 #           `chattts-appliance engines compile` (its cold build timed) and torch.compile at start,
 #           each in a fresh process through open_runner; the codes of each mode against plain's.
 #   tests   the CUDA tests of the compiled steps (AOT and torch.compile) and the CPU package test.
-# Needs nothing beyond the GPU image (torch, numpy, safetensors, tqdm, PyYAML): no .whl/.
+#   memory  bench/bench_memory.py, torch CUDA FP16 through Pipeline.from_config: RSS, anonymous,
+#           load peak, device memory (NVML) and ready time per stage, plain graphs at the default
+#           KV (3 x 2048); then, if a `bench` run on this machine left packages in /tmp/eng_aot,
+#           model.compile auto (the packages) and default (torch.compile, warm cache) at KV 3 x 512.
+# bench and tests need nothing beyond the GPU image (torch, numpy, safetensors, tqdm, PyYAML);
+# memory runs the text layer too: carry .whl/ (wetext, kaldifst, opencc, pybase16384, contractions,
+# textsearch, anyascii, pyahocorasick, cffi, pycparser; cp312 manylinux wheels).
 # Results under $OUT: aot-<date>-h200.json (records), .raw.json, .log (every child's output).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -23,5 +29,12 @@ case ${1:-bench} in
     run tests 500 python3 -m pytest -p no:cacheprovider -q -rA tests/test_gpu_cuda.py tests/test_engines_aot.py \
       -k "aot or compile"
     tail -15 "$OUT/tests.log" ;;
-  *) echo "usage: bench/gpu_aot.sh [bench|tests]" >&2; exit 2 ;;
+  memory)
+    M=(python3 bench/bench_memory.py --checkpoint "$CKPT" --backends torch-cuda --machine h200
+       --out "$OUT/memory-$(date -u +%F)-h200.json" --timeout-s 240)
+    "${M[@]}" --engine-dir /tmp/eng_mem --compile off --label "default KV"
+    if ls /tmp/eng_aot/aot/*/manifest.json > /dev/null 2>&1; then
+      "${M[@]}" --engine-dir /tmp/eng_aot --compile auto default --max-seq-len 512 --label "engine dir of bench/bench_aot.py"
+    fi ;;
+  *) echo "usage: bench/gpu_aot.sh [bench|tests|memory]" >&2; exit 2 ;;
 esac
