@@ -9,7 +9,7 @@
 #   tests   the CUDA tests of the compiled steps (AOT and torch.compile) and the CPU package test.
 #   memory  bench/bench_memory.py, torch CUDA FP16 through Pipeline.from_config: RSS, anonymous,
 #           load peak, device memory (NVML) and ready time per stage, plain graphs at the default
-#           KV (3 x 2048); then, if a `bench` run on this machine left packages in /tmp/eng_aot,
+#           KV (3 x 2048); then, if a `bench` or `aot` run on this machine left packages in /tmp/eng_*,
 #           model.compile auto (the packages) and default (torch.compile, warm cache) at KV 3 x 512.
 # bench and tests need nothing beyond the GPU image (torch, numpy, safetensors, tqdm, PyYAML);
 # memory runs the text layer too: carry .whl/ (wetext, kaldifst, opencc, pybase16384, contractions,
