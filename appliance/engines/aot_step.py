@@ -4,8 +4,8 @@
 cold on the H200). Here the step is compiled once, by ``chattts-appliance engines compile``, into
 AOTInductor packages (``torch.export`` then ``torch._inductor.aoti_compile_and_package``; PyTorch
 docs "AOTInductor: Ahead-Of-Time Compilation for Torch.Export-ed Models"), and a start only loads
-them (``torch._inductor.aoti_load_package``, a ``dlopen`` each) and captures them in the runner's
-CUDA graphs as it captures the plain step.
+them (``torch._inductor.aoti_load_package``'s C++ loader, a ``dlopen`` each) and captures them in the
+runner's CUDA graphs as it captures the plain step.
 
 **What a package is.** The exported function is :meth:`CudaRunner._step_body` for one ``(b, L)``
 (``b`` rows, attention over ``L`` positions) with *every* tensor it touches as an input: the GPT
@@ -147,11 +147,17 @@ class _Step(nn.Module):
 
 # --------------------------------------------------------------------------- identity
 def _code_sha256(runner) -> str:
+    """sha256 of the step's source (``_step_body`` and :data:`CODE_MODULES`); the installed
+    distribution's version stands in for a source that is not installed (bytecode only)."""
     import importlib
+    import importlib.metadata as md
 
-    h = hashlib.sha256(inspect.getsource(type(runner)._step_body).encode())
-    for name in CODE_MODULES:
-        h.update(inspect.getsource(importlib.import_module(name)).encode())
+    h = hashlib.sha256()
+    for obj in (type(runner)._step_body, *map(importlib.import_module, CODE_MODULES)):
+        try:
+            h.update(inspect.getsource(obj).encode())
+        except (OSError, TypeError):
+            h.update(f"{md.version('chattts-appliance')} {getattr(obj, '__name__', '')}".encode())
     return h.hexdigest()
 
 
@@ -346,9 +352,6 @@ class AotSteps:
             except Exception as e:  # the loader raises RuntimeError and others
                 raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
 
-    def shapes(self) -> list[tuple[int, int]]:
-        return sorted(self._run)
-
     def fn(self, b: int, L: int) -> Optional[Callable[[], None]]:
         """The step for ``(b, L)`` as a no-argument callable (None: no package for that shape)."""
         run = self._run.get((b, L))
@@ -393,5 +396,5 @@ def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.Pat
         log.warning("decode step: %s", why)
         return None, why
     plain = f"; plain step for {', '.join(f'b{b}_L{L}' for b, L in steps.missing)} (not built)" if steps.missing else ""
-    return steps, (f"ahead-of-time compiled ({m['identity']['mode']}) from {d}, {len(steps.shapes())} packages loaded "
+    return steps, (f"ahead-of-time compiled ({m['identity']['mode']}) from {d}, {len(steps._run)} packages loaded "
                    f"in {time.perf_counter() - t0:.2f} s{plain}")
