@@ -362,23 +362,29 @@ class AotSteps:
 
 
 def _load(path: Path, device_index: int) -> Callable[[list], list]:
-    """A package's ``run(flat tensors) -> outputs``.
-
-    The C++ loader directly (``torch._C._aoti.AOTIModelPackageLoader``, what
-    ``torch._inductor.aoti_load_package`` wraps): importing ``torch._inductor`` imports dynamo
-    (seconds), and the Python wrapper's package check re-probes the CPU's vector ISA by compiling
-    test programs (5 s here); the identity check above covers both. One runner without
-    thread synchronisation (``run_single_threaded``), as a CUDA-graph capture wants. Falls back
-    to ``aoti_load_package`` where the loader's signature differs (another torch).
+    """A package's ``run(flat tensors) -> outputs``, through torch's public loader
+    (``torch._inductor.aoti_load_package``). The private C++ loader it wraps
+    (``torch._C._aoti.AOTIModelPackageLoader``) loaded faster on torch 2.13's CPU build, but on
+    the H200 (torch 2.11+cu130) the daemon died with a segmentation fault right after the
+    checkpoint loaded, with the packages ``engines compile`` had just built: a private signature
+    is not worth a crash loop. The package is already checked against its manifest (identity and
+    sha256) before this.
     """
-    try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, device_index)
-        return loader.boxed_run
-    except (AttributeError, TypeError):
-        from torch._inductor import aoti_load_package
+    from torch._inductor import aoti_load_package
 
-        pkg = aoti_load_package(str(path))
-        return lambda xs: pkg(*xs)
+    pkg = aoti_load_package(str(path), device_index=device_index) if "device_index" in _params(aoti_load_package) \
+        else aoti_load_package(str(path))
+    return lambda xs: pkg(*xs)
+
+
+def _params(fn) -> tuple[str, ...]:
+    """The parameter names of ``fn`` (empty when they cannot be read)."""
+    import inspect
+
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return ()
 
 
 def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.PathLike,
