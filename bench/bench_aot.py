@@ -172,7 +172,7 @@ def main() -> None:
                                   str(eng / "config.yaml")], env, left - 60)
         log_text.append(f"== aot-build rc={rc} wall={build_s:.1f}\n{text}")
         print(f"== aot-build: rc={rc} {build_s:.1f} s; " + " | ".join(
-            ln for ln in text.splitlines() if "compiled" in ln or "error" in ln)[-600:], flush=True)
+            ln for ln in text.splitlines() if "compiled" in ln or "error" in ln or "load check" in ln)[-900:], flush=True)
         results["aot-build"] = {"rc": rc, "build_s": round(build_s, 1)}
         if rc == 0:
             stage("aot-warm", "aot", "aot", 60)

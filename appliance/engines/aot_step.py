@@ -4,8 +4,8 @@
 cold on the H200). Here the step is compiled once, by ``chattts-appliance engines compile``, into
 AOTInductor packages (``torch.export`` then ``torch._inductor.aoti_compile_and_package``; PyTorch
 docs "AOTInductor: Ahead-Of-Time Compilation for Torch.Export-ed Models"), and a start only loads
-them (``torch._inductor.aoti_load_package``'s C++ loader, a ``dlopen`` each) and captures them in the
-runner's CUDA graphs as it captures the plain step.
+them (``torch._inductor.aoti_load_package``, a ``dlopen`` each) and captures them in the runner's
+CUDA graphs as it captures the plain step.
 
 **What a package is.** The exported function is :meth:`CudaRunner._step_body` for one ``(b, L)``
 (``b`` rows, attention over ``L`` positions) with *every* tensor it touches as an input: the GPT
@@ -24,9 +24,15 @@ the sha256 of the step's source code and of the input signature (names, shapes, 
 each package's size and sha256. A load computes the identity of the runner it serves and takes
 the directory whose manifest matches it exactly; a package whose sha256 differs is refused.
 
-**Fallback.** Any mismatch, no package for any captured shape, a refused file or a failed load raises
-:class:`~appliance.errors.EngineMismatchError` naming the reason and the command that rebuilds
-(:data:`REBUILD`); the runner then logs it and captures plain CUDA graphs of the eager step.
+**Load canary.** Before a process loads a set in-process, a child process loads every package of
+it and runs it once (:mod:`appliance.engines.aot_canary`): on the H200 with torch 2.11 the
+packages crashed torch's loader with a segmentation fault, which no ``try`` catches. The verdict
+is recorded in the set's directory per torch version, so the child runs once per set and torch.
+
+**Fallback.** Any mismatch, no package for any captured shape, a refused file, a set the child
+could not load or a failed load raises :class:`~appliance.errors.EngineMismatchError` naming the
+reason (and the command that rebuilds, :data:`REBUILD`); the runner then logs it and captures plain
+CUDA graphs of the eager step.
 
 Same seed, same codes: the package runs the eager step's operations in inductor's fused kernels,
 as ``torch.compile`` does (tests: test_engines_aot.py on the CPU, test_gpu_cuda.py on a GPU).
@@ -49,6 +55,7 @@ import torch
 from torch import nn
 
 from ..errors import EngineError, EngineMismatchError
+from . import aot_canary
 from . import manifest as mf
 
 log = logging.getLogger(__name__)
@@ -330,8 +337,9 @@ class AotSteps:
             ``--buckets``) are listed in ``missing`` and run the plain step.
 
     Raises:
-        EngineMismatchError: none of the shapes is there, a file fails its sha256, or a package
-            does not load.
+        EngineMismatchError: none of the shapes is there, a file fails its sha256, the set failed
+            its load check in a child process (now or recorded: :func:`aot_canary.check`), or a
+            package does not load.
     """
 
     def __init__(self, runner, directory: Path, manifest: dict, shapes: list[tuple[int, int]]):
@@ -344,13 +352,17 @@ class AotSteps:
         self.directory = directory
         self._xs = step_tensors(runner)[1]
         dev = runner.device.index if runner.device.type == "cuda" and runner.device.index is not None else -1
+        self.verdict = aot_canary.check(directory, manifest, dev)   # a child process first: a fault kills
+        if not self.verdict.ok:
+            raise EngineMismatchError(self.verdict.reason)
         self._run = {}
-        for b, L in shapes:
-            p = directory / package_name(b, L)
-            try:
-                self._run[(b, L)] = _load(p, dev)
-            except Exception as e:  # the loader raises RuntimeError and others
-                raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
+        with aot_canary.loading(directory):
+            for b, L in shapes:
+                p = directory / package_name(b, L)
+                try:
+                    self._run[(b, L)] = aot_canary.load_package(p, dev)
+                except Exception as e:  # the loader raises RuntimeError and others
+                    raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
 
     def fn(self, b: int, L: int) -> Optional[Callable[[], None]]:
         """The step for ``(b, L)`` as a no-argument callable (None: no package for that shape)."""
@@ -361,36 +373,12 @@ class AotSteps:
         return lambda: run(list(xs))   # the loader empties the list it is given
 
 
-def _load(path: Path, device_index: int) -> Callable[[list], list]:
-    """A package's ``run(flat tensors) -> outputs``, through torch's public loader
-    (``torch._inductor.aoti_load_package``). The private C++ loader it wraps
-    (``torch._C._aoti.AOTIModelPackageLoader``) loaded faster on torch 2.13's CPU build, but on
-    the H200 (torch 2.11+cu130) the daemon died with a segmentation fault right after the
-    checkpoint loaded, with the packages ``engines compile`` had just built: a private signature
-    is not worth a crash loop. The package is already checked against its manifest (identity and
-    sha256) before this.
-    """
-    from torch._inductor import aoti_load_package
-
-    pkg = aoti_load_package(str(path), device_index=device_index) if "device_index" in _params(aoti_load_package) \
-        else aoti_load_package(str(path))
-    return lambda xs: pkg(*xs)
-
-
-def _params(fn) -> tuple[str, ...]:
-    """The parameter names of ``fn`` (empty when they cannot be read)."""
-    import inspect
-
-    try:
-        return tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
 def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.PathLike,
                shapes: list[tuple[int, int]], mode: str = "default") -> tuple[Optional[AotSteps], str]:
     """The runner's packages for ``shapes`` and what its step is, in one line: ``(AotSteps, "ahead-of-time
-    compiled step from DIR")`` or ``(None, "plain CUDA graphs: <why>")`` (logged as a warning)."""
+    compiled step from DIR")`` or ``(None, "plain CUDA graphs: <why>")`` (logged as a warning); never
+    raises for a set that cannot be loaded, and never loads one in-process before a child process has
+    loaded it under this torch (:mod:`appliance.engines.aot_canary`)."""
     if root is None:
         return None, "plain CUDA graphs: no engine directory for ahead-of-time packages"
     t0 = time.perf_counter()
@@ -402,5 +390,6 @@ def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.Pat
         log.warning("decode step: %s", why)
         return None, why
     plain = f"; plain step for {', '.join(f'b{b}_L{L}' for b, L in steps.missing)} (not built)" if steps.missing else ""
+    check = "recorded" if steps.verdict.recorded else "passed now"
     return steps, (f"ahead-of-time compiled ({m['identity']['mode']}) from {d}, {len(steps._run)} packages loaded "
-                   f"in {time.perf_counter() - t0:.2f} s{plain}")
+                   f"in {time.perf_counter() - t0:.2f} s (load check in a test process {check}){plain}")
