@@ -390,6 +390,9 @@ step_engines() {
 # compile: AOTInductor packages in <engine_dir>/aot, loaded at start by model.compile: auto). It
 # needs a PyTorch with Triton to build; JetPack's has none, so on a stock Jetson this is skipped
 # and the torch fallback captures plain CUDA graphs (the TensorRT plans above are the fast path).
+# Exit 1 from it means the packages were built but fail their load check in a child process (torch
+# 2.11's loader crashed on them on an H200): recorded beside them, the daemon runs plain CUDA graphs,
+# so the install goes on with a warning; any other failure stops it.
 step_aot() {
     say "ahead-of-time compiled torch step in $ENGINE_DIR/aot"
     if [ "$SKIP_ENGINES" -eq 1 ]; then
@@ -402,7 +405,15 @@ step_aot() {
         note "skipped: no PyTorch with CUDA and Triton in $VENV; the torch fallback runs plain CUDA graphs"
         return
     fi
-    run "$CLI" engines compile --config "$CONFIG"
+    printf '+ %q engines compile --config %q\n' "$CLI" "$CONFIG"
+    [ "$DRY_RUN" -eq 1 ] && return
+    local rc=0
+    "$CLI" engines compile --config "$CONFIG" || rc=$?
+    case "$rc" in
+        0) ;;
+        1) warn "the compiled step's packages cannot be loaded by this PyTorch (see above): the daemon runs plain CUDA graphs" ;;
+        *) die "$EXIT_FAIL" "command failed ($rc): $CLI engines compile --config $CONFIG" ;;
+    esac
 }
 
 step_owner() {

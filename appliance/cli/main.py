@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
     b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
-    c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages)")
+    c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages); "
+                                     "exit 1 when they fail their load check in a child process")
     c.add_argument("--config", default=None, help=CONFIG_HELP)
     c.add_argument("--mode", default="default", choices=("default", "max-autotune-no-cudagraphs"))
     c.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: model.device")
