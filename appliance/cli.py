@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--config", default=None, help=CONFIG_HELP)
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
-    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"))
+    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "int4", "fp8"))
     ex.add_argument("--window-tokens", type=int, default=None,
                     help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")

@@ -42,6 +42,7 @@ class ModelConfig:
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
     compile: str = _f("auto", "torch CUDA path: torch.compile the decode step (inductor fusion) inside its CUDA graphs. auto: compiled where Triton works (desktop x86 GPUs), plain CUDA graphs where it does not (JetPack's PyTorch has no Triton); off; default; max-autotune-no-cudagraphs. H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md). The compiled kernels are cached in model.engine_dir/torch_compile, so only the first start compiles.", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+    onnx_precision: str = _f("auto", "ONNX Runtime (CPU) weights to load from model.engine_dir/onnx/: auto (int8 if exported, else fp32), int8 (the GPT's weights 8-bit), int4 (4-bit, block 32: fewer bytes per step, a larger error; bench/RESULTS.md states both) or fp32. The Decoder and Vocos run FP32 in every one.", choices=("auto", "int8", "int4", "fp32"))
     quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
 
