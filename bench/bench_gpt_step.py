@@ -16,6 +16,7 @@ export of the same checkpoint):
 * ``ort-int4``: ONNX Runtime, ``MatMulNBits`` 4-bit, block 32, accuracy level 4 (int8 activations);
 * ``ort-int8-fused`` / ``ort-int4-fused``: the same after ONNX Runtime's transformer optimizer
   (RMSNorm -> ``SimplifiedLayerNormalization``, residual add + norm -> ``SkipSimplifiedLayerNormalization``);
+* ``...-nospin``: the same with ``session.intra_op.allow_spinning`` 0 (idle threads sleep);
 * ``ov-int8`` / ``ov-int4``: OpenVINO's CPU plugin on the same ``MatMulNBits`` files (its ONNX
   front end maps them to compressed-weight fully connected layers with int8 dynamic quantization of
   the activations), inputs and cache shared with numpy (no copy).
@@ -77,7 +78,7 @@ def make_graphs(base: Path, work: Path, names: list[str]) -> dict[str, Path]:
     out = {}
     for n in names:
         bits = 4 if "int4" in n else 8
-        fused = n.endswith("-fused")
+        fused = "-fused" in n
         f = work / f"gpt-int{bits}{'-fused' if fused else ''}.onnx"
         if not f.exists():
             work.mkdir(parents=True, exist_ok=True)
@@ -99,10 +100,12 @@ def make_graphs(base: Path, work: Path, names: list[str]) -> dict[str, Path]:
 class OrtStep:
     """ONNX Runtime: the production runner's bindings (cache prefix by pointer)."""
 
-    def __init__(self, f: Path, threads: int):
+    def __init__(self, f: Path, threads: int, spin: bool = True):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
+        if not spin:  # idle threads sleep instead of spinning (a shared or busy host)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -173,7 +176,8 @@ def main() -> int:
     names = args.candidates.split(",")
     graphs = make_graphs(Path(args.engines), Path(args.work), names)
     gbps0 = host_read_gbps(args.threads)
-    runners = {n: (OvStep if n.startswith("ov-") else OrtStep)(graphs[n], args.threads) for n in names}
+    runners = {n: OvStep(graphs[n], args.threads) if n.startswith("ov-") else
+               OrtStep(graphs[n], args.threads, spin=not n.endswith("-nospin")) for n in names}
     wbytes = {n: weight_bytes(graphs[n]) for n in names}
     rng = np.random.default_rng(0)
     S = max(int(p) for p in args.positions.split(",")) + 1

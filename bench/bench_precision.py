@@ -43,7 +43,7 @@ def open_runner(ckpt: str, engine_dir: str, precision: str, threads: int):
     from appliance.engines.onnx_runner import OnnxRunner
 
     cfg = config_from_dict({"model": {"path": ckpt, "backend": "onnxruntime", "engine_dir": engine_dir,
-                                      "threads": threads, "max_batch": 1, "max_seq_len": 512,
+                                      "threads": threads,
                                       "onnx_precision": precision}})
     return OnnxRunner(cfg, reason="precision bench")
 

@@ -36,7 +36,9 @@ and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
 runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential execution.
+cores) intra-op, 1 inter-op, sequential execution; idle threads sleep unless ``model.spin_wait``
+(whole decode step, busy shared 2-core host, 2026-12-02, in turns: INT8 at 512 cached positions
+62 ms without spinning against 119 ms with it; ``bench/bench_gpt_step.py``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
 first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
@@ -165,6 +167,8 @@ class OnnxRunner(HostRunner):
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        if not getattr(mc, "spin_wait", False):  # threads sleep when idle (model.spin_wait: measured 1.5-2x on a busy host)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._sess: dict[str, Any] = {}
         for g, e in m["graphs"].items():
             self._sess[g] = self._call(f"loading {g}", lambda e=e: ort.InferenceSession(
