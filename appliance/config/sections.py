@@ -46,14 +46,15 @@ class ModelConfig:
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
     compile: str = _f("auto", "torch CUDA path: how the decode step inside its CUDA graphs is made fast. auto: the ahead-of-time compiled step (AOTInductor packages in model.engine_dir/aot, built once by 'chattts-appliance engines compile' for this GPU, checkpoint, torch and config) when one matches, else plain CUDA graphs with the reason logged: a start never compiles. off: plain CUDA graphs. default / max-autotune-no-cudagraphs: torch.compile at every start (minutes cold; kernels cached in model.engine_dir/torch_compile). H200: 0.82 ms/step compiled, 1.65 plain (bench/RESULTS.md).", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
+    spin_wait: bool = _f(False, "ONNX Runtime (CPU): idle inference threads spin waiting for work instead of sleeping. Off by default: on a host where other processes compete for the cores (a shared 2-core box, measured 2026-12-02) spinning threads made the GPT step 1.5-2x slower; on an otherwise idle dedicated box spinning may save a little per step.")
+    onnx_precision: str = _f("auto", "ONNX Runtime (CPU) weights to load from model.engine_dir/onnx/: auto (int8 if exported, else fp32), int8 (the GPT's weights 8-bit), int4 (4-bit, block 32: fewer bytes per step, a larger error; bench/RESULTS.md states both) or fp32. The Decoder and Vocos run FP32 in every one.", choices=("auto", "int8", "int4", "fp32"))
+    quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
     def torch_dtype(self, gpu: bool) -> str:
         """``dtype`` with ``auto`` resolved: ``float16`` on a GPU, ``float32`` on a CPU."""
         if self.dtype != "auto":
             return self.dtype
         return "float16" if gpu else "float32"
-
-    quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
 
 
 @dataclass(frozen=True)
