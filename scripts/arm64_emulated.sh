@@ -16,7 +16,8 @@
 #      again (it must be idempotent and keep the config);
 #   4. on the host: writes a tiny random checkpoint into the root and exports its ONNX graphs
 #      (int8, needs torch on the host), so the arm64 side runs ONNX Runtime only, no torch;
-#   5. in the root: `chattts-appliance serve` with the installed config (model.backend auto,
+#   5. in the root (its /proc/cpuinfo describes the emulated Arm cores: qemu 7.2 passes the host's
+#      x86 one through, and ONNX Runtime's CPU probe crashes on it at import): `chattts-appliance serve` with the installed config (model.backend auto,
 #      which must pick onnxruntime; audio.output wav), one sentence through `chattts-appliance say`,
 #      checks the done event and the WAV file, stops the daemon with SIGTERM;
 #   6. writes the log and a JSON record (bench: arm64_emulated, machine arm64-qemu) to
@@ -32,6 +33,8 @@
 #   --text TEXT         the sentence to speak
 #   --max-new-tokens N  decode steps per sentence (default 300: random weights rarely end one)
 #   --results DIR       where the log and the record go (default: bench/results of this checkout)
+#   --qemu-cpu MODEL    the emulated CPU (default neoverse-n1: Armv8.2-A with dot product, no SVE,
+#                       no i8mm, as the Orin's Cortex-A78AE; qemu-aarch64-static -cpu help lists them)
 #   --timeout S         limit of each emulated step, seconds (default 1800)
 #   -h, --help          this text
 #
@@ -53,6 +56,7 @@ TEXT="你好，今天天气很好。The time is 9:30, and it is 21 degrees outsi
 MAX_NEW=300
 RESULTS="$REPO/bench/results"
 LIMIT=1800
+QEMU_CPU_MODEL=neoverse-n1
 
 usage() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
 die() { printf 'arm64_emulated.sh: error: %s\n' "$*" >&2; exit 2; }
@@ -67,6 +71,7 @@ while [ $# -gt 0 ]; do
         --max-new-tokens) [ $# -ge 2 ] || die "--max-new-tokens needs a number"; MAX_NEW=$2; shift ;;
         --results) [ $# -ge 2 ] || die "--results needs a directory"; RESULTS=$2; shift ;;
         --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; LIMIT=$2; shift ;;
+        --qemu-cpu) [ $# -ge 2 ] || die "--qemu-cpu needs a model"; QEMU_CPU_MODEL=$2; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; die "unknown option '$1'" ;;
     esac
@@ -123,7 +128,7 @@ stage() {
 in_root() {
     timeout --kill-after=30 "$LIMIT" chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        PIP_CERT="$CA" PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 "$@"
+        PIP_CERT="$CA" PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 QEMU_CPU="$QEMU_CPU_MODEL" "$@"
 }
 
 host_py() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$HOST_PY" "$@"; }
@@ -168,7 +173,7 @@ bootstrap() {
     arch=$(in_root uname -m) || return 1
     py=$(in_root python3 -c 'import platform; print(platform.python_version())') || return 1
     [ "$arch" = aarch64 ] || { echo "the root runs $arch, not aarch64" >&2; return 1; }
-    DETAIL="$DETAIL; uname -m: $arch, Python $py"
+    DETAIL="$DETAIL; uname -m: $arch, Python $py, emulated CPU $QEMU_CPU_MODEL"
 }
 
 MOUNTED=()
@@ -182,6 +187,31 @@ mount_root() {
             dev) mount --rbind /dev "$ROOT/dev" && mount --make-rslave "$ROOT/dev" || return 1 ;;
         esac
         MOUNTED+=("$ROOT/$d")
+    done
+    [ "$(uname -m)" = aarch64 ] && return 0
+    # qemu 7.2 (Debian 12) shows the guest the host's x86 /proc/cpuinfo (qemu 8 emulates an Arm
+    # one); ONNX Runtime's CPU probe (cpuinfo) segfaults on it when onnxruntime is imported. Give
+    # the root the Arm one of the emulated cores: one entry per host core, the MIDR of --qemu-cpu.
+    cpuinfo_of "$QEMU_CPU_MODEL" >"$ROOT/etc/arm64-cpuinfo" || return 1
+    mount --bind "$ROOT/etc/arm64-cpuinfo" "$ROOT/proc/cpuinfo" || return 1
+    MOUNTED+=("$ROOT/proc/cpuinfo")
+}
+
+# cpuinfo_of MODEL: an aarch64 /proc/cpuinfo for qemu's CPU MODEL (MIDR: N1 r4p1 0x414fd0c1, A76 r4p1
+# 0x414fd0b1, A72 r0p3 0x410fd083; features: what their HWCAPs say).
+cpuinfo_of() {
+    local midr feats i
+    feats="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
+    case "$1" in
+        neoverse-n1) midr="0x41 0x4 0xd0c 1" ;;
+        cortex-a76) midr="0x41 0x4 0xd0b 1" ;;
+        cortex-a72) midr="0x41 0x0 0xd08 3"; feats="fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid" ;;
+        *) echo "--qemu-cpu $1: no /proc/cpuinfo entry known for it (neoverse-n1, cortex-a76, cortex-a72)" >&2; return 1 ;;
+    esac
+    read -r -a midr <<<"$midr"
+    for ((i = 0; i < $(nproc); i++)); do
+        printf 'processor\t: %d\nBogoMIPS\t: 50.00\nFeatures\t: %s\nCPU implementer\t: %s\nCPU architecture: 8\nCPU variant\t: %s\nCPU part\t: %s\nCPU revision\t: %s\n\n' \
+            "$i" "$feats" "${midr[0]}" "${midr[1]}" "${midr[2]}" "${midr[3]}"
     done
 }
 
@@ -283,7 +313,7 @@ serve() {
     rm -f "$ROOT$SOCK"
     t0=$(now)
     timeout --kill-after=30 "$LIMIT" chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 PATH=/usr/bin:/bin \
-        "$CLI" serve --config "$RUN_CFG" >"$log" 2>&1 &
+        QEMU_CPU="$QEMU_CPU_MODEL" "$CLI" serve --config "$RUN_CFG" >"$log" 2>&1 &
     DAEMON_PID=$!
     for ((i = 0; i < LIMIT; i++)); do
         grep -q "ready: channels" "$log" && break
