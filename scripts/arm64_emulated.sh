@@ -20,11 +20,13 @@
 #      x86 one through, and ONNX Runtime's CPU probe crashes on it at import): `chattts-appliance serve` with the installed config (model.backend auto,
 #      which must pick onnxruntime; audio.output wav), one sentence through `chattts-appliance say`,
 #      checks the done event and the WAV file, stops the daemon with SIGTERM;
-#   6. writes the log and a JSON record (bench: arm64_emulated, machine arm64-qemu) to
-#      --results/arm64-emulated-<date>-arm64-qemu.{log,json}.
+#   6. writes the log (arm64-emulated-<date>-arm64-qemu.log, replaced) and appends a JSON record
+#      (bench: arm64_emulated, machine arm64-qemu) to arm64-emulated-<date>-arm64-qemu.json in --results.
 #
 # Options:
 #   --root DIR          the arm64 root (default /work/arm64-root; kept and reused)
+#   --fresh             delete the root first and bootstrap it again (nothing mounted in it is
+#                       followed: rm --one-file-system)
 #   --suite NAME        Debian release to bootstrap (default bookworm)
 #   --mirror URL        Debian mirror (default http://deb.debian.org/debian)
 #   --host-python PY    host interpreter with torch and this package's dependencies, for the
@@ -49,6 +51,7 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/.." && pwd)
 ROOT=/work/arm64-root
+FRESH=0
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
 HOST_PY=""
@@ -64,6 +67,7 @@ die() { printf 'arm64_emulated.sh: error: %s\n' "$*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) [ $# -ge 2 ] || die "--root needs a directory"; ROOT=$2; shift ;;
+        --fresh) FRESH=1 ;;
         --suite) [ $# -ge 2 ] || die "--suite needs a name"; SUITE=$2; shift ;;
         --mirror) [ $# -ge 2 ] || die "--mirror needs a URL"; MIRROR=$2; shift ;;
         --host-python) [ $# -ge 2 ] || die "--host-python needs an interpreter"; HOST_PY=$2; shift ;;
@@ -155,14 +159,25 @@ host_tools() {
 }
 
 bootstrap() {
-    local marker="$ROOT/.arm64-root-ready"
+    local marker="$ROOT/.arm64-root-ready" out="$WORK/debootstrap.txt"
+    if [ "$FRESH" -eq 1 ] && [ -d "$ROOT" ]; then
+        if grep -q " $ROOT/" /proc/mounts; then echo "something is mounted under $ROOT: not deleting it" >&2; return 1; fi
+        rm -rf --one-file-system "$ROOT" || return 1
+        note "deleted $ROOT (--fresh)"
+    fi
     if [ -f "$marker" ]; then
         DETAIL="reused $ROOT ($(cat "$marker"))"
     else
         mkdir -p "$ROOT"
-        debootstrap --arch=arm64 --variant=minbase \
+        note "debootstrap (its output: the last lines here, all of it only on failure)"
+        if ! debootstrap --arch=arm64 --variant=minbase \
             --include=python3,python3-venv,python3-pip,python3-yaml,ca-certificates,libportaudio2 \
-            "$SUITE" "$ROOT" "$MIRROR" || return 1
+            "$SUITE" "$ROOT" "$MIRROR" >"$out" 2>&1; then
+            cat "$out"
+            return 1
+        fi
+        tail -n 3 "$out" | sed 's/^/    | /'
+        note "$(grep -c '^I: Unpacking' "$out") packages"
         printf 'Debian %s arm64 minbase, bootstrapped %s\n' "$SUITE" "$(date -u +%FT%TZ)" >"$marker"
         DETAIL="bootstrapped Debian $SUITE arm64 into $ROOT"
     fi
@@ -353,7 +368,10 @@ EOF
 PEAK_RSS=""
 stop_daemon() {
     local i
-    PEAK_RSS=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/$DAEMON_PID/status" 2>/dev/null || true)
+    # $DAEMON_PID is timeout(1); its child is the emulated daemon (chroot and env exec into it)
+    local child
+    child=$(cat "/proc/$DAEMON_PID/task/$DAEMON_PID/children" 2>/dev/null || true)
+    PEAK_RSS=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${child%% *}/status" 2>/dev/null || true)
     kill -TERM "$DAEMON_PID" || return 1
     for ((i = 0; i < 300; i++)); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 1; done
     if kill -0 "$DAEMON_PID" 2>/dev/null; then echo "the daemon did not stop within 300 s of SIGTERM" >&2; return 1; fi
@@ -365,9 +383,9 @@ stop_daemon() {
 
 write_record() {
     python3 - "$STAGES" "$DONE_JSON" "$RECORD" "$DATE" "$READY_S" "$PEAK_RSS" "$(git -C "$REPO" rev-parse --short HEAD)" \
-        "$SUITE" "$N_STAGES" <<'EOF'
+        "$SUITE" "$N_STAGES" "$QEMU_CPU_MODEL" "$(dpkg-query -W -f='${Version}' qemu-user-static 2>/dev/null)" "$(date -u +%FT%TZ)" <<'EOF'
 import json, os, sys
-stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages = sys.argv[1:]
+stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages, qemu_cpu, qemu, time_utc = sys.argv[1:]
 stages = [dict(zip(("name", "result", "seconds", "detail"), l.rstrip("\n").split("\t"))) for l in open(stages_f) if l.strip()]
 for s in stages:
     s["seconds"] = float(s["seconds"])
@@ -379,13 +397,16 @@ rec = {
     "checkpoint": "tiny", "batch": 1, "ms_per_step": round(1000 / sps, 2) if sps else None, "steps_per_s": sps,
     "rtf": d.get("rtf"), "ttfb_ms": d.get("ttfb_ms"), "peak_mem_mib": int(peak) if peak else None,
     "baseline_ms_per_step": None, "commit": commit, "all_ok": ok, "ready_s": float(ready_s) if ready_s else None,
-    "audio_s": d.get("audio_s"), "steps": d.get("steps"), "output": d.get("wav_path"), "stages": stages,
+    "audio_s": d.get("audio_s"), "steps": d.get("steps"), "output": d.get("wav_path"),
+    "spoken": d.get("spoken"), "unspeakable": d.get("unspeakable"), "qemu_cpu": qemu_cpu, "qemu": qemu,
+    "time_utc": time_utc, "stages": stages,
     "notes": (f"Debian {suite} arm64 root under qemu-user on the 2-core x86-64 host: scripts/install_jetson.sh --prefix, "
               "the CPU runtime from PyPI aarch64 wheels, the daemon on a tiny random checkpoint (int8 ONNX graphs exported "
               "on the host), one sentence to a WAV file. Emulated: the times and RSS (qemu's included) say nothing about "
               "an Orin's speed."),
 }
-json.dump([rec], open(record_f, "w"), indent=1, ensure_ascii=False)
+records = json.load(open(record_f)) if os.path.exists(record_f) else []
+json.dump(records + [rec], open(record_f, "w"), indent=1, ensure_ascii=False)
 open(record_f, "a").write("\n")
 print(f"record: {record_f} (all_ok={ok})")
 EOF
