@@ -20,8 +20,11 @@
 #      x86 one through, and ONNX Runtime's CPU probe crashes on it at import): `chattts-appliance serve` with the installed config (model.backend auto,
 #      which must pick onnxruntime; audio.output wav), one sentence through `chattts-appliance say`,
 #      checks the done event and the WAV file, stops the daemon with SIGTERM;
-#   6. writes the log (arm64-emulated-<date>-arm64-qemu.log, replaced) and appends a JSON record
-#      (bench: arm64_emulated, machine arm64-qemu) to arm64-emulated-<date>-arm64-qemu.json in --results.
+#   6. runs `chattts-appliance health --json` (one fixed sentence, in-process) emulated and, on the
+#      same graphs, natively on the host: their steps/s ratio is the emulation's slowdown;
+#   7. writes the log (arm64-emulated-<date>-arm64-qemu-<HHMM>Z.log, the start time) and appends a
+#      JSON record (bench: arm64_emulated, machine arm64-qemu) to
+#      arm64-emulated-<date>-arm64-qemu.json in --results.
 #
 # Options:
 #   --root DIR          the arm64 root (default /work/arm64-root; kept and reused)
@@ -81,10 +84,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ "$(id -u)" -eq 0 ] || die "needs root (apt, debootstrap, mount, chroot): sudo $0"
 [ -n "$HOST_PY" ] || { HOST_PY=python3; [ -x "$REPO/.venv/bin/python" ] && HOST_PY="$REPO/.venv/bin/python"; }
 ROOT=$(realpath -m "$ROOT")
 case "$ROOT" in / | /bin* | /boot* | /dev* | /etc* | /proc* | /sys* | /usr*) die "--root $ROOT: choose a directory of its own" ;; esac
+[ "$(id -u)" -eq 0 ] || die "needs root (apt, debootstrap, mount, chroot): sudo $0"
 
 # paths inside the root (as the daemon sees them) and their host paths (under $ROOT)
 PREFIX=/srv/appliance
@@ -100,7 +103,7 @@ CA=/etc/ssl/certs/host-ca-bundle.crt          # the host's CA bundle, for pip in
 
 DATE=$(date -u +%F)
 mkdir -p "$RESULTS"
-LOG="$RESULTS/arm64-emulated-$DATE-arm64-qemu.log"
+LOG="$RESULTS/arm64-emulated-$DATE-arm64-qemu-$(date -u +%H%MZ).log"
 RECORD="$RESULTS/arm64-emulated-$DATE-arm64-qemu.json"
 WORK=$(mktemp -d)
 STAGES="$WORK/stages.tsv"                     # name, ok|failed, seconds, detail
@@ -381,15 +384,50 @@ stop_daemon() {
     DETAIL="SIGTERM: stopped after ${i} s; peak RSS of the emulated process ${PEAK_RSS:-?} MiB"
 }
 
+HEALTH_EMU="$WORK/health-emulated.json"
+HEALTH_NATIVE="$WORK/health-native.json"
+# health_json OUT CMD...: run CMD (a `health --json`), keep its health line in OUT. Exit 1 means
+# unhealthy (emulated, RTF > 1 is expected) and still carries the numbers; anything else fails.
+health_json() {
+    local out=$1 rc=0
+    shift
+    "$@" >"$WORK/h.txt" 2>/dev/null || rc=$?
+    grep '"type": *"health"' "$WORK/h.txt" | tail -n 1 >"$out" || true
+    if [ "$rc" -gt 1 ] || [ ! -s "$out" ]; then
+        cat "$WORK/h.txt"
+        echo "health failed (exit $rc): $*" >&2
+        return 1
+    fi
+}
+
+health_both() {
+    health_json "$HEALTH_EMU" in_root "$CLI" health --config "$RUN_CFG" --json || return 1
+    health_json "$HEALTH_NATIVE" host_py -m appliance health --config "$ROOT$RUN_CFG.host" --json || return 1
+    DETAIL=$(python3 - "$HEALTH_EMU" "$HEALTH_NATIVE" <<'EOF'
+import json, sys
+e, n = (json.load(open(f)) for f in sys.argv[1:])
+print(f"emulated {e['steps_per_s']} steps/s, RTF {e['rtf']}, TTFB {e['ttfb_ms']} ms; natively on the host "
+      f"{n['steps_per_s']} steps/s, RTF {n['rtf']}, TTFB {n['ttfb_ms']} ms: emulation {n['steps_per_s'] / e['steps_per_s']:.1f}x slower")
+EOF
+)
+}
+
 write_record() {
     python3 - "$STAGES" "$DONE_JSON" "$RECORD" "$DATE" "$READY_S" "$PEAK_RSS" "$(git -C "$REPO" rev-parse --short HEAD)" \
-        "$SUITE" "$N_STAGES" "$QEMU_CPU_MODEL" "$(dpkg-query -W -f='${Version}' qemu-user-static 2>/dev/null)" "$(date -u +%FT%TZ)" <<'EOF'
+        "$SUITE" "$N_STAGES" "$QEMU_CPU_MODEL" "$(dpkg-query -W -f='${Version}' qemu-user-static 2>/dev/null)" "$(date -u +%FT%TZ)" \
+        "$HEALTH_EMU" "$HEALTH_NATIVE" "$LOG" <<'EOF'
 import json, os, sys
-stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages, qemu_cpu, qemu, time_utc = sys.argv[1:]
+stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages, qemu_cpu, qemu, time_utc, health_emu, health_native, log_f = sys.argv[1:]
 stages = [dict(zip(("name", "result", "seconds", "detail"), l.rstrip("\n").split("\t"))) for l in open(stages_f) if l.strip()]
 for s in stages:
     s["seconds"] = float(s["seconds"])
 d = json.load(open(done_f)) if os.path.exists(done_f) else {}
+health = {k: json.load(open(f)) if os.path.exists(f) else None for k, f in (("emulated", health_emu), ("native", health_native))}
+for h in health.values():
+    if h:
+        h.pop("limits", None), h.pop("type", None)
+slowdown = (round(health["native"]["steps_per_s"] / health["emulated"]["steps_per_s"], 2)
+            if health["native"] and health["emulated"] else None)
 ok = len(stages) == int(n_stages) and all(s["result"] == "ok" for s in stages)
 sps = d.get("steps_per_s")
 rec = {
@@ -399,7 +437,8 @@ rec = {
     "baseline_ms_per_step": None, "commit": commit, "all_ok": ok, "ready_s": float(ready_s) if ready_s else None,
     "audio_s": d.get("audio_s"), "steps": d.get("steps"), "output": d.get("wav_path"),
     "spoken": d.get("spoken"), "unspeakable": d.get("unspeakable"), "qemu_cpu": qemu_cpu, "qemu": qemu,
-    "time_utc": time_utc, "stages": stages,
+    "time_utc": time_utc, "health_emulated": health["emulated"], "health_native_x86": health["native"],
+    "emulation_slowdown": slowdown, "log": os.path.basename(log_f), "stages": stages,
     "notes": (f"Debian {suite} arm64 root under qemu-user on the 2-core x86-64 host: scripts/install_jetson.sh --prefix, "
               "the CPU runtime from PyPI aarch64 wheels, the daemon on a tiny random checkpoint (int8 ONNX graphs exported "
               "on the host), one sentence to a WAV file. Emulated: the times and RSS (qemu's included) say nothing about "
@@ -421,7 +460,7 @@ EOF
 say "arm64 under emulation: root $ROOT ($SUITE), this checkout $REPO, host Python $HOST_PY"
 T0=$(now)
 RC=0
-N_STAGES=11
+N_STAGES=12
 stage "host tools: qemu-user-static, binfmt-support, debootstrap; binfmt for aarch64" host_tools &&
     stage "Debian arm64 root" bootstrap &&
     stage "repository into the root (git archive HEAD)" copy_repo &&
@@ -432,7 +471,8 @@ stage "host tools: qemu-user-static, binfmt-support, debootstrap; binfmt for aar
     stage "tiny random checkpoint + int8 ONNX export (on the host)" checkpoint_export &&
     stage "chattts-appliance serve (emulated arm64)" serve &&
     stage "chattts-appliance say (emulated arm64)" speak &&
-    stage "stop the daemon (SIGTERM)" stop_daemon || RC=1
+    stage "stop the daemon (SIGTERM)" stop_daemon &&
+    stage "chattts-appliance health --json: emulated, and natively on the host" health_both || RC=1
 say "total $(since "$T0") s"
 write_record
 exit "$RC"
