@@ -247,7 +247,8 @@ copy_repo() {
     mkdir -p "$ROOT$SRC"
     git -C "$REPO" archive --format=tar HEAD | tar -x -C "$ROOT$SRC" || return 1
     DETAIL="$(git -C "$REPO" rev-parse --short HEAD)"
-    [ -z "$(git -C "$REPO" status --porcelain --untracked-files=no)" ] || DETAIL="$DETAIL (uncommitted changes are NOT copied)"
+    [ -z "$(git -C "$REPO" status --porcelain --untracked-files=no -- . ':!bench/results')" ] ||
+        DETAIL="$DETAIL (uncommitted changes are NOT copied)"
 }
 
 INSTALL_OUT=""
@@ -286,7 +287,7 @@ runtime() {
     in_root "$VENV/bin/python" -m pip check || return 1
     out=$(in_root "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md, platform
-names = ["numpy", "onnxruntime", "tokenizers", "safetensors", "wetext", "kaldifst", "opencc", "soxr", "sounddevice", "wyoming", "paho-mqtt"]
+names = ["numpy", "onnxruntime", "tokenizers", "safetensors", "wetext", "kaldifst", "opencc", "soxr", "sounddevice", "pybase16384", "wyoming", "paho-mqtt"]
 vers = ", ".join(f"{n} {md.version(n)}" for n in names)
 print(f"{platform.machine()} Python {platform.python_version()}: {vers}")
 EOF
