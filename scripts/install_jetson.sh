@@ -177,7 +177,11 @@ APT_JETSON=(python3-libnvinfer)
 step_apt() {
     say "apt packages"
     local pkgs=("${APT_PACKAGES[@]}") missing=() p
-    [ "$IS_JETSON" -eq 1 ] && pkgs+=("${APT_JETSON[@]}")
+    if [ "$IS_JETSON" -eq 1 ]; then
+        pkgs+=("${APT_JETSON[@]}")
+    else
+        note "skipped (JetPack only, not a Jetson): ${APT_JETSON[*]}"
+    fi
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
@@ -240,6 +244,7 @@ step_pip() {
     [ "$IS_JETSON" -eq 1 ] && extras="[jetson]"
     spec="$REPO$extras"
     say "python package from $spec"
+    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (pycuda, jetson-stats)"
     stamp=$(repo_stamp)
     if [ -n "$stamp" ] && [ -x "$CLI" ] && [ "$(cat "$APP_DIR/.installed-from" 2>/dev/null)" = "$stamp" ]; then
         note "already installed from this source tree"
@@ -484,6 +489,9 @@ if [ "$SYSTEM" -eq 1 ]; then
     step_enable
 else
     say "prefix $PREFIX: skipped apt, service user, checkpoint, engines, health check and systemctl"
+fi
+if [ "$IS_JETSON" -eq 0 ]; then
+    say "JetPack-only steps skipped (not a Jetson): ${APT_JETSON[*]} (TensorRT's Python bindings), the [jetson] extra, the TensorRT engine build; here the daemon's model.backend auto picks onnxruntime (CPU) on graphs from 'chattts-appliance engines export --precision int8'"
 fi
 
 if [ "$SYSTEM" -eq 1 ] && [ "$IS_JETSON" -eq 0 ]; then
