@@ -16,7 +16,8 @@ Stages, in this order (each cold/warm pair shares its caches):
   (the installer's cold path), then ``aot`` twice (``model.compile: auto`` loading the packages);
 * ``jit`` cold (empty ``engine_dir/torch_compile`` and Triton caches), warm.
 
-A stage that would pass ``--deadline-s`` (counted from the start) is skipped and says so. Prints
+A stage that would pass ``--deadline-s`` (counted from the start) is skipped and says so;
+``--stages aot`` or ``--stages jit`` runs one compiled mode (plain always runs, as the reference). Prints
 a table and appends one record per mode (``bench: aot``, DESIGN.md section 7 fields plus
 ``ready_s``, ``compile``, ``warm_cache``, ``build_s``, ``codes_equal_plain``) to ``--out``.
 
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=512, help="KV positions per slot (default 512: 2 buckets x 3 batches)")
     ap.add_argument("--max-batch", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--stages", default="aot,jit", help="besides plain (always): aot, jit (comma-separated)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-config", default=None, help=argparse.SUPPRESS)
@@ -160,20 +162,24 @@ def main() -> None:
         print(f"== {name}: rc={rc} ready {r.get('ready_s')} s, step B=1 {r.get('ms_b1')} ms, B=3 {r.get('ms_b3')} ms; "
               f"{r.get('step_source', r.get('error', '')[-300:])}", flush=True)
 
+    todo = set(a.stages.split(","))
     stage("plain-cold", "plain", "plain", 60)
     stage("plain-warm", "plain", "plain", 60)
-    left = a.deadline_s - (time.time() - start)
-    env = {**base_env, "TRITON_CACHE_DIR": str(eng / "triton-aot"), "TORCHINDUCTOR_CACHE_DIR": str(eng / "inductor-aot")}
-    rc, text, build_s = _run([sys.executable, "-m", "appliance", "engines", "compile", "--config", str(eng / "config.yaml")],
-                             env, left - 60)
-    log_text.append(f"== aot-build rc={rc} wall={build_s:.1f}\n{text}")
-    print(f"== aot-build: rc={rc} {build_s:.1f} s; " + " | ".join(ln for ln in text.splitlines() if "compiled" in ln or "error" in ln)[-600:], flush=True)
-    results["aot-build"] = {"rc": rc, "build_s": round(build_s, 1)}
-    if rc == 0:
-        stage("aot-warm", "aot", "aot", 60)
-        stage("aot-warm2", "aot", "aot", 60)
-    stage("jit-cold", "jit", "jit", 200)
-    stage("jit-warm", "jit", "jit", 80)
+    if "aot" in todo:
+        left = a.deadline_s - (time.time() - start)
+        env = {**base_env, "TRITON_CACHE_DIR": str(eng / "triton-aot"), "TORCHINDUCTOR_CACHE_DIR": str(eng / "inductor-aot")}
+        rc, text, build_s = _run([sys.executable, "-m", "appliance", "engines", "compile", "--config",
+                                  str(eng / "config.yaml")], env, left - 60)
+        log_text.append(f"== aot-build rc={rc} wall={build_s:.1f}\n{text}")
+        print(f"== aot-build: rc={rc} {build_s:.1f} s; " + " | ".join(
+            ln for ln in text.splitlines() if "compiled" in ln or "error" in ln or "load check" in ln)[-900:], flush=True)
+        results["aot-build"] = {"rc": rc, "build_s": round(build_s, 1)}
+        if rc == 0:
+            stage("aot-warm", "aot", "aot", 60)
+            stage("aot-warm2", "aot", "aot", 60)
+    if "jit" in todo:
+        stage("jit-cold", "jit", "jit", 180)
+        stage("jit-warm", "jit", "jit", 80)
     if logs:
         logs.parent.mkdir(parents=True, exist_ok=True)
         logs.write_text("\n".join(log_text))

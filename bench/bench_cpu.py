@@ -10,6 +10,10 @@ change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.p
   look-ahead, first chunk, first vocoder window), median of ``--ttfb-runs`` after warm-up;
   ``first_ttfb_ms``: the first request after the warm-up alone (is anything still cold?);
 * ``rtf``: wall / audio seconds for a ``--steps`` utterance (EOS masked); ``peak_mem_mib``: RSS.
+* ``host_read_gbps``: the host's read bandwidth measured in the same run with the bench's threads
+  (before and after, the larger kept); ``weight_bytes_per_step``: the ``gpt`` graph's initializer
+  bytes; ``bandwidth_frac`` = bytes / step / bandwidth; ``baseline_ms_per_step``: ``--baseline-ms``
+  (upstream's loop in the same session, ``bench/bench_upstream_cpu.py``).
 * ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
 
 Appends one record per run (the project's record fields, ``bench: cpu_pipeline``) to ``--out``
@@ -45,6 +49,39 @@ def _import_tree(tree: str | None):
         return True
 
 
+def host_read_gbps(threads: int, mib: int = 512, reps: int = 7) -> float:
+    """The host's read bandwidth with ``threads`` threads: the best of ``reps`` numpy reductions
+    of a ``mib`` MiB float32 array split over the threads (numpy releases the GIL), GB/s (1e9 B)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    a = np.ones(mib * 2**20 // 4, np.float32)
+    parts = np.array_split(a, threads)
+    best = 0.0
+    with ThreadPoolExecutor(threads) as ex:
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(ex.map(np.add.reduce, parts))
+            best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def gpt_weight_bytes(engine_dir: str | None, precision: str) -> int | None:
+    """Bytes of the ``gpt`` graph's initializers (what one decode step reads once) in
+    ``<engine_dir>/onnx/<precision>/gpt.onnx``; None where there is no such file."""
+    f = Path(engine_dir or ROOT / "engines" / "build") / "onnx" / precision / "gpt.onnx"
+    if not f.is_file():
+        return None
+    import onnx
+
+    n = 0
+    for t in onnx.load(str(f), load_external_data=False).graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        n += int(ext["length"]) if "length" in ext else len(t.raw_data)
+    return n
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -65,6 +102,8 @@ def run(args, legacy: bool) -> dict:
         from appliance.synth.pipeline import Pipeline
     model = {"path": args.checkpoint, "backend": args.backend, "device": "cpu", "max_batch": 3, "max_seq_len": 2048,
              "threads": args.threads}
+    if args.precision != "auto":
+        model["onnx_precision"] = args.precision
     if args.engine_dir:
         model["engine_dir"] = args.engine_dir
     data = {"model": model, "synthesis": {"max_new_tokens": max(args.steps, 200)}}
@@ -128,20 +167,30 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the RTF utterance (EOS masked)")
     ap.add_argument("--ttfb-runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--precision", default="auto", help="model.onnx_precision (this tree only): auto, int8, int4, fp32")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--label", default="")
+    ap.add_argument("--baseline-ms", type=float, default=None,
+                    help="upstream's GPT loop, ms per step at B=1, measured in the same session (bench_upstream_cpu.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     legacy = _import_tree(args.tree)
     load0 = os.getloadavg()[0]
+    threads = args.threads or (os.cpu_count() or 1)
+    gbps0 = host_read_gbps(threads)
     r = run(args, legacy)
+    gbps = max(gbps0, host_read_gbps(threads))
+    wbytes = gpt_weight_bytes(args.engine_dir, r["precision"]) if args.backend == "onnxruntime" else None
     today = dt.date.today().isoformat()
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
     size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
     rec = {"bench": "cpu_pipeline", "date": today, "machine": args.machine, "checkpoint": size,
            **{k: r[k] for k in ("backend", "precision", "batch", "ms_per_step", "steps_per_s", "rtf", "ttfb_ms",
                                 "peak_mem_mib")},
-           "baseline_ms_per_step": None,
+           "baseline_ms_per_step": args.baseline_ms,
+           "host_read_gbps": round(gbps, 2), "weight_bytes_per_step": wbytes,
+           "bandwidth_frac": round(wbytes / (r["ms_per_step"] / 1e3) / (gbps * 1e9), 3) if wbytes else None,
+           "threads": threads,
            "notes": f"{args.label}; look-ahead {r['lookahead']}; first request after warm-up TTFB {r['first_ttfb_ms']} ms; "
                     f"TTFB runs {r['ttfb_runs_ms']}; {args.steps}-step utterance {r['audio_s']} s audio; load {r['load_s']} s, "
                     f"warm-up {r['warmup_s']} s; 1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}; CPU {cpu}",

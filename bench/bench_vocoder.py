@@ -10,8 +10,9 @@ fixed look-ahead (``--lookahead``, the same for both trees so that the same wind
   shape (4, 8, 16, 32, then 48 steps), fixed 48-step chunks, fixed 8-step chunks; each
   ``--repeats`` times, the median kept;
 * reports per plan: vocoder milliseconds per second of audio (``ms_per_audio_s``; divided by
-  1000 it is the vocoder's share of the real-time factor), the first window that yields PCM
-  (``first_ms``: part of the TTFB), and the number of vocoder calls.
+  1000 it is the vocoder's share of the real-time factor), split into the Decoder's and Vocos'
+  passes and the rest (the host ISTFT and bookkeeping; host runners), the first window that
+  yields PCM (``first_ms``: part of the TTFB), and the number of vocoder calls.
 
 Appends one record (``bench: vocoder_stream``) to ``--out`` (default
 ``bench/results/vocoder-<date>-<machine>.json``).
@@ -67,13 +68,29 @@ def run(args) -> dict:
     one = np.array([0])
     for _ in range(args.steps - 1):
         r.step(one, 1)
+    spent = {"decoder": 0.0, "vocos": 0.0}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return call
+
+    if hasattr(r, "forward_decoder_stream"):  # host runners: split the time by network
+        r.forward_decoder_stream = timed("decoder", r.forward_decoder_stream)
+        r.forward_vocos_stream = timed("vocos", r.forward_vocos_stream)
     voc = WindowedVocoder(r, args.steps)
     voc.set_lookahead(args.lookahead)
     audio_s = (512 * args.steps - 256) / 24000
     res = {}
     for plan in PLANS:
         totals, firsts, calls = [], [], 0
+        split = {"decoder": [], "vocos": []}
         for _ in range(args.repeats):
+            spent.update(decoder=0.0, vocos=0.0)
             voc.reset(0)
             n, first, calls = 0, None, 0
             t0 = time.perf_counter()
@@ -86,7 +103,14 @@ def run(args) -> dict:
             voc.finish()
             totals.append(time.perf_counter() - t0)
             firsts.append(first if first is not None else totals[-1])
-        res[plan] = {"ms_per_audio_s": round(1000 * statistics.median(totals) / audio_s, 1),
+            for k in split:
+                split[k].append(spent[k])
+        dec, vcs, tot = (statistics.median(split["decoder"]), statistics.median(split["vocos"]),
+                         statistics.median(totals))
+        res[plan] = {"ms_per_audio_s": round(1000 * tot / audio_s, 1),
+                     "decoder_ms_per_audio_s": round(1000 * dec / audio_s, 1),
+                     "vocos_ms_per_audio_s": round(1000 * vcs / audio_s, 1),
+                     "istft_and_rest_ms_per_audio_s": round(1000 * max(0.0, tot - dec - vcs) / audio_s, 1),
                      "first_ms": round(1000 * statistics.median(firsts), 1), "calls": calls}
     info = r.info
     pipe.close()

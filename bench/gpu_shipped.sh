@@ -26,7 +26,7 @@ grep -n "path:\|engine_dir:\|socket:\|dtype:\|compile:\|memory_budget_mb:" $D/co
 if [ -n "${COMPILE_FIRST:-}" ]; then   # the installer's cold path: the step compiled ahead of time
   c0=$(date +%s)
   timeout "${COMPILE_TIMEOUT:-400}" python3 -m appliance engines compile --config $D/config.yaml > "$OUT/compile.log" 2>&1
-  echo "engines compile: rc=$? in $(( $(date +%s) - c0 )) s"; grep -i "compiling\|wrote\|error" "$OUT/compile.log" | tail -8
+  echo "engines compile: rc=$? in $(( $(date +%s) - c0 )) s"; grep -i "compiling\|wrote\|error\|load check" "$OUT/compile.log" | tail -8
 fi
 t0=$(date +%s.%N)
 python3 -m appliance serve --config $D/config.yaml > "$OUT/daemon.log" 2>&1 &
@@ -53,5 +53,5 @@ for f in ("status_ready", "status_10"):
     print(f, {k: s.get(k) for k in ("backend", "memory_kind", "memory_mib", "memory_budget_mib", "host_rss_mib",
                                     "host_rss_limit_mib", "memory_note")})
 PY
-grep -h "memory\|backend\|compile\|ready\|dtype" "$OUT/daemon.log" | grep -v DEBUG | head -12
+grep -h "memory\|backend\|compile\|ready\|dtype\|load check\|decode step" "$OUT/daemon.log" | grep -v DEBUG | head -12
 kill -TERM $pid; wait $pid; echo "daemon rc=$?"

@@ -177,7 +177,11 @@ APT_JETSON=(python3-libnvinfer)
 step_apt() {
     say "apt packages"
     local pkgs=("${APT_PACKAGES[@]}") missing=() p
-    [ "$IS_JETSON" -eq 1 ] && pkgs+=("${APT_JETSON[@]}")
+    if [ "$IS_JETSON" -eq 1 ]; then
+        pkgs+=("${APT_JETSON[@]}")
+    else
+        note "skipped (JetPack only, not a Jetson): ${APT_JETSON[*]}"
+    fi
     for p in "${pkgs[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
@@ -240,6 +244,7 @@ step_pip() {
     [ "$IS_JETSON" -eq 1 ] && extras="[jetson]"
     spec="$REPO$extras"
     say "python package from $spec"
+    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (pycuda, jetson-stats)"
     stamp=$(repo_stamp)
     if [ -n "$stamp" ] && [ -x "$CLI" ] && [ "$(cat "$APP_DIR/.installed-from" 2>/dev/null)" = "$stamp" ]; then
         note "already installed from this source tree"
@@ -390,6 +395,9 @@ step_engines() {
 # compile: AOTInductor packages in <engine_dir>/aot, loaded at start by model.compile: auto). It
 # needs a PyTorch with Triton to build; JetPack's has none, so on a stock Jetson this is skipped
 # and the torch fallback captures plain CUDA graphs (the TensorRT plans above are the fast path).
+# Exit 1 from it means the packages were built but fail their load check in a child process (torch
+# 2.11's loader crashed on them on an H200): recorded beside them, the daemon runs plain CUDA graphs,
+# so the install goes on with a warning; any other failure stops it.
 step_aot() {
     say "ahead-of-time compiled torch step in $ENGINE_DIR/aot"
     if [ "$SKIP_ENGINES" -eq 1 ]; then
@@ -402,7 +410,15 @@ step_aot() {
         note "skipped: no PyTorch with CUDA and Triton in $VENV; the torch fallback runs plain CUDA graphs"
         return
     fi
-    run "$CLI" engines compile --config "$CONFIG"
+    printf '+ %q engines compile --config %q\n' "$CLI" "$CONFIG"
+    [ "$DRY_RUN" -eq 1 ] && return
+    local rc=0
+    "$CLI" engines compile --config "$CONFIG" || rc=$?
+    case "$rc" in
+        0) ;;
+        1) warn "the compiled step's packages cannot be loaded by this PyTorch (see above): the daemon runs plain CUDA graphs" ;;
+        *) die "$EXIT_FAIL" "command failed ($rc): $CLI engines compile --config $CONFIG" ;;
+    esac
 }
 
 step_owner() {
@@ -473,6 +489,9 @@ if [ "$SYSTEM" -eq 1 ]; then
     step_enable
 else
     say "prefix $PREFIX: skipped apt, service user, checkpoint, engines, health check and systemctl"
+fi
+if [ "$IS_JETSON" -eq 0 ]; then
+    say "JetPack-only steps skipped (not a Jetson): ${APT_JETSON[*]} (TensorRT's Python bindings), the [jetson] extra, the TensorRT engine build; here the daemon's model.backend auto picks onnxruntime (CPU) on graphs from 'chattts-appliance engines export --precision int8'"
 fi
 
 if [ "$SYSTEM" -eq 1 ] && [ "$IS_JETSON" -eq 0 ]; then

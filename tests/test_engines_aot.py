@@ -6,14 +6,21 @@ that cannot compile), then a FRESH process loads it through
 ``model.compile``'s path (``CudaRunner(compile="aot")``: no tracing, no compiling) and must draw
 the same codes and hidden states as the eager step for the same seed. Then what keys and guards
 it: a changed config, a damaged package and a package set for another checkpoint all fall back
-to the plain step with the reason, and a manifest records every file's sha256.
+to the plain step with the reason, and a manifest records every file's sha256. Last the load
+canary: a child process loads the set before any process does in-process; a loader that dies by
+SIGSEGV there (a stand-in for torch 2.11's loader on the H200) leaves the runner on plain graphs
+with the reason and a marker that later starts obey without trying again, and ``engines compile``
+exits 1.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +78,7 @@ def built(tiny_ckpt, tmp_path_factory):
         pytest.skip(f"inductor cannot compile C++ here: {r.stderr[-400:]}")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "compiled 1 packages" in r.stdout, r.stdout
+    assert "load check: 1 packages loaded and run once on zero inputs in a test process" in r.stdout, r.stdout
     dirs = [p.parent for p in (eng / SUBDIR).glob("*/manifest.json")]
     assert len(dirs) == 1
     return cfg, eng / SUBDIR, dirs[0]
@@ -84,6 +92,8 @@ def test_package_in_a_fresh_process_gives_the_eager_codes(built):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     eager, got = out["eager"], out["aot"]
     assert got["compiled"] == "aot" and str(pkg) in got["source"], got["source"]
+    assert "load check in a test process recorded" in got["source"]   # engines compile ran it
+    assert not list(pkg.glob(".loading-*"))   # the in-process load's mark is gone after it
     assert "plain step for b2_L64 (not built)" in got["source"]   # only batch 1 was built: rows 0..0 of 2
     assert eager["compiled"] is None
     codes = np.array(got["codes"])
@@ -129,8 +139,6 @@ def test_other_config_falls_back_to_plain_graphs_with_the_reason(built):
 
 
 def test_damaged_package_is_refused(built, tmp_path):
-    import shutil
-
     from appliance.engines.cuda_runner import CudaRunner
 
     cfg, aot, pkg = built
@@ -160,3 +168,128 @@ def test_identity_names_what_differs(built, tmp_path):
     (other / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(Exception, match=r"checkpoint_sha256 is 000000000000\.\.\., here .*torch is '2\.0\.0', here"):
         aot_step.find(r, tmp_path / "aot", cfg["model"]["path"])
+
+
+# ---------------------------------------------------------------------------- the load canary
+SEGV_LOADER = """
+import os, signal
+from pathlib import Path
+
+def load(path, device_index):
+    with open(Path(__file__).with_name("calls.txt"), "a") as f:
+        f.write(f"{path}\\n")
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def _unchecked_copy(pkg: Path, tmp_path: Path) -> Path:
+    """A copy of the package set without its load-check marker -> the copy's directory."""
+    copy = tmp_path / "aot" / pkg.name
+    shutil.copytree(pkg, copy)
+    for m in copy.glob("load-check-*"):
+        m.unlink()
+    return copy
+
+
+def _segv_loader(tmp_path: Path, monkeypatch) -> Path:
+    """Point the canary's child at a loader that kills itself with SIGSEGV -> its call log."""
+    from appliance.engines import aot_canary
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "segv_loader.py").write_text(SEGV_LOADER)
+    monkeypatch.syspath_prepend(str(mods))   # the child starts with the parent's sys.path
+    monkeypatch.setattr(aot_canary, "LOADER", "segv_loader:load")
+    return mods / "calls.txt"
+
+
+def test_engines_compile_recorded_a_passed_load_check(built):
+    from appliance.engines import aot_canary
+    from appliance.engines import manifest as mf
+
+    _, _, pkg = built
+    mark = json.loads(aot_canary.marker_path(pkg).read_text())
+    assert mark["ok"] is True and mark["torch"] == torch.__version__
+    assert mark["packages"] == {n: g["sha256"] for n, g in mf.read(pkg)["graphs"].items()}
+
+
+def test_a_loader_that_segfaults_in_the_canary_leaves_plain_graphs_and_a_marker(built, tmp_path, monkeypatch):
+    from appliance.engines import aot_canary
+    from appliance.engines.cuda_runner import CudaRunner
+
+    cfg, _, pkg = built
+    copy = _unchecked_copy(pkg, tmp_path)
+    calls = _segv_loader(tmp_path, monkeypatch)
+    in_process = []
+    monkeypatch.setattr(aot_canary, "load_package", lambda *a: in_process.append(a))
+
+    r = CudaRunner(_config(cfg), compile="aot", aot_dir=str(tmp_path / "aot"))
+    assert r.compiled is None and r._aot is None
+    src = r.step_source
+    assert src.startswith("plain CUDA graphs: ") and f"crash torch {torch.__version__}'s loader" in src, src
+    assert "(signal 11, SIGSEGV, loading step_b1_L64.pt2 in a test process, at " in src and "segv_loader.py:" in src
+    mark = aot_canary.marker_path(copy)
+    assert str(mark) in src and "delete that file to try again" in src
+    data = json.loads(mark.read_text())
+    assert data["ok"] is False and data["torch"] == torch.__version__ and "SIGSEGV" in data["reason"]
+    assert calls.read_text().splitlines() == [str(copy / "step_b1_L64.pt2")]
+    assert in_process == []   # never loaded in the daemon's own process
+
+    again = CudaRunner(_config(cfg), compile="aot", aot_dir=str(tmp_path / "aot"))
+    assert again.compiled is None and "SIGSEGV" in again.step_source and "(recorded " in again.step_source
+    assert len(calls.read_text().splitlines()) == 1 and in_process == []   # the marker kept it from trying
+
+
+def test_a_start_that_died_loading_in_process_is_remembered(built, tmp_path):
+    from appliance.engines import aot_canary
+    from appliance.engines.cuda_runner import CudaRunner
+
+    cfg, _, pkg = built
+    copy = tmp_path / "aot" / pkg.name
+    shutil.copytree(pkg, copy)   # with the passed check engines compile recorded
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (copy / f".loading-{gone.pid}").write_text(torch.__version__ + "\n")   # as a start killed mid-load leaves it
+
+    r = CudaRunner(_config(cfg), compile="aot", aot_dir=str(tmp_path / "aot"))
+    assert r.compiled is None
+    assert f"a start (pid {gone.pid}) died while loading the ahead-of-time packages" in r.step_source
+    assert json.loads(aot_canary.marker_path(copy).read_text())["ok"] is False
+    assert not list(copy.glob(".loading-*"))
+
+
+def test_engines_compile_exits_1_when_its_packages_crash_the_loader(built, tmp_path, monkeypatch, capsys):
+    from appliance.build import aot
+    from appliance.engines import aot_canary
+
+    cfg, aot_dir, pkg = built
+    copy = tmp_path / "aot" / pkg.name
+    shutil.copytree(pkg, copy)   # a passed check recorded: compile checks again regardless
+    _segv_loader(tmp_path, monkeypatch)
+    monkeypatch.setattr(aot, "compile_packages", lambda *a, **kw: copy)
+    args = argparse.Namespace(config=str(aot_dir.parent / "config.json.yaml"), device="cpu", mode="default",
+                              batches="1", buckets=None, out=None)
+    assert aot.cli_main(args) == 1
+    err = capsys.readouterr().err
+    assert "load check failed" in err and f"signal {int(signal.SIGSEGV)}, SIGSEGV" in err, err
+    assert "the daemon runs plain CUDA graphs" in err
+    assert json.loads(aot_canary.marker_path(copy).read_text())["ok"] is False
+
+
+def test_a_loader_that_raises_in_the_canary_is_a_failure_with_its_message(built, tmp_path, monkeypatch):
+    from appliance.engines import aot_canary
+    from appliance.engines import manifest as mf
+
+    _, _, pkg = built
+    copy = _unchecked_copy(pkg, tmp_path)
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "raising_loader.py").write_text("def load(path, device_index):\n"
+                                            "    raise RuntimeError('Error in dlopen: no such symbol')\n")
+    monkeypatch.syspath_prepend(str(mods))
+    v = aot_canary.check(copy, mf.read(copy), -1, loader="raising_loader:load")
+    assert not v.ok and not v.recorded and v.marker == aot_canary.marker_path(copy)
+    assert "fail with torch" in v.reason and "RuntimeError: Error in dlopen: no such symbol" in v.reason, v.reason
+    assert "loading step_b1_L64.pt2 in a test process" in v.reason
+    again = aot_canary.check(copy, mf.read(copy), -1)   # the default loader would pass: the marker decides
+    assert not again.ok and again.recorded

@@ -42,10 +42,12 @@ def runners(tiny_ckpt, onnx_dir):
 def test_manifest_written(onnx_dir):
     m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
     assert m["kind"] == "onnx" and m["precision"] == "fp32"
-    assert set(m["graphs"]) == {"gpt", "decoder", "vocos", "decoder_first", "vocos_first"}
-    assert m["build"]["vocoder"] == "stream"
-    assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:3] == ["hidden", "pos0", "cache.0"]
-    assert [t["name"] for t in m["graphs"]["decoder_first"]["inputs"]] == ["hidden"]
+    assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
+    assert m["build"]["vocoder"] == "stream-merged"
+    assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:4] == ["first", "hidden", "pos0", "cache.0"]
+    # one weights file per vocoder network: the first pass reads the stateful pass's weights
+    d = onnx_dir / "onnx" / "fp32"
+    assert not (d / "decoder_first.onnx").exists() and not (d / "vocos_first.onnx.data").exists()
     assert len(m["checkpoint"]["sha256"]) == 64
     assert (onnx_dir / "onnx" / "fp32" / m["embed"]["file"]).is_file()
     dec_in = [t["name"] for t in m["graphs"]["gpt"]["inputs"]]
@@ -224,7 +226,7 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
     d = export_all(tiny_ckpt, tmp_path, precision="int8", **LIMITS, window_tokens=64)
     g = onnx.load(str(d / "gpt.onnx"), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in g.graph.node) == 2 * 4  # 4 linears per layer (qkv, o, gate_up, down)
-    for name in ("decoder", "decoder_first", "vocos", "vocos_first"):
+    for name in ("decoder", "vocos"):
         v = onnx.load(str(d / f"{name}.onnx"), load_external_data=False)
         assert not any(n.op_type == "MatMulNBits" for n in v.graph.node), name
     m = json.loads((d / "manifest.json").read_text())

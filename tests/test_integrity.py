@@ -170,33 +170,53 @@ def _ort_cfg(tiny_ckpt, engine_dir, **safety):
                                        "engine_dir": str(engine_dir)}, "safety": safety}, base_dir=str(tiny_ckpt))
 
 
+def _branch_inputs(onnx_file: Path, branch: str) -> set[str]:
+    """Names read in the ``If`` branch ``branch`` of a merged vocoder graph (``then_branch``: a
+    sentence's first pass, ``else_branch``: the later passes); empty for a graph without one."""
+    import onnx
+
+    def walk(g) -> set[str]:
+        return set().union(*(set(n.input).union(*(walk(a.g) for a in n.attribute if a.type == a.GRAPH))
+                             for n in g.node))
+
+    m = onnx.load(str(onnx_file), load_external_data=False)
+    return set().union(*(walk(a.g) for n in m.graph.node if n.op_type == "If" for a in n.attribute if a.name == branch))
+
+
 def _external_float(onnx_file: Path) -> int:
-    """Byte offset in ``<onnx_file>.data`` of the first float32 initializer stored there."""
+    """Byte offset in ``<onnx_file>.data`` of a float32 initializer stored there (merged graph: one the first pass reads)."""
     import onnx
 
     m = onnx.load(str(onnx_file), load_external_data=False)
+    first = _branch_inputs(onnx_file, "then_branch")
     for t in m.graph.initializer:
         if t.data_type == onnx.TensorProto.FLOAT and t.data_location == onnx.TensorProto.EXTERNAL:
             info = {e.key: e.value for e in t.external_data}
-            if int(info.get("length", 0)) >= 64:
+            if int(info.get("length", 0)) >= 64 and (not first or t.name in first):
                 return int(info.get("offset", 0))
     raise AssertionError(f"{onnx_file} has no external float initializer")
 
 
 def _inline_float(onnx_file: Path) -> int:
-    """Byte offset in ``onnx_file`` of a float32 constant stored in the graph itself."""
+    """Byte offset in ``onnx_file`` of a float32 constant stored in the graph itself (in a merged vocoder
+    graph one of the first pass's own, ``first/...``), found by the tensor's serialized bytes, name included."""
     import onnx
+
+    def consts(g) -> list:  # a merged vocoder graph keeps its passes' constants in If branches
+        return [x for n in g.node for a in n.attribute
+                for x in ([a.t] if a.HasField("t") else consts(a.g) if a.type == onnx.AttributeProto.GRAPH else [])]
 
     m = onnx.load(str(onnx_file), load_external_data=False)
     raw = onnx_file.read_bytes()
-    for t in list(m.graph.initializer) + [a.t for n in m.graph.node for a in n.attribute if a.HasField("t")]:
-        if t.data_type == onnx.TensorProto.FLOAT and len(t.raw_data) >= 16 and raw.count(t.raw_data) == 1:
-            return raw.index(t.raw_data)
+    for t in sorted(list(m.graph.initializer) + consts(m.graph), key=lambda t: not t.name.startswith("first/")):
+        blob = t.SerializeToString()
+        if t.data_type == onnx.TensorProto.FLOAT and len(t.raw_data) >= 16 and (i := raw.find(blob)) >= 0:
+            return i + blob.index(t.raw_data)
     raise AssertionError(f"{onnx_file} has no inline float constant")
 
 
-@pytest.mark.parametrize("name", ["vocos.onnx.data", "decoder.onnx.data", "gpt.onnx.data", "vocos_first.onnx",
-                                  "embed.safetensors"])
+@pytest.mark.parametrize("name", ["vocos.onnx.data", "decoder.onnx.data", "gpt.onnx.data", "vocos.onnx",
+                                  "decoder.onnx", "embed.safetensors"])
 def test_a_flipped_bit_in_an_onnx_engine_file_is_refused_at_load(tiny_ckpt, onnx_dir, tmp_path, name):
     from appliance.engines.onnx_runner import OnnxRunner
 
@@ -219,6 +239,8 @@ def test_a_flipped_bit_in_an_onnx_engine_file_is_refused_at_load(tiny_ckpt, onnx
 
 
 def test_onnx_runner_lists_what_it_verified_and_an_old_manifest_is_refused(tiny_ckpt, onnx_dir, tmp_path):
+    import onnx
+
     from appliance.engines.onnx_runner import OnnxRunner
 
     eng = _onnx_copy(onnx_dir, tmp_path)
@@ -226,7 +248,13 @@ def test_onnx_runner_lists_what_it_verified_and_an_old_manifest_is_refused(tiny_
     r = OnnxRunner(_ort_cfg(tiny_ckpt, eng))
     m = json.loads((d / "manifest.json").read_text())
     assert {p.name: s for p, s in r.weight_files} == m["files"]
-    assert {"gpt.onnx", "gpt.onnx.data", "vocos.onnx.data", "embed.safetensors"} <= set(m["files"])
+    # the merged layout: one graph and one data file per vocoder network, both passes reading it
+    assert set(m["files"]) == {f"{g}{x}" for g in ("gpt", "decoder", "vocos") for x in (".onnx", ".onnx.data")} \
+        | {"embed.safetensors"}
+    for f in (d / "decoder.onnx", d / "vocos.onnx"):
+        data = {t.name for t in onnx.load(str(f), load_external_data=False).graph.initializer if t.external_data}
+        assert data & _branch_inputs(f, "then_branch") & _branch_inputs(f, "else_branch"), f
+    assert not list(d.glob("*_first*"))
     r.close()
     del m["files"]
     (d / "manifest.json").write_text(json.dumps(m))

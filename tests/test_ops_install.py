@@ -46,8 +46,10 @@ def test_dry_run_here_prints_the_plan_and_says_not_a_jetson():
                    "-m pip install", "/etc/chattts-appliance/config.yaml", "/etc/systemd/system/chattts-appliance.service",
                    "model fetch", "engines build --config /etc/chattts-appliance/config.yaml --precision fp16",
                    "engines compile --config /etc/chattts-appliance/config.yaml", "health --config", "systemctl enable --now chattts-appliance.service chattts-appliance-health.timer",
-                   f"(exit {EXIT_NOT_JETSON})"):
+                   f"(exit {EXIT_NOT_JETSON})", "skipped (JetPack only, not a Jetson): python3-libnvinfer",
+                   "skipped (JetPack only, not a Jetson): the [jetson] extra", "JetPack-only steps skipped (not a Jetson)"):
         assert needle in out, needle
+    assert "[jetson]" not in out.split("==> python package from")[1].splitlines()[0]
     assert (os.path.exists("/opt/chattts-appliance"), os.path.exists("/etc/chattts-appliance")) == before
 
 
@@ -64,6 +66,7 @@ def test_dry_run_on_a_jetpack6_board(tmp_path):
     r = _run("--dry-run", "--probe-root", root, "--precision", "int8")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Jetson: NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super, L4T R36.4.3 (JetPack 6.2)" in r.stdout
+    assert "not a Jetson" not in r.stdout and "JetPack only" not in r.stdout
     assert "python3-libnvinfer" in r.stdout
     assert f"pip install --disable-pip-version-check {REPO}\\[jetson\\]" in r.stdout
     assert "engines build --config /etc/chattts-appliance/config.yaml --precision int8" in r.stdout
@@ -137,6 +140,9 @@ def test_prefix_install_is_real(prefix_install):
     assert cfg.resolve(cfg.model.engine_dir) == prefix / "var/cache/chattts-appliance/engines"
     assert cfg.resolve(cfg.service.spool_dir) == prefix / "var/lib/chattts-appliance/spool"
     assert "skipped apt, service user, checkpoint, engines, health check and systemctl" in first.stdout
+    if not IS_JETSON:   # the JetPack-only parts say they were skipped, and what runs instead
+        assert "JetPack-only steps skipped (not a Jetson): python3-libnvinfer" in first.stdout
+        assert "model.backend auto picks onnxruntime" in first.stdout
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

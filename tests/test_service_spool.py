@@ -6,7 +6,7 @@ import logging
 from appliance.messages.protocol import parse_request
 from appliance.service.journal import Journal
 from appliance.service.recovery import tell_stopped
-from appliance.service.scheduler import Item
+from appliance.service.request import Request
 from tests.fixtures_service import launch_daemon, service_config
 from tests.waits import wait_log
 
@@ -52,8 +52,8 @@ def test_the_stop_log_counts_kept_and_dropped_apart(caplog):
     as kept (it said "3 ... kept in the journal" when 2 were)."""
     got = []
 
-    def item(rid: str, journal, **kw) -> Item:
-        return Item(speak=parse_request({"text": "hi", "id": rid, **kw}), job=None, channel="main",
+    def item(rid: str, journal, **kw) -> Request:
+        return Request(speak=parse_request({"text": "hi", "id": rid, **kw}), job=None, channel="main",
                     sink=lambda e, p: got.append(e), journal=journal)
 
     items = [item("a", 1), item("b", 2), item("wy-1", None, play=False, return_audio=True)]

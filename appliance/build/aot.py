@@ -7,6 +7,12 @@ then compiles one AOTInductor package per (batch, attention bucket) into
 with ``model.compile: auto`` loads them in well under a second each instead of compiling; where
 they do not match (another GPU, checkpoint, torch or config) it says why and runs plain CUDA graphs.
 
+Right after building, the packages are loaded and run once in a child process, as every daemon
+start does before it loads a set in-process (:mod:`appliance.engines.aot_canary`): on the H200 with
+torch 2.11.0+cu130 the freshly built packages crashed torch's loader with a segmentation fault. The
+command prints that check's verdict and exits 1 when the packages cannot be loaded (the verdict is
+recorded beside them, so the daemon runs plain CUDA graphs without trying them).
+
 Building needs what ``torch.compile`` needs (Triton on a GPU; a C++ compiler on a CPU); running
 the packages does not. Run it where the daemon will run (installers do), once per GPU, checkpoint,
 torch version and config: about 15-40 s per package on a desktop GPU (12 packages at the default
@@ -71,7 +77,9 @@ def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[
 
 
 def cli_main(args) -> int:
-    """``engines compile``; returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    """``engines compile``; returns 0, or 1 when the built packages fail their load check (the
+    reason on stderr). Errors propagate as ApplianceError (exit status 2)."""
+    from ..engines import aot_canary
     from ..engines import manifest as mf
 
     cfg = load_config(args.config)  # None: the built-in defaults
@@ -87,5 +95,12 @@ def cli_main(args) -> int:
     print(f"compiled {len(m['graphs'])} packages ({total / 2**20:.1f} MiB) in {time.perf_counter() - t0:.0f} s into {d}")
     for name, g in m["graphs"].items():
         print(f"  {name:22s} {g['bytes'] / 2**20:7.1f} MiB  {g['compile_s']:6.1f} s")
+    t1 = time.perf_counter()
+    verdict = aot_canary.check(d, m, -1, force=True)
+    if not verdict.ok:
+        print(f"load check failed ({time.perf_counter() - t1:.0f} s): {verdict.reason}\n"
+              "the daemon runs plain CUDA graphs with model.compile: auto", file=sys.stderr)
+        return 1
+    print(f"load check: {verdict.reason}")
     print("the daemon loads them at its next start with model.compile: auto")
     return 0

@@ -38,7 +38,7 @@ def cli_export(args) -> int:
     logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # the exporter's passes log every rewrite at INFO
     ckpt = Path(args.checkpoint) if args.checkpoint else cfg.resolve(mc.path)
     out = Path(args.out) if args.out else cfg.resolve(mc.engine_dir)
-    n_graphs = len(GRAPHS) + (2 if args.precision != "fp16" else 0)  # ONNX Runtime: + decoder_first, vocos_first
+    n_graphs = len(GRAPHS) + (2 if args.precision != "fp16" else 0)  # ONNX Runtime: + the first passes (merged after)
     bar = _bar(n_graphs, f"export {args.precision}")
 
     def step(name: str) -> None:
@@ -55,7 +55,7 @@ def cli_export(args) -> int:
     finally:
         bar.close()
     print(f"exported {n_graphs} graphs to {d}")
-    if getattr(args, "calibrate", False) and args.precision in ("fp32", "int8") and not args.checkpoint and not args.out:
+    if getattr(args, "calibrate", False) and args.precision in ("fp32", "int8", "int4") and not args.checkpoint and not args.out:
         _calibrate(cfg, backend="onnxruntime")
     return 0
 

@@ -27,8 +27,8 @@ M = ``max_batch``:
     carries two optimization profiles: 0 = decode (B 1..M, T = 1), 1 = prefill (B = 1,
     T 1..``max_prompt_tokens``).
 
-``decoder`` (TensorRT's input; ONNX Runtime's fp32/int8 exports carry the *stateful* ``decoder``
-and ``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: stream``)
+``decoder`` (TensorRT's input; ONNX Runtime's exports carry the *stateful* ``decoder`` and
+``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: stream-merged``)
     ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (TensorRT: a profile
     2..``window_tokens``). No padding: the streaming code
     (:mod:`appliance.synth.vocoder`) cuts overlapping windows, and a variable window keeps the
@@ -44,12 +44,11 @@ and ``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: 
     state across windows anyway and the ISTFT is < 0.5 % of real time on the host, so the graph
     stops at the complex spectrum.
 
-Precision lives in the graph (TensorRT-RTX and TensorRT 10 are strongly typed): ``fp32``
-(ONNX Runtime default), ``fp16`` (weights and activations FP16, RMSNorm/RoPE tables in FP32 as
-the model computes them; input of TensorRT plans), ``int8`` (ONNX Runtime: the fp32 ``gpt``
-graph with every constant-weight MatMul replaced by ``MatMulNBits`` 8-bit blockwise,
-weight-only, see :mod:`appliance.build.graph_precision`; the Decoder and Vocos graphs stay
-FP32). TensorRT int8/fp8 graphs are made from the fp16 export at build time.
+Precision lives in the graph (TensorRT-RTX and TensorRT 10 are strongly typed): ``fp32``,
+``fp16`` (weights and activations FP16, RMSNorm/RoPE tables in FP32; input of TensorRT plans),
+``int8`` / ``int4`` (ONNX Runtime: the fp32 ``gpt`` graph with every constant-weight MatMul as
+``MatMulNBits`` 8 / 4-bit blockwise, weight-only, :mod:`appliance.build.graph_precision`; the
+Decoder and Vocos stay FP32). TensorRT int8/fp8 graphs are made from the fp16 export at build time.
 
 Why the vocoder stays FP32 in an ``int8`` export (measured on the 2-core CPU, ONNX Runtime 1.32,
 AVX2 without VNNI, 2026-12-01): ``MatMulNBits`` wins where a step reads each weight once for one
@@ -59,13 +58,11 @@ row (the GPT decode step: a 768x3072 GEMV 2.7x faster than FP32), but the vocode
 ms per second of audio against 441-470 ms (first window 85-97 ms against 108-140 ms), side by
 side in one run (``bench/bench_vocoder.py``). It is also exact: INT8 rounds matrices of at most 64
 rows another way than larger ones, so small passes differed from a one-shot pass by -36 dB and
-the INT8 vocoder itself is -34 dB off FP32. The price is memory: +192 MiB RSS at load (the
-Decoder's 104 MB and Vocos' 54 MB of FP32 weights, held by each stateful graph and its
-first-pass graph).
+the INT8 vocoder itself is -34 dB off FP32. Its FP32 weights (Decoder 104 MB, Vocos 54 MB) are held
+once: each first pass shares its network's graph (:func:`~.stream_graphs.merge_stream_pair`).
 
-Errors: :class:`~appliance.errors.CheckpointError` (bad checkpoint),
-:class:`~appliance.errors.ConfigError` (bad precision/limits), :class:`~appliance.errors.EngineError`
-(the exporter failed; the message names the graph).
+Errors: :class:`~appliance.errors.CheckpointError`, :class:`~appliance.errors.ConfigError` (bad
+precision/limits), :class:`~appliance.errors.EngineError` (the exporter failed; names the graph).
 """
 
 from __future__ import annotations
@@ -96,6 +93,9 @@ WINDOW_TOKENS = 256
 #: Graphs whose MatMuls an ``int8`` export rewrites to ``MatMulNBits``: the GPT only. The vocoder
 #: graphs stay FP32 (see module doc: faster on the CPU at vocoder window sizes, and exact).
 INT8_GRAPHS = ("gpt",)
+#: ONNX Runtime weight-only precisions: bits of the GPT's ``MatMulNBits`` weights (block 32,
+#: int8 activations); the graphs are the fp32 export's.
+NBITS = {"int8": 8, "int4": 4}
 
 
 class _PrefixCacheAttend:
@@ -211,7 +211,7 @@ class VocosGraph(nn.Module):
 
 
 def _dtype(precision: str) -> torch.dtype:
-    if precision in ("fp32", "int8"):
+    if precision in ("fp32", "int8", "int4"):
         return torch.float32
     if precision == "fp16":
         return torch.float16
@@ -355,15 +355,19 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         t0 = time.perf_counter()
         f = out / f"{name}.onnx"
         export_graph(name, specs[name], f)
-        if precision == "int8" and name in INT8_GRAPHS:
+        if precision in NBITS and name in INT8_GRAPHS:
             from .graph_precision import matmul_nbits
 
-            matmul_nbits(f, f, bits=8)
+            matmul_nbits(f, f, bits=NBITS[precision])
         ins, outs = _io(f)
         entries[name] = {"file": f.name, "inputs": ins, "outputs": outs,
                          "profiles": [{k: [list(x) for x in v] for k, v in pr.items()} for pr in specs[name]["profiles"]],
                          "export_s": round(time.perf_counter() - t0, 2)}
         log.info("exported %s in %.1f s", name, time.perf_counter() - t0)
+    if not static:  # one graph per vocoder network: the first pass shares the stateful pass's weights
+        from .stream_graphs import merge_first_passes
+
+        merge_first_passes(out, entries, _io)
     from safetensors.torch import save_file
 
     with torch.no_grad():  # host-side embeddings (float32): the graphs take embeddings as input
@@ -384,9 +388,10 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         "embed": {"file": EMBED_FILE, "sha256": mf.file_sha256(out / EMBED_FILE)},
         "kv": {"dtype": "float16" if kv_el == 2 else "float32", "bytes_per_token": 2 * s.n_layers * s.hidden * kv_el},
         "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix",
-                  "quantization": {g: "MatMulNBits-8" for g in graphs if g in INT8_GRAPHS} if precision == "int8" else None,
-                  "vocoder": "window" if static else "stream",
-                  "vocoder_precision": "fp32" if precision == "int8" else precision},
+                  "quantization": ({g: f"MatMulNBits-{NBITS[precision]}" for g in graphs if g in INT8_GRAPHS}
+                                   if precision in NBITS else None),
+                  "vocoder": "window" if static else "stream-merged",
+                  "vocoder_precision": "fp32" if precision in NBITS else precision},
         "graphs": entries,
     })
     return out

@@ -144,3 +144,35 @@ def matmul_nbits(src: str | Path, dst: str | Path, bits: int = 8, block_size: in
     n = sum(1 for nd in out.graph.node if nd.op_type == "MatMulNBits")
     log.info("%s: %d MatMulNBits (%d-bit, block %d)", Path(dst).name, n, bits, block_size)
     return n
+
+
+def fuse_norms(src: str | Path, dst: str | Path) -> int:
+    """Fuse every RMSNorm (``Pow -> ReduceMean -> Add -> Sqrt -> Reciprocal -> Mul -> Mul``) into
+    ``SimplifiedLayerNormalization`` and a residual ``Add`` followed by one into
+    ``SkipSimplifiedLayerNormalization`` (ONNX Runtime's transformer optimizer fusions;
+    com.microsoft ops, ONNX Runtime and OpenVINO read them).
+
+    Returns:
+        The number of fused norms in ``dst``.
+
+    Raises:
+        EngineError: the graph cannot be read or rewritten.
+    """
+    import onnx
+    from onnxruntime.transformers.fusion_simplified_layernorm import (
+        FusionSimplifiedLayerNormalization,
+        FusionSkipSimplifiedLayerNormalization,
+    )
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    try:
+        om = OnnxModel(onnx.load(str(src), load_external_data=True))
+        FusionSimplifiedLayerNormalization(om).apply()
+        FusionSkipSimplifiedLayerNormalization(om).apply()
+        om.prune_graph()
+    except Exception as e:  # the fusions raise assorted errors on unexpected graphs
+        raise EngineError(f"norm fusion of {src} failed: {type(e).__name__}: {e}") from e
+    _save(om.model, Path(dst))
+    n = sum(1 for nd in om.model.graph.node if "SimplifiedLayerNormalization" in nd.op_type)
+    log.info("%s: %d fused RMSNorms", Path(dst).name, n)
+    return n

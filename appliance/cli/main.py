@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--config", default=None, help=CONFIG_HELP)
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
-    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "fp8"),
-                    help="weights of the exported graphs (int8: 8-bit weight-only GPT; default fp32)")
+    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "int4", "fp8"),
+                    help="weights of the exported graphs (int8 / int4: 8 / 4-bit weight-only GPT; default fp32)")
     ex.add_argument("--window-tokens", type=int, default=None,
                     help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")
@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workspace-mib", type=int, default=None,
                    help="builder workspace (memory pool) limit in MiB (default: min(1024, service.memory_budget_mb))")
     b.add_argument("--graphs", default=None, help="comma-separated subset: gpt,decoder,vocos")
-    c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages)")
+    c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages); "
+                                     "exit 1 when they fail their load check in a child process")
     c.add_argument("--config", default=None, help=CONFIG_HELP)
     c.add_argument("--mode", default="default", choices=("default", "max-autotune-no-cudagraphs"))
     c.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: model.device")

@@ -24,9 +24,15 @@ the sha256 of the step's source code and of the input signature (names, shapes, 
 each package's size and sha256. A load computes the identity of the runner it serves and takes
 the directory whose manifest matches it exactly; a package whose sha256 differs is refused.
 
-**Fallback.** Any mismatch, no package for any captured shape, a refused file or a failed load raises
-:class:`~appliance.errors.EngineMismatchError` naming the reason and the command that rebuilds
-(:data:`REBUILD`); the runner then logs it and captures plain CUDA graphs of the eager step.
+**Load canary.** Before a process loads a set in-process, a child process loads every package of
+it and runs it once (:mod:`appliance.engines.aot_canary`): on the H200 with torch 2.11 the
+packages crashed torch's loader with a segmentation fault, which no ``try`` catches. The verdict
+is recorded in the set's directory per torch version, so the child runs once per set and torch.
+
+**Fallback.** Any mismatch, no package for any captured shape, a refused file, a set the child
+could not load or a failed load raises :class:`~appliance.errors.EngineMismatchError` naming the
+reason (and the command that rebuilds, :data:`REBUILD`); the runner then logs it and captures plain
+CUDA graphs of the eager step.
 
 Same seed, same codes: the package runs the eager step's operations in inductor's fused kernels,
 as ``torch.compile`` does (tests: test_engines_aot.py on the CPU, test_gpu_cuda.py on a GPU).
@@ -49,6 +55,7 @@ import torch
 from torch import nn
 
 from ..errors import EngineError, EngineMismatchError
+from . import aot_canary
 from . import manifest as mf
 
 log = logging.getLogger(__name__)
@@ -147,11 +154,17 @@ class _Step(nn.Module):
 
 # --------------------------------------------------------------------------- identity
 def _code_sha256(runner) -> str:
+    """sha256 of the step's source (``_step_body`` and :data:`CODE_MODULES`); the installed
+    distribution's version stands in for a source that is not installed (bytecode only)."""
     import importlib
+    import importlib.metadata as md
 
-    h = hashlib.sha256(inspect.getsource(type(runner)._step_body).encode())
-    for name in CODE_MODULES:
-        h.update(inspect.getsource(importlib.import_module(name)).encode())
+    h = hashlib.sha256()
+    for obj in (type(runner)._step_body, *map(importlib.import_module, CODE_MODULES)):
+        try:
+            h.update(inspect.getsource(obj).encode())
+        except (OSError, TypeError):
+            h.update(f"{md.version('chattts-appliance')} {getattr(obj, '__name__', '')}".encode())
     return h.hexdigest()
 
 
@@ -324,8 +337,9 @@ class AotSteps:
             ``--buckets``) are listed in ``missing`` and run the plain step.
 
     Raises:
-        EngineMismatchError: none of the shapes is there, a file fails its sha256, or a package
-            does not load.
+        EngineMismatchError: none of the shapes is there, a file fails its sha256, the set failed
+            its load check in a child process (now or recorded: :func:`aot_canary.check`), or a
+            package does not load.
     """
 
     def __init__(self, runner, directory: Path, manifest: dict, shapes: list[tuple[int, int]]):
@@ -338,16 +352,17 @@ class AotSteps:
         self.directory = directory
         self._xs = step_tensors(runner)[1]
         dev = runner.device.index if runner.device.type == "cuda" and runner.device.index is not None else -1
+        self.verdict = aot_canary.check(directory, manifest, dev)   # a child process first: a fault kills
+        if not self.verdict.ok:
+            raise EngineMismatchError(self.verdict.reason)
         self._run = {}
-        for b, L in shapes:
-            p = directory / package_name(b, L)
-            try:
-                self._run[(b, L)] = _load(p, dev)
-            except Exception as e:  # the loader raises RuntimeError and others
-                raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
-
-    def shapes(self) -> list[tuple[int, int]]:
-        return sorted(self._run)
+        with aot_canary.loading(directory):
+            for b, L in shapes:
+                p = directory / package_name(b, L)
+                try:
+                    self._run[(b, L)] = aot_canary.load_package(p, dev)
+                except Exception as e:  # the loader raises RuntimeError and others
+                    raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
 
     def fn(self, b: int, L: int) -> Optional[Callable[[], None]]:
         """The step for ``(b, L)`` as a no-argument callable (None: no package for that shape)."""
@@ -358,30 +373,12 @@ class AotSteps:
         return lambda: run(list(xs))   # the loader empties the list it is given
 
 
-def _load(path: Path, device_index: int) -> Callable[[list], list]:
-    """A package's ``run(flat tensors) -> outputs``.
-
-    The C++ loader directly (``torch._C._aoti.AOTIModelPackageLoader``, what
-    ``torch._inductor.aoti_load_package`` wraps): importing ``torch._inductor`` imports dynamo
-    (seconds), and the Python wrapper's package check re-probes the CPU's vector ISA by compiling
-    test programs (5 s here); the identity check above covers both. One runner without
-    thread synchronisation (``run_single_threaded``), as a CUDA-graph capture wants. Falls back
-    to ``aoti_load_package`` where the loader's signature differs (another torch).
-    """
-    try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, device_index)
-        return loader.boxed_run
-    except (AttributeError, TypeError):
-        from torch._inductor import aoti_load_package
-
-        pkg = aoti_load_package(str(path))
-        return lambda xs: pkg(*xs)
-
-
 def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.PathLike,
                shapes: list[tuple[int, int]], mode: str = "default") -> tuple[Optional[AotSteps], str]:
     """The runner's packages for ``shapes`` and what its step is, in one line: ``(AotSteps, "ahead-of-time
-    compiled step from DIR")`` or ``(None, "plain CUDA graphs: <why>")`` (logged as a warning)."""
+    compiled step from DIR")`` or ``(None, "plain CUDA graphs: <why>")`` (logged as a warning); never
+    raises for a set that cannot be loaded, and never loads one in-process before a child process has
+    loaded it under this torch (:mod:`appliance.engines.aot_canary`)."""
     if root is None:
         return None, "plain CUDA graphs: no engine directory for ahead-of-time packages"
     t0 = time.perf_counter()
@@ -393,5 +390,6 @@ def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.Pat
         log.warning("decode step: %s", why)
         return None, why
     plain = f"; plain step for {', '.join(f'b{b}_L{L}' for b, L in steps.missing)} (not built)" if steps.missing else ""
-    return steps, (f"ahead-of-time compiled ({m['identity']['mode']}) from {d}, {len(steps.shapes())} packages loaded "
-                   f"in {time.perf_counter() - t0:.2f} s{plain}")
+    check = "recorded" if steps.verdict.recorded else "passed now"
+    return steps, (f"ahead-of-time compiled ({m['identity']['mode']}) from {d}, {len(steps._run)} packages loaded "
+                   f"in {time.perf_counter() - t0:.2f} s (load check in a test process {check}){plain}")

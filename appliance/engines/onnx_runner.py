@@ -36,13 +36,17 @@ and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
 runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential execution.
+cores) intra-op, 1 inter-op, sequential execution; idle threads sleep unless ``model.spin_wait``
+(whole decode step, busy shared 2-core host, 2026-12-02, in turns: INT8 at 512 cached positions
+62 ms without spinning against 119 ms with it; ``bench/bench_gpt_step.py``).
 
-The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, ``decoder_first`` and
-``vocos_first`` a sentence's first pass (:mod:`appliance.build.stream_graphs`): the caches go in
-and out as arrays that
-:class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an export without them
-(``build.vocoder`` not ``stream``) is refused at load with the command that re-exports.
+The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
+first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
+(:mod:`appliance.build.stream_graphs`; the first pass gets zero arrays for the caches it does not
+read): the caches go in and out as arrays that
+:class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an older export
+(``build.vocoder`` not ``stream-merged``: a separate first-pass graph held the FP32 weights a
+second time, +144 MiB RSS at full size) is refused at load with the command that re-exports.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
 :meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
@@ -74,13 +78,16 @@ from .runner import RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
 
-#: Precision directories tried in order under ``<engine_dir>/onnx/``.
+#: Precision directories tried in order under ``<engine_dir>/onnx/`` when ``model.onnx_precision``
+#: is ``auto`` (int4 only when asked for: its error is larger, see bench/RESULTS.md).
 PRECISIONS = ("int8", "fp32")
 
 
 def find_export(cfg: Config) -> Path | None:
-    """The first ``<engine_dir>/onnx/<precision>`` (order :data:`PRECISIONS`) holding a manifest."""
-    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "onnx", PRECISIONS)
+    """The ``<engine_dir>/onnx/<precision>`` holding a manifest: ``model.onnx_precision``, or with
+    ``auto`` the first of :data:`PRECISIONS`."""
+    want = getattr(cfg.model, "onnx_precision", "auto")
+    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "onnx", PRECISIONS if want == "auto" else (want,))
 
 
 def load_embeddings(d: Path, m: dict, hint: str = "", verify: bool = True) -> tuple[np.ndarray, np.ndarray, Optional[str]]:
@@ -172,9 +179,10 @@ class OnnxRunner(HostRunner):
         m = mf.read(d, hint)
         expect = mf.expect_common(cfg, m, "onnx")
         mf.check(m, expect, hint)
-        if m.get("build", {}).get("vocoder") != "stream" or not {"decoder_first", "vocos_first"} <= set(m["graphs"]):
-            raise EngineMismatchError(f"{d} holds stateless vocoder graphs from an older export; this version runs "
-                                      f"the stateful ones: export again with: {hint}")
+        if m.get("build", {}).get("vocoder") != "stream-merged":
+            raise EngineMismatchError(f"{d} holds vocoder graphs from an older export (stateless windows, or a "
+                                      f"separate first-pass graph holding the weights twice); this version runs one "
+                                      f"stateful graph per network: export again with: {hint}")
         self.manifest, self.dir = m, d
         # every file that onnxruntime maps, hashed before it is handed over; the tables below in
         # the pass that reads them (safety.verify_checkpoint)
@@ -195,6 +203,8 @@ class OnnxRunner(HostRunner):
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
+        if not getattr(mc, "spin_wait", False):  # threads sleep when idle (model.spin_wait: measured 1.5-2x on a busy host)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._sess: dict[str, Any] = {}
         for g, e in m["graphs"].items():
             self._sess[g] = self._call(f"loading {g}", lambda e=e: ort.InferenceSession(
@@ -228,6 +238,12 @@ class OnnxRunner(HostRunner):
         self._pf_hidden = np.zeros(D, np.float32)
         self._pf_pos = np.zeros(1, np.int64)
 
+        # a sentence's first pass reads no cache: zero arrays bound to the unused cache inputs
+        self._zero_caches = {g: {i.name: np.zeros(i.shape, np.float32) for i in self._sess[g].get_inputs()
+                                 if i.name.startswith("cache.")} for g in ("decoder", "vocos")}
+        self._first = np.array(True)
+        self._next = np.array(False)
+        self._pos_zero = np.zeros(1, np.int64)
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".onnx", ".data"))
         max_prompt = int(m["limits"]["max_prompt_tokens"])
         self.info = RunnerInfo(
@@ -335,8 +351,8 @@ class OnnxRunner(HostRunner):
     def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None) -> tuple[np.ndarray, list]:
         """Stateful Decoder pass (the ``decoder`` graph, :mod:`appliance.build.stream_graphs`):
         hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, rf + 2T]``, caches: the
-        graph's ``cache_out.i`` arrays). ``cache`` None: a sentence's first pass
-        (``decoder_first``, ``pos0`` must be 0).
+        graph's ``cache_out.i`` arrays). ``cache`` None: a sentence's first pass (the graph's
+        ``first`` branch, ``pos0`` must be 0).
 
         Raises:
             EngineError: wrong shape, or onnxruntime failed.
@@ -345,9 +361,11 @@ class OnnxRunner(HostRunner):
         if hidden.ndim != 2 or hidden.shape[1] != self._D or hidden.shape[0] == 0:
             raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
         if cache is None:  # a sentence's first pass
-            out = self._run("decoder_first", {"hidden": hidden})
+            out = self._run("decoder", {"hidden": hidden, "first": self._first, "pos0": self._pos_zero,
+                                        **self._zero_caches["decoder"]})
         else:
-            out = self._run("decoder", {"hidden": hidden, "pos0": np.array([pos0], np.int64), **self._caches(cache)})
+            out = self._run("decoder", {"hidden": hidden, "first": self._next, "pos0": np.array([pos0], np.int64),
+                                        **self._caches(cache)})
         return out[0], out[1:]
 
     def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,
@@ -363,9 +381,11 @@ class OnnxRunner(HostRunner):
             raise EngineError(f"vocos input must be [{self._n_mels}, F>0], got {list(mel.shape)}")
         nf = np.array([n_final], np.int64)
         if cache is None:
-            out = self._run("vocos_first", {"mel": mel, "n_final": nf})
+            out = self._run("vocos", {"mel": mel, "first": self._first, "pos0": self._pos_zero, "n_final": nf,
+                                      **self._zero_caches["vocos"]})
         else:
-            out = self._run("vocos", {"mel": mel, "pos0": np.array([pos0], np.int64), "n_final": nf, **self._caches(cache)})
+            out = self._run("vocos", {"mel": mel, "first": self._next, "pos0": np.array([pos0], np.int64),
+                                      "n_final": nf, **self._caches(cache)})
         return out[0], out[1], out[2:]
 
     def close(self) -> None:

@@ -82,6 +82,12 @@ CUDA_CONTEXT_MIB = 300
 """The bare CUDA context on a Jetson with lazy loading, MiB (published figure, docs/jetson-memory.md):
 counted before the load on unified memory, where the budget holds everything."""
 RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40}
+HOST_WORK_FRACTION = {"torch": 0.3, "onnxruntime": 0.6}
+"""Host memory a CPU backend's warm-up adds, as a fraction of its weights (activations, the
+runtime's arenas, the KV pages the warm-up touches). Measured on the 2-core machine with the
+full checkpoint: torch FP32 1584 MiB RSS after warm-up for 1009 MiB of weights and 259 MiB before
+the load (+316, 0.31); ONNX Runtime INT8 768 MiB loaded, 1074 after warm-up (+307 for 515 MiB of
+weights, 0.6) (bench/bench_memory.py, bench/RESULTS.md)."""
 """Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
 in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
 2.13) +208 MiB, ``import onnxruntime`` 1.32 +35 MiB."""
@@ -188,11 +194,12 @@ def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> Memor
     host = rss_now_mib + RUNTIME_HOST_MIB.get(sizes.backend, 0)
     fixed = {"discrete": CUDA_EXTRA_MIB + w,
              "unified": host + CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB + w,
-             "cpu": host + w}[kind]
+             "cpu": host + w * (1.0 + HOST_WORK_FRACTION.get(sizes.backend, 0.0))}[kind]
     what = (f"estimated before the load on a {kind} box: weights {w:.0f} MiB ({sizes.what})"
             + {"discrete": f" + {CUDA_EXTRA_MIB} MiB of workspaces and graphs in device memory (the CUDA context apart)",
                "unified": f" + {host:.0f} MiB RSS with the runtime + {CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB} MiB for CUDA",
-               "cpu": f" + {host:.0f} MiB RSS with the runtime"}[kind]
+               "cpu": f" + {host:.0f} MiB RSS with the runtime + {w * HOST_WORK_FRACTION.get(sizes.backend, 0.0):.0f} "
+                      f"MiB for the warm-up's work"}[kind]
             + f" + KV {sizes.kv_bytes_per_token * cfg.model.max_seq_len * cfg.model.max_batch / MIB:.0f} MiB")
     return _fit(fixed, sizes.kv_bytes_per_token / MIB, cfg.model.max_seq_len, cfg.model.max_batch,
                 float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens, sizes.resizable, sizes.backend, what)
