@@ -11,16 +11,16 @@ cd "$(dirname "$0")/.." || exit 1
 CKPT=$1 OLD=$2 OLD_ENG=$3 NEW_ENG=$4 ROUNDS=${5:-2}
 PY=${PY:-.venv/bin/python}
 LA=${LOOKAHEAD:-auto}
-BASE=""
+BASE=()
 if [ -n "${UPSTREAM_SRC:-}" ]; then
   UP=$(PYTHONPATH="${UPSTREAM_PATH:-}" $PY bench/bench_upstream_cpu.py --checkpoint "$CKPT" --src "$UPSTREAM_SRC" \
        --batches 1 --steps "${UPSTREAM_STEPS:-30}" --label "upstream, same session" | grep '^{')
   echo "$UP"
-  BASE="--baseline-ms $(echo "$UP" | $PY -c 'import json,sys; print(json.loads(sys.stdin.readline())["ms_per_step"])')"
+  BASE=(--baseline-ms "$(echo "$UP" | $PY -c 'import json,sys; print(json.loads(sys.stdin.readline())["ms_per_step"])')")
 fi
 for i in $(seq "$ROUNDS"); do
-  $PY bench/bench_cpu.py --checkpoint "$CKPT" --engine-dir "$OLD_ENG" --tree "$OLD" --lookahead "$LA" $BASE \
+  $PY bench/bench_cpu.py --checkpoint "$CKPT" --engine-dir "$OLD_ENG" --tree "$OLD" --lookahead "$LA" "${BASE[@]}" \
       --ttfb-runs "${TTFB_RUNS:-3}" --label "before ($OLD), look-ahead $LA (round $i)" | grep '^{'
-  $PY bench/bench_cpu.py --checkpoint "$CKPT" --engine-dir "$NEW_ENG" --lookahead "$LA" $BASE \
+  $PY bench/bench_cpu.py --checkpoint "$CKPT" --engine-dir "$NEW_ENG" --lookahead "$LA" "${BASE[@]}" \
       --ttfb-runs "${TTFB_RUNS:-3}" --label "after, look-ahead $LA (round $i)" | grep '^{'
 done

@@ -161,5 +161,5 @@ def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tin
     m = json.loads(mpath.read_text())
     del m["build"]["vocoder"]
     mpath.write_text(json.dumps(m))
-    with pytest.raises(EngineMismatchError, match="stateless vocoder graphs.*export again with: chattts-appliance engines export"):
+    with pytest.raises(EngineMismatchError, match="vocoder graphs from an older export.*export again with: chattts-appliance engines export"):
         OnnxRunner(dataclasses.replace(_cfg(tiny_ckpt, old, "onnxruntime")))
