@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = e.add_parser("compile", help="compile the CUDA runner's decode step ahead of time (AOTInductor packages); "
                                      "exit 1 when they fail their load check in a child process")
     c.add_argument("--config", default=None, help=CONFIG_HELP)
-    c.add_argument("--mode", default="default", choices=("default", "max-autotune-no-cudagraphs"))
+    c.add_argument("--mode", default="default", choices=("default", "max-autotune-no-cudagraphs"),
+                   help="inductor mode the packages are compiled with (default: default)")
     c.add_argument("--device", default=None, choices=("cuda", "cpu"), help="default: model.device")
     c.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1..model.max_batch)")
     c.add_argument("--buckets", default=None, help="comma-separated attention spans (default: the runner's)")
