@@ -34,29 +34,16 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu import host_read_gbps  # noqa: E402 - the same measure as the pipeline bench
+
 L, M, H, HD, D, Q, V = 20, 3, 12, 64, 768, 4, 626
-
-
-def host_read_gbps(threads: int, mib: int = 512, reps: int = 7) -> float:
-    """Best of ``reps`` reads of a ``mib`` MiB float32 array, split over ``threads`` threads (numpy
-    releases the GIL in its reductions), in GB/s (1e9 bytes)."""
-    a = np.ones(mib * 2**20 // 4, np.float32)
-    parts = np.array_split(a, threads)
-    best = 0.0
-    with ThreadPoolExecutor(threads) as ex:
-        for _ in range(reps):
-            t = time.perf_counter()
-            list(ex.map(np.add.reduce, parts))
-            best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
-    del a
-    return best
 
 
 def weight_bytes(onnx_file: Path) -> int:
