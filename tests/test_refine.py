@@ -52,7 +52,11 @@ def test_refined_request_is_spoken_and_reproducible(pipe):
     b, pb = run(4)
     assert set(a.meta["refined"]) == set(range(len(a.prompts)))
     assert a.meta["refined"] == b.meta["refined"]
-    np.testing.assert_array_equal(pa, pb)
+    # Same codes, same audio up to float rounding: the chunk schedule follows the machine's measured
+    # speed, so under load the vocoder runs other window sizes and sums in another order (1.1e-8 seen
+    # on a loaded fresh CI clone; docs/latency.md). Bit-exact replays need stream.lookahead: exact
+    # and an unloaded machine; wrong or missing audio is orders of magnitude away.
+    np.testing.assert_allclose(pa, pb, rtol=0, atol=1e-6)
     assert pa.size == len(a.prompts) * (512 * 20 - 256)
     assert pipe.loop.free_slots == pipe.loop.max_batch
 
