@@ -32,6 +32,7 @@ from wyoming.tts import (
 from appliance.audio.wav import read_wav, to_int16
 from tests.fixtures_mqtt import free_port
 from tests.fixtures_service import ROOT, expected_pcm, launch_daemon, service_config
+from tests.waits import wait_log
 
 SYN = {"max_new_tokens": 240, "min_new_tokens": 240, "seed": 5}   # every sentence 240 steps (5.1 s)
 VOICES = [{"name": "default", "voice": None, "description": ""},
@@ -233,15 +234,6 @@ def test_sentences_are_spoken_while_the_text_still_streams(tiny_ckpt, tmp_path, 
     same_pcm(t.pcm(), _pcm16(wy_pipeline, ["今天天气很好。", "我们去公园散步吧。"]))
 
 
-def _log_has(d, text: str, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in d.log():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_disconnect_cancels_and_errors_disturb_nobody(tiny_ckpt, tmp_path, start_daemon, wy_pipeline):
     cfg = _wy_config(tiny_ckpt, tmp_path)
     d = start_daemon(cfg)
@@ -251,12 +243,12 @@ def test_disconnect_cancels_and_errors_disturb_nobody(tiny_ckpt, tmp_path, start
     t = talk(tcp, SynthesizeStart().event(), SynthesizeChunk(text="第一句话。第二句话。第三句").event(),
              close_after_first_chunk=True)
     assert t.types[-1] == "audio-chunk"
-    assert _log_has(d, "disconnected: cancelling wy-"), d.log()[-3000:]
+    wait_log(d.log, "disconnected: cancelling wy-")
     line = next(x for x in d.log().splitlines() if "disconnected: cancelling" in x)
     ids = line.split("cancelling ")[1].split(", ")
     assert len(ids) == 1, line                                        # the utterance: one request
     for rid in ids:
-        assert _log_has(d, f"request {rid} ended with cancelled"), d.log()[-3000:]
+        wait_log(d.log, f"request {rid} ended with cancelled")
     deadline = time.monotonic() + 20
     while d.request({"type": "status"})[-1]["channels"]["main"]["active"] is not None:
         assert time.monotonic() < deadline
@@ -359,10 +351,7 @@ def test_zeroconf_warns_when_it_advertises_a_loopback_address(tiny_ckpt, tmp_pat
     port = int(cfg["wyoming"]["uris"][0].rsplit(":", 1)[1])
     d = start_daemon(cfg)
     want = f"advertising 127.0.0.1:{port}, a loopback address (wyoming.uris listens on 127.0.0.1)"
-    deadline = time.monotonic() + 60
-    while want not in d.log():
-        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()[-3000:]
-        time.sleep(0.2)
+    wait_log(d.log, want, 60)
     assert f'set wyoming.uris to ["tcp://0.0.0.0:{port}"]' in d.log()
 
 

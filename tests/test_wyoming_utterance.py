@@ -23,6 +23,7 @@ from tests.test_wyoming_daemon import (
     _wait_listening,
     same_pcm,
 )
+from tests.waits import wait_log
 
 SYN = {"max_new_tokens": 8, "min_new_tokens": 8, "seed": 5}      # short sentences: many of them
 WORDS = "red blue green gold quick slow brave calm bright dark warm cold".split()
@@ -67,15 +68,6 @@ def daemon(tiny_ckpt, tmp_path, start_daemon):
     d = start_daemon(cfg)
     _wait_listening([uri], d)
     return d, uri
-
-
-def _log_has(d, text: str, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while text not in d.log():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _speak(text: str, rid: str, **kw) -> dict:
@@ -129,7 +121,8 @@ def test_a_long_one_shot_plays_in_full_in_order_and_an_alert_still_gets_in(daemo
     _check_framing(t, stream=False)
     assert "error" not in t.types
     assert alert[0][-1]["type"] == "done", alert
-    assert _log_has(d, "alert alert-1 preempts wy-") and _log_has(d, "resumes on main after alert alert-1"), d.log()[-3000:]
+    wait_log(d.log, "alert alert-1 preempts wy-")
+    wait_log(d.log, "resumes on main after alert alert-1")
     same_pcm(t.pcm(), _pcm16(cfg_pipe, LONG))                          # every sentence once, in order
     line = next(x for x in d.log().splitlines() if "synthesized wy-" in x)
     assert f"{len(LONG)} sentence(s)" in line, line
