@@ -106,6 +106,7 @@ def run(args, legacy: bool) -> dict:
         model["onnx_precision"] = args.precision
     if args.engine_dir:
         model["engine_dir"] = args.engine_dir
+    model.update(json.loads(args.model))
     data = {"model": model, "synthesis": {"max_new_tokens": max(args.steps, 200)}}
     if not legacy:
         data["stream"] = {"lookahead": args.lookahead}
@@ -168,6 +169,7 @@ def main() -> int:
     ap.add_argument("--ttfb-runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", help="model.onnx_precision (this tree only): auto, int8, int4, fp32")
+    ap.add_argument("--model", default="{}", help='extra model.* settings as JSON (this tree), e.g. \'{"spin_wait": true}\'')
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--label", default="")
     ap.add_argument("--baseline-ms", type=float, default=None,

@@ -102,7 +102,7 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
     chans = [{"name": n, "device": None, "queue_len": 16, "on_preempt": "resume", "on_disconnect": "cancel"}
              for n in ("a", "b", "c")]
     model = {"path": args.checkpoint, "backend": args.backend, "device": args.device, "max_batch": 3,
-             "max_seq_len": args.max_seq_len, "threads": args.threads}
+             "max_seq_len": args.max_seq_len, "threads": args.threads, **json.loads(args.model)}
     if args.device == "cuda":
         model.update(dtype=args.dtype, compile=args.compile)
     if args.engine_dir:
@@ -190,6 +190,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float16", help="model.dtype on cuda")
     ap.add_argument("--compile", default="auto", help="model.compile on cuda (auto, off, default)")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="model.max_seq_len (fewer compiled graphs at 512)")
+    ap.add_argument("--model", default="{}", help='extra model.* settings as JSON, e.g. \'{"spin_wait": true}\'')
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")

@@ -36,9 +36,10 @@ and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
 runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential execution; idle threads sleep unless ``model.spin_wait``
-(whole decode step, busy shared 2-core host, 2026-12-02, in turns: INT8 at 512 cached positions
-62 ms without spinning against 119 ms with it; ``bench/bench_gpt_step.py``).
+cores) intra-op, 1 inter-op, sequential execution; idle threads spin (ONNX Runtime's default) unless ``model.spin_wait`` is false
+(quiet 2-core host, 2026-12-02, full model, INT8, ``bench/bench_cpu.py``: 18.5-18.9 ms per step
+spinning against 27.9-29.9 sleeping; on a busy shared host the reverse, 62 ms sleeping against 119
+ms spinning, ``bench/bench_gpt_step.py``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
 first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
@@ -203,7 +204,7 @@ class OnnxRunner(HostRunner):
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
-        if not getattr(mc, "spin_wait", False):  # threads sleep when idle (model.spin_wait: measured 1.5-2x on a busy host)
+        if not getattr(mc, "spin_wait", True):  # threads sleep when idle (model.spin_wait false: faster only on a busy shared host)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._sess: dict[str, Any] = {}
         for g, e in m["graphs"].items():
