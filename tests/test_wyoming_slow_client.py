@@ -16,17 +16,25 @@ import numpy as np
 import pytest
 from wyoming.tts import Synthesize
 
+from appliance.audio.wav import to_int16
 from appliance.errors import CancelledError
-from appliance.transports.wyoming_sink import AUDIO, EVENT, Budget, Outbox, WyomingAudio, ms
-from tests.test_wyoming_daemon import (  # noqa: F401 - start_daemon, wy_pipeline: fixtures
+from appliance.transports.wyoming_sink import (
+    AUDIO,
+    EVENT,
+    Budget,
+    Outbox,
+    WyomingAudio,
+    ms,
+)
+from tests.fixtures_service import expected_pcm, service_config
+from tests.test_wyoming_daemon import (
     ONE_SHOT,
+    SYN,
     _check_framing,
-    _pcm16,
+    _wait_listening,
     _wy_config,
     same_pcm,
-    start_daemon,
     talk,
-    wy_pipeline,
 )
 from tests.waits import wait_log
 
@@ -81,6 +89,26 @@ def test_the_sink_refuses_the_chunk_over_the_bound_and_drops_its_audio():
         loop.close()
 
 
+@pytest.fixture(scope="module")
+def pipe(tiny_ckpt, tmp_path_factory):
+    """The daemon's pipeline (same model and synthesis settings) in the test process."""
+    from appliance.config import config_from_dict
+    from appliance.synth.pipeline import Pipeline
+
+    tmp = tmp_path_factory.mktemp("wy_slow_pipe")
+    return Pipeline.from_config(config_from_dict(service_config(tiny_ckpt, tmp, synthesis=SYN), base_dir=str(tmp)))
+
+
+@pytest.fixture
+def wy(tiny_ckpt, tmp_path, start_daemon):
+    """A daemon with wyoming.max_buffered_ms = BOUND_MS, channels main (Wyoming's) and other."""
+    cfg = _wy_config(tiny_ckpt, tmp_path, max_buffered_ms=BOUND_MS)
+    cfg["service"]["channels"] = [{"name": "main"}, {"name": "other"}]
+    d = start_daemon(cfg)
+    _wait_listening(cfg["wyoming"]["uris"], d)
+    return d
+
+
 def _stalled_client(uri: str, text: str) -> socket.socket:
     """A TCP connection that sends one ``synthesize`` and never reads (a 4 KiB receive buffer, so
     the kernel holds little of what the daemon sends)."""
@@ -92,12 +120,9 @@ def _stalled_client(uri: str, text: str) -> socket.socket:
     return s
 
 
-def test_a_client_that_stops_reading_has_its_request_ended_within_the_bound(tiny_ckpt, tmp_path, start_daemon,
-                                                                             wy_pipeline):
-    cfg = _wy_config(tiny_ckpt, tmp_path, max_buffered_ms=BOUND_MS)
-    cfg["service"]["channels"] = [{"name": "main"}, {"name": "other"}]
-    d = start_daemon(cfg)
-    tcp = cfg["wyoming"]["uris"][0]
+def test_a_client_that_stops_reading_has_its_request_ended_within_the_bound(wy, pipe):
+    d = wy
+    tcp = d.config["wyoming"]["uris"][0]
 
     stalled = _stalled_client(tcp, ONE_SHOT)        # six sentences, ~30 s of audio: far over the bound
     try:
@@ -106,7 +131,8 @@ def test_a_client_that_stops_reading_has_its_request_ended_within_the_bound(tiny
         # one, so its audio arrives only because that one ended
         t = talk(tcp, Synthesize(text="仍然在说话。").event())
         _check_framing(t, stream=False)
-        same_pcm(t.pcm(), _pcm16(wy_pipeline, ["仍然在说话。"]))
+        want = to_int16(expected_pcm(pipe, "仍然在说话。", SYN["seed"])).tobytes()
+        same_pcm(t.pcm(), want)
         # a socket request on the other channel: the worker serves it too
         assert d.request({"type": "speak", "text": "Socket still fine.", "seed": 1, "channel": "other"})[-1]["type"] == "done"
 
