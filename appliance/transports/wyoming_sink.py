@@ -14,14 +14,14 @@ thread); the connection's writer task takes the items out on the event loop and 
 Nothing on the worker thread waits for the client: :meth:`WyomingAudio.write` only appends. What
 bounds the daemon's memory is the connection's :class:`Budget` (``wyoming.max_buffered_ms``): the
 audio of all its requests that was produced but not yet written to the client (the chunk being
-written counts until its ``drain`` returns). A client that stops reading fills the socket's
-kernel send buffer (fixed by :func:`limit_send_buffer`), then asyncio's write buffer (its
-high-water mark, 64 KiB), then the budget; the
-chunk that would go over it is refused: the request's audio still waiting is dropped and
-:meth:`WyomingAudio.write` raises :class:`~appliance.errors.CancelledError`, which ends that
-request (``error`` ``cancelled``, logged with the numbers) at once, in the same decode step. Other
-requests and connections go on. A chunk is always taken when nothing of the connection waits, so
-one chunk longer than the bound (``stream.chunk_tokens`` of audio, ~1 s) is not refused.
+written counts until its ``drain`` returns). A client that stops reading fills the socket's kernel
+send buffer (fixed by :func:`limit_send_buffer`), then asyncio's write buffer (its high-water
+mark, 64 KiB), then the budget; the chunk that would go over it is refused: the request's audio
+still waiting is dropped and :meth:`WyomingAudio.write` raises
+:class:`~appliance.errors.CancelledError`, which ends that request (``error`` ``cancelled``, logged
+with the numbers) at once, in the same decode step. Other requests and connections go on. A chunk
+is always taken when nothing of the connection waits, so a single chunk longer than the bound (a
+chunk is at most about a second of audio: ``stream.chunk_tokens``, a sentence's tail) still goes.
 
 Memory per connection: at most ``wyoming.max_buffered_ms`` of 16-bit audio at 24000 Hz (48 bytes
 per ms: 1.4 MiB at the default 30000 ms) plus asyncio's 64 KiB and a few small events, and the
