@@ -17,8 +17,7 @@ from typing import Iterable, Protocol
 
 
 class Abortable(Protocol):
-    """A request's audio (:class:`~appliance.audio.request.RequestAudio` or
-    :class:`~appliance.audio.request.ClientOnlyAudio`)."""
+    """A request's audio (an :class:`~appliance.audio.sink.AudioSink`)."""
 
     def abort(self) -> None: ...
 
@@ -27,8 +26,9 @@ def abort_all(audios: Iterable[Abortable]) -> None:
     """Abort every audio of ``audios``: on each sound device in the reverse of the order its
     voices began (the voice sounding in a lane goes last), the others (WAV, client-only) first."""
     def begun(a: Abortable) -> int:
-        dev = getattr(a, "device", None)
-        return dev.position(a) if dev is not None else -1
+        box = getattr(a, "box", a)             # a TeeAudio's voice is its box's
+        dev = getattr(box, "device", None)
+        return dev.position(box) if dev is not None else -1
 
     for a in sorted(audios, key=begun, reverse=True):
         a.abort()

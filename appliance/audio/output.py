@@ -43,6 +43,7 @@ from ..config import Config
 from ..errors import AudioDeviceError
 from .device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
 from .request import ClientOnlyAudio, RequestAudio
+from .sink import AudioSink, TeeAudio
 from .wav import MIB, WavRetention, remove_partials, wav_path
 
 log = logging.getLogger(__name__)
@@ -110,16 +111,23 @@ class AudioOutput:
         self._reopen.start()
 
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
-             play: bool = True) -> RequestAudio | ClientOnlyAudio:
-        """A :class:`RequestAudio` for one request on ``channel``; ``beat()`` is called while a
-        write waits for room in the device FIFO (keeps the worker's heartbeat going). ``play``
-        False (``Speak.play``): a :class:`ClientOnlyAudio`, nothing played or written here.
+             play: bool = True, client: Optional[AudioSink] = None) -> AudioSink:
+        """The :class:`~appliance.audio.sink.AudioSink` of one request on ``channel``: a
+        :class:`RequestAudio`; ``beat()`` is called while a write waits for room in the device
+        FIFO (keeps the worker's heartbeat going). ``play`` False (``Speak.play``): nothing is
+        played or written here: ``client`` (a transport's sink for its client), else a
+        :class:`ClientOnlyAudio`. ``play`` with ``client``: a :class:`TeeAudio` of both.
 
         Raises:
             AudioDeviceError: the WAV file cannot be created either.
         """
         if not play:
-            return ClientOnlyAudio()
+            return client if client is not None else ClientOnlyAudio()
+        box = self._open_box(request_id, channel, beat)
+        return box if client is None else TeeAudio(box, client)
+
+    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]]) -> RequestAudio:
+        """The request's :class:`RequestAudio` (module docstring: device, waiting, or WAV)."""
         wav = wav_path(self.wav_dir, request_id)
         policy = self.cfg.audio.on_device_error
         if self.mode == "device":

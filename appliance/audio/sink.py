@@ -2,15 +2,19 @@
 
 One sink per request, opened when it starts (:meth:`~appliance.audio.output.AudioOutput.open`):
 the sound device (:class:`~appliance.audio.request.RequestAudio`, with its WAV fallback), a WAV
-file (the same class without a device), or nothing on the box
+file (the same class without a device), nothing on the box
 (:class:`~appliance.audio.request.ClientOnlyAudio`: the PCM only goes back to the client, which
-gets it through the request's events as :class:`~appliance.core.PcmChunk`). Threads: ``write``
-and ``release`` on the worker thread, ``abort`` from any thread, ``on_done`` on the sink's own.
+gets it through the request's events as :class:`~appliance.core.PcmChunk`), or a transport's own
+sink for its client (a :data:`ClientAudio` passed down with the request, e.g. a Wyoming
+connection's, bounded: the core never imports transports); with ``play`` the box's and the
+client's together (:class:`TeeAudio`). Threads: ``write`` and ``release`` on the worker thread,
+``abort`` from any thread, ``on_done`` on the sink's own (or the worker's).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, runtime_checkable
+import threading
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,7 +31,12 @@ class AudioSink(Protocol):
     first_out_at: Optional[float]
 
     def write(self, pcm: np.ndarray) -> None:
-        """Take float32 ``[n]`` mono PCM at 24000 Hz, in order (may wait for room: back-pressure)."""
+        """Take float32 ``[n]`` mono PCM at 24000 Hz, in order (may wait for room: back-pressure).
+
+        Raises:
+            ApplianceError: the sink can take no more (e.g. its client stopped reading): the
+                request ends with this error (its code and message), the others go on.
+        """
 
     def finish(self, on_done: Callable[[str], None]) -> None:
         """No more PCM: call ``on_done(output)`` (``device:<name>``, a WAV path, ``client``) once it
@@ -38,3 +47,72 @@ class AudioSink(Protocol):
 
     def release(self) -> None:
         """Free what it holds (worker thread, after the request ended)."""
+
+
+ClientAudio = Callable[[], AudioSink]
+"""A transport's way to open the sink of a request's client: called on the worker thread each
+time the request starts (again after a preemption with ``resume``); passed down with the request
+(``Dispatcher.handle_request(..., audio=...)``) the way its event sink is."""
+
+
+class TeeAudio:
+    """One request's audio on the box and to its client at once (``wyoming.play: true``).
+
+    ``box`` is the sound device or WAV file (:class:`~appliance.audio.request.RequestAudio`),
+    ``client`` a transport's sink. Each chunk goes to the client first (it never waits), then to the
+    box (which may wait for room). ``output`` is the box's; ``on_done`` fires once both are done.
+    Code that deals with the device's voice (the start hold, the order of aborts) uses ``box``.
+    """
+
+    def __init__(self, box: Any, client: AudioSink) -> None:
+        self.box, self.client = box, client
+        self._lock = threading.Lock()
+        self._left = 2
+        self._output: Optional[str] = None
+
+    @property
+    def output(self) -> str:
+        return self.box.output
+
+    @property
+    def lane(self) -> Any:
+        return getattr(self.box, "lane", None)
+
+    @property
+    def first_out_at(self) -> Optional[float]:
+        """The earlier of the box's and the client's first sample out."""
+        got = [t for t in (self.box.first_out_at, self.client.first_out_at) if t is not None]
+        return min(got) if got else None
+
+    @property
+    def on_sounding(self) -> Optional[Callable[[], None]]:
+        return getattr(self.box, "on_sounding", None)
+
+    @on_sounding.setter
+    def on_sounding(self, fn: Optional[Callable[[], None]]) -> None:
+        self.box.on_sounding = fn            # only the box sounds
+
+    def write(self, pcm: np.ndarray) -> None:
+        self.client.write(pcm)
+        self.box.write(pcm)
+
+    def finish(self, on_done: Callable[[str], None]) -> None:
+        def one(output: Optional[str]) -> None:
+            with self._lock:
+                self._left -= 1
+                if output is not None:
+                    self._output = output
+                last = self._left == 0
+            if last:
+                on_done(self._output or self.box.output)
+
+        self.client.finish(lambda _: one(None))
+        self.box.finish(one)
+
+    def abort(self) -> None:
+        self.client.abort()
+        self.box.abort()
+
+    def release(self) -> None:
+        self.client.release()
+        self.box.release()

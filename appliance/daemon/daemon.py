@@ -35,7 +35,7 @@ first sample written to the sound device (or the WAV file, or the client), queue
 The loop never runs synthesis; the worker never touches a socket. Dispatch is transport-neutral:
 MQTT parses its messages into the same request dataclasses and, from its own thread, calls
 ``Dispatcher.handle_request_threadsafe`` with its own sink; each Wyoming connection (on the loop)
-calls ``Dispatcher.handle_request`` with ``return_audio`` requests and forwards their audio.
+passes its own audio sink down with each request (bounded, never blocking the worker).
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default:

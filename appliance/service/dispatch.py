@@ -68,6 +68,7 @@ from .peers import Peer, RateLimiter
 from .request import Request
 
 if TYPE_CHECKING:
+    from ..audio.sink import ClientAudio
     from ..synth.pipeline import Pipeline
     from .journal import Journal
     from .recovery import Recovery
@@ -156,14 +157,17 @@ class Dispatcher:
         return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin, arrived=time.monotonic()), loop)
 
     async def handle_request(self, req: Message, sink: EventSink, origin: str = "socket",
-                             peer: Optional[Peer] = None, arrived: Optional[float] = None, more: bool = False) -> None:
+                             peer: Optional[Peer] = None, arrived: Optional[float] = None, more: bool = False,
+                             audio: Optional[ClientAudio] = None) -> None:
         """Handle a parsed request (Speak, Cancel, StatusRequest, HealthRequest, NormalizeRequest);
         ``origin`` (``socket``, ``mqtt``) is journaled with a ``speak`` (where its events go after a
-        restart). ``more``: a ``speak`` whose text goes on (:meth:`add_text`, :meth:`close_text`)."""
+        restart). ``more``: a ``speak`` whose text goes on (:meth:`add_text`, :meth:`close_text`).
+        ``audio``: how the transport opens the sink its client gets a ``speak``'s PCM through
+        (:data:`~appliance.audio.sink.ClientAudio`; None: ``audio`` events, with ``return_audio``)."""
         rid = req.id if isinstance(req, (Speak, Cancel, NormalizeRequest)) else None
         try:
             if isinstance(req, Speak):
-                await self._speak(req, sink, origin, peer, arrived or time.monotonic(), more)
+                await self._speak(req, sink, origin, peer, arrived or time.monotonic(), more, audio)
             elif isinstance(req, NormalizeRequest):
                 await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
@@ -219,7 +223,7 @@ class Dispatcher:
             self.worker.close_text(request_id)
 
     async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer], arrived: float,
-                     more: bool = False) -> None:
+                     more: bool = False, audio: Optional[ClientAudio] = None) -> None:
         if not more and self.recovery is not None and self.recovery.attach(req, sink):
             return
         self._check_text(req.text)
@@ -229,7 +233,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
         job.open = more
-        item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived)
+        item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived, client_audio=audio)
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)

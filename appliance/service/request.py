@@ -39,7 +39,7 @@ from ..messages.protocol import PRIORITIES, Done, EventSink, Speak
 from ..text.scripts import describe
 
 if TYPE_CHECKING:
-    from ..audio.sink import AudioSink
+    from ..audio.sink import AudioSink, ClientAudio
     from ..synth.batch import Task
     from ..synth.pipeline import Job
 
@@ -81,6 +81,9 @@ class Request:
         journal: its sequence number in the request journal (None: not journaled).
         progress_at: ``time.monotonic()`` of its last progress (start, decode step, PCM, new
             text); the per-request watchdog ends it after ``safety.stall_s`` without.
+        client_audio: how its transport opens the sink of its client
+            (:data:`~appliance.audio.sink.ClientAudio`, e.g. a Wyoming connection's), or None: the
+            client gets the PCM through its events (``return_audio``).
     """
 
     speak: Speak
@@ -98,6 +101,7 @@ class Request:
     restarts: int = 0
     journal: Optional[int] = None
     progress_at: float = 0.0
+    client_audio: Optional[ClientAudio] = None
 
     @property
     def id(self) -> str:

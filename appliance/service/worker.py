@@ -38,6 +38,8 @@ while the worker is alive and making progress (a hung synthesis stops it: ``WATC
 
 Known limit: the PCM sinks run on the worker thread, so a device FIFO holding more than
 ``sound_device.MAX_BUFFER_S`` of a *sounding* request makes the whole batch wait for playback.
+A client's sink (``Request.client_audio``, a transport's: Wyoming) never waits: when its client
+does not keep up, its ``write`` raises and that request alone ends with the error.
 """
 
 from __future__ import annotations
@@ -333,7 +335,8 @@ class Worker(Ending):
         item.sink(Started(id=item.id, channel=item.channel), None)
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
-            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play)
+            client = item.client_audio() if item.client_audio is not None else None   # a transport's sink
+            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play, client=client)
             item.audio.on_sounding = lambda: mark(self.journal, item.journal, "sounding")
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,

@@ -8,7 +8,11 @@ first sentence, each later sentence added as soon as it is complete
 for the next), closed at the end of the text. So a channel's queue counts utterances, and a
 30-sentence answer plays in order. The dispatcher treats it like a socket or MQTT request (same
 scheduler, same worker thread); its events come back through an
-:data:`~appliance.messages.protocol.EventSink` (any thread -> ``call_soon_threadsafe``)::
+:data:`~appliance.messages.protocol.EventSink` and its PCM through an
+:class:`~appliance.audio.sink.AudioSink` the handler passes down with it
+(:class:`~appliance.transports.wyoming_sink.WyomingAudio`, opened by the worker each time the
+request starts), both into the request's outbox (any thread, never blocking), which this
+connection's writer task empties on the loop::
 
     describe                      -> info
     ping                          -> pong
@@ -20,7 +24,10 @@ scheduler, same worker thread); its events come back through an
                                      synthesize-stopped
 
 Audio: 16-bit signed little-endian mono PCM (width 2, channels 1) at 24000 Hz; every audio-chunk
-says so. One audio-start / audio-stop pair frames each utterance (also without audio). The
+says so. The audio a client has not read yet is bounded per connection by
+``wyoming.max_buffered_ms`` (:mod:`.wyoming_sink`): a client that stops reading has the request
+that goes over it cancelled (logged), the rest of its utterance is not spoken, and no other
+request or connection notices. One audio-start / audio-stop pair frames each utterance (also without audio). The
 ``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
 over ``service.max_text_chars`` is cut into sentences the same way. With ``wyoming.streaming:
 false`` the text of a stream is collected and spoken at ``synthesize-stop``. Replies go out in the
@@ -69,6 +76,7 @@ from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
 from .wyoming_frame import CheckedHandler, FrameError, check_event
 from .wyoming_replies import Fatal, Segment, Speech, Utterance, write_utterance
+from .wyoming_sink import EVENT, Budget, Outbox, WyomingAudio, limit_send_buffer, ms
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,8 @@ class Context:
             ``wyoming.streaming``. max_chars: ``service.max_text_chars``. max_line:
             ``service.max_line_bytes`` (longest event header). max_payload:
             ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
+            max_buffered_ms: ``wyoming.max_buffered_ms`` (most audio one connection holds for
+            its client).
     """
 
     dispatch: Dispatcher
@@ -99,6 +109,7 @@ class Context:
     max_chars: int
     max_line: int = 65536
     max_payload: int = 1 << 20
+    max_buffered_ms: int = 30000
 
 
 @dataclass
@@ -124,7 +135,9 @@ class WyomingHandler(CheckedHandler):
         self._n = 0
         self._loop = asyncio.get_running_loop()
         self._segments: asyncio.Queue[Segment] = asyncio.Queue()
-        self._pending: set[str] = set()          # request ids without their done/error yet
+        self._speeches: dict[str, Speech] = {}   # requests without their done/error yet (pruned)
+        self.budget = Budget(ctx.max_buffered_ms)    # the audio its client has not taken yet
+        limit_send_buffer(writer, self.name)
         self._stream: Optional[_Stream] = None
         self._gone = False
         self._writer_task = asyncio.create_task(self._write_loop(), name=f"{self.name} writer")
@@ -160,9 +173,7 @@ class WyomingHandler(CheckedHandler):
         """``error`` among ``utt``'s replies, in arrival order, before its audio-stop: between the
         audio of its open request while that runs (the writer is inside it), else after its requests."""
         req = utt.current
-        if req is not None and req.id in self._pending:
-            req.events.put_nowait((error, None))
-        else:
+        if req is None or not req.outbox.put((EVENT, error, None)):    # not after its done / error
             utt.requests.put_nowait(error)
 
     async def _handle(self, event: WyEvent) -> None:
@@ -249,7 +260,7 @@ class WyomingHandler(CheckedHandler):
     async def _say(self, utt: Utterance, text: str, voice: Optional[str], last: bool = False) -> None:
         """The next sentence(s) of ``utt``: added to its open request, or the request is opened
         with them (``last``: nothing follows, so it opens closed)."""
-        if utt.ended or self._gone:
+        if utt.ended or utt.stalled or self._gone:
             return
         req = utt.current
         if req is not None:
@@ -262,16 +273,19 @@ class WyomingHandler(CheckedHandler):
                 return
             utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
-        req = Speech(id=f"wy-{self._tag}-{self._n}")
+        req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.budget))
         utt.requests.put_nowait(req)          # its place in the reply order is fixed now
-        self._pending.add(req.id)
+        self._pending()                       # forget the ended ones
+        self._speeches[req.id] = req
         c = self.ctx
+        # the PCM goes through its audio sink (bounded), not as audio events: return_audio off
         req.speak = Speak(text=text, id=req.id, channel=c.channel, priority=c.priority, voice=voice,
-                          return_audio=True, play=c.play)
+                          return_audio=False, play=c.play)
         more = not last
         log.info("%s: speak %s (%d chars%s)", self.name, req.id, len(text), ", more to come" if more else "")
-        await c.dispatch.handle_request(req.speak, lambda ev, payload: self._sink(req, ev, payload), more=more)
-        if more and req.id in self._pending:
+        await c.dispatch.handle_request(req.speak, lambda ev, payload: self._sink(req, ev, payload), more=more,
+                                        audio=lambda: self._audio(utt, req))
+        if more and not req.outbox.closed:
             utt.current = req
         if self._gone:                        # the client left while it was being prepared
             await self._cancel([req.id])
@@ -284,16 +298,26 @@ class WyomingHandler(CheckedHandler):
         utt.requests.put_nowait(None)
 
     def _sink(self, req: Speech, ev: Event, payload: Optional[PcmChunk]) -> None:
-        """The request's EventSink: any thread -> the loop (never blocks, never raises)."""
+        """The request's EventSink: any thread -> its outbox, in order with its audio (never
+        blocks, never raises)."""
+        req.outbox.put((EVENT, ev, payload), terminal=isinstance(ev, (Done, ErrorEvent)))
+
+    def _audio(self, utt: Utterance, req: Speech) -> WyomingAudio:
+        """The request's AudioSink for one start (the worker thread, each time it starts)."""
+        return WyomingAudio(req.id, self.name, req.outbox, on_overflow=lambda _: self._stalled(utt))
+
+    def _stalled(self, utt: Utterance) -> None:
+        """The client stopped reading (worker thread): the rest of ``utt`` is not spoken."""
         try:
-            self._loop.call_soon_threadsafe(self._on_event, req, ev, payload)
+            self._loop.call_soon_threadsafe(setattr, utt, "stalled", True)
         except RuntimeError:      # the loop is closed: the daemon is gone
             pass
 
-    def _on_event(self, req: Speech, ev: Event, payload: Optional[PcmChunk]) -> None:
-        if isinstance(ev, (Done, ErrorEvent)):
-            self._pending.discard(req.id)
-        req.events.put_nowait((ev, payload))
+    def _pending(self) -> list[str]:
+        """Ids of its requests without their done / error yet (the loop)."""
+        for rid in [rid for rid, s in self._speeches.items() if s.outbox.closed]:
+            del self._speeches[rid]
+        return list(self._speeches)
 
     # ------------------------------------------------------------------ events out
 
@@ -306,7 +330,7 @@ class WyomingHandler(CheckedHandler):
                     await self.stop()
                     return
                 if isinstance(seg, Utterance):
-                    if not await write_utterance(seg, self.write_event, lambda: self._cancel(list(self._pending))):
+                    if not await write_utterance(seg, self.write_event, lambda: self._cancel(self._pending())):
                         await self.stop()
                         return
                 else:
@@ -320,7 +344,8 @@ class WyomingHandler(CheckedHandler):
 
     async def _cancel(self, ids: list[str]) -> None:
         for rid in ids:
-            if rid in self._pending:
+            s = self._speeches.get(rid)
+            if s is not None and not s.outbox.closed:
                 await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev, payload: None)
 
     async def stop_writing(self) -> None:
@@ -332,12 +357,15 @@ class WyomingHandler(CheckedHandler):
     async def disconnect(self) -> None:
         """The client is gone (EOF, error, or the server stops): cancel what it left running."""
         self._gone = True
-        left = list(self._pending)
+        left = self._pending()
         if left:
             log.info("%s disconnected: cancelling %s", self.name, ", ".join(left))
             await self._cancel(left)
         else:
             log.debug("%s disconnected", self.name)
+        b = self.budget
+        log.debug("%s: its audio held for the client peaked at %d ms (wyoming.max_buffered_ms %d), %d ms dropped",
+                  self.name, ms(b.peak), ms(b.limit), ms(b.dropped))
         if self._writer_task is not asyncio.current_task():
             self._writer_task.cancel()
 

@@ -5,18 +5,23 @@ The handler queues *segments*: a ready Wyoming event (``info``, ``pong``, an ``e
 :class:`Utterance` (a one-shot ``synthesize`` or a stream), or a :class:`Fatal` (an ``error``
 after which the connection closes). An utterance holds its :class:`Speech` items in order (one
 ``speak`` request, another only after the first ended early) and, between them, the ``error`` of
-an event refused while none of them ran; None ends it. A speech's events come from the
-dispatcher's sink; an ``error`` of a refused event or sentence can be put among them, so it is
+an event refused while none of them ran; None ends it. A speech's replies are in its
+:class:`~appliance.transports.wyoming_sink.Outbox`: its events (from the dispatcher's sink) and its
+PCM (from its :class:`~appliance.transports.wyoming_sink.WyomingAudio`, already 16-bit), in the
+order they happened; an ``error`` of a refused event or sentence can be put among them, so it is
 written at once, between the audio. :func:`write_utterance` turns one utterance into::
 
-    audio-start, audio-chunk* (16-bit mono PCM at 24000 Hz, encoded once here), [error*],
+    audio-start, audio-chunk* (16-bit mono PCM at 24000 Hz), [error*],
     audio-stop, [synthesize-stopped: a stream]
 
-One audio-start / audio-stop pair frames each utterance (also without audio). A speech preempted
-with ``on_preempt: resume`` restarts from its beginning: the bytes the client already has are
-skipped (same seed, same audio). ``cancelled`` or ``preempted`` (dropped) ends a stream's audio
-(its later sentences are cancelled); any other error of a one-shot ends the connection, as Wyoming
-servers do. An ``internal`` error is sent without its Python text (the log has it).
+Each audio-chunk is written and drained before the next is taken out of the outbox, so the audio a
+client has not read stays in the outbox, counted against ``wyoming.max_buffered_ms``
+(:mod:`.wyoming_sink`). One audio-start / audio-stop pair frames each utterance (also without
+audio). A speech preempted with ``on_preempt: resume`` restarts from its beginning: the bytes the
+client already has are skipped (same seed, same audio). ``cancelled`` or ``preempted`` (dropped)
+ends a stream's audio (its later sentences are cancelled); any other error of a one-shot ends the
+connection, as Wyoming servers do. An ``internal`` error is sent without its Python text (the log
+has it).
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from wyoming.error import Error
 from wyoming.event import Event as WyEvent
 from wyoming.tts import SynthesizeStopped
 
-from ..audio.wav import to_int16
-from ..core import SAMPLE_RATE, PcmChunk
+from ..core import SAMPLE_RATE
 from ..errors import CancelledError, PreemptedError
-from ..messages.protocol import AudioChunk, Done, ErrorEvent, Preempted, Speak
+from ..messages.protocol import Done, ErrorEvent, Preempted, Speak
+from .wyoming_sink import AUDIO, Outbox
 
 WIDTH, CHANNELS = 2, 1
 """Wyoming audio format sent: 16-bit samples, mono."""
@@ -45,12 +50,13 @@ ENDS_STREAM = (CancelledError.code, PreemptedError.code)
 
 @dataclass(eq=False)
 class Speech:
-    """One ``speak`` request of a connection and its events ``(event, PcmChunk | None)`` from the
-    sink, on the loop (or ``(error WyEvent, None)``: a refused event or sentence, not its end)."""
+    """One ``speak`` request of a connection and its :class:`~appliance.transports.wyoming_sink.Outbox`:
+    ``(EVENT, event, payload)`` from the sink (or ``(EVENT, error WyEvent, None)``: a refused event
+    or sentence, not its end) and ``(AUDIO, sink, bytes, samples)``."""
 
     id: str
+    outbox: Outbox
     speak: Optional[Speak] = None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
     sent: int = 0        # PCM bytes forwarded to the client
     skip: int = 0        # bytes to drop after a resume (the client has them already)
 
@@ -62,6 +68,7 @@ class Utterance:
     streaming: bool
     requests: asyncio.Queue = field(default_factory=asyncio.Queue)
     ended: bool = False   # cancelled / preempted: the rest is not spoken
+    stalled: bool = False   # its client stopped reading (wyoming.max_buffered_ms): no more sentences
     current: Optional[Speech] = None   # the open request its next sentences are added to
 
 
@@ -88,20 +95,15 @@ async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Await
                 return False
             continue
         while True:
-            ev, payload = await req.events.get()
-            if isinstance(ev, AudioChunk) and isinstance(payload, PcmChunk) and not utt.ended:
-                data = to_int16(payload.samples).tobytes()      # encoded once, here
-                if req.skip:
-                    cut = min(req.skip, len(data))
-                    data, req.skip = data[cut:], req.skip - cut
-                if not data:
-                    continue
-                if not started:
-                    await write_event(AudioStart(rate=ev.rate, width=WIDTH, channels=CHANNELS).event())
-                    started = True
-                await write_event(WyAudioChunk(rate=ev.rate, width=WIDTH, channels=CHANNELS, audio=data).event())
-                req.sent += len(data)
-            elif isinstance(ev, WyEvent):       # a refused event or sentence, not the speech's end
+            item = await req.outbox.get()
+            if item[0] == AUDIO:
+                _, sink, data, n = item
+                if not utt.ended:
+                    started = await _write_audio(req, data, started, write_event)
+                sink.written(n)               # after its drain: it no longer counts against the bound
+                continue
+            _, ev, _payload = item
+            if isinstance(ev, WyEvent):       # a refused event or sentence, not the speech's end
                 await write_event(ev)
                 if not utt.streaming:
                     return False
@@ -125,6 +127,21 @@ async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Await
     await write_event(AudioStop().event())
     if utt.streaming:
         await write_event(SynthesizeStopped().event())
+    return True
+
+
+async def _write_audio(req: Speech, data: bytes, started: bool,
+                       write_event: Callable[[WyEvent], Awaitable[None]]) -> bool:
+    """Write one chunk of ``req``'s audio (after audio-start, once); returns ``started``."""
+    if req.skip:
+        cut = min(req.skip, len(data))
+        data, req.skip = data[cut:], req.skip - cut
+    if not data:
+        return started
+    if not started:
+        await write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
+    await write_event(WyAudioChunk(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS, audio=data).event())
+    req.sent += len(data)
     return True
 
 

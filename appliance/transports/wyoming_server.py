@@ -17,7 +17,8 @@ port or socket in use stops the start at once. UNIX sockets get ``service.socket
 
 Limits: an event header line of at most ``service.max_line_bytes``, data + payload of one event
 at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
-(:mod:`.wyoming_frame`).
+(:mod:`.wyoming_frame`). The audio a connection holds for a client that does not read it is at
+most ``wyoming.max_buffered_ms`` (:mod:`.wyoming_sink`).
 
 Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
 (what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
@@ -130,7 +131,8 @@ class WyomingServer:
             voices={v.name: v.name for v in cfg.voices},      # names: the pipeline resolves them
             channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
             streaming=w.streaming, max_chars=cfg.service.max_text_chars,
-            max_line=cfg.service.max_line_bytes, max_payload=w.max_payload_bytes)
+            max_line=cfg.service.max_line_bytes, max_payload=w.max_payload_bytes,
+            max_buffered_ms=w.max_buffered_ms)
         self.servers: list[Any] = []
         self._zc: Any = None
         self._zc_info: Any = None
