@@ -1,7 +1,7 @@
 """Where the host heap of the torch CUDA load goes: glibc's view, stage by stage, across allocator settings.
 
-    python bench/gpu_heap_probe.py CKPT [--variants default,bare,mmap128k,nocudnn,eager,arena2,trim0]
-                                        [--device auto|cpu] [--model JSON] [--json OUT] [--deadline-s 330]
+    python bench/gpu_heap_probe.py CKPT [--variants default,bare,nocudnn,mmap128k,eager,arena2,trim0]
+                                        [--device auto|cpu] [--model JSON] [--json OUT] [--deadline-s 240]
 
 Why: on the H200 (torch 2.11+cu130, full checkpoint, plain CUDA graphs, KV 3 x 2048;
 bench/results/raw/gpu-memory-probe-2026-12-02-h200.json) ``[heap]`` held 127 MiB after the CUDA
@@ -155,7 +155,7 @@ def report(recs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt", help="checkpoint directory (holding asset/)")
-    ap.add_argument("--variants", default="default,bare,mmap128k,nocudnn,eager,arena2,trim0",
+    ap.add_argument("--variants", default="default,bare,nocudnn,mmap128k,eager,arena2,trim0",
                     help=f"comma-separated, run in this order; known: {', '.join(VARIANTS)}")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu"))
     ap.add_argument("--model", default="{}", help="extra model.* settings as JSON, e.g. '{\"max_seq_len\": 512}'")
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=0, help="sentences synthesized after the warm-up")
     ap.add_argument("--step-mib", type=float, default=8.0, help="record a watched call when memory grew this much")
     ap.add_argument("--chunk-mib", type=float, default=256.0, help="record every this many MiB of weights streamed")
-    ap.add_argument("--timeout-s", type=float, default=180.0, help="per variant")
-    ap.add_argument("--deadline-s", type=float, default=330.0, help="skip the variants that would start after this")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="per variant")
+    ap.add_argument("--deadline-s", type=float, default=240.0, help="skip the variants that would start after this")
     ap.add_argument("--json", help="write every record here")
     a = ap.parse_args(argv)
     names = [v.strip() for v in a.variants.split(",") if v.strip()]
