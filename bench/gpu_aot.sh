@@ -11,6 +11,10 @@
 #           load peak, device memory (NVML) and ready time per stage, plain graphs at the default
 #           KV (3 x 2048); then, if a `bench` or `aot` run on this machine left packages in /tmp/eng_*,
 #           model.compile auto (the packages) and default (torch.compile, warm cache) at KV 3 x 512.
+#   loadcheck  bench/aot_load_check.py: why the packages crash torch's loader here: the toolchain facts, tiny packages
+#           (weights baked in / weights as inputs / nothing returned / 256 inputs) built and each loaded and run in a
+#           child process that prints native frames on a fault, the libraries each .so needs (ldd); REAL=1 also builds
+#           one real decode-step package (~100 s cold); within $LOADCHECK_S (150 s).
 # bench and tests need nothing beyond the GPU image (torch, numpy, safetensors, tqdm, PyYAML);
 # memory runs the text layer too: carry .whl/ (wetext, kaldifst, opencc, pybase16384, contractions,
 # textsearch, anyascii, pyahocorasick, cffi, pycparser; cp312 manylinux wheels).
@@ -42,5 +46,11 @@ case ${1:-bench} in
         break
       fi
     done ;;
-  *) echo "usage: bench/gpu_aot.sh [bench|aot|jit|tests|memory]" >&2; exit 2 ;;
+  loadcheck)
+    L=${LOADCHECK_S:-150}
+    timeout $(( L + 30 )) python3 bench/aot_load_check.py --work /tmp/aot_loadcheck --deadline-s "$L" \
+      ${REAL:+--real "$CKPT"} --out "$OUT/aot-loadcheck.json" > "$OUT/aot-loadcheck.log" 2>&1
+    echo "loadcheck rc=$?"; sed -n '/^summary:/,$p' "$OUT/aot-loadcheck.log"
+    grep -A12 '^facts:' "$OUT/aot-loadcheck.log" | head -14 ;;
+  *) echo "usage: bench/gpu_aot.sh [bench|aot|jit|tests|memory|loadcheck]" >&2; exit 2 ;;
 esac

@@ -228,6 +228,8 @@ def test_a_loader_that_segfaults_in_the_canary_leaves_plain_graphs_and_a_marker(
     src = r.step_source
     assert src.startswith("plain CUDA graphs: ") and f"crash torch {torch.__version__}'s loader" in src, src
     assert "(signal 11, SIGSEGV, loading step_b1_L64.pt2 in a test process, at " in src and "segv_loader.py:" in src
+    if hasattr(torch._C, "_set_print_stack_traces_on_fatal_signal"):
+        assert "; native: " in src and "fatalSignalHandler" not in src, src   # c10's report, its own frames left out
     mark = aot_canary.marker_path(copy)
     assert str(mark) in src and "delete that file to try again" in src
     data = json.loads(mark.read_text())
@@ -238,6 +240,32 @@ def test_a_loader_that_segfaults_in_the_canary_leaves_plain_graphs_and_a_marker(
     again = CudaRunner(_config(cfg), compile="aot", aot_dir=str(tmp_path / "aot"))
     assert again.compiled is None and "SIGSEGV" in again.step_source and "(recorded " in again.step_source
     assert len(calls.read_text().splitlines()) == 1 and in_process == []   # the marker kept it from trying
+
+
+C10_REPORT = """SIGSEGV(11), PID: 24219, Thread 24219:
+ frame #0: c10::FatalSignalHandler::stacktraceSignalHandler(bool) + 0x8f (0x7f673d51fc4f in /x/torch/lib/libc10.so)
+frame #1: c10::FatalSignalHandler::fatalSignalHandler(int, siginfo_t*) + 0x2da (0x7f673d52027a in /x/torch/lib/libc10.so)
+frame #2: <unknown function> + 0x3c050 (0x7f673e05a050 in /lib/x86_64-linux-gnu/libc.so.6)
+frame #3: torch::inductor::AOTIModelContainerRunner::AOTIModelContainerRunner(std::string const&) + 0x1a (0x7f1 in /x/torch/lib/libtorch_cpu.so)
+frame #4: <unknown function> + 0x8608 (0x7f673db6c608 in /tmp/pkg/data/aotinductor/model/cxyz.wrapper.so)
+frame #5: ffi_call + 0xcd (0x7f673db2bb0d in /lib/x86_64-linux-gnu/libffi.so.8)
+frame #6: _start + 0x21 (0x557bcb552081 in /usr/bin/python3)
+
+SIGSEGV(11), PID: 24219, Thread 24262:
+ frame #0: c10::FatalSignalHandler::stacktraceSignalHandler(bool) + 0x8f (0x7f673d51fc4f in /x/torch/lib/libc10.so)
+frame #1: pthread_cond_wait + 0x1e8 (0x7f673e0a65d8 in /lib/x86_64-linux-gnu/libc.so.6)
+
+Fatal Python error: Segmentation fault
+"""
+
+
+def test_native_frames_of_the_faulting_thread_from_c10s_report():
+    from appliance.engines.aot_canary import _native_frames
+
+    got = _native_frames(C10_REPORT)
+    assert got == ("torch::inductor::AOTIModelContainerRunner::AOTIModelContainerRunner(std::string const&) + 0x1a "
+                   "(libtorch_cpu.so) <- + 0x8608 (cxyz.wrapper.so) <- ffi_call + 0xcd (libffi.so.8)"), got
+    assert _native_frames("Fatal Python error: Segmentation fault\n") == ""
 
 
 def test_a_start_that_died_loading_in_process_is_remembered(built, tmp_path):
@@ -293,3 +321,18 @@ def test_a_loader_that_raises_in_the_canary_is_a_failure_with_its_message(built,
     assert "loading step_b1_L64.pt2 in a test process" in v.reason
     again = aot_canary.check(copy, mf.read(copy), -1)   # the default loader would pass: the marker decides
     assert not again.ok and again.recorded
+
+
+def test_bench_aot_load_check_reads_and_loads_a_built_package(built):
+    """bench/aot_load_check.py (run on the GPU machine by bench/gpu_aot.sh loadcheck) on the package
+    built here: its files and shared objects are listed, and a fresh process loads it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("aot_load_check", REPO / "bench" / "aot_load_check.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    _, _, pkg = built
+    info = lc.inspect_package(pkg / "step_b1_L64.pt2")
+    assert any(f.split()[0].endswith(".wrapper.so") for f in info["files"]) and len(info["ldd"]) >= 1, info
+    assert lc.load_in_child(pkg / "step_b1_L64.pt2", False, None, 120) == "loads"
+    assert lc.load_in_child(pkg / "missing.pt2", False, None, 120).startswith("failed while load: ")

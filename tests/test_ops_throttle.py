@@ -225,9 +225,10 @@ def test_monitor_on_a_fake_hot_board(tmp_path):
         mon.close()
 
 
-def test_monitor_counts_the_backends_own_device_memory_not_the_whole_gpu(tmp_path):
-    """The throttle sees the sum the start-up fit checked (RSS + the backend's device memory), not
-    NVML's whole-GPU figure; that figure is used only when the backend reports no device memory."""
+def test_monitor_counts_the_budget_figure_not_the_whole_gpu(tmp_path):
+    """The throttle sees what the start-up fit checked (``budget_mib``: the figure counted against
+    the budget by the box's kind), not NVML's whole-GPU figure; that figure (plus RSS) is used only
+    when nothing set ``budget_mib``, and a budget figure that is not known now feeds no memory."""
     from appliance.ops.telemetry import Reading, open_telemetry, process_memory_mib
     from appliance.ops.throttle import Monitor
 
@@ -237,12 +238,15 @@ def test_monitor_counts_the_backends_own_device_memory_not_the_whole_gpu(tmp_pat
     mon = Monitor(cfg, telemetry=open_telemetry("sysfs", 60.0, root=str(tmp_path)))
     try:
         whole_gpu = Reading(t=0.0, gpu_mem_used_mib=8000.0)
-        mon.device_mib = lambda: 800.0
-        mon._on_reading(whole_gpu)
         rss = process_memory_mib()
-        assert mon.memory_mib == pytest.approx(rss + 800.0, abs=50.0)
+        mon.budget_mib = lambda: rss + 800.0
+        mon._on_reading(whole_gpu)
+        assert mon.memory_mib == pytest.approx(rss + 800.0)
         assert mon.level == "normal"                       # 8000 + RSS would be over 4096
-        mon.device_mib = lambda: 0.0                       # a backend that cannot say
+        mon.budget_mib = lambda: None                      # not known now: no memory pressure
+        mon._on_reading(whole_gpu)
+        assert mon.memory_mib is None and mon.level == "normal"
+        mon.budget_mib = None                              # nothing wired: the telemetry's figure
         mon._on_reading(whole_gpu)
         assert mon.memory_mib == pytest.approx(rss + 8000.0, abs=50.0)
         assert mon.level != "normal"

@@ -8,7 +8,10 @@ every start under systemd is a crash loop. So before a process loads a package s
 :func:`check` has a child process (``sys.executable``) load every package of the set with the same
 loader (:func:`load_package`) and run each once on zero inputs of the recorded shapes. Its exit
 status decides: a signal, an exception, another exit status or a timeout is a failure (the caller
-runs plain CUDA graphs with the reason); success lets the caller load in-process.
+runs plain CUDA graphs with the reason); success lets the caller load in-process. On a fault the
+child prints the native frames of every thread (c10's fatal-signal handler) besides
+faulthandler's Python frames, and the reason names the innermost native frames of the faulting
+thread (:func:`_native_frames`), so a crash in the loader says in which library it happened.
 
 **Markers.** The verdict is written into the package directory as
 ``load-check-torch-<torch version>.json`` (:func:`marker_path`) with the sha256 of every package
@@ -168,10 +171,11 @@ def _run_child(d: Path, manifest: dict, device_index: int, loader: str,
             name = signal.Signals(-r.returncode).name
         except ValueError:
             name = "unknown signal"
-        where = _fault_frame(r.stderr)
-        log.warning("load check of %s: the test process died by %s; its stderr ends:\n%s", d, name, r.stderr[-2000:])
+        where, native = _fault_frame(r.stderr), _native_frames(r.stderr)
+        log.warning("load check of %s: the test process died by %s; its stderr ends:\n%s", d, name, r.stderr[-4000:])
         return False, (f"the ahead-of-time packages in {d} crash torch {tv}'s loader (signal {-r.returncode}, "
-                       f"{name}, {stage} in a test process{', at ' + where if where else ''})")
+                       f"{name}, {stage} in a test process{', at ' + where if where else ''}"
+                       f"{'; native: ' + native if native else ''})")
     last = next((ln.strip() for ln in reversed(r.stderr.splitlines()) if ln.strip()), f"exit status {r.returncode}")
     return False, f"the ahead-of-time packages in {d} fail with torch {tv}'s loader ({last[:300]}; {stage} in a test process)"
 
@@ -201,10 +205,38 @@ def _fault_frame(stderr: str) -> str:
     return f"{path}:{m.group(2)} in {m.group(3)}"
 
 
+_FRAME = re.compile(r"^\s*frame #\d+: (.*?) \(0x[0-9a-f]+ in (.+?)\)\s*$")
+
+
+def _native_frames(stderr: str, n: int = 3) -> str:
+    """The innermost ``n`` native frames of the faulting thread from c10's fatal-signal report
+    (the child turns it on), ``sym (lib) <- ...``, the handler's own frames left out; '' if none."""
+    frames = []
+    for ln in (stderr or "").splitlines():
+        m = _FRAME.match(ln)
+        if m:
+            frames.append((m.group(1), Path(m.group(2)).name))
+        elif frames and not ln.strip():
+            break                                  # the first block is the faulting thread
+    seen_handler = next((i for i, (sym, _) in enumerate(frames) if "fatalSignalHandler" in sym), None)
+    if seen_handler is not None:
+        frames = frames[seen_handler + 1:]
+        if frames and frames[0][0].startswith("<unknown function>") and frames[0][1].startswith("libc.so"):
+            frames = frames[1:]                    # the kernel's signal trampoline
+    out = [f"{sym.replace('<unknown function> ', '')} ({lib})" for sym, lib in frames[:n]]
+    return " <- ".join(out)[:400]
+
+
 def _child(job: dict) -> int:
     """In the child: load each package with the named loader, then run it once on zeros of the
-    recorded input shapes and dtypes; progress on stdout, one JSON line before each stage."""
+    recorded input shapes and dtypes; progress on stdout, one JSON line before each stage. A fault
+    prints the native frames of every thread on stderr (c10's fatal-signal handler, where torch
+    has it) besides faulthandler's Python frames."""
     import importlib
+
+    traces = getattr(torch._C, "_set_print_stack_traces_on_fatal_signal", None)
+    if traces is not None:
+        traces(True)
 
     mod, _, fn = job["loader"].partition(":")
     load = getattr(importlib.import_module(mod), fn)

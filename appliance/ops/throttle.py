@@ -280,12 +280,13 @@ class Throttle:
 
 class Monitor:
     """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
-    :class:`Throttle` together with the appliance's memory use
-    (:func:`~appliance.ops.telemetry.appliance_memory_mib`).
+    :class:`Throttle` together with the appliance's memory use as the budget counts it
+    (:attr:`budget_mib`; unset: :func:`~appliance.ops.telemetry.appliance_memory_mib`).
 
     Daemon use::
 
         mon = Monitor(cfg, on_change=lambda ch: publish_status())
+        mon.budget_mib = lambda: current_mib(pipeline)   # appliance.service.memory
         mon.start()
         ...  mon.observe_rtf(done.rtf)          # after every finished request
         ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
@@ -308,10 +309,8 @@ class Monitor:
         self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
         self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
                                  len(cfg.service.channels), on_change=on_change)
-        #: ``() -> MiB`` of the backend's own device memory (0: none; then telemetry's GPU figure)
-        self.device_mib: Optional[Callable[[], float]] = None
-        #: ``() -> MiB`` counted against the budget by the box's kind (service.memory.current_mib);
-        #: when set, it is what the throttle watches (device_mib is then not used)
+        #: ``() -> MiB`` counted against the budget by the box's kind (the daemon sets
+        #: ``service.memory.current_mib``; None from it: not known now); unset: the telemetry's figure
         self.budget_mib: Optional[Callable[[], Optional[float]]] = None
         self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
 
@@ -320,32 +319,22 @@ class Monitor:
         self.telemetry.start(self._on_reading)
 
     def _on_reading(self, reading: Reading) -> None:
-        """Feed ``reading`` and the appliance's memory to the throttle. The memory is RSS plus the
-        backend's own device memory (:attr:`device_mib`): the sum the start-up fit and the health
-        check use. The telemetry's GPU figure (NVML: every process on the GPU and the CUDA context;
-        NvMap: every allocation on the box) stands in only where the backend reports none: on an
-        H200 it read 2204 MiB where the allocator held 804, and a budget the start-up check had
-        passed sent the throttle to ``alerts_only`` at once."""
+        """Feed ``reading`` and the appliance's memory to the throttle. The memory is what
+        :attr:`budget_mib` says: the figure the start-up fit and the health check count against the
+        budget by the box's kind (:mod:`appliance.ops.footprint`). The telemetry's GPU figure (NVML:
+        every process on the GPU and the CUDA context; NvMap: every allocation on the box) plus RSS
+        stands in only where nothing set :attr:`budget_mib`: on an H200 NVML read 2204 MiB where
+        the allocator held 804, and a budget the start-up check had passed sent the throttle to
+        ``alerts_only`` at once."""
         from .telemetry import appliance_memory_mib
 
-        if self.budget_mib is not None:
+        if self.budget_mib is None:
+            self.memory_mib = appliance_memory_mib(reading)
+        else:
             try:
                 self.memory_mib = self.budget_mib()
             except Exception:  # noqa: BLE001 - a probe must not stop the throttle
                 self.memory_mib = None
-            self.throttle.update(reading, app_mem_mib=self.memory_mib)
-            return
-        dev = None
-        if self.device_mib is not None:
-            try:
-                dev = self.device_mib()
-            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
-                dev = None
-        if dev:
-            rss = appliance_memory_mib(None)
-            self.memory_mib = None if rss is None else rss + dev
-        else:
-            self.memory_mib = appliance_memory_mib(reading)
         self.throttle.update(reading, app_mem_mib=self.memory_mib)
 
     def observe_rtf(self, rtf: float) -> None:
