@@ -162,3 +162,37 @@ def test_fingerprint_and_distance():
     assert np.array_equal(rf._decode(rf._encode(f), len(f)), f)              # stored exactly (0.01 dB)
     assert rf.band_lsd(f, f, 60.0) == 0.0
     assert rf.band_lsd(f, rf.fingerprint(0.5 * x), 60.0) == pytest.approx(20 * np.log10(2), abs=0.02)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_cuda_reference_holds_across_processes(tiny_ckpt, tmp_path, dtype):
+    """On the GPU (CUDA graphs, FP16 or FP32): ``calibrate`` in one process, ``health`` in two later
+    ones (each its own load, capture and chunk timings) match the reference: identical codes and a
+    distance within the tolerance. A false alarm here would be one on every box."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump({
+        "model": {"path": str(tiny_ckpt), "backend": "torch", "device": "cuda", "dtype": dtype, "compile": "off",
+                  "max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128, "engine_dir": str(tmp_path / "eng")},
+        "synthesis": {"max_new_tokens": 240},
+        "health": {"max_rtf": 100.0, "max_ttfb_ms": 60_000.0, "max_memory_mib": 1e6}}, allow_unicode=True))
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "appliance", *argv, "--config", str(conf)], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+    cal = cli("calibrate", "--json")
+    assert cal.returncode == 0, cal.stderr[-2000:]
+    ref = json.loads(cal.stdout)["reference"]
+    assert ref["codes_sha256"], ref["measured"]                 # two renders in one process drew the same codes
+    for _ in range(2):
+        h = cli("health", "--json")
+        reply = json.loads(h.stdout)
+        assert h.returncode == 0 and reply["healthy"], (reply, h.stderr[-2000:])
+        assert reply["reference"].startswith("matches the reference recorded by calibrate"), reply["reference"]
