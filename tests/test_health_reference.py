@@ -196,3 +196,12 @@ def test_cuda_reference_holds_across_processes(tiny_ckpt, tmp_path, dtype):
         reply = json.loads(h.stdout)
         assert h.returncode == 0 and reply["healthy"], (reply, h.stderr[-2000:])
         assert reply["reference"].startswith("matches the reference recorded by calibrate"), reply["reference"]
+
+
+def test_an_unreadable_reference_is_a_note(calibrated, pipeline, tmp_path):
+    cfg, _ = calibrated
+    data = json.loads((cfg.resolve(cfg.model.engine_dir) / "calibration.json").read_text())
+    data["entries"][0]["reference"]["spectrum"] = "not base64!"
+    (tmp_path / "calibration.json").write_text(json.dumps(data))
+    r = run_health_check(pipeline, dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, engine_dir=str(tmp_path))))
+    assert r.healthy and "unreadable" in r.reference and "calibrate" in r.reference

@@ -205,8 +205,8 @@ def lookup(engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, info: Any
     want = request_digest(job)
     ref = next((r for r in refs if r.get("request") == want), None)
     if ref is None:
-        return None, (f"no reference: the one recorded for {what} is for another health sentence, voice or sampling "
-                      f"setting: ignored; run 'chattts-appliance calibrate'")
+        return None, (f"no reference: the one recorded for {what} is for another health sentence, voice, sampling "
+                      f"setting or length limit: ignored; run 'chattts-appliance calibrate'")
     return Reference(ref), ""
 
 
@@ -241,4 +241,9 @@ def check(pipeline: Any, cfg: Any, job: Any, pcm: np.ndarray) -> tuple[list[str]
     except AttributeError as e:   # a pipeline without engine information (a test double)
         return [], f"no reference: {e}"
     ref, why = lookup(engine_dir, ckpt, info, job)
-    return ([], why) if ref is None else compare(ref, job, pcm)
+    if ref is None:
+        return [], why
+    try:
+        return compare(ref, job, pcm)
+    except (KeyError, ValueError, TypeError) as e:   # binascii.Error is a ValueError
+        return [], f"no reference: the one recorded by {ref.when} is unreadable ({e!r}): run 'chattts-appliance calibrate'"
