@@ -22,6 +22,12 @@ matrices of at most 64 rows another way than larger ones, so small passes differ
 pass by its activation rounding (measured: -36 dB at full size); that is a property of INT8
 compute, not of the look-ahead, and is reported, not calibrated away.
 
+The entry also keeps the health check's reference (:func:`reference`): ``health.sentence`` under
+the health seed, rendered by the production stream with the chosen look-ahead and again with the
+exact one, fingerprinted (codes digest, band log-spectrum) with the tolerance derived from this
+calibration's bar (:mod:`appliance.synth.reference`); the health check compares its own render
+with it.
+
 The result and the whole curve go to ``<model.engine_dir>/calibration.json``
 (:mod:`appliance.engines.lookahead`), keyed by the checkpoint's sha256, backend and precision;
 ``engines export`` / ``engines build`` and ``scripts/install_jetson.sh`` run this after building.
@@ -44,6 +50,7 @@ from ..core import SynthesisRequest, SynthParams
 from ..engines import manifest as mf
 from ..engines.lookahead import Calibration, save
 from ..engines.runner import VocodeWindow
+from ..synth import reference as rf
 from ..synth.decode_loop import Sequence
 from ..synth.istft import istft
 from ..synth.vocoder import WindowedVocoder
@@ -139,8 +146,22 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
     )
 
 
+def reference(pipe, cal: Calibration, sentence: str) -> dict:
+    """The health check's reference for ``cal`` (:func:`appliance.synth.reference.record`):
+    ``sentence`` under the health seed through ``pipe.run``, first with the look-ahead ``cal``
+    chose (what the daemon streams with), then exactly; the bar is this calibration's,
+    ``max(threshold, floor + 3 dB)``. Leaves the pipeline at the chosen look-ahead."""
+    chosen = cal.lookahead_tokens if cal.lookahead_tokens < cal.exact_lookahead else None
+    takes = []
+    for tokens in (None, chosen):
+        pipe.set_lookahead(tokens)
+        takes.append(rf.render(pipe, sentence, rf.HEALTH_SEED))
+    return rf.record(takes[1], takes[0], max(cal.threshold_db, cal.floor_db + 3.0), chosen, cal.date, sentence)
+
+
 def run(cfg, threshold_db: Optional[float] = None) -> tuple[Calibration, str]:
-    """Open the configured backend, calibrate, save beside the engines; returns (calibration, path)."""
+    """Open the configured backend, calibrate, record the health check's reference, save beside
+    the engines; returns (calibration, path)."""
     from ..synth.pipeline import Pipeline
 
     thr = cfg.stream.lookahead_threshold_db if threshold_db is None else threshold_db
@@ -148,10 +169,11 @@ def run(cfg, threshold_db: Optional[float] = None) -> tuple[Calibration, str]:
     pipe = Pipeline.from_config(cfg)
     try:
         cal = calibrate(pipe, thr)
+        ref = reference(pipe, cal, cfg.health.sentence)
     finally:
         pipe.close()
     ident = mf.checkpoint_identity(cfg.resolve(cfg.model.path))
-    cal = Calibration(**{**asdict(cal), "checkpoint": ident})
+    cal = Calibration(**{**asdict(cal), "checkpoint": ident, "reference": ref})
     path = save(cfg.resolve(cfg.model.engine_dir), cal)
     log.info("calibration took %.1f s", time.perf_counter() - t)
     return cal, str(path)
@@ -169,6 +191,10 @@ def report(cal: Calibration, path: str, setting: str = "auto") -> str:
                  + (f"; above the threshold, so the bar is {cal.floor_db + 3:.1f} dB" if cal.floor_db + 3 > cal.threshold_db else ""))
     if cal.lookahead_tokens >= cal.exact_lookahead:
         lines.append(f"  no shorter look-ahead met the threshold: exact ({cal.exact_lookahead} steps)")
+    if cal.reference:
+        r = cal.reference
+        lines.append(f"  health reference: {r['steps']} steps, codes {'recorded' if r['codes_sha256'] else 'NOT repeatable (not recorded)'}, "
+                     f"spectrum tolerance {r['tolerance_db']:.2f} dB")
     lines.append(f"saved in {path}")
     if setting == "auto":
         lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}) from its next start: "

@@ -9,7 +9,8 @@ per (checkpoint sha256, backend, precision)::
                   "backend": "onnxruntime", "precision": "int8", "lookahead_tokens": 16,
                   "exact_lookahead": 53, "threshold_db": -60.0, "chunk_tokens": 2,
                   "curve": [{"tokens": 8, "worst_db": -35.1, "mean_db": -41.0}, ...],
-                  "sentences": [...], "date": "..."}]}
+                  "sentences": [...], "date": "...",
+                  "reference": {...the health check's, see appliance.synth.reference}}]}
 
 The daemon (:meth:`appliance.synth.pipeline.Pipeline.from_config`) uses the entry that matches
 its checkpoint (hashed again only when a file's size or mtime changed), backend and precision,
@@ -50,6 +51,7 @@ class Calibration:
     sentences: list = field(default_factory=list)
     date: str = ""
     checkpoint: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)   #: the health check's (appliance.synth.reference)
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,8 @@ class HealthReply:
 
     ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
     ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
-    config, so a client can show them without reading that config."""
+    config, so a client can show them without reading that config. ``reference``: how the audio
+    compared with the reference ``calibrate`` recorded, or why it was not compared (one line)."""
 
     healthy: bool
     rtf: Optional[float] = None
@@ -217,6 +218,7 @@ class HealthReply:
     host_rss_mib: Optional[float] = None
     reasons: list = field(default_factory=list)
     limits: dict = field(default_factory=dict)
+    reference: Optional[str] = None
     type: str = "health"
 
 

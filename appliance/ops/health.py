@@ -17,7 +17,11 @@ with the ``health`` section of config:
   stays below :data:`SILENT_PEAK` (broken weights that compute zeros speak silence); the same
   sentence is also synthesized under a second seed and
   :func:`~appliance.synth.audio_check.audio_problems` flags degenerate audio: a periodic buzz,
-  or audio that ignores the seed (what one flipped exponent bit in a weight speaks);
+  or audio that ignores the seed (what one flipped exponent bit in a weight speaks); and, where
+  ``calibrate`` recorded a reference for this checkpoint, backend, precision, engines and sentence
+  (:mod:`appliance.synth.reference`), the first render against it: identical codes and a band
+  log-spectral distance within the tolerance calibrate measured (``reference`` in the reply says
+  how it compared, or why there was nothing to compare with: not a failure);
 * the weight files on disk: the background re-verification's first mismatch
   (:mod:`appliance.ops.integrity_watch`), naming the file.
 
@@ -44,17 +48,17 @@ from typing import Any, Optional
 import numpy as np
 
 from ..config import Config, load_config
-from ..core import SAMPLE_RATE, SynthesisRequest
+from ..core import SAMPLE_RATE
 from ..errors import ApplianceError, CancelledError, ConfigError
 from ..messages.protocol import HealthReply, parse_event, to_json
+from ..synth import reference
 from ..synth.audio_check import audio_problems
+from ..synth.reference import HEALTH_SEED
 from .footprint import measure, memory_kind
 
 log = logging.getLogger(__name__)
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_ERROR = 0, 1, 2
-HEALTH_SEED = 1234
-"""Sampling seed of the reference sentence (fixed, so runs are comparable)."""
 SILENT_PEAK = 1e-4
 """Peak |sample| below which the reference sentence counts as silence (-80 dBFS)."""
 
@@ -68,13 +72,6 @@ def _device_memory_mib(pipeline: Any) -> Optional[float]:
         log.warning("device memory probe failed: %s", e)
         return None
     return b / 2**20 if b else None
-
-
-def _speak(pipeline: Any, text: str, seed: int, cancel: threading.Event) -> tuple[np.ndarray, Any]:
-    """The health sentence under ``seed``, not played: (float32 PCM ``[n]`` at 24 kHz, its job)."""
-    job = pipeline.prepare(SynthesisRequest(text=text, id=f"health-{seed}", seed=seed))
-    parts = [c.samples for c in pipeline.run(job, cancel) if c.samples.size]
-    return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), job
 
 
 def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] = None) -> HealthReply:
@@ -103,11 +100,11 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     t0 = time.perf_counter()
     try:
         timer.start()
-        pcm, job = _speak(pipeline, h.sentence, HEALTH_SEED, cancel)
+        pcm, job = reference.render(pipeline, h.sentence, HEALTH_SEED, cancel)
         samples = pcm.size
         nonfinite = int(np.count_nonzero(~np.isfinite(pcm)))
         peak = float(np.max(np.abs(np.nan_to_num(pcm)))) if samples else 0.0
-        other = _speak(pipeline, h.sentence, HEALTH_SEED + 1, cancel)[0] if not nonfinite and peak >= SILENT_PEAK else None
+        other = reference.render(pipeline, h.sentence, HEALTH_SEED + 1, cancel)[0] if not nonfinite and peak >= SILENT_PEAK else None
     except CancelledError:
         return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"],
                            limits=limits)
@@ -124,7 +121,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     host = round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None
     if host is not None:
         limits["max_host_rss_mib"] = cfg.service.host_rss_limit_mb
-    reasons = []
+    reasons, ref_note = [], "not compared with a reference: the audio failed an earlier check"
     if nonfinite:
         reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
     elif peak < SILENT_PEAK:
@@ -132,6 +129,8 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     else:   # a flipped weight that saturates a layer speaks a buzz, or the same noise whatever the seed
         reasons += [r for r in audio_problems(pcm, SAMPLE_RATE, other_seed=other)
                     if not r.startswith(("audio: silent", "audio: constant"))]
+        far, ref_note = reference.check(pipeline, cfg, job, pcm)   # the same render, against calibrate's
+        reasons += far
     if weights_failure:
         reasons.append(f"weights: {weights_failure}")
     if stats.rtf > h.max_rtf:
@@ -147,7 +146,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     reply = HealthReply(healthy=not reasons, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
                         steps_per_s=round(stats.steps_per_s, 2),
                         memory_mib=memory, host_rss_mib=host, reasons=reasons,
-                        limits=limits)
+                        limits=limits, reference=ref_note)
     log.info("health %s: rtf %.3f, ttfb %.0f ms, %.1f steps/s, %.2f s audio in %.2f s, memory %s MiB%s",
              "ok" if reply.healthy else "UNHEALTHY", stats.rtf, stats.ttfb_ms, stats.steps_per_s,
              stats.audio_s, time.perf_counter() - t0, reply.memory_mib,
@@ -228,6 +227,8 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
         print(verdict)
         for r in reply.reasons:
             print(f"  - {r}")
+        if reply.reference:
+            print(f"reference: {reply.reference}")
         return
     t = Table(title=f"chattts-appliance health: {verdict}")
     for col in ("metric", "value", "limit"):
@@ -238,6 +239,8 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
     con.print(t)
     for r in reply.reasons:
         con.print(f"  - {r}", markup=False)
+    if reply.reference:
+        con.print(f"reference: {reply.reference}", markup=False)
 
 
 def cli_main(args: Any) -> int:

@@ -223,7 +223,9 @@ class BatchEngine:
         voc = self.vocoders[t.voc]
         if getattr(job, "refine_prompts", None) is not None and self.refiner is not None:
             self.refiner(job, t.k)  # refine-text: rewrites job.prompts[t.k] (worker thread, free slot)
-        seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k)
+        meta = getattr(job, "meta", None)      # meta["codes"], a list: keep the codes (the health check)
+        seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k,
+                       trace=meta.get("codes") if isinstance(meta, dict) else None)
         t.seq, t.emitted = seq, 0
         self.loop.join(seq)
         voc.reset(seq.slot)
@@ -308,6 +310,9 @@ class BatchEngine:
             self._by_seq.pop(t.seq, None)
             t.seq = None
         t.state, t.error = state, error
+        meta = getattr(t.job, "meta", None)
+        if isinstance(meta, dict) and "codes" in meta:
+            meta["max_rows"] = t.max_rows      # > 1: its codes were drawn in a batch (rounding may differ)
         if t in self.tasks:
             self.tasks.remove(t)
             self._free_voc.append(t.voc)

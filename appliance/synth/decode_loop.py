@@ -40,6 +40,9 @@ class Sequence:
         finished: True once EOS was drawn or ``max_new_tokens`` reached.
         reason: ``eos``, ``max_tokens`` or ``left`` (removed before the end).
         codes: int64 ``[Q]`` the codes kept last.
+        trace: a list that receives a copy of every kept ``codes`` (int64 ``[Q]``), or None (the
+            default: nothing kept). The health check and its reference (:mod:`appliance.synth.reference`)
+            digest a job's codes this way.
     """
 
     ids: np.ndarray
@@ -51,6 +54,7 @@ class Sequence:
     finished: bool = False
     reason: str = ""
     codes: np.ndarray = field(default_factory=lambda: np.zeros(NUM_VQ, np.int64))
+    trace: Optional[list] = None
 
 
 class DecodeLoop:
@@ -166,6 +170,8 @@ class DecodeLoop:
             self._finish(seq, "eos")
             return False
         seq.codes[:] = codes
+        if seq.trace is not None:
+            seq.trace.append(seq.codes.copy())
         seq.steps += 1
         if seq.steps >= seq.params.max_new_tokens or len(seq.ids) + seq.steps >= self.max_seq_len:
             self._finish(seq, "max_tokens")

@@ -93,7 +93,8 @@ class Job:
         voice: how ``done`` names the voice (:class:`~appliance.text.voices.VoiceChoice` label).
         stats: filled when ``run`` finishes. meta: ``text_tokens`` (per sentence, its text's tokens
             without the prompt's frame: the expected length), ``refined`` (sentence -> refined
-            text), ``silent`` (indices of sentences that produced no audio).
+            text), ``silent`` (indices of sentences that produced no audio); a ``codes`` list set
+            before :meth:`run` receives every kept code and ``max_rows`` the widest batch it ran in.
         open: more text may still come (:meth:`extend`; an utterance streamed in pieces): the
             engine waits after the last sentence instead of finishing, until :meth:`close`.
     """
