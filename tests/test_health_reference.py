@@ -185,7 +185,7 @@ def test_cuda_reference_holds_across_processes(tiny_ckpt, tmp_path, dtype):
 
     def cli(*argv):
         return subprocess.run([sys.executable, "-m", "appliance", *argv, "--config", str(conf)], capture_output=True,
-                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.getcwd()})
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))})
 
     cal = cli("calibrate", "--json")
     assert cal.returncode == 0, cal.stderr[-2000:]
