@@ -43,7 +43,7 @@ def test_manifest_written(onnx_dir):
     m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
     assert m["kind"] == "onnx" and m["precision"] == "fp32"
     assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
-    assert m["build"]["vocoder"] == "stream-merged"
+    assert m["build"]["vocoder"] == "stream-reach"
     assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:4] == ["first", "hidden", "pos0", "cache.0"]
     # one weights file per vocoder network: the first pass reads the stateful pass's weights
     d = onnx_dir / "onnx" / "fp32"
