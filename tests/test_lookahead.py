@@ -134,10 +134,12 @@ def test_the_streams_that_run_stay_within_the_calibrated_bound(pipe):
     from appliance.build.calibrate import schedule_chunks
 
     text, voice, seed, steps = "你好，今天天气很好。", "seed:2", 1, 80
-    cal = calibrate(pipe, -60.0, candidates=(4, 6, 8, 10, 12), sentences=(("zh", text),), voices=((voice, seed),),
+    # a loose threshold, so that the look-ahead is short enough to freeze Decoder frames (2r < 15
+    # mel frames, the tiny Decoder's receptive field)
+    cal = calibrate(pipe, -20.0, candidates=(4, 5, 6, 7), sentences=(("zh", text),), voices=((voice, seed),),
                     tokens=(steps, steps))
     r = cal.lookahead_tokens
-    assert r < cal.exact_lookahead
+    assert r < cal.exact_lookahead, cal.curve
     job = pipe.prepare(SynthesisRequest(id="calibrate-zh", text=text, voice=voice, seed=seed,
                                         params=SynthParams(min_new_tokens=steps, max_new_tokens=steps)))
     seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=job.seed)
@@ -151,7 +153,7 @@ def test_the_streams_that_run_stay_within_the_calibrated_bound(pipe):
         sch = pipe.engine.schedule
         plans = {"2": 2, "schedule": schedule_chunks(sch.first, sch.growth, sch.cap), "3": 3, "8": 8, "5-11": [5, 11]}
         errs = {k: error_db(_stream(voc, seq.slot, n, r, p), exact) for k, p in plans.items()}
-        assert voc.reach == 2 * r
+        assert voc.reach == 2 * r < pipe.runner.info.decoder_rf
         assert max(errs["2"], errs["schedule"]) == pytest.approx(cal.sentences[0]["error_db"][str(r)], abs=0.05)
         assert max(errs.values()) <= cal.threshold_db, errs
     finally:

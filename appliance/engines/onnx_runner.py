@@ -45,9 +45,8 @@ first pass in the same graph behind an ``If`` on its input ``first`` over one co
 (:mod:`appliance.build.stream_graphs`; the first pass gets zero arrays for the caches it does not
 read): the caches go in and out as arrays that
 :class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an older export
-(``build.vocoder`` not ``stream-reach``: a separate first-pass graph held the FP32 weights a
-second time, +144 MiB RSS at full size, or a Decoder graph without the ``reach`` input that
-bounds its recomputed provisional frames) is refused at load with the command that re-exports.
+(``build.vocoder`` not ``stream-reach``: a first-pass graph holding the weights twice, or a
+Decoder without its ``reach`` input) is refused at load with the command that re-exports.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
 :meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
@@ -354,10 +353,9 @@ class OnnxRunner(HostRunner):
     def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
                                reach: int | None = None) -> tuple[np.ndarray, list]:
         """Stateful Decoder pass (the ``decoder`` graph, :mod:`appliance.build.stream_graphs`):
-        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, R + 2T]``, caches: the
-        graph's ``cache_out.i`` arrays), ``R`` = ``reach`` (1..rf; None: rf, exact) bound as the
-        length of the graph's ``reach`` input. ``cache`` None: a sentence's first pass (the graph's
-        ``first`` branch, ``pos0`` must be 0).
+        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, R + 2T]``, the graph's
+        ``cache_out.i``), ``R`` = ``reach`` (1..rf; None: rf, exact) bound as the length of the
+        ``reach`` input. ``cache`` None: a sentence's first pass (``first`` branch, ``pos0`` 0).
 
         Raises:
             EngineError: wrong shape, or onnxruntime failed.
