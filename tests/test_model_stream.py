@@ -209,6 +209,22 @@ def test_onnx_passes_equal_torch_passes_across_calls(runners):
         assert _rel(ro, rt) < 1e-4 and _rel(io, it) < 1e-4
 
 
+def test_onnx_and_torch_streams_agree_with_a_short_lookahead(runners):
+    """The same look-ahead (4 steps: the Decoder's frames frozen after 8 mel frames) gives the same
+    PCM through the ONNX graphs and the torch functions, and it is not the exact PCM."""
+    n, slot = 60, 2
+    h = np.random.default_rng(9).standard_normal((n, runners[0].info.hidden_size)).astype(np.float32)
+    out = []
+    for r in runners:
+        r.prefill(slot, np.arange(1, 9, dtype=np.int64), None)
+        r._hid[slot, :n] = h
+        voc = WindowedVocoder(r, 512)
+        out.append((_stream(voc, slot, n, 4, 2), _stream(voc, slot, n, 4, [4, 8, 16]), _stream(voc, slot, n, None, 5)))
+    for a, b in zip(*out):
+        assert _rel(a, b) < 1e-4
+    assert _rel(out[1][0], out[1][2]) > 1e-3
+
+
 def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tiny_ckpt, onnx_dir, tmp_path):
     from appliance.engines.onnx_runner import OnnxRunner
 
