@@ -15,7 +15,11 @@ fixed look-ahead (``--lookahead``, the same for both trees so that the same wind
   yields PCM (``first_ms``: part of the TTFB), and the number of vocoder calls.
 
 Appends one record (``bench: vocoder_stream``) to ``--out`` (default
-``bench/results/vocoder-<date>-<machine>.json``).
+``bench/results/vocoder-<date>-<machine>.json``) with the fields of the project's benchmark records
+(``rtf`` = the schedule plan's vocoder seconds per audio second), ``host_read_gbps`` (the host's
+read bandwidth with the bench's threads, measured before the run: hosts of this class differ by 2x)
+and ``decoder_reach`` (mel frames of right context after which the Decoder freezes a frame, where
+the tree has it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -32,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu import _import_tree  # noqa: E402
+from bench_cpu import _import_tree, host_read_gbps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: chunk plans: (first chunks, then this size)
@@ -113,8 +118,10 @@ def run(args) -> dict:
                      "istft_and_rest_ms_per_audio_s": round(1000 * max(0.0, tot - dec - vcs) / audio_s, 1),
                      "first_ms": round(1000 * statistics.median(firsts), 1), "calls": calls}
     info = r.info
+    reach = getattr(voc, "reach", info.decoder_rf)   # trees before the reach recompute up to rf_dec
     pipe.close()
-    return {"backend": info.backend, "precision": info.precision, "audio_s": round(audio_s, 2), "plans": res}
+    return {"backend": info.backend, "precision": info.precision, "audio_s": round(audio_s, 2),
+            "decoder_reach": reach, "plans": res}
 
 
 def main() -> int:
@@ -132,11 +139,17 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     _import_tree(args.tree)
+    gbps = host_read_gbps(args.threads or os.cpu_count() or 1)
     load0 = os.getloadavg()[0]
     r = run(args)
     today = dt.date.today().isoformat()
+    sched = r["plans"][next(iter(PLANS))]
     rec = {"bench": "vocoder_stream", "date": today, "machine": args.machine, "label": args.label,
-           "tree": args.tree or "this checkout", "lookahead_tokens": args.lookahead, "steps": args.steps, **r,
+           "tree": args.tree or "this checkout", "lookahead_tokens": args.lookahead, "steps": args.steps,
+           "checkpoint": "full" if "full" in args.checkpoint else Path(args.checkpoint).name, "batch": 1,
+           "ms_per_step": None, "steps_per_s": None, "rtf": round(sched["ms_per_audio_s"] / 1000, 3),
+           "ttfb_ms": None, "peak_mem_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "baseline_ms_per_step": None,
+           "host_read_gbps": round(gbps, 1), **r,
            "notes": f"1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
     print(json.dumps(rec, ensure_ascii=False))
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"vocoder-{today}-{args.machine}.json"

@@ -43,8 +43,8 @@ def test_manifest_written(onnx_dir):
     m = json.loads((onnx_dir / "onnx" / "fp32" / "manifest.json").read_text())
     assert m["kind"] == "onnx" and m["precision"] == "fp32"
     assert set(m["graphs"]) == {"gpt", "decoder", "vocos"}
-    assert m["build"]["vocoder"] == "stream-merged"
-    assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:4] == ["first", "hidden", "pos0", "cache.0"]
+    assert m["build"]["vocoder"] == "stream-reach"
+    assert [t["name"] for t in m["graphs"]["decoder"]["inputs"]][:5] == ["first", "hidden", "pos0", "reach", "cache.0"]
     # one weights file per vocoder network: the first pass reads the stateful pass's weights
     d = onnx_dir / "onnx" / "fp32"
     assert not (d / "decoder_first.onnx").exists() and not (d / "vocos_first.onnx.data").exists()

@@ -239,6 +239,13 @@ def test_stateful_vocoder_stream_on_the_gpu_equals_the_host_one_shot(tiny_config
         got = _stream(WindowedVocoder(cuda, 512), slot, n, None, chunk)
         assert got.shape == exact.shape
         assert np.abs(got - exact).max() <= 1e-4 * np.abs(exact).max(), chunk
+    # a look-ahead of 4 steps: the Decoder freezes its frames after 8 mel frames (its reach) on the
+    # device as on the host (one model definition): the two streams agree, and differ from exact
+    for chunk in (2, 13):
+        got = _stream(WindowedVocoder(cuda, 512), slot, n, 4, chunk)
+        ref = _stream(WindowedVocoder(host, 512), slot, n, 4, chunk)
+        assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), chunk
+        assert np.abs(ref - exact).max() > 1e-3 * np.abs(exact).max()
 
 
 def _open_in_fresh_process(ckpt, eng, compile_setting, env_extra=None):

@@ -126,6 +126,40 @@ def test_calibration_picks_the_smallest_lookahead_under_the_threshold(pipe):
     assert pipe.loop.free_slots == free   # slots given back
 
 
+def test_the_streams_that_run_stay_within_the_calibrated_bound(pipe):
+    """Calibration measures the stream that runs: with the chosen look-ahead the Decoder freezes its
+    frames after 2r mel frames (fewer recomputed frames), and the streamed PCM of the calibrated
+    sentence stays within the threshold for the pipeline's own chunk schedule and for other chunk
+    plans, not only the 2-step chunks."""
+    from appliance.build.calibrate import schedule_chunks
+
+    text, voice, seed, steps = "你好，今天天气很好。", "seed:2", 1, 80
+    # a loose threshold, so that the look-ahead is short enough to freeze Decoder frames (2r < 15
+    # mel frames, the tiny Decoder's receptive field)
+    cal = calibrate(pipe, -20.0, candidates=(4, 5, 6, 7), sentences=(("zh", text),), voices=((voice, seed),),
+                    tokens=(steps, steps))
+    r = cal.lookahead_tokens
+    assert r < cal.exact_lookahead, cal.curve
+    job = pipe.prepare(SynthesisRequest(id="calibrate-zh", text=text, voice=voice, seed=seed,
+                                        params=SynthParams(min_new_tokens=steps, max_new_tokens=steps)))
+    seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=job.seed)
+    pipe.loop.join(seq)
+    while pipe.loop.active:
+        pipe.loop.step()
+    try:
+        voc = WindowedVocoder(pipe.runner, 512)
+        n = seq.steps
+        exact = _stream(voc, seq.slot, n, None, 2)
+        sch = pipe.engine.schedule
+        plans = {"2": 2, "schedule": schedule_chunks(sch.first, sch.growth, sch.cap), "3": 3, "8": 8, "5-11": [5, 11]}
+        errs = {k: error_db(_stream(voc, seq.slot, n, r, p), exact) for k, p in plans.items()}
+        assert voc.reach == 2 * r < pipe.runner.info.decoder_rf
+        assert max(errs["2"], errs["schedule"]) == pytest.approx(cal.sentences[0]["error_db"][str(r)], abs=0.05)
+        assert max(errs.values()) <= cal.threshold_db, errs
+    finally:
+        pipe.loop.release(seq)
+
+
 def test_daemon_uses_the_record_for_its_checkpoint_only(tiny_ckpt, tmp_path):
     from appliance.build.calibrate import run
 

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,51 @@ def test_decoder_passes_equal_the_one_shot_pass_for_any_split(model, cuts):
             assert mel.shape[-1] == rf + 2 * t
             ref = dec(hid[..., :n])  # one-shot over what exists: final and provisional frames alike
             assert _rel(mel[..., max(0, a) - a:], ref[..., max(0, a):]) < 1e-5
+
+
+def _frozen_reference(dec, hid, cuts, reach):
+    """An independent statement of the stream with a reach: per layer, the one-shot layer over its
+    input, where input frames ``p < end - min(H_l, reach)`` keep the value they had when they were
+    frozen (``H_l``: the half-widths of the layers before). Returns the final layer's output
+    ``[1, 100, 2n]`` after each pass."""
+    st = dec.decoder
+    layers = [(1, lambda x: F.gelu(st.conv_in[0](x))), (1, st.conv_in[2])]
+    layers += [(b.dwconv.dilation[0] * (b.dwconv.kernel_size[0] // 2), b) for b in st.decoder_block]
+    layers += [(1, lambda x: dec.out_conv(st.conv_out(x)))]   # conv_out is 1x1: frozen with out_conv's input
+    frozen: list[torch.Tensor | None] = [None] * len(layers)
+    x_all = hid.reshape(1, 2, hid.shape[1] // 2, -1).permute(0, 2, 3, 1).flatten(2)
+    outs, n = [], 0
+    for t in cuts:
+        n += t
+        end, x, depth = 2 * n, x_all[..., :2 * n], 0
+        for i, (h, f) in enumerate(layers):
+            if frozen[i] is not None:   # frozen input frames keep their values
+                x = torch.cat([frozen[i], x[..., frozen[i].shape[-1]:]], -1)
+            frozen[i] = x[..., :max(0, end - min(depth, reach))]
+            x, depth = f(x), depth + h
+        outs.append(x * dec.coef)
+    return outs
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(1, 23), min_size=1, max_size=6), reach=st.integers(1, 15))
+def test_decoder_passes_with_a_reach_freeze_each_layer_at_that_depth(model, cuts, reach):
+    """A reach below the receptive field: each pass's mel equals the frozen-frames reference (the
+    one-shot pass only where reach >= rf), covering ``[pos0 - R, end)`` with ``R = min(rf, reach)``."""
+    dec = model.decoder
+    rf = sum(f // 2 for _, f in decoder_cache_shapes(dec))
+    R = min(rf, reach)
+    hid = torch.randn(1, model.shapes.hidden, sum(cuts), generator=torch.Generator().manual_seed(reach))
+    cache, n = None, 0
+    with torch.no_grad():
+        refs = _frozen_reference(dec, hid, cuts, reach)
+        for t, ref in zip(cuts, refs):
+            mel, cache = decoder_stream(dec, hid[..., n:n + t], torch.tensor(2 * n), cache, reach)
+            a, n = 2 * n - R, n + t
+            assert mel.shape[-1] == R + 2 * t
+            assert _rel(mel[..., max(0, a) - a:], ref[..., max(0, a):]) < 1e-5
+        if reach >= rf:
+            assert _rel(refs[-1], dec(hid)) < 1e-5
 
 
 def test_vocos_final_frames_ignore_provisional_input(model):
@@ -131,25 +177,52 @@ def test_streamed_pcm_is_the_one_shot_pcm_and_each_hidden_state_is_decoded_once(
         assert _rel(got, exact) < 1e-5
         assert count.hidden == n            # no left context recomputed: each hidden state once
         assert count.mel <= 2 * n + (-(-n // chunk) + 1) * r.info.decoder_rf  # final mel once + a provisional tail per pass
+    # a look-ahead of 4 steps: the Decoder freezes its frames after 8 mel frames of right context,
+    # so Vocos reads at most rf_voc provisional mel frames per pass (not up to rf_dec)
+    count = _Counting(r)
+    try:
+        _stream(voc, slot, n, 4, 13)
+    finally:
+        count.close()
+    assert voc.reach == 8 < r.info.decoder_rf
+    assert count.mel <= 2 * n + (-(-n // 13) + 1) * r.info.vocos_rf
 
 
 def test_onnx_passes_equal_torch_passes_across_calls(runners):
     o, t = runners
     rng = np.random.default_rng(7)
     hid = rng.standard_normal((40, o.info.hidden_size)).astype(np.float32)
-    co = ct = None
-    n = 0
-    for k in (3, 1, 16, 20):
-        mo, co = o.forward_decoder_stream(hid[n:n + k], 2 * n, co)
-        mt, ct = t.forward_decoder_stream(hid[n:n + k], 2 * n, ct)
-        assert _rel(mo, mt) < 1e-4
-        n += k
+    for reach in (None, 5):   # exact, and frozen after 5 frames of right context
+        co = ct = None
+        n = 0
+        for k in (3, 1, 16, 20):
+            mo, co = o.forward_decoder_stream(hid[n:n + k], 2 * n, co, reach)
+            mt, ct = t.forward_decoder_stream(hid[n:n + k], 2 * n, ct, reach)
+            assert mo.shape == mt.shape == (100, (reach or o.info.decoder_rf) + 2 * k)
+            assert _rel(mo, mt) < 1e-4
+            n += k
     mel = rng.standard_normal((100, 50)).astype(np.float32)
     vo = vt = None
     for p, f, nf in ((0, 20, 12), (12, 38, 38)):
         ro, io, vo = o.forward_vocos_stream(mel[:, p:p + f], p, nf, vo)
         rt, it, vt = t.forward_vocos_stream(mel[:, p:p + f], p, nf, vt)
         assert _rel(ro, rt) < 1e-4 and _rel(io, it) < 1e-4
+
+
+def test_onnx_and_torch_streams_agree_with_a_short_lookahead(runners):
+    """The same look-ahead (4 steps: the Decoder's frames frozen after 8 mel frames) gives the same
+    PCM through the ONNX graphs and the torch functions, and it is not the exact PCM."""
+    n, slot = 60, 2
+    h = np.random.default_rng(9).standard_normal((n, runners[0].info.hidden_size)).astype(np.float32)
+    out = []
+    for r in runners:
+        r.prefill(slot, np.arange(1, 9, dtype=np.int64), None)
+        r._hid[slot, :n] = h
+        voc = WindowedVocoder(r, 512)
+        out.append((_stream(voc, slot, n, 4, 2), _stream(voc, slot, n, 4, [4, 8, 16]), _stream(voc, slot, n, None, 5)))
+    for a, b in zip(*out):
+        assert _rel(a, b) < 1e-4
+    assert _rel(out[1][0], out[1][2]) > 1e-3
 
 
 def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tiny_ckpt, onnx_dir, tmp_path):
@@ -159,7 +232,7 @@ def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tin
     shutil.copytree(onnx_dir, old)
     mpath = old / "onnx" / "fp32" / "manifest.json"
     m = json.loads(mpath.read_text())
-    del m["build"]["vocoder"]
+    m["build"]["vocoder"] = "stream-merged"   # the export before the Decoder's reach input
     mpath.write_text(json.dumps(m))
     with pytest.raises(EngineMismatchError, match="vocoder graphs from an older export.*export again with: chattts-appliance engines export"):
         OnnxRunner(dataclasses.replace(_cfg(tiny_ckpt, old, "onnxruntime")))

@@ -11,7 +11,11 @@ is measured here, on the installed checkpoint, backend and precision:
    exact look-ahead, in chunks of 2 decode steps (the most joins, and every frame committed with
    the least context: the worst case of any chunk schedule).
 3. For increasing look-ahead ``r`` the sentence is streamed the same way with ``r`` steps of right
-   context, and the error is ``20 log10(max |streamed - exact stream| / max |exact stream|)``.
+   context, and also with the pipeline's own chunk schedule (``stream.first_chunk_tokens`` growing
+   by ``stream.chunk_growth`` up to ``stream.chunk_tokens``); the error is the larger of the two
+   ``20 log10(max |streamed - exact stream| / max |exact stream|)``. Both are the stream that runs:
+   with ``r`` steps the Decoder also freezes its frames once ``2r`` mel frames exist to their right
+   (``WindowedVocoder.reach``), so the error covers the frozen provisional frames too.
 4. The smallest ``r`` whose worst error over all sentences is at or below
    ``stream.lookahead_threshold_db`` (default -60 dB) is the result; with none, the exact field.
 
@@ -79,13 +83,31 @@ def error_db(streamed: np.ndarray, exact: np.ndarray) -> float:
     return IDENTICAL_DB if err == 0.0 else max(IDENTICAL_DB, 20.0 * math.log10(err / max(peak, 1e-12)))
 
 
-def _stream(voc: WindowedVocoder, slot: int, n: int, r: Optional[int], chunk: int) -> np.ndarray:
+def _stream(voc: WindowedVocoder, slot: int, n: int, r: Optional[int], chunk: int | list[int]) -> np.ndarray:
+    """The PCM of ``n`` hidden states of ``slot`` streamed with look-ahead ``r`` in chunks of ``chunk``
+    steps (an int, or the sizes in turn, the last one repeated)."""
+    sizes = [chunk] if isinstance(chunk, int) else list(chunk)
     voc.set_lookahead(r)
     voc.reset(slot)
-    parts = [voc.push(k) for k in range(chunk, n, chunk)]
+    parts, k, i = [], 0, 0
+    while True:
+        k += sizes[min(i, len(sizes) - 1)]
+        i += 1
+        if k >= n:
+            break
+        parts.append(voc.push(k))
     parts.append(voc.push(n))
     parts.append(voc.finish())
     return np.concatenate(parts)
+
+
+def schedule_chunks(first: int, growth: float, cap: int) -> list[int]:
+    """The chunk sizes of :class:`~appliance.synth.schedule.ChunkSchedule` with nothing queued yet
+    measured: ``first``, times ``growth`` each, up to ``cap`` (then ``cap`` on)."""
+    out = [max(1, first)]
+    while out[-1] < cap and growth > 1:
+        out.append(min(cap, math.ceil(out[-1] * growth)))
+    return out
 
 
 def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHUNK, sentences=SENTENCES,
@@ -94,6 +116,8 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
     return the calibration (not saved). Uses the pipeline's decode loop and runner slots; run it
     while nothing else synthesizes."""
     loop, runner = pipe.loop, pipe.runner
+    sch = pipe.engine.schedule
+    plan = schedule_chunks(sch.first, sch.growth, sch.cap)
     voc = WindowedVocoder(runner, runner.info.max_seq_len)
     exact_r = voc.exact_lookahead
     cands = [r for r in candidates if r < exact_r]
@@ -120,7 +144,8 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
                 curve = {}
                 bar_s = max(threshold_db, floor + 3.0)   # this sentence's bar; the final one is no stricter
                 for r in cands:
-                    curve[r] = error_db(_stream(voc, seq.slot, n, r, chunk), exact)
+                    curve[r] = max(error_db(_stream(voc, seq.slot, n, r, chunk), exact),
+                                   error_db(_stream(voc, seq.slot, n, r, plan), exact))
                     worst[r] = max(worst[r], curve[r])
                     if curve[r] <= bar_s:
                         break   # passes here; the error only falls with more context (measured)

@@ -28,7 +28,7 @@ M = ``max_batch``:
     T 1..``max_prompt_tokens``).
 
 ``decoder`` (TensorRT's input; ONNX Runtime's exports carry the *stateful* ``decoder`` and
-``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: stream-merged``)
+``vocos`` of :mod:`appliance.build.stream_graphs` instead, ``build.vocoder: stream-reach``)
     ``hidden [T, D] float32`` -> ``mel [100, 2T] float32``; T dynamic (TensorRT: a profile
     2..``window_tokens``). No padding: the streaming code
     (:mod:`appliance.synth.vocoder`) cuts overlapping windows, and a variable window keeps the
@@ -390,7 +390,7 @@ def export_all(ckpt_dir: str | Path, engine_dir: str | Path, *, precision: str =
         "build": {"opset": OPSET, "exporter": "torch.onnx dynamo", "decode_cache": "static" if static else "prefix",
                   "quantization": ({g: f"MatMulNBits-{NBITS[precision]}" for g in graphs if g in INT8_GRAPHS}
                                    if precision in NBITS else None),
-                  "vocoder": "window" if static else "stream-merged",
+                  "vocoder": "window" if static else mf.ONNX_VOCODER,
                   "vocoder_precision": "fp32" if precision in NBITS else precision},
         "graphs": entries,
     })

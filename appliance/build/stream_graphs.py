@@ -18,9 +18,12 @@ first pass (``pos0`` and the caches are then not read: bind zeros), false the la
 
 ``decoder``
     in ``hidden [T, D] float32`` (new hidden states, T >= 1), ``pos0 [1] int64`` (mel frames
-    already final: 2 x hidden states passed before), ``cache.i [C_i, 2 h_i]`` (graph dtype);
-    out ``mel [100, rf + 2T] float32`` (mel frames ``[pos0 - rf, pos0 + 2T)``) and
-    ``cache_out.i``. ``decoder_first``: in ``hidden`` only (pos0 = 0), the same outputs.
+    already final: 2 x hidden states passed before), ``reach [R] uint8`` (its *length* ``R``,
+    1..rf, is the Decoder's reach: the provisional frames recomputed per layer,
+    :func:`appliance.model.stream.decoder_stream`; the values are not read: a shape carries it so
+    that every frame count in the graph is a shape, not data), ``cache.i [C_i, 2 h_i]`` (graph
+    dtype); out ``mel [100, R + 2T] float32`` (mel frames ``[pos0 - R, pos0 + 2T)``) and
+    ``cache_out.i``. ``decoder_first``: in ``hidden`` and ``reach`` (pos0 = 0), the same outputs.
 ``vocos``
     in ``mel [100, F] float32`` (F >= 1), ``pos0 [1] int64`` (final mel frames passed before),
     ``n_final [1] int64`` (how many of the F frames are final), ``cache.i``; out ``real, imag
@@ -47,17 +50,21 @@ from ..model.stream import (
 
 
 class DecoderStreamGraph(nn.Module):
-    """Later passes: (hidden [T, D], pos0 [1], caches) -> (mel [100, rf + 2T] float32, *caches);
-    ``first``: (hidden) -> the same outputs for a sentence's first pass (no caches read)."""
+    """Later passes: (hidden [T, D], pos0 [1], reach [R], caches) -> (mel [100, R + 2T] float32,
+    *caches); ``first``: (hidden, reach) -> the same outputs for a sentence's first pass (no
+    caches read)."""
 
     def __init__(self, m: ChatTTSModel, first: bool = False):
         super().__init__()
         self.decoder, self.first = m.decoder, first
 
-    def forward(self, hidden: torch.Tensor, pos0: torch.Tensor | None = None, caches: list[torch.Tensor] | None = None):
+    def forward(self, hidden: torch.Tensor, pos0: torch.Tensor, reach: torch.Tensor | None = None,
+                caches: list[torch.Tensor] | None = None):
         x = hidden.to(self.decoder.out_conv.weight.dtype).t().unsqueeze(0)
-        p = torch.zeros((), dtype=torch.int64) if self.first else pos0.reshape(())
-        mel, new = decoder_stream(self.decoder, x, p, None if self.first else caches)
+        if self.first:  # (hidden, reach)
+            mel, new = decoder_stream(self.decoder, x, torch.zeros((), dtype=torch.int64), None, pos0.shape[0])
+        else:
+            mel, new = decoder_stream(self.decoder, x, pos0.reshape(()), caches, reach.shape[0])
         return (mel[0].float(), *new)
 
 
@@ -85,6 +92,9 @@ def stream_specs(m: ChatTTSModel, window_tokens: int, dtype: torch.dtype) -> dic
     Dim = torch.export.Dim
     T = Dim("T", min=1, max=window_tokens)
     Fm = Dim("F", min=1, max=2 * window_tokens)
+    rf = sum(f // 2 for _, f in decoder_cache_shapes(m.decoder))
+    R = Dim("R", min=1, max=rf)
+    reach = torch.zeros(rf // 2 + 1, dtype=torch.uint8)
     dc = zero_caches(decoder_cache_shapes(m.decoder), dtype)
     vc = zero_caches(vocos_cache_shapes(m.vocos), dtype)
     one = torch.zeros(1, dtype=torch.int64)
@@ -92,12 +102,12 @@ def stream_specs(m: ChatTTSModel, window_tokens: int, dtype: torch.dtype) -> dic
     vco = [f"cache_out.{i}" for i in range(len(vc))]
     return {
         "decoder": dict(
-            module=DecoderStreamGraph(m), args=(torch.randn(16, s.hidden), one + 32, dc),
-            dynamic=({0: T}, None, [None] * len(dc)),
-            inputs=["hidden", "pos0"] + [f"cache.{i}" for i in range(len(dc))], outputs=["mel"] + dco, profiles=[]),
+            module=DecoderStreamGraph(m), args=(torch.randn(16, s.hidden), one + 32, reach, dc),
+            dynamic=({0: T}, None, {0: R}, [None] * len(dc)),
+            inputs=["hidden", "pos0", "reach"] + [f"cache.{i}" for i in range(len(dc))], outputs=["mel"] + dco, profiles=[]),
         "decoder_first": dict(
-            module=DecoderStreamGraph(m, first=True), args=(torch.randn(16, s.hidden),), dynamic=({0: T},),
-            inputs=["hidden"], outputs=["mel"] + dco, profiles=[]),
+            module=DecoderStreamGraph(m, first=True), args=(torch.randn(16, s.hidden), reach), dynamic=({0: T}, {0: R}),
+            inputs=["hidden", "reach"], outputs=["mel"] + dco, profiles=[]),
         "vocos": dict(
             module=VocosStreamGraph(m), args=(torch.randn(s.n_mels, 32), one + 64, one + 24, vc),
             dynamic=({1: Fm}, None, None, [None] * len(vc)),

@@ -362,7 +362,7 @@ class CudaRunner(Runner):
                     cur, dev = self._cursor, self.device
                     c = cur.dec_cache[slot]  # None: the sentence's first pass
                     x = self.hid[slot, d.n0:d.n1].T.unsqueeze(0).float()
-                    mel, cur.dec_cache[slot] = decoder_stream(m.decoder, x, torch.tensor(2 * d.n0, device=dev), c)
+                    mel, cur.dec_cache[slot] = decoder_stream(m.decoder, x, torch.tensor(2 * d.n0, device=dev), c, d.reach)
                     a = max(0, d.first)
                     self.mel[slot, :, a:2 * d.n1] = mel[0, :, a - d.first:]
                 v = self._cursor.vocos(slot, w)

@@ -7,7 +7,7 @@ A backend implements only the passes (numpy in, numpy out; D = hidden, Q = 4, V 
   prompt position, KV positions 0..T-1 of ``slot`` written;
 * ``forward_decode(slots [B], codes [B, Q], pos [B]) -> (logits [B, Q, V], hidden [B, D])``, the
   codes embedded and written at ``pos`` of each row's slot;
-* ``forward_decoder_stream(hidden [T, D], pos0, cache) -> (mel [100, rf + 2T], cache)`` and
+* ``forward_decoder_stream(hidden [T, D], pos0, cache, reach) -> (mel [100, reach + 2T], cache)`` and
   ``forward_vocos_stream(mel [100, F], pos0, n_final, cache) -> (real, imag [rf + F, 513], cache)``:
   the stateful vocoder passes of :mod:`appliance.model.stream` (``cache`` is the backend's own
   object, None at a sentence's start; this base keeps it per slot);
@@ -47,11 +47,13 @@ class HostRunner(Runner):
         """One step for rows ``slots [B]``: ``(logits float32 [B, Q, V], hidden float32 [B, D])``."""
 
     @abc.abstractmethod
-    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: Any) -> tuple[np.ndarray, Any]:
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: Any,
+                               reach: int | None = None) -> tuple[np.ndarray, Any]:
         """Stateful Decoder pass (:func:`appliance.model.stream.decoder_stream`): new hidden
         states float32 ``[T, D]`` (T >= 1) after ``pos0 / 2`` earlier ones -> (mel float32
-        ``[100, rf + 2T]`` covering frames ``[pos0 - rf, pos0 + 2T)``, the new cache); ``cache``
-        None starts a sentence."""
+        ``[100, R + 2T]`` covering frames ``[pos0 - R, pos0 + 2T)``, the new cache); ``cache``
+        None starts a sentence; ``reach`` (``1..rf``; None: ``rf``, exact) = ``R``, the
+        provisional frames recomputed per layer, the same for every pass of a sentence."""
 
     @abc.abstractmethod
     def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int, cache: Any) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -147,7 +149,8 @@ class HostRunner(Runner):
         d = self._cursor.decoder(slot, w)
         if d is not None:
             cur = self._cursor
-            mel, cur.dec_cache[slot] = self.forward_decoder_stream(self._hid[slot, d.n0:d.n1], 2 * d.n0, cur.dec_cache[slot])
+            mel, cur.dec_cache[slot] = self.forward_decoder_stream(self._hid[slot, d.n0:d.n1], 2 * d.n0, cur.dec_cache[slot],
+                                                                   d.reach)
             a = max(0, d.first)
             self._mel[slot, :, a:2 * d.n1] = mel[:, a - d.first:]
         v = self._cursor.vocos(slot, w)

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+#: ``build.vocoder`` of an ONNX Runtime export this version runs: one stateful graph per network
+#: (first pass behind an ``If``), the Decoder's with its ``reach`` input (``stream-merged``: older,
+#: without it)
+ONNX_VOCODER = "stream-reach"
 
 #: Checkpoint files the inference graphs are made of (relative to the checkpoint's asset/).
 CHECKPOINT_FILES = ("gpt/config.json", "gpt/model.safetensors", "Embed.safetensors", "Decoder.safetensors", "Vocos.safetensors")

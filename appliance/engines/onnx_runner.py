@@ -46,8 +46,8 @@ first pass in the same graph behind an ``If`` on its input ``first`` over one co
 (:mod:`appliance.build.stream_graphs`; the first pass gets zero arrays for the caches it does not
 read): the caches go in and out as arrays that
 :class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an older export
-(``build.vocoder`` not ``stream-merged``: a separate first-pass graph held the FP32 weights a
-second time, +144 MiB RSS at full size) is refused at load with the command that re-exports.
+(``build.vocoder`` not ``stream-reach``: a first-pass graph holding the weights twice, or a
+Decoder without its ``reach`` input) is refused at load with the command that re-exports.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
 :meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
@@ -180,10 +180,11 @@ class OnnxRunner(HostRunner):
         m = mf.read(d, hint)
         expect = mf.expect_common(cfg, m, "onnx")
         mf.check(m, expect, hint)
-        if m.get("build", {}).get("vocoder") != "stream-merged":
-            raise EngineMismatchError(f"{d} holds vocoder graphs from an older export (stateless windows, or a "
-                                      f"separate first-pass graph holding the weights twice); this version runs one "
-                                      f"stateful graph per network: export again with: {hint}")
+        if m.get("build", {}).get("vocoder") != mf.ONNX_VOCODER:
+            raise EngineMismatchError(f"{d} holds vocoder graphs from an older export (stateless windows, a "
+                                      f"separate first-pass graph holding the weights twice, or a Decoder without its "
+                                      f"reach input); this version runs one stateful graph per network: export again "
+                                      f"with: {hint}")
         self.manifest, self.dir = m, d
         # every file that onnxruntime maps, hashed before it is handed over; the tables below in
         # the pass that reads them (safety.verify_checkpoint)
@@ -255,6 +256,7 @@ class OnnxRunner(HostRunner):
             engine_id=mf.file_sha256(d / mf.MANIFEST),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
+        self._reach = [np.zeros(k, np.uint8) for k in range(self.info.decoder_rf + 1)]  # the Decoder's reach, by length
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
         self.setup_host(self._n_mels)
@@ -349,11 +351,12 @@ class OnnxRunner(HostRunner):
     def _caches(cache: list) -> dict[str, np.ndarray]:
         return {f"cache.{i}": c for i, c in enumerate(cache)}
 
-    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None) -> tuple[np.ndarray, list]:
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
+                               reach: int | None = None) -> tuple[np.ndarray, list]:
         """Stateful Decoder pass (the ``decoder`` graph, :mod:`appliance.build.stream_graphs`):
-        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, rf + 2T]``, caches: the
-        graph's ``cache_out.i`` arrays). ``cache`` None: a sentence's first pass (the graph's
-        ``first`` branch, ``pos0`` must be 0).
+        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, R + 2T]``, the graph's
+        ``cache_out.i``), ``R`` = ``reach`` (1..rf; None: rf, exact) bound as the length of the
+        ``reach`` input. ``cache`` None: a sentence's first pass (``first`` branch, ``pos0`` 0).
 
         Raises:
             EngineError: wrong shape, or onnxruntime failed.
@@ -361,12 +364,14 @@ class OnnxRunner(HostRunner):
         hidden = np.ascontiguousarray(hidden, np.float32)
         if hidden.ndim != 2 or hidden.shape[1] != self._D or hidden.shape[0] == 0:
             raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
+        rf = self.info.decoder_rf
+        r = self._reach[rf if reach is None else max(1, min(rf, int(reach)))]
         if cache is None:  # a sentence's first pass
-            out = self._run("decoder", {"hidden": hidden, "first": self._first, "pos0": self._pos_zero,
+            out = self._run("decoder", {"hidden": hidden, "first": self._first, "pos0": self._pos_zero, "reach": r,
                                         **self._zero_caches["decoder"]})
         else:
             out = self._run("decoder", {"hidden": hidden, "first": self._next, "pos0": np.array([pos0], np.int64),
-                                        **self._caches(cache)})
+                                        "reach": r, **self._caches(cache)})
         return out[0], out[1:]
 
     def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,

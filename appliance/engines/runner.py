@@ -118,6 +118,10 @@ class VocodeWindow:
         v0, v1: stored mel frames fed to Vocos.
         s0, s1: spectrum frames returned (``v0 <= s0 <= s1 <= v1``; ``s0 == s1``: no Vocos pass,
             the window only stores new mel frames).
+        reach: mel frames of right context after which the Decoder's frames are frozen (0, or at
+            least ``RunnerInfo.decoder_rf``: its receptive field, exact): the stateful runners
+            recompute at most this many provisional frames per layer and pass
+            (:func:`appliance.model.stream.decoder_stream`); the same for every window of a sentence.
     """
 
     h0: int
@@ -128,6 +132,7 @@ class VocodeWindow:
     v1: int
     s0: int
     s1: int
+    reach: int = 0
 
 
 class Runner(abc.ABC):

@@ -160,9 +160,10 @@ class TorchRunner(HostRunner):
         except RuntimeError as e:
             raise EngineError(f"torch text decode failed: {e}") from e
 
-    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None) -> tuple[np.ndarray, list]:
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
+                               reach: int | None = None) -> tuple[np.ndarray, list]:
         """Stateful Decoder pass (see :meth:`HostRunner.forward_decoder_stream`): hidden float32
-        ``[T, D]`` -> (mel float32 ``[100, rf + 2T]``, caches: torch tensors in the model dtype).
+        ``[T, D]`` -> (mel float32 ``[100, reach + 2T]``, caches: torch tensors in the model dtype).
 
         Raises:
             EngineError: wrong shape, or torch failed.
@@ -174,7 +175,8 @@ class TorchRunner(HostRunner):
             with torch.inference_mode():
                 dec = self.model.decoder
                 x = self._t(hidden.T, self.dtype).unsqueeze(0)  # [1, D, T]
-                mel, cache = decoder_stream(dec, x, torch.tensor(pos0, device=self.device), cache)
+                mel, cache = decoder_stream(dec, x, torch.tensor(pos0, device=self.device), cache,
+                                            None if reach is None else int(reach))
                 return mel[0].float().cpu().numpy(), cache
         except RuntimeError as e:
             raise EngineError(f"torch decoder failed: {e}") from e

@@ -45,13 +45,15 @@ def _half(conv: nn.Conv1d) -> int:
 
 
 def _conv(conv: nn.Conv1d, x_new: torch.Tensor, cache: torch.Tensor | None, start: torch.Tensor,
-          n_final: torch.Tensor, tail: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          n_final: torch.Tensor, tail, drop=0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One cached convolution. ``x_new [1, C, T]``; ``cache [C, 2h]`` or None (a sentence's first
     pass: ``x_new`` starts at position 0 and the layer is padded with zeros on both sides, as the
     one-shot pass, so no frame at a negative position is computed); ``start``: the absolute
-    position of the cache's first frame (int64, 0-d); ``tail``: the half-widths of the layers
-    before this one. Returns (input as the residual sees it, aligned with the output; output
-    ``[1, C_out, h + T]`` (first pass: ``T``); new cache ``[C, 2h]``)."""
+    position of the cache's first frame (int64, 0-d); ``tail``: the frames of this layer's input
+    recomputed from the previous pass (``D_l``); ``drop``: output frames the next layer already
+    holds frozen (later passes only; 0 for the exact stream). Returns (input as the residual sees
+    it, aligned with the output; output ``[1, C_out, h - drop + T]`` (first pass: ``T``); new cache
+    ``[C, 2h]``)."""
     h = _half(conv)
     keep = n_final + torch.arange(2 * h, device=x_new.device)
     if cache is None:
@@ -60,13 +62,16 @@ def _conv(conv: nn.Conv1d, x_new: torch.Tensor, cache: torch.Tensor | None, star
     x = torch.cat([cache.unsqueeze(0).to(x_new.dtype), x_new], dim=-1)
     pos = start + torch.arange(x.shape[-1], device=x.device)
     x = x * (pos >= 0).to(x.dtype)
+    new = x[0].index_select(1, keep)
+    if not (isinstance(drop, int) and drop == 0):
+        x = x[..., drop:]   # the next layer holds these output frames frozen: not computed again
     y = F.conv1d(F.pad(x, (0, h)), conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups)
-    return x[..., h:], y, x[0].index_select(1, keep)
+    return x[..., h:], y, new
 
 
 def _block(blk: ConvNeXtBlock, x_new: torch.Tensor, cache: torch.Tensor | None, start: torch.Tensor,
-           n_final: torch.Tensor, tail: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y, new = _conv(blk.dwconv, x_new, cache, start, n_final, tail)
+           n_final: torch.Tensor, tail, drop=0) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y, new = _conv(blk.dwconv, x_new, cache, start, n_final, tail, drop)
     y = y.transpose(1, 2)
     y = blk.pwconv2(F.gelu(blk.pwconv1(blk.norm(y)))) * getattr(blk, blk.scale_name)
     return x + y.transpose(1, 2), new
@@ -92,18 +97,26 @@ def zero_caches(shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch
 
 
 def decoder_stream(dec: Decoder, hidden: torch.Tensor, pos0: torch.Tensor,
-                   caches: list[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   caches: list[torch.Tensor] | None, reach=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Streaming Decoder pass over new hidden states (all final).
 
     Args:
         hidden: ``[1, D, T]`` (T >= 1), the hidden states ``[pos0 / 2, pos0 / 2 + T)``.
         pos0: int64 0-d, mel frames already final = 2 x hidden states passed before.
         caches: from the previous pass, or None for a sentence's first pass (``pos0`` 0).
+        reach: how many frames of right context a frame of each layer's input waits for before it
+            is frozen (int, or a symbolic int in an export; None or >= ``rf``: the receptive
+            field, exact). Layer ``l`` recomputes ``D_l = min(H_l, reach)`` frames of the previous
+            pass instead of ``H_l``; a frame frozen with fewer than ``H_l`` frames of right context
+            differs from the one-shot pass by what the weights read beyond it (the streaming error
+            that ``chattts-appliance calibrate`` measures; the same reach for every pass of a
+            sentence).
 
     Returns:
-        mel ``[1, 100, rf + 2T]`` covering mel frames ``[pos0 - rf, pos0 + 2T)`` (``rf`` =
-        ``RunnerInfo.decoder_rf``; frames at negative positions are meaningless), and the new
-        caches. Frames ``< pos0 + 2T - rf`` are final, the rest provisional.
+        mel ``[1, 100, R + 2T]`` covering mel frames ``[pos0 - R, pos0 + 2T)`` (``R`` =
+        ``min(rf, reach)``, ``rf`` = ``RunnerInfo.decoder_rf``; frames at negative positions are
+        meaningless), and the new caches. Frames ``< pos0 + 2T - R`` are final (frozen), the rest
+        provisional.
     """
     b, d, t = hidden.shape
     x = hidden.reshape(b, 2, d // 2, t).permute(0, 2, 3, 1).flatten(2)  # [1, D/2, 2T]
@@ -111,22 +124,30 @@ def decoder_stream(dec: Decoder, hidden: torch.Tensor, pos0: torch.Tensor,
     st = dec.decoder
     first = caches is None
     new: list[torch.Tensor] = []
-    tail = 0  # H_l: frames of this layer's input recomputed from the previous pass
+    depth = 0   # H_l: the exact stream's recomputed frames of this layer's input
+    tail = 0    # D_l = min(H_l, reach): the frames this stream recomputes
+
+    def step(h: int):
+        """(start of the cache, output frames to drop) for a layer of half-width ``h``; advances."""
+        nonlocal depth, tail
+        nxt = depth + h if reach is None else torch.sym_min(depth + h, reach)
+        start, drop = pos0 - tail - 2 * h, tail + h - nxt
+        depth, tail = depth + h, nxt
+        return start, (0 if first else drop)
 
     def conv(c: nn.Conv1d, x: torch.Tensor, i: int) -> torch.Tensor:
-        nonlocal tail
-        h = _half(c)
-        _, y, nc = _conv(c, x, None if first else caches[i], pos0 - tail - 2 * h, n_final, tail)
+        t0 = tail
+        start, drop = step(_half(c))
+        _, y, nc = _conv(c, x, None if first else caches[i], start, n_final, t0, drop)
         new.append(nc)
-        tail += h
         return y
 
     y = conv(st.conv_in[2], F.gelu(conv(st.conv_in[0], x, 0)), 1)
     for j, blk in enumerate(st.decoder_block):
-        h = _half(blk.dwconv)
-        y, nc = _block(blk, y, None if first else caches[2 + j], pos0 - tail - 2 * h, n_final, tail)
+        t0 = tail
+        start, drop = step(_half(blk.dwconv))
+        y, nc = _block(blk, y, None if first else caches[2 + j], start, n_final, t0, drop)
         new.append(nc)
-        tail += h
     y = st.conv_out(y)
     y = conv(dec.out_conv, y, 2 + len(st.decoder_block))
     if first:  # frames [0, 2T): pad to the shape of a later pass (frames at negative positions are zero)

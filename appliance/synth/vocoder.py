@@ -14,22 +14,32 @@ for the inverse STFT (:class:`~appliance.synth.istft.StreamingISTFT`).
 Cost: a stateless window recomputes ``2 * rf`` context frames (with 24-token chunks the Decoder
 did about 3x the work of one full pass). The runners keep each convolution's state between the
 windows of a sentence (:mod:`appliance.model.stream`, :mod:`appliance.engines.vocoder_state`), so
-the left context is never recomputed; what a pass still recomputes is the provisional tail (the
-frames a shorter look-ahead let Vocos read before the Decoder could finish them), at most ``rf``
-frames per pass: larger chunks amortize it (:mod:`appliance.synth.schedule`).
+the left context is never recomputed; what a pass still recomputes is the provisional tail: the
+Decoder's frames that lacked right context in the previous pass (up to ``rf`` per layer), and the
+mel frames Vocos read before the Decoder finished them. Larger chunks amortize it
+(:mod:`appliance.synth.schedule`); a shorter look-ahead also shortens it (below).
 
 Look-ahead. Exactly, a frame is final once ``rf`` frames to its right exist: the first audio
 waits :attr:`WindowedVocoder.exact_lookahead` decode steps beyond the audio it carries (53 for
 the full model, 14 for the tiny test model). That is the *theoretical* field; how far trained
 weights really look is measured per checkpoint and backend (``chattts-appliance calibrate``,
-:mod:`appliance.build.calibrate`). With a shorter look-ahead ``r`` a spectrum frame is committed
-once ``2r`` mel frames exist to its right: Vocos then reads mel frames that the Decoder computed
-with the hidden states available so far (provisional frames, recomputed by the next window, never
-stored as final), and its own right context is cut at the newest frame. Every frame is committed
-once, and the inverse STFT overlap-adds consecutive frames (75 % overlap), so chunks join without a
-step: the streamed PCM differs from the one-shot PCM by the per-frame error that the calibration
-bounds (it measures exactly this stream, with 2-token chunks, the worst case: a frame committed
-later has more context). ``lookahead=None`` is exact (tests: streamed == one-shot to FP32 rounding).
+:mod:`appliance.build.calibrate`). With a shorter look-ahead ``r``:
+
+* a spectrum frame is committed once ``2r`` mel frames exist to its right, and Vocos' own right
+  context is cut at the newest mel frame;
+* the Decoder freezes a frame of each layer once ``2r`` frames exist to its right
+  (:attr:`VocodeWindow.reach <appliance.engines.runner.VocodeWindow.reach>` = ``min(rf_dec, 2r)``
+  mel frames): it recomputes at most ``2r`` provisional frames per layer and pass instead of up to
+  ``rf_dec`` (75 at full size), and Vocos reads at most ``rf_voc`` mel frames that are not frozen
+  yet (provisional: recomputed by the next window, never stored as final) instead of up to
+  ``rf_dec``. Measured at full size (``bench/bench_vocoder.py``): see ``bench/RESULTS.md``.
+
+Every frame is committed once, and the inverse STFT overlap-adds consecutive frames (75 %
+overlap), so chunks join without a step: the streamed PCM differs from the one-shot PCM by the
+per-frame error that the calibration bounds (it measures exactly this stream, frozen frames
+included, with 2-token chunks, the worst case: a frame frozen or committed later has more
+context, and with the production chunk schedule). ``lookahead=None`` is exact (tests: streamed ==
+one-shot to FP32 rounding).
 """
 
 from __future__ import annotations
@@ -77,7 +87,8 @@ class WindowedVocoder:
         """Use ``tokens`` of right context (None or >= :attr:`exact_lookahead`: exact).
 
         Sets :attr:`lookahead_tokens` (decode steps that must exist beyond a token before its
-        audio is committed) and the right context in mel frames a spectrum frame waits for.
+        audio is committed), the right context in mel frames a spectrum frame waits for, and
+        :attr:`reach` (mel frames of right context after which the Decoder freezes a frame).
 
         Raises:
             ValueError: ``tokens`` < 1.
@@ -88,6 +99,8 @@ class WindowedVocoder:
         self.exact = tokens is None or tokens >= exact
         self.lookahead_tokens = exact if self.exact else int(tokens)
         self._right = self.rf_dec + self.rf_voc if self.exact else 2 * int(tokens)
+        #: mel frames of right context after which the Decoder's frames are frozen (rf_dec: exact)
+        self.reach = self.rf_dec if self.exact else min(self.rf_dec, 2 * int(tokens))
 
     def reset(self, slot: int) -> None:
         """Start a new sentence whose hidden states the runner keeps in ``slot``."""
@@ -127,7 +140,7 @@ class WindowedVocoder:
         if spec_end <= self.spec_done:
             return np.zeros(0, np.float32)
         need = total if final else min(total, spec_end + self.rf_voc)   # mel frames Vocos reads
-        exact_end = total if final else max(0, total - self.rf_dec)     # mel frames that are final
+        exact_end = total if final else max(0, total - self.reach)      # mel frames that are final (frozen)
         h0 = h1 = m0 = m1 = 0
         if need > self.mel_done:   # new mel frames [mel_done, need); those past exact_end are provisional
             m0, m1 = self.mel_done, need
@@ -137,6 +150,7 @@ class WindowedVocoder:
             self.mel_done = min(need, exact_end)
         v0 = max(0, self.spec_done - self.rf_voc)
         v0 = max(0, need - self._widen(need - v0, 2 * self.quantum))
-        re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, need, self.spec_done, spec_end))
+        re, im = self.runner.vocode(self.slot, VocodeWindow(h0, h1, m0, m1, v0, need, self.spec_done, spec_end,
+                                                          0 if self.exact else self.reach))
         self.spec_done = spec_end
         return self._istft.push(re, im)
