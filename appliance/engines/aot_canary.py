@@ -175,9 +175,29 @@ def _run_child(d: Path, manifest: dict, device_index: int, loader: str,
         log.warning("load check of %s: the test process died by %s; its stderr ends:\n%s", d, name, r.stderr[-4000:])
         return False, (f"the ahead-of-time packages in {d} crash torch {tv}'s loader (signal {-r.returncode}, "
                        f"{name}, {stage} in a test process{', at ' + where if where else ''}"
-                       f"{'; native: ' + native if native else ''})")
+                       f"{'; native: ' + native if native else ''}){_compiler_hint(native)}")
     last = next((ln.strip() for ln in reversed(r.stderr.splitlines()) if ln.strip()), f"exit status {r.returncode}")
     return False, f"the ahead-of-time packages in {d} fail with torch {tv}'s loader ({last[:300]}; {stage} in a test process)"
+
+
+def _compiler_hint(native: str) -> str:
+    """A sentence when the fault lies in the C++ standard library inside a package's own ``.so``.
+
+    Measured on the H200 image (torch 2.11+cu130): inductor compiled the packages with ``$CXX`` =
+    ``/opt/gcc/bin/g++`` (another GCC than the system's), and every package, even the documentation's
+    one-Linear example, faulted at load in ``std::regex_traits`` code inside its ``wrapper.so``;
+    the same packages built with ``CXX=/usr/bin/g++`` (the system GCC 13, whose C++ runtime the
+    process loads) loaded and ran (bench/RESULTS.md)."""
+    if "std::" not in (native or "") or ".so" not in native:
+        return ""
+    try:
+        from torch._inductor import config as ic
+        cxx = ic.cpp.cxx[-1] if isinstance(ic.cpp.cxx, tuple) else str(ic.cpp.cxx)
+    except Exception:  # noqa: BLE001 - the hint is best effort
+        cxx = os.environ.get("CXX", "g++")
+    return (f"; the fault is in C++ standard library code compiled into the package by {cxx}: build with the "
+            f"system's compiler, whose C++ runtime this process loads (CXX=/usr/bin/g++ chattts-appliance "
+            f"engines compile)")
 
 
 def _stage(stdout) -> str:
