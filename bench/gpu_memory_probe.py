@@ -56,16 +56,7 @@ def groups():
         pass
     return {k: round(v, 1) for k, v in out.items() if v >= 0.05}
 
-def rollup():
-    d = {}
-    try:
-        for line in open("/proc/self/smaps_rollup"):
-            k, _, v = line.partition(":")
-            if k in ("Rss", "Anonymous"):
-                d[k] = round(int(v.split()[0]) / 1024, 1)
-    except OSError:
-        pass
-    return d
+from bench.heap_probe_child import rollup  # Rss and Anonymous of /proc/self/smaps_rollup, MiB
 
 def stage(name, torch=None):
     rec = {"stage": name, **rollup(), "maxrss": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
