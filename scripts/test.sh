@@ -28,5 +28,5 @@ PY=.venv/bin/python
 "$PY" -m pip install -q -e ".[torch,dev,tensorrt-rtx,systemd]"
 
 # Two workers (pytest-xdist), each test file whole on one worker (its module-scoped daemons and
-# brokers stay shared); TEST_WORKERS=0 runs it in one process.
-exec "$PY" -m pytest -q -ra -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+# brokers stay shared), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.
+exec "$PY" -m pytest -q -ra -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
