@@ -27,4 +27,6 @@ PY=.venv/bin/python
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 "$PY" -m pip install -q -e ".[torch,dev,tensorrt-rtx,systemd]"
 
-exec "$PY" -m pytest -q -ra "$@"
+# Two workers (pytest-xdist), each test file whole on one worker (its module-scoped daemons and
+# brokers stay shared), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.
+exec "$PY" -m pytest -q -ra -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

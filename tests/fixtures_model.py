@@ -5,7 +5,10 @@
 * ``tiny_config`` – a :class:`~appliance.config.Config` pointing at it: backend torch, device cpu,
   float32, 1 thread, max_batch 3, max_seq_len 512, max_prompt_tokens 128.
 * ``onnx_dir``    – an engine directory with the FP32 ONNX graphs of ``tiny_ckpt`` (max_batch 3,
-  max_seq_len 512, max_prompt_tokens 128, window 64), exported once per session.
+  max_seq_len 512, max_prompt_tokens 128, window 64), exported once per test run: under
+  ``pytest -n N`` the workers share one export (keyed by the checkpoint's sha256 and the limits,
+  made by the first worker that needs it while the others wait on a file lock). Read-only: a
+  test that changes engine files works on a copy.
 * ``golden``      – the arrays of ``tests/golden/upstream_tiny.npz`` (upstream chattts 0.2.5 outputs;
   see ``tests/golden/make_goldens.py``) as a dict.
 * ``golden_ckpt`` – Path of the golden's tiny checkpoint rebuilt in the official layout.
@@ -46,13 +49,34 @@ def tiny_config(tiny_ckpt):
 ONNX_LIMITS = {"max_batch": 3, "max_seq_len": 512, "max_prompt_tokens": 128}
 
 
+def shared_dir(tmp_path_factory, name: str, make) -> Path:
+    """``make(path)`` run once per test run for ``name``: in the pytest temp directory of this
+    run, which ``pytest -n N`` workers have in common (each worker's own base temp is one level
+    below it); the others wait on a file lock and reuse the result. Without xdist it is simply
+    made in this session's base temp."""
+    import os
+
+    from filelock import FileLock
+
+    common = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        common = common.parent
+    path, done = common / name, common / f"{name}.done"
+    with FileLock(str(common / f"{name}.lock")):
+        if not done.exists():
+            make(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def onnx_dir(tiny_ckpt, tmp_path_factory):
     from appliance.build.export import export_all
+    from appliance.engines.manifest import checkpoint_sha256
 
-    root = tmp_path_factory.mktemp("engines")
-    export_all(tiny_ckpt, root, precision="fp32", **ONNX_LIMITS, window_tokens=64)
-    return root
+    key = checkpoint_sha256(tiny_ckpt)[:16] + "-" + "-".join(f"{v}" for v in ONNX_LIMITS.values())
+    return shared_dir(tmp_path_factory, f"engines-{key}",
+                      lambda root: export_all(tiny_ckpt, root, precision="fp32", **ONNX_LIMITS, window_tokens=64))
 
 
 @pytest.fixture(scope="session")

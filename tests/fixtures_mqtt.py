@@ -32,10 +32,28 @@ MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now. Under ``pytest -n N`` worker
+    ``gwK`` only gets ports with ``port % N == K``: two workers never pick the same port between
+    this call and the moment its user binds it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    k = int(worker[2:]) % n if worker.startswith("gw") and worker[2:].isdigit() and n > 1 else 0
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if n <= 1:
+            return port
+        # Linux hands out even ports to bind(0): move to this worker's residue and check it is free
+        port += (k - port) % n
+        if port > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 @dataclass

@@ -6,7 +6,7 @@ real UNIX socket, real PortAudio/ALSA output into a file.
   clock), so every frame the daemon plays lands, raw float32 LE at the stream's rate, in
   ``AlsaFile.raw``. The daemon gets ``HOME`` pointed there (alsa-lib reads ``~/.asoundrc``).
 * :func:`service_config` – a config dict for the tiny checkpoint (torch CPU, 1 thread) with the
-  socket and WAV directory in a temp dir.
+  socket and WAV directory in a temp dir, no warm-up and no health check at start.
 * fixture ``start_daemon`` – a factory that writes the config as YAML, starts
   ``python -m appliance serve --config <it>`` and waits until the socket accepts; at teardown
   each daemon still running gets SIGTERM and must exit 0.
@@ -109,6 +109,9 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
         "synthesis": {"max_new_tokens": 200, "voice": "seed:2"},
         "audio": {"output": "wav", "wav_dir": str(tmp / "wav"), "latency_ms": 50.0},
         "service": {"socket": str(tmp / "run" / "appliance.sock"), "warmup": False, "max_text_chars": 300},
+        # off in tests (it synthesizes its sentence twice at every start); the tests of the check at
+        # start turn it on: test_service_cli (socket activation), test_ops_daemon_notify
+        "health": {"at_start": False},
     }
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)

@@ -39,7 +39,7 @@ def _speak(path: Path, text: str, timeout: float = 60.0) -> list:
 
 
 def test_daemon_under_notify_socket(tiny_ckpt, tmp_path, notify_socket):
-    cfg = service_config(tiny_ckpt, tmp_path)
+    cfg = service_config(tiny_ckpt, tmp_path, health={"at_start": True})    # the start systemd sees
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LISTEN_", "WATCHDOG_"))}

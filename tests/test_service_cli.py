@@ -96,7 +96,8 @@ def test_socket_activation_uses_the_inherited_socket(tiny_ckpt, tmp_path, start_
     lst.bind(str(path))
     lst.listen(8)
     ino = os.stat(path).st_ino
-    cfg = service_config(tiny_ckpt, tmp_path, service={"socket": str(path)}, stream={"sample_format": "int16"})
+    cfg = service_config(tiny_ckpt, tmp_path, service={"socket": str(path)}, stream={"sample_format": "int16"},
+                         health={"at_start": True})
     fd = lst.fileno()
     # what systemd does: the socket at fd 3, LISTEN_FDS=1, LISTEN_PID = the daemon's own pid
     wrapper = [sys.executable, "-c", f"import os, sys; os.dup2({fd}, 3); os.environ.update(LISTEN_FDS='1', "
