@@ -36,10 +36,9 @@ and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
 runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential execution; idle threads spin (ONNX Runtime's default) unless ``model.spin_wait`` is false
-(quiet 2-core host, 2026-12-02, full model, INT8, ``bench/bench_cpu.py``: 18.5-18.9 ms per step
-spinning against 27.9-29.9 sleeping; on a busy shared host the reverse, 62 ms sleeping against 119
-ms spinning, ``bench/bench_gpt_step.py``).
+cores) intra-op, 1 inter-op, sequential; idle threads spin unless ``model.spin_wait`` is false (quiet
+2-core host, INT8: 18.5-18.9 ms per step spinning, 27.9-29.9 sleeping, ``bench/bench_cpu.py``; a busy
+shared host the reverse: 62 ms sleeping, 119 spinning, ``bench/bench_gpt_step.py``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
 first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
