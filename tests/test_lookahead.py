@@ -238,7 +238,7 @@ def test_start_plan_holds_what_a_box_that_cannot_keep_up_needs():
     """Where the stream keeps up nothing is held; where it cannot, the player holds the audio that
     lets the rest be made before it is due, and a simulation of the chunk arrivals at the cap
     confirms that playback started then never runs dry, while starting a chunk earlier would."""
-    from appliance.synth.schedule import start_plan
+    from appliance.synth.schedule import chunks_for, start_plan
 
     a = 512 / 24000
     s = ChunkSchedule(4, 48, 2.0, 0.9)
@@ -248,7 +248,9 @@ def test_start_plan_holds_what_a_box_that_cannot_keep_up_needs():
     for step_s, steps, rows in ((0.03, 300, 1), (0.022, 600, 1), (0.012, 400, 3)):
         plan = start_plan(s, step_s, 0.2, steps, 14, rows=rows)
         assert plan.predicted_rtf * 1.0 > 0.9 and 0 < plan.hold_s <= plan.expected_s
-        per = (step_s + rows * 0.2 / 48) / 0.9                             # wall s per step, at the share
+        n = chunks_for(s, steps, 48)                                        # windows of the growing chunks
+        assert n > -(-steps // 48)
+        per = (step_s + rows * 0.2 * n / steps) / 0.9                      # wall s per step, at the share
         arrive = [(14 + 48 * (i + 1)) * per for i in range(-(-steps // 48))]
         sizes = [min(48, steps - 48 * i) * a for i in range(len(arrive))]
 
