@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -75,9 +76,16 @@ class AlsaFile:
         """Wait until every pacer of this file has exited (its stream was closed, or the daemon
         died, and it wrote what was left in its pipe: the file is final); returns its size."""
         deadline = time.monotonic() + timeout_s
-        while self.pacers():
-            assert time.monotonic() < deadline, f"the pacers of {self.raw} are still running after {timeout_s} s"
-            time.sleep(0.02)
+        for pid in self.pacers():     # each pacer's exit, as the kernel reports it (a pidfd turns readable)
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            finally:
+                os.close(fd)
+            assert ready, f"the pacers of {self.raw} are still running after {timeout_s} s"
         return self.size()
 
 

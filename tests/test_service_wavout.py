@@ -151,11 +151,14 @@ def test_retention_leaves_a_newer_file_to_its_writer_and_ages_files_dated_in_the
 
 def test_the_writer_applies_retention_once_the_file_is_in_place(tmp_path):
     r = WavRetention(keep_files=2)
+    base = time.time() - 100.0
     for i in range(4):
         w = WavWriter(tmp_path / f"req{i}.wav", 24000, r)
         w.write(PCM)
         w.close()
-        time.sleep(0.01)     # distinct mtimes: retention orders by mtime, set when the file is closed
+        # retention orders by mtime: give each closed file its own, older than the next file's
+        # "now", instead of waiting for the clock to tick
+        os.utime(tmp_path / f"req{i}.wav", (base + i,) * 2)
     assert sorted(os.listdir(tmp_path)) == ["req2.wav", "req3.wav"]
 
 
