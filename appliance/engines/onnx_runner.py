@@ -204,7 +204,7 @@ class OnnxRunner(HostRunner):
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
-        if not getattr(mc, "spin_wait", True):  # threads sleep when idle (model.spin_wait false: faster only on a busy shared host)
+        if not mc.spin_wait:  # threads sleep when idle (faster only on a busy shared host)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._sess: dict[str, Any] = {}
         for g, e in m["graphs"].items():

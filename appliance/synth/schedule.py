@@ -67,13 +67,17 @@ class ChunkSchedule:
         need = math.ceil((c1 * step_s + window_s + self.slack_s) / (self.safety * AUDIO_S_PER_STEP))
         return max(self.first, min(self.cap, need))
 
+    def grow(self, prev: int, cap: int) -> int:
+        """The chunk after one of ``prev`` steps by growth alone: ``ceil(prev * growth)``, at most ``cap``."""
+        return min(cap, math.ceil(prev * self.growth))
+
     def next(self, prev: int, buffered_s: float, step_s: float, window_s: float = 0.0, scale: int = 1) -> int:
         """The chunk after one of ``prev`` steps, with ``buffered_s`` s of audio queued, ``step_s``
         s per step and ``window_s`` s per window (0 = unknown); ``scale`` multiplies the cap
         (throttle: fewer, larger chunks)."""
         cap = max(self.first, self.cap * max(1, scale))
         sus = self.sustainable(step_s, window_s, cap)
-        grown = min(cap, max(sus, math.ceil(prev * self.growth)))
+        grown = max(sus, self.grow(prev, cap))
         if step_s > 0:
             afford = math.floor((self.safety * buffered_s - window_s) / step_s)
             grown = min(grown, afford) if afford >= sus else sus   # short of audio: at least keep up
@@ -105,7 +109,7 @@ def chunks_for(sched: ChunkSchedule, steps: int, cap: int) -> int:
     while done < steps:
         done += chunk
         n += 1
-        chunk = min(cap, max(chunk + 1, math.ceil(chunk * sched.growth)))
+        chunk = sched.grow(chunk, cap)
     return max(1, n)
 
 
