@@ -121,6 +121,12 @@ def test_a_cancel_by_channel_never_lets_a_cancelled_waiting_request_sound():
 
     heard, underruns = _cabin(abort_all)
     assert set(heard) <= {np.float32(0.1)} and underruns == 0, (heard, underruns)
+    # each also sent to its client (wyoming.play): the order comes from the box's voice
+    from appliance.audio.request import ClientOnlyAudio
+    from appliance.audio.sink import TeeAudio
+
+    heard, underruns = _cabin(lambda audios: abort_all([TeeAudio(a, ClientOnlyAudio()) for a in audios]))
+    assert set(heard) <= {np.float32(0.1)} and underruns == 0, (heard, underruns)
     # the order this replaces (request order, one by one): q1 sounds between two aborts
     heard, _ = _cabin(lambda audios: [a.abort() for a in audios])
     assert np.float32(0.2) in heard

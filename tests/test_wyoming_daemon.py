@@ -6,6 +6,7 @@ same seed and voice."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
@@ -253,6 +254,20 @@ def test_disconnect_cancels_and_errors_disturb_nobody(tiny_ckpt, tmp_path, start
     while d.request({"type": "status"})[-1]["channels"]["main"]["active"] is not None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+    # a 60,000-character one-shot whose client closes at once: it stops being prepared (normalized)
+    # at its next sentence instead of all ~200 of them, and its one request is cancelled
+    async def send_and_close() -> None:
+        async with AsyncClient.from_uri(tcp) as c:
+            await c.write_event(Synthesize(text="Red blue birds sing here. " * 2400).event())
+
+    asyncio.run(send_and_close())
+    wait_log(d.log, "the client left; ")
+    left, total = map(int, re.search(r"the client left; (\d+) of (\d+) sentences not prepared", d.log()).groups())
+    assert total >= 200 and left > total // 2, (left, total)
+    wait_log(d.log, "disconnected: cancelling wy-")
+    rid = d.log().split("disconnected: cancelling ")[-1].split()[0]
+    wait_log(d.log, f"request {rid} ended with cancelled")
 
     # errors come back as Wyoming 'error' events with our codes ...
     t = talk(unix, Synthesize(text="hi", voice=SynthesizeVoice(name="nobody")).event(), until=("error",))

@@ -13,11 +13,13 @@ lane, so a cancelled voice never becomes the sounding one.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Any, Iterable, Optional, Protocol
 
 
 class Abortable(Protocol):
     """A request's audio (an :class:`~appliance.audio.sink.AudioSink`)."""
+
+    voice: Optional[Any]
 
     def abort(self) -> None: ...
 
@@ -26,9 +28,8 @@ def abort_all(audios: Iterable[Abortable]) -> None:
     """Abort every audio of ``audios``: on each sound device in the reverse of the order its
     voices began (the voice sounding in a lane goes last), the others (WAV, client-only) first."""
     def begun(a: Abortable) -> int:
-        box = getattr(a, "box", a)             # a TeeAudio's voice is its box's
-        dev = getattr(box, "device", None)
-        return dev.position(box) if dev is not None else -1
+        v = a.voice
+        return v.device.position(v) if v is not None else -1
 
     for a in sorted(audios, key=begun, reverse=True):
         a.abort()

@@ -113,6 +113,11 @@ class RequestAudio:
             self._wav = WavWriter(wav_file, PIPELINE_RATE, retention)
             self.output = str(wav_file)
 
+    @property
+    def voice(self) -> Optional[RequestAudio]:
+        """Itself where it has a sound device (:class:`~appliance.audio.sink.AudioSink`), else None."""
+        return self if self.device is not None else None
+
     def _bind(self, device: DeviceOutput) -> None:
         """New resampler and a voice on ``device`` (lock held or not yet shared)."""
         self._rs = None
@@ -289,6 +294,7 @@ class ClientOnlyAudio:
 
     output = "client"
     lane = None
+    voice = None
 
     def __init__(self) -> None:
         self._aborted = False

@@ -26,9 +26,14 @@ class AudioSink(Protocol):
     Attributes:
         first_out_at: ``time.monotonic()`` when its first sample went out (device, file, client),
             None before.
+        voice: its voice on a sound device (a :class:`~appliance.audio.request.RequestAudio`
+            bound to a device: what the device's ``position`` and ``hold`` take), None where no
+            device sounds it (a WAV file, the client's audio). Code that deals with the device's
+            voices (the start hold, the order of aborts) goes through it.
     """
 
     first_out_at: Optional[float]
+    voice: Optional[Any]
 
     def write(self, pcm: np.ndarray) -> None:
         """Take float32 ``[n]`` mono PCM at 24000 Hz, in order (may wait for room: back-pressure).
@@ -76,7 +81,11 @@ class TeeAudio:
 
     @property
     def lane(self) -> Any:
-        return getattr(self.box, "lane", None)
+        return self.box.lane
+
+    @property
+    def voice(self) -> Any:
+        return self.box.voice
 
     @property
     def first_out_at(self) -> Optional[float]:
@@ -86,7 +95,7 @@ class TeeAudio:
 
     @property
     def on_sounding(self) -> Optional[Callable[[], None]]:
-        return getattr(self.box, "on_sounding", None)
+        return self.box.on_sounding
 
     @on_sounding.setter
     def on_sounding(self, fn: Optional[Callable[[], None]]) -> None:

@@ -43,9 +43,8 @@ that never started go to ``on_unfinished`` (default:
 ``error`` ``spooled``, and they are spoken after the next start) -> the running request
 finishes and plays out (drain) -> audio streams closed -> MQTT: last status, ``offline``,
 disconnect -> Wyoming connections and listeners closed -> connections flushed and closed
--> socket file removed -> exit status 0.
+-> socket file removed -> exit status 0, without the interpreter's teardown (:mod:`.leave`).
 A second signal while draining cancels the running request.
-
 systemd wiring points: :class:`~appliance.daemon.hooks.Hooks` (when each fires).
 
 Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
@@ -91,6 +90,7 @@ from ..transports.socket_server import (
     listen_socket,
 )
 from .hooks import Hooks, build_hooks, call_hook
+from .leave import leave
 
 if TYPE_CHECKING:
     from ..ops.throttle import Change, Monitor
@@ -392,9 +392,9 @@ class Daemon:
 
 
 def cli_main(args: Any) -> int:
-    """``chattts-appliance serve --config PATH``: exit 0 after a clean stop, 2 on a start-up error."""
+    """``chattts-appliance serve --config PATH``: exits 0 after a clean stop (never returns then)."""
     cfg = load_config(args.config)
     log.info("config %s: model %s, backend %s, socket %s, audio %s",
              os.path.abspath(args.config), cfg.resolve(cfg.model.path), cfg.model.backend,
              cfg.resolve(cfg.service.socket), cfg.audio.output)
-    return Daemon(cfg, hooks=build_hooks(cfg), config_path=os.path.abspath(args.config)).run()
+    leave(Daemon(cfg, hooks=build_hooks(cfg), config_path=os.path.abspath(args.config)).run())

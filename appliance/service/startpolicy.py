@@ -76,11 +76,10 @@ class StartPolicy:
             plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.job),
                               eng.vocoders[task.voc].lookahead_tokens, rows=max(1, len(eng.tasks)),
                               scale=task.chunk_scale)
-            box = getattr(item.audio, "box", item.audio)      # a TeeAudio's voice is its box's
-            dev = getattr(box, "device", None)                 # None: a WAV file or the client's audio
-            hold_s = self.slack_s + plan.hold_s if dev is not None else 0.0
-            if dev is not None:
-                dev.hold(box, hold_s)
+            voice = item.audio.voice                            # None: a WAV file or the client's audio
+            hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
+            if voice is not None:
+                voice.device.hold(voice, hold_s)
             with self._lock:
                 self._plans[item] = (plan, hold_s)
                 while len(self._plans) > KEPT:

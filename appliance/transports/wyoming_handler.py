@@ -43,7 +43,8 @@ audio, always before ``synthesize-stopped``) and the stream goes on; ``cancelled
 ``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
 restarts from the beginning: the audio the client already has is skipped (same seed, same audio).
 Unknown (well-formed) event types are dropped, as the protocol asks. A client that disconnects has
-its requests cancelled. Nothing here can disturb another connection.
+its requests cancelled; a long one-shot whose client closed stops being prepared at its next
+sentence. Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
@@ -194,6 +195,10 @@ class WyomingHandler(CheckedHandler):
                     text = syn.text or ""
                     pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
                     for i, piece in enumerate(pieces):
+                        if self._client_left():     # each piece is prepared (normalized) in turn: stop early
+                            log.info("%s: the client left; %d of %d sentences not prepared",
+                                     self.name, len(pieces) - i, len(pieces))
+                            break
                         await self._say(utt, piece, voice, last=i == len(pieces) - 1)
             finally:                        # the utterance always ends (else its writer would wait)
                 self._end_text(utt)
@@ -244,6 +249,11 @@ class WyomingHandler(CheckedHandler):
     def _pieces(self, text: str) -> list[str]:
         buf = SentenceBuffer(self.ctx.max_chars)
         return buf.add(text) + buf.finish()
+
+    def _client_left(self) -> bool:
+        """The client closed its side and every event it sent has been read: what it asked for
+        can no longer reach it (the reader's EOF would cancel it next, :meth:`disconnect`)."""
+        return self._gone or self.reader.at_eof()
 
     def _voice(self, v: Optional[SynthesizeVoice]) -> object:
         """The voice string for a requested voice name (None = the default voice); ``_BAD`` (after

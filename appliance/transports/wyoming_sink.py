@@ -184,6 +184,7 @@ class WyomingAudio:
 
     output = "client"
     lane = None
+    voice = None          # no sound device plays it
 
     def __init__(self, request_id: str, conn: str, outbox: Outbox,
                  on_overflow: Optional[Callable[[WyomingAudio], None]] = None) -> None:
