@@ -5,10 +5,10 @@
 * ``fixtures_mqtt``    – a real mosquitto broker on a free port
 * ``fixtures_ops``     – a real datagram socket collecting sd_notify messages (``notify_socket``)
 
-Under ``pytest -n N --dist loadfile --no-loadscope-reorder`` (``scripts/test.sh``) the files
-listed in :data:`LONGEST_FIRST` are handed out first, longest first, so that no worker is left
-alone with a long file at the end; the others follow in their usual order. One process
-(no ``-n``) keeps the usual order.
+Under ``pytest -n N --dist loadfile --no-loadscope-reorder`` (``scripts/test.sh``: N = 3) the
+files listed in :data:`LONGEST_FIRST` are handed out first, longest first, so that no worker is
+left alone with a long file at the end; the others follow in their usual order. One process (no
+``-n``) keeps the usual order.
 """
 
 import os

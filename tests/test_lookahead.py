@@ -131,8 +131,6 @@ def test_the_streams_that_run_stay_within_the_calibrated_bound(pipe):
     frames after 2r mel frames (fewer recomputed frames), and the streamed PCM of the calibrated
     sentence stays within the threshold for the pipeline's own chunk schedule and for other chunk
     plans, not only the 2-step chunks."""
-    from appliance.build.calibrate import schedule_chunks
-
     text, voice, seed, steps = "你好，今天天气很好。", "seed:2", 1, 80
     # a loose threshold, so that the look-ahead is short enough to freeze Decoder frames (2r < 15
     # mel frames, the tiny Decoder's receptive field)
@@ -151,7 +149,7 @@ def test_the_streams_that_run_stay_within_the_calibrated_bound(pipe):
         n = seq.steps
         exact = _stream(voc, seq.slot, n, None, 2)
         sch = pipe.engine.schedule
-        plans = {"2": 2, "schedule": schedule_chunks(sch.first, sch.growth, sch.cap), "3": 3, "8": 8, "5-11": [5, 11]}
+        plans = {"2": 2, "schedule": sch.plan(), "3": 3, "8": 8, "5-11": [5, 11]}
         errs = {k: error_db(_stream(voc, seq.slot, n, r, p), exact) for k, p in plans.items()}
         assert voc.reach == 2 * r < pipe.runner.info.decoder_rf
         assert max(errs["2"], errs["schedule"]) == pytest.approx(cal.sentences[0]["error_db"][str(r)], abs=0.05)
@@ -232,6 +230,19 @@ def test_first_chunk_leaves_slack_for_one_hiccup():
     c1 = slack.sustainable(0.003, 0.04)
     assert f > 4 and f * 0.8 * a >= c1 * 0.003 + 0.04 + 0.08 > (f - 1) * 0.8 * a
     assert slack.first_chunk(0.0008, 0.003) == 5              # a fast GPU: one step more (0.8 ms)
+
+
+def test_one_growth_rule_for_the_stream_its_plan_and_the_start_policy():
+    """The chunks by growth alone (the warm-up's and calibration's plan), the stream's next chunk
+    with nothing measured, and the start policy's window count follow one rule (ceil, up to cap)."""
+    from appliance.synth.schedule import chunks_for
+
+    s = ChunkSchedule(4, 48, 1.5, 0.9)
+    assert s.plan() == [4, 6, 9, 14, 21, 32, 48]
+    assert all(s.next(a, 0.0, 0.0) == b for a, b in zip(s.plan(), s.plan()[1:]))
+    assert chunks_for(s, sum(s.plan()), 48) == len(s.plan())
+    assert chunks_for(s, sum(s.plan()) + 1, 48) == len(s.plan()) + 1
+    assert ChunkSchedule(4, 48, 1.0).plan() == [4]                          # no growth: first on
 
 
 def test_start_plan_holds_what_a_box_that_cannot_keep_up_needs():

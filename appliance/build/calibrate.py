@@ -101,15 +101,6 @@ def _stream(voc: WindowedVocoder, slot: int, n: int, r: Optional[int], chunk: in
     return np.concatenate(parts)
 
 
-def schedule_chunks(first: int, growth: float, cap: int) -> list[int]:
-    """The chunk sizes of :class:`~appliance.synth.schedule.ChunkSchedule` with nothing queued yet
-    measured: ``first``, times ``growth`` each, up to ``cap`` (then ``cap`` on)."""
-    out = [max(1, first)]
-    while out[-1] < cap and growth > 1:
-        out.append(min(cap, math.ceil(out[-1] * growth)))
-    return out
-
-
 def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHUNK, sentences=SENTENCES,
               voices=VOICES, tokens=TOKENS) -> Calibration:
     """Measure the look-ahead curve on ``pipe`` (a :class:`~appliance.synth.pipeline.Pipeline`) and
@@ -117,7 +108,7 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
     while nothing else synthesizes."""
     loop, runner = pipe.loop, pipe.runner
     sch = pipe.engine.schedule
-    plan = schedule_chunks(sch.first, sch.growth, sch.cap)
+    plan = sch.plan()
     voc = WindowedVocoder(runner, runner.info.max_seq_len)
     exact_r = voc.exact_lookahead
     cands = [r for r in candidates if r < exact_r]

@@ -389,10 +389,11 @@ class Pipeline:
             self.runner.vocode(0, VocodeWindow(0, n, 0, 2 * n, 0, 2 * n, 0, 2 * n))
         # the stateful passes of each chunk size the schedule makes (first, growing, cap)
         voc.reset(0)
-        n, c = 0, sch.first
-        while n + c <= voc.max_tokens and n < h:
+        n, plan = 0, sch.plan()
+        for c in plan + [plan[-1]] * (h // plan[-1] + 1):
+            if n + c > voc.max_tokens or n >= h:
+                break
             n += c
             voc.push(n)
-            c = min(sch.cap, max(c + 1, int(c * sch.growth)))
         voc.finish()
         return time.perf_counter() - t

@@ -71,6 +71,14 @@ class ChunkSchedule:
         """The chunk after one of ``prev`` steps by growth alone: ``ceil(prev * growth)``, at most ``cap``."""
         return min(cap, math.ceil(prev * self.growth))
 
+    def plan(self) -> list[int]:
+        """The chunk sizes by growth alone (nothing queued or measured yet): ``first``, then each
+        one :meth:`grow` from the last, up to ``cap``; every later chunk is the last one's size."""
+        out = [max(1, self.first)]
+        while out[-1] < self.cap and self.grow(out[-1], self.cap) > out[-1]:
+            out.append(self.grow(out[-1], self.cap))
+        return out
+
     def next(self, prev: int, buffered_s: float, step_s: float, window_s: float = 0.0, scale: int = 1) -> int:
         """The chunk after one of ``prev`` steps, with ``buffered_s`` s of audio queued, ``step_s``
         s per step and ``window_s`` s per window (0 = unknown); ``scale`` multiplies the cap
