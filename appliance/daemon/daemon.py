@@ -359,12 +359,12 @@ class Daemon:
                 pass
 
     def _health_check(self) -> HealthReply:
-        """Run the field health check (on the thread that owns the pipeline); returns its
-        HealthReply and keeps it as :attr:`last_health`."""
+        """The field health check (on the pipeline's thread); its reply, kept as :attr:`last_health`."""
         from ..ops.health import run_health_check
 
-        self.last_health = run_health_check(self.pipeline, self.cfg,
-                                            self.integrity.failure if self.integrity is not None else None)
+        watch, worker = self.integrity, self.worker     # no worker yet: the check at start
+        self.last_health = run_health_check(self.pipeline, self.cfg, watch.failure if watch is not None else None,
+                                            beat=worker.beat if worker is not None else lambda: None)
         if not self.last_health.healthy:
             log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
         return self.last_health

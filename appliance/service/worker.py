@@ -276,6 +276,11 @@ class Worker(Ending):
 
     # ------------------------------------------------------------------ worker thread
 
+    def beat(self) -> None:
+        """A liveness beat from work the worker thread does outside the engine's decode steps
+        (the health check's analysis, :func:`~appliance.ops.health.run_health_check`)."""
+        self._beat()
+
     def _beat(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.on_heartbeat is not None and (force or now - self._last_beat >= self.heartbeat_s):
