@@ -31,3 +31,12 @@ def test_status_and_cancel_commands(tiny_ckpt, tmp_path, start_daemon):
     assert r.returncode == 1 and "nothing to cancel" in r.stderr
     r = _cli("status", "--socket", str(tmp_path / "nope.sock"))
     assert r.returncode == 2 and "not reachable" in r.stderr
+
+
+def test_status_prints_a_channels_start_decision_in_words():
+    """A channel's ``start`` (a dict) reads as words, not as a Python dict."""
+    from appliance.cli.client import _field
+
+    got = _field({"id": "a4b5", "predicted_rtf": 0.098, "start_hold_ms": 80.0, "start_delay_ms": None})
+    assert got == "(id a4b5, predicted_rtf 0.098, start_hold_ms 80, start_delay_ms -)", got
+    assert _field({}) == "-"

@@ -313,6 +313,9 @@ def _field(v: Any) -> str:
         return f"{v:.1f}"
     if isinstance(v, (list, tuple)):
         return ",".join(map(str, v)) or "-"
+    if isinstance(v, dict):       # e.g. a channel's start decision: (id ..., predicted_rtf ..., ...)
+        return "(" + ", ".join(f"{k} {x:g}" if isinstance(x, float) else f"{k} {_field(x)}"
+                               for k, x in v.items()) + ")" if v else "-"
     return str(v)
 
 

@@ -299,13 +299,13 @@ class CheckedHandler(AsyncEventHandler):
         """Answer a refused ``what`` event with an ``error`` through :meth:`send_error` (the
         connection stays open): our message for an :class:`ApplianceError`; for anything else (a
         fault of ours) only that, the details go to the log."""
-        what = what if TYPE_RE.match(what) else "event"
+        label = f"{what} event" if TYPE_RE.match(what) and what != "event" else "event"
         if isinstance(err, ApplianceError):
             code, text = err.code, str(err)
-            log.info("%s: %s event refused: %s (%s)", self.name, what, text, code)
+            log.info("%s: %s refused: %s (%s)", self.name, label, text, code)
         else:
-            log.error("%s: %s event failed", self.name, what, exc_info=err)
-            code, text = "internal", f"the server failed to handle this {what} event (its log has the details)"
+            log.error("%s: %s failed", self.name, label, exc_info=err)
+            code, text = "internal", f"the server failed to handle this {label} (its log has the details)"
         self.send_error(Error(text=text, code=code).event())
 
     def send_error(self, error: WyEvent) -> None:
