@@ -139,3 +139,16 @@ def test_third_party_noise_is_quiet_without_verbose():
     loud = subprocess.run([sys.executable, "-c", code, "v"], capture_output=True, text=True, env=env, timeout=120)
     for noise in ("Skipping constant folding", "torchvision", "deprecated thing"):
         assert noise in loud.stderr, loud.stderr
+
+
+def test_a_config_copied_away_from_its_paths_fails_before_it_creates_anything(tmp_path):
+    """Relative paths are relative to the config file: a copy of ``config.local.yaml`` elsewhere
+    (as a user makes to turn Wyoming on) names the missing checkpoint, exits 2, and leaves no
+    socket, spool, WAV or cache directory behind."""
+    away = tmp_path / "away"
+    away.mkdir()
+    (away / "wy.yaml").write_text((ROOT / "config.local.yaml").read_text())
+    r = _cli("serve", "--config", str(away / "wy.yaml"), cwd=away)
+    assert r.returncode == 2 and "holds no ChatTTS checkpoint" in r.stderr, r.stderr
+    assert str(away / "models") in r.stderr, r.stderr
+    assert sorted(p.name for p in away.iterdir()) == ["wy.yaml"]

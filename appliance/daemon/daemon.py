@@ -83,6 +83,7 @@ from ..service.recovery import Recovery, open_journal, tell_stopped
 from ..service.reload import plan_reload
 from ..service.request import Request
 from ..service.worker import Worker
+from ..synth.checkpoint_dir import require_checkpoint
 from ..transports.socket_server import (
     SocketServer,
     check_socket_path,
@@ -101,11 +102,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.25
-"""Worker heartbeat period, s: well below the shortest useful WatchdogSec (1 s), so a heartbeat
-never ages past the watchdog's staleness limit between two beats (a beat only stores a time)."""
+"""Worker heartbeat period, s: well below the shortest useful WatchdogSec (1 s)."""
 
-DRAIN_TIMEOUT_S = 600.0
-"""Longest wait for the running request to finish and play out at stop, s."""
+DRAIN_TIMEOUT_S = 600.0   # longest wait for the running request to finish and play out at stop, s
 
 
 class _StopDuringStart(BaseException):
@@ -124,8 +123,7 @@ class Daemon:
         config_path: the file SIGHUP re-reads (:meth:`reload_config`).
 
     Attributes:
-        dispatch: the :class:`~appliance.service.dispatch.Dispatcher` every transport hands its
-            requests to.
+        dispatch: the :class:`~appliance.service.dispatch.Dispatcher` every transport uses.
     """
 
     def __init__(self, cfg: Config, hooks: Optional[Hooks] = None,
@@ -172,6 +170,8 @@ class Daemon:
         prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             try:
+                if self.pipeline_factory is None:               # a wrong model.path: before any directory is made
+                    require_checkpoint(self.cfg)
                 prepare_dirs(self.cfg, socket_inherited=bool(os.environ.get("LISTEN_FDS")))
                 if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
                     check_socket_path(self.cfg.resolve(self.cfg.service.socket))

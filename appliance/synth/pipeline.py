@@ -38,7 +38,6 @@ from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, Synt
 from ..engines.lookahead import choose as choose_lookahead
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
-    CheckpointError,
     ConfigError,
     EmptyResultError,
     RequestError,
@@ -50,6 +49,7 @@ from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
 from ..text.voices import VoiceBook
 from .batch import BatchEngine
+from .checkpoint_dir import require_checkpoint
 from .decode_loop import DecodeLoop
 from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
@@ -190,14 +190,7 @@ class Pipeline:
         """
         from ..engines.select import open_runner
 
-        root = cfg.resolve(cfg.model.path)
-        asset = next((c for c in (root / "asset", root) if (c / "gpt" / "config.json").is_file()), None)
-        if asset is None:
-            raise CheckpointError(
-                f"model.path {root} holds no ChatTTS checkpoint (no asset/gpt/config.json under it). Get the "
-                f"official one with 'chattts-appliance model fetch DIR' (or copy the asset/ folder of "
-                f"2Noise/ChatTTS into DIR), or write a random one with 'chattts-appliance model random --size "
-                f"tiny DIR'; then set model.path to DIR in {cfg.file_hint}")
+        asset = require_checkpoint(cfg)
         marker = asset.parent / "RANDOM_WEIGHTS"          # written by `model random` beside asset/
         if marker.exists():
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
