@@ -43,8 +43,8 @@ audio, always before ``synthesize-stopped``) and the stream goes on; ``cancelled
 ``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
 restarts from the beginning: the audio the client already has is skipped (same seed, same audio).
 Unknown (well-formed) event types are dropped, as the protocol asks. A client that disconnects has
-its requests cancelled; a long one-shot whose client closed stops being prepared at its next
-sentence. Nothing here can disturb another connection.
+its requests cancelled; a long text whose client closed (one-shot, chunk or the rest of a stream)
+stops being prepared at its next sentence. Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
@@ -194,12 +194,7 @@ class WyomingHandler(CheckedHandler):
                 if voice is not _BAD:
                     text = syn.text or ""
                     pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
-                    for i, piece in enumerate(pieces):
-                        if self._client_left():     # each piece is prepared (normalized) in turn: stop early
-                            log.info("%s: the client left; %d of %d sentences not prepared",
-                                     self.name, len(pieces) - i, len(pieces))
-                            break
-                        await self._say(utt, piece, voice, last=i == len(pieces) - 1)
+                    await self._say_all(utt, pieces, voice, closed=True)
             finally:                        # the utterance always ends (else its writer would wait)
                 self._end_text(utt)
         elif SynthesizeStart.is_type(t):
@@ -219,8 +214,7 @@ class WyomingHandler(CheckedHandler):
             if not self.ctx.streaming:
                 st.collected.append(text)
                 return
-            for sentence in st.text.add(text):
-                await self._say(st.utt, sentence, st.voice)
+            await self._say_all(st.utt, st.text.add(text), st.voice)
         elif SynthesizeStop.is_type(t):
             if self._stream is None:
                 self._segments.put_nowait(Error(text="synthesize-stop without synthesize-start",
@@ -242,8 +236,7 @@ class WyomingHandler(CheckedHandler):
         assert st is not None
         if not st.utt.ended:
             rest = st.text.finish() if self.ctx.streaming else self._pieces("".join(st.collected))
-            for piece in rest:
-                await self._say(st.utt, piece, st.voice)
+            await self._say_all(st.utt, rest, st.voice)
         self._end_text(st.utt)
 
     def _pieces(self, text: str) -> list[str]:
@@ -266,6 +259,16 @@ class WyomingHandler(CheckedHandler):
         msg = f"unknown voice {name!r}; this box offers: {', '.join(self.ctx.voices)}"
         self._segments.put_nowait(Fatal(Error(text=msg, code=SpeakerError.code).event()))
         return _BAD
+
+    async def _say_all(self, utt: Utterance, pieces: list[str], voice: Optional[str], closed: bool = False) -> None:
+        """:meth:`_say` each of ``pieces`` in turn (each is prepared, i.e. normalized, before the
+        next), stopping at the first the client can no longer get (a 60,000-character text whose
+        client closed at once is not normalized for nobody). ``closed``: nothing follows the last."""
+        for i, piece in enumerate(pieces):
+            if self._client_left():
+                log.info("%s: the client left; %d of %d sentences not prepared", self.name, len(pieces) - i, len(pieces))
+                return
+            await self._say(utt, piece, voice, last=closed and i == len(pieces) - 1)
 
     async def _say(self, utt: Utterance, text: str, voice: Optional[str], last: bool = False) -> None:
         """The next sentence(s) of ``utt``: added to its open request, or the request is opened
