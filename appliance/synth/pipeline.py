@@ -24,6 +24,7 @@ joins (:mod:`appliance.synth.vocoder`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -383,7 +384,7 @@ class Pipeline:
         # the stateful passes of each chunk size the schedule makes (first, growing, cap)
         voc.reset(0)
         n, plan = 0, sch.plan()
-        for c in plan + [plan[-1]] * (h // plan[-1] + 1):
+        for c in itertools.chain(plan, itertools.repeat(plan[-1])):     # the last size from then on
             if n + c > voc.max_tokens or n >= h:
                 break
             n += c
