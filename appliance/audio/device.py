@@ -8,9 +8,8 @@ underruns, and detects a dead device: one that stops calling back or whose strea
 an error. A failed device tells every voice (``on_failure``) and is re-opened by
 :meth:`DeviceOutput.ensure_open`, at most every :data:`REOPEN_INTERVAL_S`.
 
-Device lookup (:func:`find_output_device`) matches a case-insensitive substring of the
-PortAudio name. The ``sounddevice`` import is lazy: without PortAudio every call here raises
-:class:`~appliance.errors.AudioDeviceError` (and :func:`list_output_devices` returns []).
+Devices are found by name through :mod:`appliance.audio.portaudio`: without PortAudio every
+call here raises :class:`~appliance.errors.AudioDeviceError`.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import numpy as np
 
 from ..errors import AudioDeviceError
 from .mix import Lanes
+from .portaudio import find_output_device, sounddevice_module
 
 log = logging.getLogger(__name__)
 
@@ -43,53 +43,6 @@ stall rather than a gap at every chunk where synthesis is slower than playback).
 
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
-
-
-def _sounddevice():
-    """Import sounddevice; AudioDeviceError if PortAudio is missing."""
-    try:
-        import sounddevice
-    except (OSError, ImportError) as e:
-        raise AudioDeviceError(f"sounddevice/PortAudio is not usable ({e}); install libportaudio2 or set audio.output: wav") from e
-    return sounddevice
-
-
-def list_output_devices() -> list[dict]:
-    """PortAudio output devices as dicts (``index``, ``name``, ``default_samplerate``), [] without PortAudio."""
-    try:
-        sd = _sounddevice()
-        devs = sd.query_devices()
-    except Exception as e:  # PortAudio init failure is an OSError/PortAudioError
-        log.debug("cannot list sound devices: %s", e)
-        return []
-    return [dict(d, index=i) for i, d in enumerate(devs) if d.get("max_output_channels", 0) > 0]
-
-
-def find_output_device(query: Optional[str]) -> dict:
-    """The output device whose name contains ``query`` (case-insensitive); None = the default.
-
-    Raises:
-        AudioDeviceError: no PortAudio, no output device, or none matching (the message lists them).
-    """
-    sd = _sounddevice()
-    outs = list_output_devices()
-    if not outs:
-        raise AudioDeviceError("PortAudio lists no output device; set audio.output: wav or connect one")
-    if query is None:
-        try:
-            idx = sd.default.device[1]
-        except Exception:
-            idx = -1
-        for d in outs:
-            if d["index"] == idx:
-                return d
-        return outs[0]
-    q = query.lower()
-    for d in outs:
-        if q in d["name"].lower():
-            return d
-    names = ", ".join(repr(d["name"]) for d in outs)
-    raise AudioDeviceError(f"no output device matches {query!r}; output devices: {names}")
 
 
 class DeviceOutput:
@@ -116,8 +69,9 @@ class DeviceOutput:
         self.rate: int = sample_rate or 0
         self.ok = False
         self.error: Optional[str] = "not opened"
-        self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
-        self.gap_frames = 0         # silence inside streaming voices (dry or re-buffering), frames
+        self.underruns = 0          # a sounding voice ran dry mid-sentence while its request was mid-stream
+        self.pauses = 0             # a voice held at a sentence boundary for its next sentence
+        self.gap_frames = 0         # silence inside streaming voices (dry, re-buffering, held), frames
         self.xruns = 0              # PortAudio reported output underflow
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
@@ -147,7 +101,7 @@ class DeviceOutput:
         """
         self._last_open_attempt = time.monotonic()
         try:
-            sd = _sounddevice()
+            sd = sounddevice_module()
             dev = find_output_device(self.query)
             rate = self.want_rate or int(dev["default_samplerate"])
             try:
@@ -221,14 +175,15 @@ class DeviceOutput:
     # ------------------------------------------------------------------ feeding
 
     def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
-              on_first: Optional[Callable[[float], None]] = None) -> None:
+              on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None) -> None:
         """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
         mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
         ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
         ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
-        were written to the device."""
+        were written to the device; its silences go to ``pauses`` (:class:`~appliance.audio.mix.Pause`,
+        samples at :attr:`rate`)."""
         with self._lock:
-            self.lanes.begin(owner, lane, on_failure, on_first)
+            self.lanes.begin(owner, lane, on_failure, on_first, pauses)
 
     def end(self, owner: object) -> None:
         """The request wrote its last chunk (it stays registered for failures until played)."""
@@ -264,10 +219,23 @@ class DeviceOutput:
                 beat()
 
     def hold(self, owner: object, seconds: float) -> None:
-        """``owner``'s voice starts only once it holds ``seconds`` of audio beyond one device
-        wake-up (or its request has ended): :meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`."""
+        """``owner``'s voice (re)starts only once it holds ``seconds`` of audio beyond one device
+        wake-up (or its request has ended): at its first start, later at its next sentence
+        boundary (:meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`)."""
         with self._lock:
             self.lanes.hold(owner, round(max(0.0, seconds) * self.rate))
+
+    def rebuffer(self, owner: object, seconds: float) -> None:
+        """Audio ``owner``'s voice must hold to resume after running dry mid-sentence (at least
+        :data:`REBUFFER_S`): :meth:`Lanes.rebuffer <appliance.audio.mix.Lanes.rebuffer>`."""
+        with self._lock:
+            self.lanes.rebuffer(owner, round(max(REBUFFER_S, seconds) * self.rate))
+
+    def end_sentence_next(self, owner: object) -> None:
+        """The next chunk given to :meth:`enqueue` for ``owner`` ends a sentence (a boundary where its voice
+        may hold for the next one: :mod:`appliance.audio.mix`)."""
+        with self._lock:
+            self.lanes.end_sentence_next(owner)
 
     def position(self, owner: object) -> int:
         """Where ``owner``'s voice is in the order voices began on this device (0 = first), -1 if
@@ -286,11 +254,12 @@ class DeviceOutput:
             return dropped
 
     def status(self) -> dict:
-        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (stalls of a streaming
-        voice), underrun_ms (the silence they left), xruns, buffered_ms."""
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (a streaming voice ran
+        dry mid-sentence), sentence_holds (it held at a sentence boundary instead), underrun_ms (the
+        silence both left), xruns, buffered_ms."""
         return {
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
-            "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "underruns": self.underruns, "sentence_holds": self.pauses, "xruns": self.xruns, "mode": self.mode,
             "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
             "voices": len(self.lanes.voices),
             "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
@@ -314,10 +283,11 @@ class DeviceOutput:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, gap, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+            sounding, dry, gap, played, held = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
                                                         start_frames=self.burst_frames,
                                                         rebuffer_frames=int(REBUFFER_S * self.rate))
             self.underruns += dry
+            self.pauses += held
             self.gap_frames += gap
             if sounding > 1:
                 self.mixed_blocks += 1

@@ -41,7 +41,8 @@ from typing import Callable, Optional
 
 from ..config import Config
 from ..errors import AudioDeviceError
-from .device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
+from .device import REOPEN_INTERVAL_S, DeviceOutput
+from .portaudio import list_output_devices
 from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
 from .wav import MIB, WavRetention, remove_partials, wav_path

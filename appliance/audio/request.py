@@ -99,6 +99,9 @@ class RequestAudio:
         self.first_out_at: Optional[float] = None
         #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
         self.on_sounding: Optional[Callable[[], None]] = None
+        #: its silences on the device (:class:`~appliance.audio.mix.Pause`, samples at the device's
+        #: rate): held at a sentence boundary or ran dry mid-sentence; appended by the device
+        self.pauses: list = []
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:
@@ -124,7 +127,7 @@ class RequestAudio:
         if device.rate != PIPELINE_RATE:
             import soxr
             self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-        device.begin(self, self._device_failed, self.lane, on_first=self._first_out)
+        device.begin(self, self._device_failed, self.lane, on_first=self._first_out, pauses=self.pauses)
 
     def _first_out(self, t: float) -> None:
         if self.first_out_at is None:

@@ -156,7 +156,7 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
     return Calibration(
         backend=runner.info.backend, precision=runner.info.precision, lookahead_tokens=int(chosen),
         exact_lookahead=exact_r, threshold_db=float(threshold_db), chunk_tokens=chunk, floor_db=round(floor, 1),
-        engine_id=runner.info.engine_id,
+        engine_id=runner.info.engine_id, threads=runner.info.threads, threads_source=runner.info.threads_source,
         curve=[{"tokens": r, "worst_db": round(worst[r], 1)} for r in cands if worst[r] > -math.inf],  # measured ones
         sentences=per, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
@@ -211,6 +211,8 @@ def report(cal: Calibration, path: str, setting: str = "auto") -> str:
         r = cal.reference
         lines.append(f"  health reference: {r['steps']} steps, codes {'recorded' if r['codes_sha256'] else 'NOT repeatable (not recorded)'}, "
                      f"spectrum tolerance {r['tolerance_db']:.2f} dB")
+    if cal.threads:
+        lines.append(f"  the runner computed with {cal.threads} CPU thread{'s' if cal.threads != 1 else ''} ({cal.threads_source})")
     lines.append(f"saved in {path}")
     if setting == "auto":
         lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}) from its next start: "

@@ -383,6 +383,8 @@ class Daemon:
             chans[name] = c
         return StatusReply(
             state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,
+            threads=self.pipeline.info.threads or None if self.pipeline is not None else None,
+            threads_source=self.pipeline.info.threads_source or None if self.pipeline is not None else None,
             last_rtf=round(self.worker.last_rtf, 4) if self.worker and self.worker.last_rtf is not None else None,
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",

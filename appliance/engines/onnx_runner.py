@@ -35,10 +35,9 @@ Precision directory: ``int8`` if it was exported (the GPT's MatMuls 8-bit weight
 and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is logged. One
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
-runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential; idle threads spin unless ``model.spin_wait`` is false (quiet
-2-core host, INT8: 18.5-18.9 ms per step spinning, 27.9-29.9 sleeping, ``bench/bench_cpu.py``; a busy
-shared host the reverse: 62 ms sleeping, 119 spinning, ``bench/bench_gpt_step.py``).
+runner computes the graph's input embeddings with numpy. Threads: one budget for the three
+sessions (:mod:`appliance.engines.threads`: ``model.threads``, else the CPU quota and affinity
+mask), intra-op pools that spin only inside a run, or never (``model.spin_wait``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
 first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
@@ -57,7 +56,6 @@ engine runs (the pipeline splits text).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -75,6 +73,7 @@ from ..model.integrity import mismatch
 from . import manifest as mf
 from .host_runner import HostRunner
 from .runner import RunnerInfo, receptive_fields
+from .threads import ort_session_options, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +197,8 @@ class OnnxRunner(HostRunner):
         self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
         M, S = mc.max_batch, mc.max_seq_len
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = mc.threads or (os.cpu_count() or 1)
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        if not mc.spin_wait:  # threads sleep when idle (faster only on a busy shared host)
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        budget = thread_budget(mc.threads)
+        so = ort_session_options(ort, budget, mc.spin_wait)
         self._sess: dict[str, Any] = {}
         for g, e in m["graphs"].items():
             self._sess[g] = self._call(f"loading {g}", lambda e=e: ort.InferenceSession(
@@ -252,12 +245,13 @@ class OnnxRunner(HostRunner):
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
             num_text_tokens=self._n_text,
-            engine_id=mf.file_sha256(d / mf.MANIFEST),
+            engine_id=mf.file_sha256(d / mf.MANIFEST), threads=budget.threads, threads_source=budget.source,
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         self._reach = [np.zeros(k, np.uint8) for k in range(self.info.decoder_rf + 1)]  # the Decoder's reach, by length
-        log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
-                 d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
+        log.info("onnxruntime runner: %s (%s), %s, %s, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 d, precision, budget.describe(), "spinning inside a run" if mc.spin_wait else "sleeping when idle", M, S,
+                 weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
         self.setup_host(self._n_mels)
 
     # -------------------------------------------------------------- the one ORT error wrapper

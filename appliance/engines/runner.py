@@ -77,6 +77,8 @@ class RunnerInfo:
         context_bytes: device memory the bare CUDA context took before the runner allocated
             anything, bytes (0 on a host): a property of the card and driver (621 MiB on an H200),
             which the memory budget leaves out on a desktop GPU (appliance.ops.footprint).
+        threads: CPU threads the runner computes with (0: not a CPU runner), and
+        threads_source: where that number came from (:mod:`appliance.engines.threads`).
     """
 
     backend: str
@@ -99,6 +101,8 @@ class RunnerInfo:
     window_quantum: int = 1
     engine_id: str = ""
     context_bytes: int = 0
+    threads: int = 0
+    threads_source: str = ""
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:
