@@ -189,6 +189,7 @@ class TelemetryConfig:
 
     source: str = _f("auto", "auto, tegrastats, jtop, nvml, sysfs or none.", choices=("auto", "tegrastats", "jtop", "nvml", "sysfs", "none"))
     interval_s: float = _f(2.0, "Seconds between readings.", min=0.1, max=3600)
+    root: str = _f("/", "Filesystem root under which /sys and /proc are read (a container that mounts the host's at /host sets /host; relative paths: to the config file).")
 
 
 @dataclass(frozen=True)
