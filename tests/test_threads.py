@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.engines.threads import cpu_quota, ort_session_options, thread_budget
+from appliance.engines.threads import cpu_quota, thread_budget
 from tests.fixtures_model import ONNX_LIMITS
 from tests.fixtures_service import service_config
 
@@ -151,11 +151,10 @@ def test_the_daemon_under_a_one_cpu_quota_picks_one_thread_and_says_why(tiny_ckp
 
 def test_session_options_spin_only_inside_a_run_or_never():
     ort = pytest.importorskip("onnxruntime")
-    from appliance.engines.threads import ThreadBudget
+    from appliance.engines.ort_vocoder import session_options
 
-    b = ThreadBudget(2, "model.threads", 2.0)
-    so = ort_session_options(ort, b, spin_wait=True)
+    so = session_options(ort, 2, spin_wait=True)
     assert so.intra_op_num_threads == 2 and so.inter_op_num_threads == 1
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
-    so = ort_session_options(ort, b, spin_wait=False)
+    so = session_options(ort, 2, spin_wait=False)
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"

@@ -302,6 +302,9 @@ def status_main(args: Any) -> int:
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
     if ev.get("threads"):
         print(f"  CPU threads {ev['threads']} ({ev.get('threads_source') or '?'})")
+    print(f"health {ev.get('health', 'n/a')}")
+    for c in ev.get("conditions") or ():
+        print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")
     for name, ch in (ev.get("channels") or {}).items():
         print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
               + "".join(f", {k} {_field(v)}" for k, v in ch.items() if k not in ("active", "queued")))

@@ -6,7 +6,8 @@ Runtime session has its own intra-op pool of :attr:`ThreadBudget.threads` thread
 plus ``threads - 1`` workers), so at any moment only one pool has work. They must not *fight*:
 an idle pool whose workers spin on after their session's run takes the cores from the next
 stage's pool (measured on the 2-core host: three spinning pools made the pipeline slower than
-the sum of its stages; ``bench/RESULTS.md``). :func:`ort_session_options` therefore lets
+the sum of its stages; ``bench/RESULTS.md``).
+:func:`~appliance.engines.ort_vocoder.session_options` therefore lets
 workers spin only *inside* a run (between the parallel sections of one graph, where spinning
 saves a wake-up per section) and stops them when the run returns
 (``session.force_spinning_stop``), or never spin (``model.spin_wait: false``). ONNX Runtime's
@@ -193,23 +194,3 @@ def thread_budget(configured: int = 0, proc: str | Path = "/proc") -> ThreadBudg
 def _cpus(n: float) -> str:
     return f"{n:g} CPU{'' if n == 1 else 's'}"
 
-
-def ort_session_options(ort, budget: ThreadBudget, spin_wait: bool):
-    """``onnxruntime.SessionOptions`` for one session of the pipeline: ``budget.threads`` intra-op
-    threads, 1 inter-op, sequential execution, all graph optimizations, warnings and worse logged;
-    workers spin only inside a run (``spin_wait``) or never (module docstring).
-
-    Args:
-        ort: the imported ``onnxruntime`` module (this module does not import it).
-    """
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = budget.threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if spin_wait:
-        so.add_session_config_entry("session.force_spinning_stop", "1")
-    else:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
