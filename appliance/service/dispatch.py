@@ -16,7 +16,9 @@ synthesizes) concurrently with the worker thread, which drives the pipeline's ``
 prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
 request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
 thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
-(except ``play: false`` ones, whose audio only goes back to their client: not journaled).
+(except ``play: false`` ones, whose audio only goes back to their client: not journaled). The
+journal is a safety net, not a gate: a request it cannot write (disk full, read-only) is queued
+all the same, its ``accepted`` saying ``not_crash_safe`` and why.
 
 An *utterance* whose text still arrives (a Wyoming stream, a long text sent in pieces) is ONE
 request: :meth:`Dispatcher.handle_request` with ``more=True`` accepts it with its first piece, then
@@ -42,6 +44,7 @@ from ..errors import (
     ApplianceError,
     BusyError,
     CancelledError,
+    JournalError,
     RequestError,
     TextError,
     UnknownChannelError,
@@ -237,7 +240,11 @@ class Dispatcher:
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)
-            item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+            try:
+                item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+            except JournalError as e:               # a safety net, not a gate: it plays, not crash-safe
+                item.not_crash_safe = str(e)
+                log.warning("request %s is not journaled (not crash-safe), it plays anyway: %s", req.id, e)
         if peer is not None:
             log.info("request %s from %s", req.id, peer)
         self._submit(item)
