@@ -47,9 +47,10 @@ disconnect -> Wyoming connections and listeners closed -> connections flushed an
 A second signal while draining cancels the running request.
 systemd wiring points: :class:`~appliance.daemon.hooks.Hooks` (when each fires).
 
-Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
-in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
-before the next queued request and answers with a ``health`` event.
+Health: one verdict (:class:`~appliance.ops.verdict.Health`: throttle, sound devices, weights,
+the last field check, a failed reload) for ``status``, ``STATUS=`` (re-read every second), MQTT
+and ``health``. The field check runs after warm-up (``health.at_start``) and for a ``health``
+request, on the worker thread before the next queued request (kept in ``Daemon.last_health``).
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..audio.output import AudioOutput
 from ..config import Config, load_config
+from ..core import ConditionFlag
 from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..ops.integrity_watch import IntegrityWatch
+from ..ops.monitor import open_monitor
+from ..ops.verdict import CheckRecord, Health, device_conditions
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal
 from ..service.memory import (
@@ -94,7 +98,8 @@ from .hooks import Hooks, build_hooks, call_hook
 from .leave import leave
 
 if TYPE_CHECKING:
-    from ..ops.throttle import Change, Monitor
+    from ..ops.monitor import Monitor
+    from ..ops.throttle import Change
     from ..synth.pipeline import Pipeline
     from ..transports.mqtt import MQTTBridge
     from ..transports.wyoming_server import WyomingServer
@@ -149,6 +154,8 @@ class Daemon:
         self._pending_signals: list[int] = []
         self._socket_path: Optional[Path] = None
         self.last_health: Optional[HealthReply] = None
+        self.checks, self.reload_failed = CheckRecord(), ConditionFlag("reload_failed")   # health sources
+        self.health: Optional[Health] = None             # the one verdict, built in _load
         self.integrity: Optional[IntegrityWatch] = None   # re-hashes the loaded weight files (safety.reverify_mib_per_s)
         self.throttle: Optional[Monitor] = None   # telemetry -> level -> scheduler limits
         self.mqtt: Optional[MQTTBridge] = None    # when mqtt.enabled (built in _load, started at ready)
@@ -224,7 +231,9 @@ class Daemon:
         call_hook(self.hooks.on_loading, "opening audio outputs")
         self.audio.start()
         self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
-        self.throttle = self._open_throttle()
+        self.throttle = open_monitor(self.cfg, self._on_throttle, lambda: current_mib(self.pipeline))
+        self.health = Health((*((self.throttle.conditions,) if self.throttle else ()), self.integrity.conditions,
+                              device_conditions(self.audio.status, self.channels), self.checks, self.reload_failed))
         self.worker = Worker(
             self.pipeline, self.audio,
             queue_len={c.name: c.queue_len for c in self.cfg.service.channels},
@@ -235,19 +244,6 @@ class Daemon:
         )
         self.worker.start()
         self.dispatch.pipeline, self.dispatch.worker = self.pipeline, self.worker
-
-    def _open_throttle(self) -> Optional[Monitor]:
-        """Start the throttle monitor; None (logged) if telemetry cannot be opened."""
-        from ..ops.throttle import Monitor
-
-        try:
-            mon = Monitor(self.cfg, on_change=self._on_throttle)
-            mon.budget_mib = lambda: current_mib(self.pipeline)
-            mon.start()
-        except ApplianceError as e:
-            log.warning("throttle off: %s", e)
-            return None
-        return mon
 
     def _on_throttle(self, change: Change) -> None:
         if self.worker is not None:
@@ -289,6 +285,7 @@ class Daemon:
             self.mqtt.start()
         call_hook(self.hooks.on_ready)
         call_hook(self.hooks.on_status, self.status())
+        self.health.watch(lambda verdict: call_hook(self.hooks.on_status, self.status()))
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
         await self._stop.wait()
@@ -322,6 +319,7 @@ class Daemon:
             return "ready (no config file to re-read)"
         assert self.pipeline is not None
         r = plan_reload(self.config_path, self.cfg, self.pipeline.info.text_mode, self.pipeline.info.backend)
+        self.reload_failed.update(r.failed)
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             self.pipeline.cfg = dataclasses.replace(self.pipeline.cfg, **r.live)
@@ -342,6 +340,7 @@ class Daemon:
         await loop.run_in_executor(None, self.audio.close)
         if self.throttle is not None:
             self.throttle.close()
+        self.health.close()
         if self.integrity is not None:
             self.integrity.stop()
         call_hook(self.hooks.on_status, self.status())
@@ -362,11 +361,10 @@ class Daemon:
         """The field health check (on the pipeline's thread); its reply, kept as :attr:`last_health`."""
         from ..ops.health import run_health_check
 
-        watch, worker = self.integrity, self.worker     # no worker yet: the check at start
-        self.last_health = run_health_check(self.pipeline, self.cfg, watch.failure if watch is not None else None,
-                                            beat=worker.beat if worker is not None else lambda: None)
-        if not self.last_health.healthy:
-            log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
+        worker = self.worker     # no worker yet: the check at start
+        check = run_health_check(self.pipeline, self.cfg, beat=worker.beat if worker is not None else lambda: None)
+        self.checks.record(check)      # the weights' state comes from the integrity watch's own source
+        self.last_health = self.health.reply(check) if self.health is not None else check   # the watch logs changes
         return self.last_health
 
     def _on_finished(self, item: Request, event: Event) -> None:
@@ -387,6 +385,7 @@ class Daemon:
             last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
             throttle=self.throttle.level if self.throttle is not None else "normal",
             temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
+            **(self.health.fields() if self.health is not None else {}),
             **status_fields(self.cfg, self.pipeline, self.memory_fit),
         )
 
