@@ -123,6 +123,9 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
                 break
         assert unsafe is not None and "No space left on device" in unsafe["not_crash_safe"], unsafe
         assert "service.spool_dir" in unsafe["not_crash_safe"]
+        (st,) = d.request({"type": "status"})                       # health names it
+        assert st["health"] == "degraded" and [c["name"] for c in st["conditions"]] == ["storage_degraded"], st
+        assert "No space left on device" in st["conditions"][0]["reason"]
         done = c.events(("done", "error"))[-1]                      # the running one plays to its end
         assert done["type"] == "done" and done["id"] == "keep-1", done
         c.close()
@@ -137,11 +140,16 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
         finally:
             assert d.stop() == 0, d.log()[-3000:]
         assert "replaying" not in d.log(), d.log()[-3000:]
-    (small_fs / "filler").unlink()                                  # space again: journaled again
-    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)                # full at start: degraded at the first write
     try:
+        evs = d.request({"type": "speak", "text": "还是满的", "seed": 3, "id": "full-again", "params": short})
+        assert evs[0].get("not_crash_safe") and evs[-1]["type"] == "done", evs
+        assert [c["name"] for c in d.request({"type": "status"})[0]["conditions"]] == ["storage_degraded"]
+        (small_fs / "filler").unlink()                              # space again: journaled, healthy again
         evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})
         assert evs[-1]["type"] == "done" and not evs[0].get("not_crash_safe"), evs
+        (st,) = d.request({"type": "status"})
+        assert st["health"] == "healthy" and st["conditions"] == [], st
     finally:
         assert d.stop() == 0, d.log()[-3000:]
 

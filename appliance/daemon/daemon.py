@@ -73,7 +73,7 @@ from ..ops.integrity_watch import IntegrityWatch
 from ..ops.monitor import open_monitor
 from ..ops.verdict import CheckRecord, Health, device_conditions
 from ..service.dispatch import Dispatcher
-from ..service.journal import Journal
+from ..service.journal import Journal, storage_conditions
 from ..service.memory import (
     MemoryFit,
     current_mib,
@@ -233,7 +233,8 @@ class Daemon:
         self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
         self.throttle = open_monitor(self.cfg, self._on_throttle, lambda: current_mib(self.pipeline))
         self.health = Health((*((self.throttle.conditions,) if self.throttle else ()), self.integrity.conditions,
-                              device_conditions(self.audio.status, self.channels), self.checks, self.reload_failed))
+                              device_conditions(self.audio.status, self.channels), self.checks, self.reload_failed,
+                              storage_conditions(self.journal)))
         self.worker = Worker(
             self.pipeline, self.audio,
             queue_len={c.name: c.queue_len for c in self.cfg.service.channels},

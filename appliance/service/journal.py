@@ -58,8 +58,9 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from ..core import Condition, ConditionFlag
 from ..errors import JournalError
 from .journal_file import JournalFile
 from .records import ENDED, RUNNING, Entry, Recovered, Stamp, encode, ended_in_place, scan, slim, stamp_of
@@ -98,6 +99,7 @@ class Journal:
         self._dirty = False          # compact as soon as possible (an end is not in the file yet)
         self._retry_at = 0.0         # time.monotonic() before which a failed compaction is not retried
         self._fault: Optional[str] = None
+        self._flag = ConditionFlag("storage_degraded")
         self._dead = False           # unreadable at start: set aside
 
     @property
@@ -106,6 +108,15 @@ class Journal:
         unreadable at start), or None while it writes. Requests still play meanwhile, not
         crash-safe (health: ``storage_degraded``)."""
         return self._fault
+
+    def conditions(self) -> tuple[Condition, ...]:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``storage_degraded`` while
+        :attr:`condition` is set."""
+        return self._flag()
+
+    def _set_fault(self, reason: Optional[str]) -> None:
+        self._fault = reason
+        self._flag.update(None if reason is None else f"{reason}; requests play but are not crash-safe")
 
     # ------------------------------------------------------------------ start
 
@@ -116,7 +127,8 @@ class Journal:
         try:
             data = self._file.read()
         except JournalError as e:
-            self._dead, self._fault = True, str(e)
+            self._dead = True
+            self._set_fault(str(e))
             log.error("%s; running without it: requests play but are not crash-safe", self._fault)
             return Recovered()
         records, torn, corrupt, good = scan(data)
@@ -200,8 +212,8 @@ class Journal:
             e = Entry(n=n, at=Stamp.now(), origin=origin, req=req)
             line = encode(self._accept_record(e), "-")
             if self._live_bytes + len(line) > FULL_FRACTION * self.max_bytes:
-                self._fault = (f"the request journal {self.path} holds {len(self._live)} unfinished request(s) "
-                               f"({self._live_bytes} bytes, journal.max_bytes {self.max_bytes}); raise journal.max_bytes")
+                self._set_fault(f"the request journal {self.path} holds {len(self._live)} unfinished request(s) "
+                                f"({self._live_bytes} bytes, journal.max_bytes {self.max_bytes}); raise journal.max_bytes")
                 raise JournalError(self._fault)
             e.pos = self._append(line, sync=True) + len(line) - 2
             self._next += 1
@@ -301,11 +313,11 @@ class Journal:
         try:
             at = self._file.append(line, sync)
         except JournalError as e:
-            self._fault = str(e)
+            self._set_fault(str(e))
             raise
         if self._fault is not None:
             log.info("request journal %s writes again (it failed: %s)", self.path, self._fault)
-            self._fault = None
+            self._set_fault(None)
         return at
 
     def _mark(self, e: Entry, mark: str, sync: bool) -> bool:
@@ -338,14 +350,14 @@ class Journal:
         except JournalError as e:
             self._dirty = True
             self._retry_at = time.monotonic() + RETRY_S
-            self._fault = str(e)
+            self._set_fault(str(e))
             log.error("%s", self._fault)
             return
         for n, (p, size) in pos.items():
             self._live[n].pos, self._live[n].size = p, size
         self._live_bytes = sum(size for _, size in pos.values())
         self._dirty = False
-        self._fault = None
+        self._set_fault(None)
 
 
 def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:
@@ -353,3 +365,8 @@ def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:
     journaled request; nothing when the journal is off or the request is not journaled. Never raises."""
     if journal is not None and n is not None:
         getattr(journal, state)(n)
+
+
+def storage_conditions(journal: Optional[Journal]) -> Callable[[], tuple[Condition, ...]]:
+    """The journal's :meth:`Journal.conditions` as a health source; nothing when the journal is off."""
+    return journal.conditions if journal is not None else tuple
