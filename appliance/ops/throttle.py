@@ -281,12 +281,12 @@ class Throttle:
 class Monitor:
     """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
     :class:`Throttle` together with the appliance's memory use as the budget counts it
-    (:attr:`budget_mib`; unset: :func:`~appliance.ops.telemetry.appliance_memory_mib`).
+    (``budget_mib``; None: :func:`~appliance.ops.telemetry.appliance_memory_mib`).
 
     Daemon use::
 
-        mon = Monitor(cfg, on_change=lambda ch: publish_status())
-        mon.budget_mib = lambda: current_mib(pipeline)   # appliance.service.memory
+        mon = Monitor(cfg, on_change=lambda ch: publish_status(),
+                      budget_mib=lambda: current_mib(pipeline))   # appliance.daemon.memory
         mon.start()
         ...  mon.observe_rtf(done.rtf)          # after every finished request
         ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
@@ -298,20 +298,21 @@ class Monitor:
         on_change: passed to :class:`Throttle`.
         telemetry: an opened :class:`~appliance.ops.telemetry.Telemetry` (default:
             ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
+        budget_mib: ``() -> MiB`` counted against the budget by the box's kind (the daemon passes
+            ``daemon.memory.current_mib``; None from it: not known now); None: the telemetry's figure.
 
     Raises:
         ConfigError: ``telemetry.source`` names a source this machine does not have.
     """
 
-    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None) -> None:
+    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None,
+                 budget_mib: Optional[Callable[[], Optional[float]]] = None) -> None:
         from .telemetry import open_telemetry
 
         self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
         self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
                                  len(cfg.service.channels), on_change=on_change)
-        #: ``() -> MiB`` counted against the budget by the box's kind (the daemon sets
-        #: ``service.memory.current_mib``; None from it: not known now); unset: the telemetry's figure
-        self.budget_mib: Optional[Callable[[], Optional[float]]] = None
+        self.budget_mib = budget_mib
         self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
 
     def start(self) -> None:
@@ -320,10 +321,10 @@ class Monitor:
 
     def _on_reading(self, reading: Reading) -> None:
         """Feed ``reading`` and the appliance's memory to the throttle. The memory is what
-        :attr:`budget_mib` says: the figure the start-up fit and the health check count against the
+        ``budget_mib`` says: the figure the start-up fit and the health check count against the
         budget by the box's kind (:mod:`appliance.ops.footprint`). The telemetry's GPU figure (NVML:
         every process on the GPU and the CUDA context; NvMap: every allocation on the box) plus RSS
-        stands in only where nothing set :attr:`budget_mib`: on an H200 NVML read 2204 MiB where
+        stands in only where no ``budget_mib`` was given: on an H200 NVML read 2204 MiB where
         the allocator held 804, and a budget the start-up check had passed sent the throttle to
         ``alerts_only`` at once."""
         from .telemetry import appliance_memory_mib

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
 from ..core import PcmChunk
@@ -219,10 +219,10 @@ class Recovery:
         return True
 
 
-def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optional[Recovery]]:
+def open_journal(cfg: Config) -> tuple[Optional[Journal], Optional[Recovery]]:
     """Open the journal in ``service.spool_dir`` and read what the last run left (``journal``
-    section; ``(None, None)`` when ``journal.enabled`` is false); the
-    :class:`~appliance.service.dispatch.Dispatcher` ``dispatch`` gets both.
+    section; ``(None, None)`` when ``journal.enabled`` is false): the journal and its
+    :class:`Recovery`, both handed to the worker and the dispatcher when they are built.
 
     Raises:
         JournalError: the directory or the file cannot be created or written.
@@ -233,7 +233,6 @@ def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optiona
     j = cfg.journal
     journal = Journal(cfg.resolve(cfg.service.spool_dir), j.max_bytes, j.fsync)
     recovery = Recovery(journal, journal.open(), j)
-    dispatch.journal, dispatch.recovery = journal, recovery
     return journal, recovery
 
 
