@@ -37,7 +37,7 @@ class ModelConfig:
     """Where the checkpoint is and how it runs."""
 
     path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
-    backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else onnxruntime), tensorrt, onnxruntime or torch.", choices=("auto", "tensorrt", "onnxruntime", "torch"))
+    backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else llama (a GGUF export under model.engine_dir/llama/), else onnxruntime), tensorrt, llama, onnxruntime or torch.", choices=("auto", "tensorrt", "llama", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
     threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
@@ -47,6 +47,7 @@ class ModelConfig:
     engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
     compile: str = _f("auto", "torch CUDA path: how the decode step inside its CUDA graphs is made fast. auto: the ahead-of-time compiled step (AOTInductor packages in model.engine_dir/aot, built once by 'chattts-appliance engines compile' for this GPU, checkpoint, torch and config) when one matches, else plain CUDA graphs with the reason logged: a start never compiles; a package set is loaded once in a child process first, and one that crashes torch's loader there (packages compiled by a C++ compiler other than the system's: build with CXX=/usr/bin/g++) is recorded beside it and skipped. off: plain CUDA graphs. default / max-autotune-no-cudagraphs: torch.compile at every start (minutes cold; kernels cached in model.engine_dir/torch_compile). H200: 0.82 ms/step compiled (torch.compile), 1.60 plain (bench/RESULTS.md).", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
     spin_wait: bool = _f(True, "ONNX Runtime (CPU): idle inference threads spin waiting for work instead of sleeping. On by default: on a quiet dedicated 2-core box (measured 2026-12-02, full model, INT8) spinning made the GPT step 1.5x faster (18.5-18.9 against 27.9-29.9 ms) and the pipeline RTF 1.07-1.19 against 1.37-1.43; set false where other busy processes share the cores (there spinning threads made the step 1.5-3x slower).")
+    llama_precision: str = _f("auto", "llama.cpp (CPU) GPT weights to load from model.engine_dir/llama/: auto (the first exported of q8_0, q4_k_m, q4_0, f16, f32), or one GGUF type; engines/README.md states each one's error and speed. The Decoder and Vocos run FP32 on ONNX Runtime.", choices=("auto", "q8_0", "q4_k_m", "q4_0", "f16", "f32"))
     onnx_precision: str = _f("auto", "ONNX Runtime (CPU) weights to load from model.engine_dir/onnx/: auto (int8 if exported, else fp32), int8 (the GPT's weights 8-bit), int4 (4-bit, block 32: fewer bytes per step, a larger error; bench/RESULTS.md states both) or fp32. The Decoder and Vocos run FP32 in every one.", choices=("auto", "int8", "int4", "fp32"))
 
     def torch_dtype(self, gpu: bool) -> str:
@@ -189,6 +190,7 @@ class TelemetryConfig:
 
     source: str = _f("auto", "auto, tegrastats, jtop, nvml, sysfs or none.", choices=("auto", "tegrastats", "jtop", "nvml", "sysfs", "none"))
     interval_s: float = _f(2.0, "Seconds between readings.", min=0.1, max=3600)
+    root: str = _f("/", "Filesystem root under which /sys and /proc are read (a container that mounts the host's at /host sets /host; relative paths: to the config file).")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ needs when it is made, nothing assigned to a part afterwards::
     pipeline        Pipeline.from_config (or the given factory), sized to service.memory_budget_mb
                     before the load and again after the warm-up (appliance.daemon.memory)
     integrity       IntegrityWatch over the weight files the backend verified (started)
-    start_health    the field health check once, with health.at_start
+    checks          CheckRecord: what the last field health check found (the at-start one first)
     audio           AudioOutput (devices opened, WAV directory pruned)
     journal         Journal + Recovery (journal.enabled)
     throttle        Monitor(cfg, on_change, budget_mib=current_mib(pipeline)) (started), or None
+    health          Health: the one verdict from every condition source (throttle, weights,
+                    devices, the last check, a failed reload)
     worker          Worker(pipeline, audio, throttle, journal, ...) (started)
     dispatch        Dispatcher(pipeline, worker, loop, journal, recovery, ...)
     mqtt            MQTTBridge(cfg, dispatch.handle_request_threadsafe, status) (mqtt.enabled)
@@ -32,9 +34,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..audio.output import AudioOutput
 from ..config import Config
-from ..errors import ApplianceError
+from ..core import ConditionFlag
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..ops.integrity_watch import IntegrityWatch
+from ..ops.monitor import open_monitor
+from ..ops.verdict import CheckRecord, Health, device_conditions
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal
 from ..service.peers import RateLimiter
@@ -48,7 +52,8 @@ from .memory import MemoryFit, current_mib, fit_before_load, fit_pipeline
 from .paths import prepare_dirs
 
 if TYPE_CHECKING:
-    from ..ops.throttle import Change, Monitor
+    from ..ops.monitor import Monitor
+    from ..ops.throttle import Change
     from ..synth.pipeline import Pipeline
     from ..transports.mqtt import MQTTBridge
 
@@ -85,8 +90,10 @@ class Parts:
         cfg: the config the parts were built with (``model.max_seq_len``/``max_batch`` as the
             memory fit left them). memory_fit: that decision (None: the sizes were not known).
         start_health: the health check's reply at start (None without ``health.at_start``).
+        checks: what the last field check found. reload_failed: raised while a reload failed.
         throttle: None when telemetry could not be opened (logged). journal, recovery: None with
             ``journal.enabled: false``. mqtt: None unless ``mqtt.enabled``.
+        health: the one verdict (:class:`~appliance.ops.verdict.Health`) over every condition source.
     """
 
     cfg: Config
@@ -94,10 +101,13 @@ class Parts:
     memory_fit: Optional[MemoryFit]
     integrity: IntegrityWatch
     start_health: Optional[HealthReply]
+    checks: CheckRecord
+    reload_failed: ConditionFlag
     audio: AudioOutput
     journal: Optional[Journal]
     recovery: Optional[Recovery]
     throttle: Optional[Monitor]
+    health: Health
     worker: Worker
     dispatch: Dispatcher
     mqtt: Optional[MQTTBridge]
@@ -136,16 +146,20 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     cfg, pipeline, fit = _load(cfg, hooks, factory)
     integrity = IntegrityWatch(getattr(pipeline.runner, "weight_files", ()), cfg.safety.reverify_mib_per_s)
     integrity.start()
-    start_health = None
+    checks, reload_failed, start_health = CheckRecord(), ConditionFlag("reload_failed"), None
     if cfg.health.at_start:
+        from ..ops.health import run_health_check
         call_hook(hooks.on_loading, "health check")
-        start_health = health_check(pipeline, cfg, integrity, beat=lambda: None)
+        start_health = run_health_check(pipeline, cfg)
+        checks.record(start_health)   # the weights' state comes from the integrity watch's own source
     call_hook(hooks.on_loading, "opening audio outputs")
     audio = AudioOutput(cfg)
     audio.start()
     journal, recovery = open_journal(cfg)
-    throttle = _open_throttle(cfg, pipeline, ports.on_throttle)
+    throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
+    health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
+                     device_conditions(audio.status, [c.name for c in channels]), checks, reload_failed))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
@@ -160,8 +174,8 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     if cfg.mqtt.enabled:
         from ..transports.mqtt import MQTTBridge
         mqtt = MQTTBridge(cfg, dispatch.handle_request_threadsafe, ports.status)
-    return Parts(cfg, pipeline, fit, integrity, start_health, audio, journal, recovery, throttle, worker,
-                 dispatch, mqtt)
+    return Parts(cfg, pipeline, fit, integrity, start_health, checks, reload_failed, audio, journal, recovery,
+                 throttle, health, worker, dispatch, mqtt)
 
 
 def _load(cfg: Config, hooks: Hooks,
@@ -188,28 +202,3 @@ def _load(cfg: Config, hooks: Hooks,
         fit = before if fit.action == "fits" else dataclasses.replace(
             fit, text=f"before the load: {before.text}; after warm-up: {fit.text}")
     return cfg, pipeline, fit
-
-
-def _open_throttle(cfg: Config, pipeline: Pipeline, on_change: Callable[[Change], None]) -> Optional[Monitor]:
-    """The throttle monitor, started, counting memory as the start-up fit does; None (logged)
-    if telemetry cannot be opened."""
-    from ..ops.throttle import Monitor
-
-    try:
-        mon = Monitor(cfg, on_change=on_change, budget_mib=lambda: current_mib(pipeline))
-        mon.start()
-    except ApplianceError as e:
-        log.warning("throttle off: %s", e)
-        return None
-    return mon
-
-
-def health_check(pipeline: Pipeline, cfg: Config, integrity: IntegrityWatch,
-                 beat: Callable[[], None]) -> HealthReply:
-    """The field health check (on the pipeline's thread), logged when unhealthy."""
-    from ..ops.health import run_health_check
-
-    reply = run_health_check(pipeline, cfg, integrity.failure, beat=beat)
-    if not reply.healthy:
-        log.warning("health check: UNHEALTHY: %s", "; ".join(reply.reasons))
-    return reply

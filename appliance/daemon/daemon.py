@@ -27,9 +27,10 @@ disconnect -> Wyoming connections and listeners closed -> connections flushed an
 A second signal while draining cancels the running request.
 systemd wiring points: :class:`~appliance.daemon.hooks.Hooks` (when each fires).
 
-Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
-in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
-before the next queued request and answers with a ``health`` event.
+Health: one verdict (:class:`~appliance.ops.verdict.Health`: throttle, sound devices, weights,
+the last field check, a failed reload) for ``status``, ``STATUS=`` (re-read every second), MQTT
+and ``health``. The field check runs after warm-up (``health.at_start``) and for a ``health``
+request, on the worker thread before the next queued request (kept in ``Daemon.last_health``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from ..service.dispatch import Dispatcher
 from ..service.recovery import tell_stopped
 from ..service.request import Request
 from ..transports.socket_server import SocketServer, inherited_socket, listen_socket
-from .build import Parts, Ports, build, check, health_check
+from .build import Parts, Ports, build, check
 from .hooks import Hooks, build_hooks, call_hook
 from .leave import leave
 from .memory import status_fields
@@ -187,6 +188,7 @@ class Daemon:
             p.mqtt.start()
         call_hook(self.hooks.on_ready)
         call_hook(self.hooks.on_status, self.status())
+        p.health.watch(lambda verdict: call_hook(self.hooks.on_status, self.status()))
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
         await self._stop.wait()
@@ -222,6 +224,7 @@ class Daemon:
         assert self.parts is not None
         pipeline = self.parts.pipeline
         r = plan_reload(self.config_path, self.cfg, pipeline.info.text_mode, pipeline.info.backend)
+        self.parts.reload_failed.update(r.failed)
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             if "synthesis" in r.live:
@@ -244,6 +247,7 @@ class Daemon:
         await loop.run_in_executor(None, p.audio.close)
         if p.throttle is not None:
             p.throttle.close()
+        p.health.close()
         p.integrity.stop()
         call_hook(self.hooks.on_status, self.status())
         if p.mqtt is not None:         # after the drain: the last events, then 'offline'
@@ -260,10 +264,15 @@ class Daemon:
                 pass
 
     def _health_check(self) -> HealthReply:
-        """The field health check on the worker thread (a ``health`` request); kept as :attr:`last_health`."""
+        """The field health check on the worker thread (a ``health`` request), its findings recorded
+        for the verdict; the verdict's reply, kept as :attr:`last_health`."""
+        from ..ops.health import run_health_check
+
         p = self.parts
         assert p is not None
-        self.last_health = health_check(p.pipeline, self.cfg, p.integrity, beat=p.worker.beat)
+        check = run_health_check(p.pipeline, self.cfg, beat=p.worker.beat)
+        p.checks.record(check)
+        self.last_health = p.health.reply(check)   # the verdict's watch logs changes
         return self.last_health
 
     def _on_finished(self, item: Request, event: Event) -> None:
@@ -287,6 +296,7 @@ class Daemon:
             last_ttfb_ms=round(w.last_ttfb_ms, 1) if w and w.last_ttfb_ms is not None else None,
             throttle=th.level if th is not None else "normal",
             temperature_c=th.temperature_c if th is not None else None,
+            **(p.health.fields() if p is not None else {}),
             **status_fields(self.cfg, p.pipeline if p else None, p.memory_fit if p else None),
         )
 

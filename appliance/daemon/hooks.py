@@ -55,8 +55,8 @@ def call_hook(hook: Optional[Callable], *args: Any) -> None:
 
 def build_hooks(cfg: Config) -> Hooks:
     """The hooks ``serve`` runs with: sd_notify through
-    :class:`~appliance.ops.notify.SystemdBridge` (every call is a no-op outside systemd)."""
-    from ..ops.notify import SystemdBridge
+    :class:`~appliance.ops.bridge.SystemdBridge` (every call is a no-op outside systemd)."""
+    from ..ops.bridge import SystemdBridge
 
     bridge = SystemdBridge()
     return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)

@@ -182,7 +182,9 @@ class StatusReply:
     MiB) against ``memory_budget_mib`` (``service.memory_budget_mb``); on a discrete GPU also
     ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
     CUDA context left out of the budget (``cuda_context_mib``); and
-    ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit."""
+    ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
+    ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
+    makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`)."""
 
     state: str
     backend: str
@@ -198,6 +200,8 @@ class StatusReply:
     host_rss_limit_mib: Optional[float] = None
     cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
+    health: str = "healthy"
+    conditions: list = field(default_factory=list)
     type: str = "status"
 
 
@@ -208,7 +212,11 @@ class HealthReply:
     ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
     ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
     config, so a client can show them without reading that config. ``reference``: how the audio
-    compared with the reference ``calibrate`` recorded, or why it was not compared (one line)."""
+    compared with the reference ``calibrate`` recorded, or why it was not compared (one line).
+    ``verdict``: ``healthy``, ``degraded`` or ``unhealthy``; ``conditions``: what makes it so (each
+    ``name``, ``severity``, ``reason``, ``for_s``), the check's findings and, from a daemon, every
+    condition of the box (:mod:`appliance.ops.verdict`); ``reasons``: their reasons, one line each;
+    ``healthy``: no condition."""
 
     healthy: bool
     rtf: Optional[float] = None
@@ -219,6 +227,8 @@ class HealthReply:
     reasons: list = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     reference: Optional[str] = None
+    verdict: str = "healthy"
+    conditions: list = field(default_factory=list)
     type: str = "health"
 
 

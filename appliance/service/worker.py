@@ -92,7 +92,7 @@ class Worker(Ending):
         on_heartbeat, on_finished: hooks (see module docstring).
         audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
-        throttle: a :class:`~appliance.ops.throttle.Monitor` (``limits()``,
+        throttle: a :class:`~appliance.ops.monitor.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
         journal: the :class:`~appliance.service.journal.Journal` (its state records: started,
             synthesized, sounding, requeued; ``end`` before its terminal event is sent), or None.

@@ -102,7 +102,7 @@ STATUS_POLL_S = 0.5
 MAX_QUEUED = 1000
 """Most outgoing messages paho keeps while disconnected (older events are kept, newer dropped)."""
 
-_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib")
+_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib", "for_s")
 
 IGNORED_WHEN_EMPTY = ("say", "cancel", "normalize")
 """Command topics on which a zero-byte payload is ignored: it is what clearing a retained message
@@ -348,4 +348,6 @@ class MQTTBridge:
 def _strip_volatile(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _strip_volatile(v) for k, v in obj.items() if k not in _VOLATILE}
+    if isinstance(obj, list):      # e.g. the health conditions, each with its age
+        return [_strip_volatile(v) for v in obj]
     return obj
