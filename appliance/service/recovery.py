@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Awaitable, Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
 from ..core import PcmChunk
@@ -219,19 +219,18 @@ class Recovery:
         return True
 
 
-def open_journal(cfg: Config, dispatch: Any) -> tuple[Optional[Journal], Optional[Recovery]]:
+def open_journal(cfg: Config) -> tuple[Optional[Journal], Optional[Recovery]]:
     """Open the journal in ``service.spool_dir`` and read what the last run left (``journal``
-    section; ``(None, None)`` when ``journal.enabled`` is false); the
-    :class:`~appliance.service.dispatch.Dispatcher` ``dispatch`` gets both. Never fails the start:
-    a journal that cannot be read or written is reported (``Journal.condition``) and the box plays
-    requests without it (:mod:`appliance.service.journal`)."""
+    section; ``(None, None)`` when ``journal.enabled`` is false): the journal and its
+    :class:`Recovery`, both handed to the worker and the dispatcher when they are built. Never
+    fails the start: a journal that cannot be read or written is reported (``Journal.condition``)
+    and the box plays requests without it (:mod:`appliance.service.journal`)."""
     if not cfg.journal.enabled:
         log.warning("request journal off (journal.enabled: false): a crash or stop loses accepted requests")
         return None, None
     j = cfg.journal
     journal = Journal(cfg.resolve(cfg.service.spool_dir), j.max_bytes, j.fsync)
     recovery = Recovery(journal, journal.open(), j)
-    dispatch.journal, dispatch.recovery = journal, recovery
     return journal, recovery
 
 

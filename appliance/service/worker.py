@@ -72,7 +72,8 @@ from .startpolicy import StartPolicy
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
     from ..audio.sink import AudioSink
-    from ..synth.pipeline import Job, Pipeline
+    from ..synth.job import Job
+    from ..synth.pipeline import Pipeline
     from .journal import Journal
 
 log = logging.getLogger(__name__)
