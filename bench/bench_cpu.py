@@ -82,9 +82,13 @@ def host_read_gbps(threads: int, mib: int = 512, reps: int = 7) -> float:
     return best
 
 
-def gpt_weight_bytes(engine_dir: str | None, precision: str) -> int | None:
+def gpt_weight_bytes(engine_dir: str | None, precision: str, backend: str = "onnxruntime") -> int | None:
     """Bytes of the ``gpt`` graph's initializers (what one decode step reads once) in
-    ``<engine_dir>/onnx/<precision>/gpt.onnx``; None where there is no such file."""
+    ``<engine_dir>/onnx/<precision>/gpt.onnx``, or the size of ``<engine_dir>/llama/<type>/gpt.gguf``;
+    None where there is no such file."""
+    if backend == "llama.cpp":
+        g = Path(engine_dir or ROOT / "engines" / "build") / "llama" / precision / "gpt.gguf"
+        return g.stat().st_size if g.is_file() else None
     f = Path(engine_dir or ROOT / "engines" / "build") / "onnx" / precision / "gpt.onnx"
     if not f.is_file():
         return None
@@ -275,8 +279,8 @@ def _three(pipe, Req, SynthParams, steps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint dir (chattts-appliance model random --size full DIR)")
-    ap.add_argument("--engine-dir", default=None, help="exported ONNX graphs (onnxruntime backend)")
-    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"))
+    ap.add_argument("--engine-dir", default=None, help="exported engines (ONNX graphs, GGUF)")
+    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "llama", "torch"))
     ap.add_argument("--tree", default=None, help="import appliance from this checkout instead of this one")
     ap.add_argument("--lookahead", default="auto", help="stream.lookahead: auto (calibrated if recorded), exact or N")
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the RTF utterance (EOS masked)")
@@ -297,7 +301,7 @@ def main() -> int:
     gbps0 = host_read_gbps(threads)
     r = run(args, legacy)
     gbps = max(gbps0, host_read_gbps(threads))
-    wbytes = gpt_weight_bytes(args.engine_dir, r["precision"]) if args.backend == "onnxruntime" else None
+    wbytes = gpt_weight_bytes(args.engine_dir, r["precision"], r["backend"]) if args.backend != "torch" else None
     today = dt.date.today().isoformat()
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
     size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
