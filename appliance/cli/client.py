@@ -356,7 +356,9 @@ def cancel_main(args: Any) -> int:
 
 def normalize_main(args: Any) -> int:
     """``chattts-appliance normalize TEXT``: print what the box would say, sentence by sentence
-    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized.
+    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized. When
+    the markup stage changed the text (Markdown, HTML, SSML), the cleaned text comes first (dry
+    run only: the daemon's ``normalized`` reply has the sentences).
 
     Without ``--socket`` it needs no daemon: it reads ``--config`` (else ``./config.yaml``, else
     the defaults) and the checkpoint's tokenizer under ``model.path``, and runs the daemon's own
@@ -388,6 +390,8 @@ def normalize_main(args: Any) -> int:
     if args.json:
         print(json.dumps(ev, ensure_ascii=False))
         return EXIT_DONE
+    if ev.get("cleaned") and ev["cleaned"] != args.text.strip():
+        print("cleaned (markup removed):\n" + "\n".join("  " + line for line in ev["cleaned"].splitlines()))
     for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
         print(f"{k + 1}. {sent}    [{n} tokens]")
     if ev.get("unspeakable"):

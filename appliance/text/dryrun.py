@@ -45,7 +45,8 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
 
     Returns:
         ``{"spoken": [sentence, ...], "tokens": [prompt tokens per sentence, ...],
-        "unspeakable": [...], "unspeakable_names": [...], "lang": "zh" | "en"}``.
+        "unspeakable": [...], "unspeakable_names": [...], "lang": "zh" | "en", "cleaned": the text
+        after the markup stage (Markdown, HTML, SSML out: :mod:`appliance.text.markup`)}``.
 
     Raises:
         TextError: empty, too long or unspeakable text (as the daemon answers it).
@@ -60,7 +61,7 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
     sentences = split_text(norm.text, tok, cfg.model.max_prompt_tokens, prompt=prompt)
     return {"spoken": [s.text for s in sentences], "tokens": [int(s.ids.size) for s in sentences],
             "unspeakable": list(norm.unspeakable), "unspeakable_names": [describe(u) for u in norm.unspeakable],
-            "lang": norm.lang}
+            "lang": norm.lang, "cleaned": norm.cleaned}
 
 
 def cli_config(config: Optional[str]) -> Config:
