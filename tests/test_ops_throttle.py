@@ -199,7 +199,7 @@ def test_monitor_on_a_fake_hot_board(tmp_path):
 
     from appliance.config import Config
     from appliance.ops.telemetry import open_telemetry
-    from appliance.ops.throttle import Monitor
+    from appliance.ops.monitor import Monitor
 
     z = tmp_path / "sys/class/thermal/thermal_zone0"
     z.mkdir(parents=True)
@@ -230,7 +230,7 @@ def test_monitor_counts_the_budget_figure_not_the_whole_gpu(tmp_path):
     the budget by the box's kind), not NVML's whole-GPU figure; that figure (plus RSS) is used only
     when nothing set ``budget_mib``, and a budget figure that is not known now feeds no memory."""
     from appliance.ops.telemetry import Reading, open_telemetry, process_memory_mib
-    from appliance.ops.throttle import Monitor
+    from appliance.ops.monitor import Monitor
 
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")

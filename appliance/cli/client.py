@@ -300,6 +300,9 @@ def status_main(args: Any) -> int:
     print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
           f"last RTF {_num(ev.get('last_rtf'), '.3f')}, last TTFB {_num(ev.get('last_ttfb_ms'), '.0f', ' ms')}, "
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
+    print(f"health {ev.get('health', 'n/a')}")
+    for c in ev.get("conditions") or ():
+        print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")
     for name, ch in (ev.get("channels") or {}).items():
         print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
               + "".join(f", {k} {_field(v)}" for k, v in ch.items() if k not in ("active", "queued")))

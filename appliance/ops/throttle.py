@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from ..config import ThrottleConfig
+from ..core import Condition
 from .readings import Reading, Trip
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,14 @@ class Ladder:
         hysteresis: band width, same unit as the value.
         unit: printed after values (``C``, ``MiB``...).
         lower_is_worse: e.g. available memory.
+        resource: what runs short, as health names it: ``thermal``, ``memory``, ``power`` or
+            ``compute`` (default: ``name``).
     """
 
     def __init__(self, name: str, thresholds: Iterable[Optional[float]], hysteresis: float, unit: str = "",
-                 lower_is_worse: bool = False) -> None:
+                 lower_is_worse: bool = False, resource: Optional[str] = None) -> None:
         self.name = name
+        self.resource = resource or name
         self.thresholds = list(thresholds)
         assert len(self.thresholds) == 3, "one threshold per level above normal"
         self.hysteresis = hysteresis
@@ -200,18 +204,19 @@ class Throttle:
         avail = cfg.min_available_mb
         power = cfg.power_limit_mw
         self.ladders = {
-            "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C"),
+            "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C", resource="thermal"),
             "memory": Ladder("memory", [cfg.mem_reduce_frac * budget, cfg.mem_queue_frac * budget,
                                         cfg.mem_alerts_frac * budget], cfg.mem_hysteresis_frac * budget, "MiB"),
             "available": Ladder("available memory", [None, avail, avail / 2], max(16.0, avail / 4), "MiB",
-                                lower_is_worse=True),
+                                lower_is_worse=True, resource="memory"),
             "power": Ladder("power", [power, power * 1.1 if power else None, None], cfg.power_hysteresis_mw, "mW"),
-            "rtf": Ladder("rtf", [cfg.rtf_reduce, cfg.rtf_queue, None], cfg.rtf_hysteresis),
+            "rtf": Ladder("rtf", [cfg.rtf_reduce, cfg.rtf_queue, None], cfg.rtf_hysteresis, resource="compute"),
         }
         self.level = Level.NORMAL
         self.reason = "start"
         self.history: list = []
         self._since = clock()
+        self._throttled_since: Optional[float] = None   # when it left normal (monotonic s)
         self._rtf: Optional[tuple] = None
         log.info("throttle: temperature levels %.1f/%.1f/%.1fC from %s; memory budget %.0f MiB; power limit %s",
                  *temps, where, budget, f"{power:.0f} mW" if power else "off")
@@ -225,7 +230,9 @@ class Throttle:
     def update(self, reading: Optional[Reading] = None, *, app_mem_mib: Optional[float] = None,
                rtf: Optional[float] = None) -> Level:
         """Re-evaluate the level from a telemetry reading, the appliance's own memory use (MiB,
-        counted against the budget) and/or an RTF measurement. Returns the (new) level."""
+        counted against the budget) and/or an RTF measurement. Returns the (new) level.
+        ``on_change`` is called after the lock is released (it may read :meth:`conditions`)."""
+        change = None
         with self._lock:
             if rtf is not None:
                 self.observe_rtf(rtf)
@@ -245,26 +252,52 @@ class Throttle:
             cur = self.level.rank
             if target > cur:
                 causes = [x.describe() for x in lad.values() if x.level == target]
-                self._set(_ORDER[target], now, "; ".join(causes))
+                change = self._set(_ORDER[target], now, "; ".join(causes))
             elif target < cur and now - self._since >= self.cfg.min_dwell_s:
                 worst = [x.describe() for x in lad.values() if x.level == target and target > 0]
                 why = "; ".join(worst) if worst else ", ".join(x.describe() for x in lad.values() if x.value is not None)
-                self._set(_ORDER[cur - 1], now, f"recovered after {now - self._since:.0f} s: {why}")
-            return self.level
-
-    def _set(self, new: Level, now: float, reason: str) -> None:
-        old = self.level
-        self.level, self.reason, self._since = new, reason, now
-        change = Change(now, old, new, reason)
-        self.history.append(change)
-        (log.warning if new.rank > old.rank else log.info)("throttle %s -> %s: %s", old.value, new.value, reason)
-        if self.on_change is not None:
+                change = self._set(_ORDER[cur - 1], now, f"recovered after {now - self._since:.0f} s: {why}")
+            level = self.level
+        if change is not None and self.on_change is not None:
             try:
                 self.on_change(change)
             except Exception:  # noqa: BLE001 - a publisher failure must not stop throttling
                 log.exception("throttle on_change callback failed")
+        return level
+
+    def _set(self, new: Level, now: float, reason: str) -> Change:
+        old = self.level
+        self.level, self.reason, self._since = new, reason, now
+        if new is Level.NORMAL:
+            self._throttled_since = None
+        elif old is Level.NORMAL:
+            self._throttled_since = now
+        change = Change(now, old, new, reason)
+        self.history.append(change)
+        (log.warning if new.rank > old.rank else log.info)("throttle %s -> %s: %s", old.value, new.value, reason)
+        return change
 
     # -- outputs ----------------------------------------------------------------------------
+
+    def conditions(self) -> tuple:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``throttled`` while the level
+        is above normal, its reason naming the level, the resource that runs short (``thermal``,
+        ``memory``, ``power``, ``compute``) and the reading against its threshold, e.g.
+        ``queue_low_priority by thermal: temperature 86.0C (>= 82.0C: queue_low_priority)``; once
+        every signal is back, ``... recovering: ...`` until the level has stepped down."""
+        with self._lock:
+            lvl, since = self.level, self._throttled_since
+            if lvl is Level.NORMAL or since is None:
+                return ()
+            hot = [x for x in self.ladders.values() if x.level > 0]
+            if hot:
+                top = max(x.level for x in hot)
+                causes = [x for x in hot if x.level == top]
+                why = (f"{lvl.value} by {'/'.join(dict.fromkeys(x.resource for x in causes))}: "
+                       + "; ".join(x.describe() for x in causes))
+            else:
+                why = f"{lvl.value}, recovering: every signal is back ({self.reason})"
+        return (Condition("throttled", why, since),)
 
     def limits(self) -> Limits:
         """The scheduler's limits at the current level (see the module docstring)."""
@@ -276,86 +309,3 @@ class Throttle:
         if lvl is Level.QUEUE_LOW_PRIORITY:
             return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}))
         return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}))
-
-
-class Monitor:
-    """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
-    :class:`Throttle` together with the appliance's memory use as the budget counts it
-    (:attr:`budget_mib`; unset: :func:`~appliance.ops.telemetry.appliance_memory_mib`).
-
-    Daemon use::
-
-        mon = Monitor(cfg, on_change=lambda ch: publish_status())
-        mon.budget_mib = lambda: current_mib(pipeline)   # appliance.service.memory
-        mon.start()
-        ...  mon.observe_rtf(done.rtf)          # after every finished request
-        ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
-        ...  mon.limits()                       # for the scheduler
-        mon.close()
-
-    Args:
-        cfg: the whole config (``telemetry``, ``throttle``, ``service``).
-        on_change: passed to :class:`Throttle`.
-        telemetry: an opened :class:`~appliance.ops.telemetry.Telemetry` (default:
-            ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
-
-    Raises:
-        ConfigError: ``telemetry.source`` names a source this machine does not have.
-    """
-
-    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None) -> None:
-        from .telemetry import open_telemetry
-
-        self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
-        self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
-                                 len(cfg.service.channels), on_change=on_change)
-        #: ``() -> MiB`` counted against the budget by the box's kind (the daemon sets
-        #: ``service.memory.current_mib``; None from it: not known now); unset: the telemetry's figure
-        self.budget_mib: Optional[Callable[[], Optional[float]]] = None
-        self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
-
-    def start(self) -> None:
-        """Take a first reading now, then sample every ``telemetry.interval_s`` on a thread."""
-        self.telemetry.start(self._on_reading)
-
-    def _on_reading(self, reading: Reading) -> None:
-        """Feed ``reading`` and the appliance's memory to the throttle. The memory is what
-        :attr:`budget_mib` says: the figure the start-up fit and the health check count against the
-        budget by the box's kind (:mod:`appliance.ops.footprint`). The telemetry's GPU figure (NVML:
-        every process on the GPU and the CUDA context; NvMap: every allocation on the box) plus RSS
-        stands in only where nothing set :attr:`budget_mib`: on an H200 NVML read 2204 MiB where
-        the allocator held 804, and a budget the start-up check had passed sent the throttle to
-        ``alerts_only`` at once."""
-        from .telemetry import appliance_memory_mib
-
-        if self.budget_mib is None:
-            self.memory_mib = appliance_memory_mib(reading)
-        else:
-            try:
-                self.memory_mib = self.budget_mib()
-            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
-                self.memory_mib = None
-        self.throttle.update(reading, app_mem_mib=self.memory_mib)
-
-    def observe_rtf(self, rtf: float) -> None:
-        """Record a finished request's RTF (used at the next reading)."""
-        self.throttle.observe_rtf(rtf)
-
-    @property
-    def level(self) -> str:
-        """Throttle level string for STATUS / MQTT (``normal`` ...)."""
-        return self.throttle.level.value
-
-    @property
-    def temperature_c(self) -> Optional[float]:
-        """The temperature the throttle uses (``tj`` or hottest sensor), C; None if unknown."""
-        r = self.telemetry.latest
-        return r.hot_c if r is not None else None
-
-    def limits(self) -> Limits:
-        """The scheduler's limits now."""
-        return self.throttle.limits()
-
-    def close(self) -> None:
-        """Stop sampling (and the tegrastats subprocess, if any)."""
-        self.telemetry.close()

@@ -9,8 +9,8 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
   synthesize *together* (rows of one batched decode step).
 * ``max_running = min(engine slots, throttle)``. Memory is not counted here: every KV slot is
   allocated at load, and the daemon sized the runner to ``service.memory_budget_mb`` at start
-  (:mod:`appliance.service.memory`), so all slots fit; at run time the throttle
-  (:class:`~appliance.ops.throttle.Monitor`, fed the process's real memory) lowers
+  (:mod:`appliance.daemon.memory`), so all slots fit; at run time the throttle
+  (:class:`~appliance.ops.monitor.Monitor`, fed the process's real memory) lowers
   ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
   cannot start at once says why in its ``accepted`` event and the channel's status.
 * An ``alert`` preempts a lower-priority request running or playing on ITS channel
@@ -30,7 +30,7 @@ from .request import Request, State
 log = logging.getLogger(__name__)
 
 class ThrottlePolicy(Protocol):
-    """What the scheduler asks of a throttle (:class:`~appliance.ops.throttle.Monitor`
+    """What the scheduler asks of a throttle (:class:`~appliance.ops.monitor.Monitor`
     or :class:`~appliance.ops.throttle.Throttle`)."""
 
     def limits(self) -> Limits: ...
