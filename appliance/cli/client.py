@@ -393,10 +393,6 @@ def normalize_main(args: Any) -> int:
     if args.json:
         print(json.dumps(ev, ensure_ascii=False))
         return EXIT_DONE
-    if ev.get("cleaned") and ev["cleaned"] != args.text.strip():
-        print("cleaned (markup removed):\n" + "\n".join("  " + line for line in ev["cleaned"].splitlines()))
-    for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
-        print(f"{k + 1}. {sent}    [{n} tokens]")
-    if ev.get("unspeakable"):
-        print("could not speak: " + ", ".join(ev.get("unspeakable_names") or ev["unspeakable"]))
+    from ..text.dryrun import shown
+    print("\n".join(shown(ev, args.text)))
     return EXIT_DONE

@@ -64,6 +64,19 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
             "lang": norm.lang, "cleaned": norm.cleaned}
 
 
+def shown(reply: dict, text: str) -> list[str]:
+    """The lines ``chattts-appliance normalize`` prints for a ``normalized`` reply (a dry run's, with
+    its ``cleaned`` text, or the daemon's) about ``text``: the cleaned text when the markup stage
+    changed it, each sentence with its prompt tokens, what could not be spoken."""
+    out = []
+    if reply.get("cleaned") and reply["cleaned"] != text.strip():
+        out += ["cleaned (markup removed):"] + ["  " + line for line in reply["cleaned"].splitlines()]
+    out += [f"{k + 1}. {sent}    [{n} tokens]" for k, (sent, n) in enumerate(zip(reply["spoken"], reply["tokens"]))]
+    if reply.get("unspeakable"):
+        out.append("could not speak: " + ", ".join(reply.get("unspeakable_names") or reply["unspeakable"]))
+    return out
+
+
 def cli_config(config: Optional[str]) -> Config:
     """The configuration ``normalize`` reads: the file the command line found
     (:func:`~appliance.config.find_config`, which already searched the current directory), or
