@@ -240,7 +240,7 @@ class Daemon:
             heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
             audio_format=self.cfg.stream.sample_format,
             on_preempt={c.name: c.on_preempt for c in self.cfg.service.channels},
-            throttle=self.throttle, journal=self.journal, stall_s=self.cfg.safety.stall_s,
+            throttle=self.throttle, journal=self.journal, stall_s=self.cfg.safety.stall_s, max_hold_s=self.cfg.service.max_hold_s,
         )
         self.worker.start()
         self.dispatch.pipeline, self.dispatch.worker = self.pipeline, self.worker
