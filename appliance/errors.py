@@ -153,3 +153,25 @@ class AudioDeviceError(ApplianceError):
     """The sound device is missing, busy or failed."""
 
     code = "audio_device"
+
+
+class DeviceLostError(AudioDeviceError):
+    """The request's sound device is gone (unplugged, or never found) and ``audio.on_device_error``
+    does not complete it elsewhere: it was not played. The message says what was looked for and
+    what was found."""
+
+    code = "device_lost"
+
+
+class DeviceBusyError(AudioDeviceError):
+    """The request's sound device is there but another process holds it (retried, then given up):
+    it was not played. The message says which device and what holds it, where known."""
+
+    code = "device_busy"
+
+
+class NoSpaceError(ApplianceError):
+    """A file the request needs (its WAV file) cannot be written: the disk is full or the quota is
+    exhausted. No partial file is left under its name."""
+
+    code = "no_space"

@@ -274,7 +274,7 @@ class JournalConfig:
     restart. The journal file lives in ``service.spool_dir``."""
 
     enabled: bool = _f(True, "Journal accepted requests (fsync before 'accepted') and speak the unfinished ones after a restart; false: a stop or crash loses queued and running requests.")
-    max_bytes: int = _f(4 * 1024 * 1024, "Largest journal file, bytes: it is compacted (finished requests dropped) when it grows past this; when the unfinished requests alone fill 90 % of it, new requests are refused (journal_error).", min=65536, max=1 << 30)
+    max_bytes: int = _f(4 * 1024 * 1024, "Largest journal file, bytes: it is compacted (finished requests dropped) when it grows past this; when the unfinished requests alone fill 90 % of it, new requests are played without being journaled (accepted.not_crash_safe).", min=65536, max=1 << 30)
     max_age_s: float = _f(3600.0, "An unfinished request accepted longer ago than this is not replayed after a restart (logged), s.", min=1.0, max=30 * 86400.0)
     alert_max_age_s: float = _f(30.0, "An unfinished alert accepted longer ago than this is not replayed (a stale warning is worse than none), s.", min=0.0, max=30 * 86400.0)
     max_attempts: int = _f(3, "A request that was synthesizing or playing during this many crashes in a row is not replayed again (it may be what crashes the daemon).", min=1, max=100)

@@ -9,7 +9,7 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
   synthesize *together* (rows of one batched decode step).
 * ``max_running = min(engine slots, throttle)``. Memory is not counted here: every KV slot is
   allocated at load, and the daemon sized the runner to ``service.memory_budget_mb`` at start
-  (:mod:`appliance.service.memory`), so all slots fit; at run time the throttle
+  (:mod:`appliance.daemon.memory`), so all slots fit; at run time the throttle
   (:class:`~appliance.ops.monitor.Monitor`, fed the process's real memory) lowers
   ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
   cannot start at once says why in its ``accepted`` event and the channel's status.

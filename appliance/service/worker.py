@@ -72,7 +72,8 @@ from .startpolicy import StartPolicy
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
     from ..audio.sink import AudioSink
-    from ..synth.pipeline import Job, Pipeline
+    from ..synth.job import Job
+    from ..synth.pipeline import Pipeline
     from .journal import Journal
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ class Worker(Ending):
             if self._stopping:
                 raise BusyError("the daemon is stopping; send the request again after it restarts")
             pos, waiting = self.sched.check(item)
-            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
+            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting,
+                               not_crash_safe=item.not_crash_safe), None)
             victims = self.sched.enqueue(item)
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
