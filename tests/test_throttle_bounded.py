@@ -224,3 +224,53 @@ def test_a_memory_cgroup_limit_is_memory_pressure_and_clears_when_raised(tiny_ck
             assert d.stop() == 0, d.log()[-3000:]
     finally:
         cg.rmdir()
+
+
+def test_tegrastats_ram_on_a_jetson_is_the_free_memory_that_counts(tmp_path):
+    """A tegrastats subprocess (a real executable printing an Orin Nano 8GB line, its RAM field
+    rewritten between readings) over a sysfs base whose MemAvailable is large: 6900 of 7620 MiB
+    used is memory pressure (720 MiB free < 762, 10 % of the total), named; 3452 used clears it."""
+    from appliance.config import config_from_dict
+    from appliance.ops.monitor import Monitor
+    from appliance.ops.telemetry import open_telemetry
+    from appliance.ops.verdict import Health
+
+    orin = ("11-15-2024 08:38:09 RAM {used}/7620MB (lfb 8x2MB) SWAP 851/3810MB (cached 1MB) CPU [15%@729,11%@729,"
+            "14%@729,13%@729,11%@729,8%@729] EMC_FREQ 43%@2133 GR3D_FREQ 63%@[621] cpu@53.968C soc2@52.437C "
+            "soc0@50.75C gpu@53.343C tj@53.968C soc1@51.656C VDD_IN 12479mW/12479mW VDD_CPU_GPU_CV 4667mW/4667mW")
+    root = board(tmp_path / "board", temp_c=50.0, avail_kb=16_000_000)
+    line = tmp_path / "line.txt"
+    line.write_text(orin.format(used=6900) + "\n")
+    binary = tmp_path / "tegrastats"
+    binary.write_text(f"#!/bin/sh\n# fake tegrastats: --interval MS\nwhile true; do cat {line}; sleep 0.05; done\n")
+    binary.chmod(0o755)
+    cfg = config_from_dict({"throttle": {"min_dwell_s": 0}})
+    mon = Monitor(cfg, telemetry=open_telemetry("tegrastats", 0.1, root=str(root), tegrastats=str(binary)))
+    try:
+        h = Health([mon.conditions])
+        wait_for(lambda: (mon._on_reading(mon.telemetry.read()), mon.level)[1] == "queue_low_priority", 10,
+                 "memory pressure from tegrastats' RAM")
+        (c,) = h.verdict().conditions
+        assert c.reason.startswith("queue_low_priority by memory: available memory 720.0MiB (<= 762.0MiB"), c.reason
+        line.write_text(orin.format(used=3452) + "\n")
+        wait_for(lambda: (mon._on_reading(mon.telemetry.read()), mon.level)[1] == "normal", 10, "normal again")
+        assert h.verdict().healthy
+    finally:
+        mon.close()
+
+
+def test_a_journaled_request_is_never_refused_for_memory_it_waits_bounded():
+    """A replay after a restart (already in the journal) under memory pressure is queued and held,
+    not refused: it was accepted once; it ends ``throttled`` at max_hold_s if memory stays short."""
+    clock = Clock()
+    th = Throttle(ThrottleConfig(min_dwell_s=0.0), channels=1, clock=clock)
+    s = Scheduler({"main": 4}, slots=1, throttle=th, max_hold_s=5.0, clock=clock)
+    th.update(_hot(40.0, mem_total_mib=7782.0, mem_available_mib=700.0))      # queue_low_priority by memory
+    replay = _req("replayed", "background")
+    replay.journal = 7
+    s.check(replay)
+    s.enqueue(replay)
+    assert s.admit() == [] and "by memory" in s.waiting["main"]
+    clock.t += 5.0
+    ((it, err),) = s.expired()
+    assert it is replay and err.code == "throttled" and "by memory: available memory 700.0MiB" in str(err)

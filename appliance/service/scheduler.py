@@ -105,13 +105,16 @@ class Scheduler:
 
         Raises:
             RequestError: a request with the same id is still queued, running or playing.
-            InsufficientMemoryError: memory holds the throttle and ``item``'s priority is held back.
+            InsufficientMemoryError: memory holds the throttle and ``item``'s priority is held back
+                (not for a request already in the journal: a replay after a restart, or one the
+                dispatcher journaled after this check passed; it waits, bounded by ``max_hold_s``).
             BusyError: the channel's queue is full.
         """
         if item.id in self.active:
             raise RequestError(f"request id {item.id!r} is already queued or running; use a new id")
         lim = self.limits()
-        if lim is not None and "memory" in lim.resources and item.speak.priority not in lim.run_priorities:
+        if (lim is not None and "memory" in lim.resources and item.speak.priority not in lim.run_priorities
+                and item.journal is None):      # journaled (a replay, or checked before): it waits instead
             raise InsufficientMemoryError(
                 f"not enough memory for a {item.speak.priority} request now: throttle {lim.level.value} {lim.cause}; "
                 f"only {', '.join(p for p in ('alert', 'normal', 'background') if p in lim.run_priorities)} "
