@@ -88,6 +88,20 @@ class RateLimitError(BusyError):
     code = "rate_limited"
 
 
+class ThrottledError(BusyError):
+    """A request held by the throttle (heat, memory, power, a slow box) for ``service.max_hold_s``
+    without starting; the message names the level and the resource."""
+
+    code = "throttled"
+
+
+class InsufficientMemoryError(BusyError):
+    """The box is short of memory (its free memory or the appliance's budget): only requests of
+    the priorities it still serves are accepted; the message says which and what was read."""
+
+    code = "insufficient_memory"
+
+
 class JournalError(ApplianceError):
     """The request journal cannot record a request durably (disk full, read-only, I/O error,
     or full of unfinished requests): the request is refused, accepted ones keep playing."""
