@@ -24,7 +24,7 @@ times, all channels together) and decides how much audio its sound-device voice 
   channel joining), this re-hold turns the shortfall into a pause at the next sentence boundary;
 * at every chunk, what the voice must re-buffer should it run dry mid-sentence anyway (a
   slowdown inside a sentence): the rest of that sentence at the rate measured now
-  (:meth:`DeviceOutput.rebuffer <appliance.audio.device.DeviceOutput.rebuffer>`), so it pauses
+  (:meth:`RequestAudio.rebuffer <appliance.audio.request.RequestAudio.rebuffer>`), so it pauses
   once, not at every chunk.
 
 Expected length: per sentence, its text tokens (``Job.meta["text_tokens"]``, else its prompt
@@ -134,7 +134,7 @@ class StartPolicy:
             self._rebuffer(item, tr)
             voice = item.audio.voice
             if chunk.ends_sentence and voice is not None:
-                voice.device.end_sentence_next(voice)
+                voice.end_sentence_next()
         except Exception:  # noqa: BLE001 - a policy bug must not fail the request
             log.exception("request %s: sentence plan", getattr(item, "id", "?"))
 
@@ -177,7 +177,7 @@ class StartPolicy:
         tr.latest[k] = cause
         voice = item.audio.voice
         if voice is not None:
-            voice.device.rebuffer(voice, plan.hold_s)
+            voice.rebuffer(plan.hold_s)
 
     def apply(self, item: Any) -> None:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
