@@ -215,7 +215,7 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
     the exact look-ahead equals the one-shot pass to FP32 rounding."""
     import onnx
 
-    from appliance.build.calibrate import _stream
+    from appliance.synth.calibration import _stream
     from appliance.build.export import export_all
     from appliance.engines.onnx_runner import OnnxRunner, find_export
     from appliance.engines.runner import VocodeWindow

@@ -4,7 +4,8 @@ Start-up order: :func:`~appliance.config.load_config` (every key validated befor
 heavy) -> the directories it writes to checked and created (:mod:`appliance.service.paths`) ->
 ``Pipeline.from_config`` (checkpoint sha256 verified, weights, tokenizer) -> ``pipeline.warmup()``
 (if ``service.warmup``) -> the runner sized to ``service.memory_budget_mb``
-(:mod:`appliance.service.memory`) -> audio outputs opened
+(:mod:`appliance.service.memory`) -> the look-ahead calibrated where the engines have none
+(:func:`~appliance.synth.calibration.calibrate_pipeline`, ``stream.calibrate_at_start``) -> audio outputs opened
 (:class:`~appliance.audio.output.AudioOutput`) -> the request journal read
 (:mod:`appliance.service.journal`) -> worker thread started -> the journal's unfinished requests
 submitted again (:mod:`appliance.service.recovery`) -> UNIX socket listening (an inherited
@@ -70,19 +71,14 @@ from ..messages.protocol import Event, HealthReply, StatusReply
 from ..ops.integrity_watch import IntegrityWatch
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal
-from ..service.memory import (
-    MemoryFit,
-    current_mib,
-    fit_before_load,
-    fit_pipeline,
-    status_fields,
-)
+from ..service.memory import MemoryFit, current_mib, fit_before_load, fit_pipeline, status_fields
 from ..service.paths import prepare_dirs
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal, tell_stopped
 from ..service.reload import plan_reload
 from ..service.request import Request
 from ..service.worker import Worker
+from ..synth.calibration import calibrate_pipeline
 from ..synth.checkpoint_dir import require_checkpoint
 from ..transports.socket_server import (
     SocketServer,
@@ -216,6 +212,9 @@ class Daemon:
         if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
             self.memory_fit = before if self.memory_fit.action == "fits" else dataclasses.replace(
                 self.memory_fit, text=f"before the load: {before.text}; after warm-up: {self.memory_fit.text}")
+        if self.cfg.stream.calibrate_at_start and self.pipeline.lookahead.missing:   # a fresh box, before it serves
+            call_hook(self.hooks.on_loading, "calibrating the look-ahead (no calibration for these engines)")
+            calibrate_pipeline(self.cfg, self.pipeline)
         self.integrity = IntegrityWatch(getattr(self.pipeline.runner, "weight_files", ()), self.cfg.safety.reverify_mib_per_s)
         self.integrity.start()
         if self.cfg.health.at_start:
