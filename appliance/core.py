@@ -1,5 +1,7 @@
-"""Leaf types shared by every layer: audio constants, sampling parameters, the synthesis request
-and the PCM chunk the pipeline yields. Imports nothing of the package but errors.
+"""Leaf types shared by every layer: audio constants, sampling parameters, the synthesis request,
+the PCM chunk the pipeline yields, and the health :class:`Condition` any part may report (with
+:class:`ConditionFlag`, a condition a part raises and clears). Imports nothing of the package but
+errors.
 
 The layers (imports only point down; ``tests/test_layering.py`` keeps it so)::
 
@@ -12,9 +14,11 @@ The layers (imports only point down; ``tests/test_layering.py`` keeps it so)::
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
 import numpy as np
 
@@ -152,3 +156,78 @@ class PcmChunk:
     def seconds(self) -> float:
         """Duration, s."""
         return self.samples.shape[0] / self.rate
+
+
+#: How bad a :class:`Condition` is: the box still speaks, worse than it should (``degraded``), or
+#: it does not do its job (``unhealthy``: mute, garbled, or about to fail at the next start).
+DEGRADED, UNHEALTHY = "degraded", "unhealthy"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One thing wrong with the box now, as health reports it (:mod:`appliance.ops.verdict`).
+
+    Attributes:
+        name: what it is, a stable key for machines (``throttled``, ``device_missing``,
+            ``storage_degraded``, ``reload_failed``, ``integrity``, ``audio_reference``,
+            ``engine_fallback``, ...).
+        reason: one line for a person, readable alone (what was seen and what the box does).
+        since: when it began, ``time.monotonic()`` s (the wire form shows its age, ``for_s``).
+        severity: :data:`DEGRADED` or :data:`UNHEALTHY`.
+    """
+
+    name: str
+    reason: str
+    since: float
+    severity: str = DEGRADED
+
+    def __post_init__(self) -> None:
+        if self.severity not in (DEGRADED, UNHEALTHY):
+            raise ValueError(f"Condition.severity must be {DEGRADED!r} or {UNHEALTHY!r}, not {self.severity!r}")
+
+
+ConditionSource = Callable[[], Iterable[Condition]]
+"""What the health verdict reads: ``() -> the conditions that hold now`` (empty when all is well).
+Called from any thread, often (each ``status``); must be quick and must not block."""
+
+
+class ConditionFlag:
+    """One condition a part raises and clears (thread-safe); the flag itself is a
+    :data:`ConditionSource`. ``since`` is kept while it stays raised, whatever the reason becomes.
+
+    Args:
+        name: :attr:`Condition.name`. severity: :attr:`Condition.severity`.
+        clock: monotonic clock, s (tests).
+    """
+
+    def __init__(self, name: str, severity: str = DEGRADED, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name, self.severity, self._clock = name, severity, clock
+        self._lock = threading.Lock()
+        self._cond: Optional[Condition] = None
+
+    def set(self, reason: str) -> None:
+        """Raise it (or change its reason)."""
+        with self._lock:
+            since = self._cond.since if self._cond is not None else self._clock()
+            self._cond = Condition(self.name, reason, since, self.severity)
+
+    def clear(self) -> None:
+        """Its cause is gone."""
+        with self._lock:
+            self._cond = None
+
+    def update(self, reason: Optional[str]) -> None:
+        """:meth:`set` with a reason, :meth:`clear` with None."""
+        if reason is None:
+            self.clear()
+        else:
+            self.set(reason)
+
+    @property
+    def raised(self) -> bool:
+        """True while set."""
+        return self._cond is not None
+
+    def __call__(self) -> tuple:
+        cond = self._cond
+        return () if cond is None else (cond,)

@@ -9,6 +9,8 @@
   ``pytest -n N`` the workers share one export (keyed by the checkpoint's sha256 and the limits,
   made by the first worker that needs it while the others wait on a file lock). Read-only: a
   test that changes engine files works on a copy.
+* ``llama_dir``   – an engine directory with the F32 GGUF export of ``tiny_ckpt`` for llama.cpp
+  (``llama/f32/``, the same limits), exported once per test run like ``onnx_dir``. Read-only.
 * ``golden``      – the arrays of ``tests/golden/upstream_tiny.npz`` (upstream chattts 0.2.5 outputs;
   see ``tests/golden/make_goldens.py``) as a dict.
 * ``golden_ckpt`` – Path of the golden's tiny checkpoint rebuilt in the official layout.
@@ -77,6 +79,16 @@ def onnx_dir(tiny_ckpt, tmp_path_factory):
     key = checkpoint_sha256(tiny_ckpt)[:16] + "-" + "-".join(f"{v}" for v in ONNX_LIMITS.values())
     return shared_dir(tmp_path_factory, f"engines-{key}",
                       lambda root: export_all(tiny_ckpt, root, precision="fp32", **ONNX_LIMITS, window_tokens=64))
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_ckpt, tmp_path_factory):
+    from appliance.build.gguf_export import export_llama
+    from appliance.engines.manifest import checkpoint_sha256
+
+    key = checkpoint_sha256(tiny_ckpt)[:16] + "-" + "-".join(f"{v}" for v in ONNX_LIMITS.values())
+    return shared_dir(tmp_path_factory, f"llama-{key}",
+                      lambda root: export_llama(tiny_ckpt, root, qtype="f32", **ONNX_LIMITS, window_tokens=64))
 
 
 @pytest.fixture(scope="session")

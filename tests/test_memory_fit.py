@@ -13,12 +13,12 @@ from appliance.config import config_from_dict
 from appliance.engines.runner import RunnerInfo
 from appliance.engines.sizes import PlannedSizes, plan_sizes, torch_sizes
 from appliance.ops.footprint import combine, memory_kind, nvmap_mib
-from appliance.service.memory import (
+from appliance.daemon.memory import (
     CUDA_EXTRA_MIB,
     MIN_DECODE_TOKENS,
     plan_before_load,
 )
-from appliance.service.memory import plan_fit as _plan_fit
+from appliance.daemon.memory import plan_fit as _plan_fit
 from tests.fixtures_service import launch_daemon, service_config
 
 KIB = 1024

@@ -85,7 +85,7 @@ def check_ha_schema(component: str, c: dict) -> None:
 CHANNELS = [{"name": "main"}, {"name": "cabin"}]
 VOICES = [{"name": "default"}, {"name": "calm", "voice": "seed:11"}]
 OBJECTS = {"text/say", "notify/speak", "select/voice", "sensor/last_rtf", "sensor/last_ttfb", "sensor/temperature",
-           "sensor/throttle", "button/stop_main", "button/stop_cabin", "sensor/queue_main", "sensor/queue_cabin",
+           "sensor/throttle", "sensor/health", "button/stop_main", "button/stop_cabin", "sensor/queue_main", "sensor/queue_cabin",
            "binary_sensor/speaking_main", "binary_sensor/speaking_cabin"}
 
 
@@ -127,7 +127,7 @@ def test_payloads_follow_home_assistants_schema(tmp_path):
                             "voices": [{"name": "default"}, {"name": "calm", "voice": "seed:11"}]}, tmp_path)
     disc = Discovery(cfg, Topics.from_config(cfg), tmp_path)
     confs = disc.configs()
-    assert len(confs) == 10
+    assert len(confs) == 11
     for topic, c in confs:
         component = topic.split("/")[1]
         check_ha_schema(component, c)
@@ -177,7 +177,7 @@ def test_discovery_configs_are_retained_valid_and_one_device(ha, mqtt_broker):
         if key.split("/")[0] in COMMANDS:
             assert c["qos"] == 1, key                                   # our command topics are QoS 1
     assert {k for k, (c, _) in confs.items() if c.get("entity_category") == "diagnostic"} == \
-        {"sensor/last_rtf", "sensor/last_ttfb", "sensor/temperature", "sensor/throttle"}
+        {"sensor/last_rtf", "sensor/last_ttfb", "sensor/temperature", "sensor/throttle", "sensor/health"}
     assert confs["select/voice"][0]["entity_category"] == "config"
 
     # the templates read the daemon's real status
@@ -186,6 +186,12 @@ def test_discovery_configs_are_retained_valid_and_one_device(ha, mqtt_broker):
     assert _render(confs["binary_sensor/speaking_cabin"][0]["value_template"], status) == "OFF"
     assert _render(confs["sensor/throttle"][0]["value_template"], status) == status["throttle"]
     assert _render(confs["sensor/temperature"][0]["value_template"], status) == str(status["temperature_c"])
+    health = confs["sensor/health"][0]
+    assert _render(health["value_template"], status) == status["health"] and status["health"] in health["options"]
+    sick = {**status, "health": "degraded", "conditions": [{"name": "throttled", "severity": "degraded", "for_s": 2.0,
+                                                           "reason": "reduced_channels by memory: memory 1300.0MiB"}]}
+    attrs = json.loads(_render(health["json_attributes_template"], sick))
+    assert attrs == {"conditions": sick["conditions"], "reasons": ["reduced_channels by memory: memory 1300.0MiB"]}
 
 
 def test_entities_say_stop_and_voice(ha, mqtt_broker, service_pipeline):

@@ -1,7 +1,7 @@
 """The real daemon (tiny checkpoint, WAV output) under a stand-in systemd: NOTIFY_SOCKET is a
 test datagram socket, WATCHDOG_USEC is set. Asserts the start-up sequence, READY, the watchdog
 cadence, STATUS after a request, RELOADING then READY on SIGHUP, STOPPING and a clean exit on
-SIGTERM (``hooks.build_hooks`` wires :class:`~appliance.ops.notify.SystemdBridge`)."""
+SIGTERM (``hooks.build_hooks`` wires :class:`~appliance.ops.bridge.SystemdBridge`)."""
 
 from __future__ import annotations
 

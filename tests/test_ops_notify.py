@@ -13,7 +13,8 @@ import pytest
 
 from appliance.ops import logsetup, notify
 from appliance.ops.logsetup import setup_logging
-from appliance.ops.notify import Notifier, Watchdog, format_status
+from appliance.ops.bridge import format_status
+from appliance.ops.notify import Notifier, Watchdog
 
 TRANSPORTS = ["stdlib"] + (["libsystemd"] if notify._sd_daemon is not None else [])
 
@@ -191,7 +192,7 @@ def test_stderr_journal_logging_without_systemd_python(restore_root_logging, cap
 
 def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):
     from appliance.messages.protocol import StatusReply
-    from appliance.ops.notify import SystemdBridge
+    from appliance.ops.bridge import SystemdBridge
 
     monkeypatch.setenv("WATCHDOG_USEC", "400000")
     b = SystemdBridge(extend_s=0.3)
@@ -207,7 +208,9 @@ def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):
         n_ext = len(notify_socket.with_key("EXTEND_TIMEOUT_USEC"))
         b.on_status(StatusReply(state="ready", backend="torch-cpu",
                                 channels={"main": {"active": "r1", "queued": 2}, "cabin": {"active": None}},
-                                last_rtf=0.5, last_ttfb_ms=321.0, throttle="reduced_channels", temperature_c=61.24))
+                                last_rtf=0.5, last_ttfb_ms=321.0, throttle="reduced_channels", temperature_c=61.24,
+                                health="degraded", conditions=[{"name": "throttled", "severity": "degraded", "for_s": 3.0,
+                                                                "reason": "reduced_channels by thermal: temperature 61.2C"}]))
         for _ in range(6):                                # a worker beating every 0.1 s
             b.on_heartbeat()
             time.sleep(0.1)
@@ -218,7 +221,8 @@ def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):
         assert len(notify_socket.with_key("EXTEND_TIMEOUT_USEC")) <= n_ext + 1   # stops once ready
         assert notify_socket.wait_count("WATCHDOG", 2, timeout=5)
         statuses = [m.fields["STATUS"] for m in notify_socket.with_key("STATUS")]
-        assert "ready; busy 1/2; rtf 0.50; ttfb 321 ms; 61.2C; throttle reduced_channels" in statuses
+        assert ("ready; busy 1/2; rtf 0.50; ttfb 321 ms; 61.2C; throttle reduced_channels; "
+                "degraded: throttled (reduced_channels by thermal: temperature 61.2C)") in statuses
         keys = [k for k in notify_socket.keys_in_order() if k not in ("WATCHDOG", "EXTEND_TIMEOUT_USEC")]
         assert keys == ["READY", "STATUS", "RELOADING", "READY", "STOPPING"]
     finally:

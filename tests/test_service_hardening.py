@@ -13,7 +13,7 @@ import pytest
 
 from appliance.config import config_from_dict
 from appliance.errors import ConfigError, RateLimitError
-from appliance.service.paths import ensure_dir
+from appliance.daemon.paths import ensure_dir
 from appliance.service.peers import Peer, RateLimiter
 from tests.fixtures_service import launch_daemon, service_config
 

@@ -79,8 +79,7 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
     cfg = config_from_dict(service_config(tiny_ckpt, tmp_path, health={"at_start": False}), str(tmp_path))
     ready, events, errors = threading.Event(), [], []
     d = Daemon(cfg, hooks=Hooks(on_ready=ready.set))
-    with pytest.raises(BusyError):
-        d.dispatch.handle_request_threadsafe(Speak(text="too early"), lambda ev, payload=None: None)
+    assert d.dispatch is None            # built complete with the loaded parts, never before
 
     def mqtt_like():
         try:
@@ -103,3 +102,5 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
     assert [e.type for e in events] == ["accepted", "started", "done"], events
     assert events[-1].output == str(tmp_path / "wav" / "mq-1.wav")
     assert [(e.type, e.code) for e in errors] == [("error", "bad_request")]
+    with pytest.raises(BusyError):       # after the stop: refused, never queued
+        d.dispatch.handle_request_threadsafe(Speak(text="too late"), lambda ev, payload=None: None)

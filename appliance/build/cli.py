@@ -1,7 +1,8 @@
 """``chattts-appliance engines export`` and ``engines build``.
 
 ``export``: checkpoint -> ``<engine_dir>/onnx/<precision>/`` (needs torch; see
-:mod:`appliance.build.export`). ``build``: ``<engine_dir>/onnx/fp16/`` -> TensorRT plans in
+:mod:`appliance.build.export`), or for a GGUF type (``q8_0``, ...) ``<engine_dir>/llama/<type>/``
+(the GPT as ``gpt.gguf`` for llama.cpp, :mod:`appliance.build.gguf_export`). ``build``: ``<engine_dir>/onnx/fp16/`` -> TensorRT plans in
 ``<engine_dir>/trt/<precision>/`` (:mod:`appliance.build.trt_build`). Both show progress
 (a tqdm bar per graph; builder phases as its postfix) and print where the results went and
 the memory the builder reported.
@@ -30,7 +31,8 @@ def _bar(total: int, desc: str):
 
 
 def cli_export(args) -> int:
-    """Export the ONNX graphs; returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    """Export the ONNX graphs (or the llama.cpp GGUF); returns 0. Errors propagate as ApplianceError (exit status 2)."""
+    from ..engines.llama_lib import FTYPES
     from .export import GRAPHS, WINDOW_TOKENS, export_all
 
     cfg = load_config(args.config)  # None: the built-in defaults
@@ -38,6 +40,8 @@ def cli_export(args) -> int:
     logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # the exporter's passes log every rewrite at INFO
     ckpt = Path(args.checkpoint) if args.checkpoint else cfg.resolve(mc.path)
     out = Path(args.out) if args.out else cfg.resolve(mc.engine_dir)
+    if args.precision in FTYPES:
+        return _export_llama(cfg, args, ckpt, out)
     n_graphs = len(GRAPHS) + (2 if args.precision != "fp16" else 0)  # ONNX Runtime: + the first passes (merged after)
     bar = _bar(n_graphs, f"export {args.precision}")
 
@@ -57,6 +61,32 @@ def cli_export(args) -> int:
     print(f"exported {n_graphs} graphs to {d}")
     if getattr(args, "calibrate", False) and args.precision in ("fp32", "int8", "int4") and not args.checkpoint and not args.out:
         _calibrate(cfg, backend="onnxruntime")
+    return 0
+
+
+def _export_llama(cfg: Config, args, ckpt: Path, out: Path) -> int:
+    """``engines export --precision <GGUF type>`` (:func:`appliance.build.gguf_export.export_llama`)."""
+    from .export import WINDOW_TOKENS
+    from .gguf_export import export_llama
+
+    mc = cfg.model
+    bar = _bar(3, f"export {args.precision}")  # vocoder graphs, gpt.gguf, quantization
+
+    def step(name: str) -> None:
+        if name != "vocoder":  # the first step
+            bar.update(1)
+        bar.set_postfix_str(name)
+
+    try:
+        d = export_llama(ckpt, out, qtype=args.precision, max_batch=mc.max_batch, max_seq_len=mc.max_seq_len,
+                         max_prompt_tokens=min(mc.max_prompt_tokens, mc.max_seq_len - 1),
+                         window_tokens=getattr(args, "window_tokens", None) or WINDOW_TOKENS, progress=step)
+        bar.update(bar.total - bar.n)
+    finally:
+        bar.close()
+    print(f"exported gpt.gguf ({args.precision}) and the vocoder graphs to {d}")
+    if getattr(args, "calibrate", False) and not args.checkpoint and not args.out:
+        _calibrate(cfg, backend="llama")
     return 0
 
 

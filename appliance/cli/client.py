@@ -300,6 +300,9 @@ def status_main(args: Any) -> int:
     print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
           f"last RTF {_num(ev.get('last_rtf'), '.3f')}, last TTFB {_num(ev.get('last_ttfb_ms'), '.0f', ' ms')}, "
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
+    print(f"health {ev.get('health', 'n/a')}")
+    for c in ev.get("conditions") or ():
+        print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")
     for name, ch in (ev.get("channels") or {}).items():
         print(f"  {name}: active {ch.get('active') or '-'}, queued {ch.get('queued', 0)}"
               + "".join(f", {k} {_field(v)}" for k, v in ch.items() if k not in ("active", "queued")))
@@ -356,7 +359,9 @@ def cancel_main(args: Any) -> int:
 
 def normalize_main(args: Any) -> int:
     """``chattts-appliance normalize TEXT``: print what the box would say, sentence by sentence
-    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized.
+    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized. When
+    the markup stage changed the text (Markdown, HTML, SSML), the cleaned text comes first (dry
+    run only: the daemon's ``normalized`` reply has the sentences).
 
     Without ``--socket`` it needs no daemon: it reads ``--config`` (else ``./config.yaml``, else
     the defaults) and the checkpoint's tokenizer under ``model.path``, and runs the daemon's own
@@ -388,8 +393,6 @@ def normalize_main(args: Any) -> int:
     if args.json:
         print(json.dumps(ev, ensure_ascii=False))
         return EXIT_DONE
-    for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
-        print(f"{k + 1}. {sent}    [{n} tokens]")
-    if ev.get("unspeakable"):
-        print("could not speak: " + ", ".join(ev.get("unspeakable_names") or ev["unspeakable"]))
+    from ..text.dryrun import shown
+    print("\n".join(shown(ev, args.text)))
     return EXIT_DONE

@@ -34,6 +34,7 @@ import logging
 import sys
 
 from ..config import find_config
+from ..engines.llama_lib import FTYPES as GGUF_TYPES
 from ..errors import ApplianceError
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
@@ -139,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = _Sub(sub.add_parser("engines", help="ONNX export, TensorRT build, ahead-of-time compiled step", leaf=False)
              .add_subparsers(dest="sub", required=True), common)
-    ex = e.add_parser("export", help="export ONNX graphs from a checkpoint")
+    ex = e.add_parser("export", help="export ONNX graphs (or the GPT as a GGUF for llama.cpp) from a checkpoint")
     ex.add_argument("--config", default=None, help=CONFIG_HELP)
     ex.add_argument("--checkpoint", default=None, help="checkpoint dir (default: model.path)")
     ex.add_argument("--out", default=None, help="output dir (default: model.engine_dir)")
-    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "int4", "fp8"),
-                    help="weights of the exported graphs (int8 / int4: 8 / 4-bit weight-only GPT; default fp32)")
+    ex.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8", "int4", "fp8", *GGUF_TYPES),
+                    help="weights of the exported graphs (int8 / int4: 8 / 4-bit weight-only GPT; default fp32); "
+                         f"{' / '.join(GGUF_TYPES)}: the GPT as gpt.gguf of that type for llama.cpp, beside the FP32 vocoder")
     ex.add_argument("--window-tokens", type=int, default=None,
                     help="longest Decoder window in tokens for TensorRT profiles (default 256; Vocos: 2x in mel frames)")
     b = e.add_parser("build", help="build TensorRT plans from the exported ONNX graphs")

@@ -1,42 +1,21 @@
 """The daemon: ``chattts-appliance serve --config config.yaml``.
 
 Start-up order: :func:`~appliance.config.load_config` (every key validated before anything
-heavy) -> the directories it writes to checked and created (:mod:`appliance.service.paths`) ->
-``Pipeline.from_config`` (checkpoint sha256 verified, weights, tokenizer) -> ``pipeline.warmup()``
-(if ``service.warmup``) -> the runner sized to ``service.memory_budget_mb``
-(:mod:`appliance.service.memory`) -> the look-ahead calibrated where the engines have none
-(:func:`~appliance.synth.calibration.calibrate_pipeline`, ``stream.calibrate_at_start``) -> audio outputs opened
-(:class:`~appliance.audio.output.AudioOutput`) -> the request journal read
-(:mod:`appliance.service.journal`) -> worker thread started -> the journal's unfinished requests
+heavy) -> :func:`~appliance.daemon.build.check` (the checkpoint, the directories it writes to
+(:mod:`appliance.daemon.paths`), the socket, the Wyoming ports, the MQTT CA bundle) ->
+:func:`~appliance.daemon.build.build`: the pipeline loaded, warmed up and sized to
+``service.memory_budget_mb`` (:mod:`appliance.daemon.memory`), the weights' watch, the health
+check, the audio outputs, the request journal, the throttle, the worker thread, the dispatcher,
+the MQTT bridge, each built complete -> in the event loop: the journal's unfinished requests
 submitted again (:mod:`appliance.service.recovery`) -> UNIX socket listening (an inherited
 systemd socket if there is one) -> Wyoming server listening (if ``wyoming.enabled``;
-:mod:`appliance.transports.wyoming_server`; its ports are checked before the model loads) -> MQTT
-bridge connecting (if ``mqtt.enabled``; :mod:`appliance.transports.mqtt`; built before the model
-loads so a bad ``mqtt.ca_file`` fails fast) -> ``on_ready``.
+:mod:`appliance.transports.wyoming_server`) -> MQTT bridge connecting (if ``mqtt.enabled``;
+:mod:`appliance.transports.mqtt`) -> ``on_ready``.
 
-Threads and how events flow::
-
-    main thread: asyncio loop            prepare thread          worker thread      audio threads
-    SocketServer reads a line
-      -> Dispatcher.handle_line
-         parse_line / limits / channel
-         await prepare(speak) ---------> Pipeline.prepare
-         Worker.submit -> sink(Accepted)
-                                                                 BatchEngine.step()
-                                                                 (all channels, one batch)
-         Connection.send <-- call_soon_threadsafe ------------- sink(Started / AudioChunk)
-                                                                 RequestAudio.write -> FIFO -> PortAudio
-         Connection.send <-- call_soon_threadsafe --------------------------------- sink(Done) when played
-
-Requests are dispatched by :class:`~appliance.service.dispatch.Dispatcher` (``Pipeline.prepare``
-on its own thread, then the worker). ``done.ttfb_ms`` runs from the request's arrival to its
-first sample written to the sound device (or the WAV file, or the client), queue wait included;
-``done.synthesis_ttfb_ms`` is the pipeline's own part (run start to first chunk).
-
-The loop never runs synthesis; the worker never touches a socket. Dispatch is transport-neutral:
-MQTT parses its messages into the same request dataclasses and, from its own thread, calls
-``Dispatcher.handle_request_threadsafe`` with its own sink; each Wyoming connection (on the loop)
-passes its own audio sink down with each request (bounded, never blocking the worker).
+The loop never runs synthesis; the worker never touches a socket. Which thread does what, and a
+request's walk through the modules: ``docs/architecture.md``. ``done.ttfb_ms`` runs from the
+request's arrival to its first sample written to the sound device (or the WAV file, or the
+client), queue wait included; ``done.synthesis_ttfb_ms`` is the pipeline's own part.
 
 Stop (SIGTERM / SIGINT): ``on_stopping`` -> stop accepting connections -> queued requests
 that never started go to ``on_unfinished`` (default:
@@ -48,9 +27,10 @@ disconnect -> Wyoming connections and listeners closed -> connections flushed an
 A second signal while draining cancels the running request.
 systemd wiring points: :class:`~appliance.daemon.hooks.Hooks` (when each fires).
 
-Health: with ``health.at_start`` the field health check runs once after warm-up (logged, kept
-in ``Daemon.last_health``); a ``{"type":"health"}`` request runs it on the worker thread
-before the next queued request and answers with a ``health`` event.
+Health: one verdict (:class:`~appliance.ops.verdict.Health`: throttle, sound devices, weights,
+the last field check, a failed reload) for ``status``, ``STATUS=`` (re-read every second), MQTT
+and ``health``. The field check runs after warm-up (``health.at_start``) and for a ``health``
+request, on the worker thread before the next queued request (kept in ``Daemon.last_health``).
 """
 
 from __future__ import annotations
@@ -60,45 +40,28 @@ import dataclasses
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..audio.output import AudioOutput
 from ..config import Config, load_config
 from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
-from ..ops.integrity_watch import IntegrityWatch
 from ..service.dispatch import Dispatcher
-from ..service.journal import Journal
-from ..service.memory import MemoryFit, current_mib, fit_before_load, fit_pipeline, status_fields
-from ..service.paths import prepare_dirs
-from ..service.peers import RateLimiter
-from ..service.recovery import Recovery, open_journal, tell_stopped
-from ..service.reload import plan_reload
+from ..service.recovery import tell_stopped
 from ..service.request import Request
-from ..service.worker import Worker
-from ..synth.calibration import calibrate_pipeline
-from ..synth.checkpoint_dir import require_checkpoint
-from ..transports.socket_server import (
-    SocketServer,
-    check_socket_path,
-    inherited_socket,
-    listen_socket,
-)
+from ..transports.socket_server import SocketServer, inherited_socket, listen_socket
+from .build import Parts, Ports, build, check
 from .hooks import Hooks, build_hooks, call_hook
 from .leave import leave
+from .memory import status_fields
+from .reload import plan_reload
 
 if TYPE_CHECKING:
-    from ..ops.throttle import Change, Monitor
+    from ..ops.throttle import Change
     from ..synth.pipeline import Pipeline
-    from ..transports.mqtt import MQTTBridge
     from ..transports.wyoming_server import WyomingServer
 
 log = logging.getLogger(__name__)
-
-HEARTBEAT_S = 0.25
-"""Worker heartbeat period, s: well below the shortest useful WatchdogSec (1 s)."""
 
 DRAIN_TIMEOUT_S = 600.0   # longest wait for the running request to finish and play out at stop, s
 
@@ -110,7 +73,7 @@ class _StopDuringStart(BaseException):
 
 
 class Daemon:
-    """The service: pipeline + audio + worker + socket.
+    """The service: its parts (:mod:`appliance.daemon.build`), the event loop, the servers, the signals.
 
     Args:
         cfg: validated configuration.
@@ -119,7 +82,10 @@ class Daemon:
         config_path: the file SIGHUP re-reads (:meth:`reload_config`).
 
     Attributes:
-        dispatch: the :class:`~appliance.service.dispatch.Dispatcher` every transport uses.
+        parts: every part, built complete when :meth:`run` loads (None before).
+        dispatch: the :class:`~appliance.service.dispatch.Dispatcher` every transport uses (None
+            before the load).
+        last_health: the latest field health check's reply.
     """
 
     def __init__(self, cfg: Config, hooks: Optional[Hooks] = None,
@@ -130,25 +96,20 @@ class Daemon:
         self.hooks = hooks or Hooks()
         self.pipeline_factory = pipeline_factory
         self.state = "starting"
-        self.pipeline: Optional[Pipeline] = None
-        self.audio = AudioOutput(cfg)
-        self.worker: Optional[Worker] = None
-        self.server: Optional[SocketServer] = None
         self.channels = [c.name for c in cfg.service.channels]
-        self.dispatch = Dispatcher(cfg.service, lambda: self.state, self.status, self._health_check,
-                                   RateLimiter(cfg.safety.max_requests_per_s, cfg.safety.request_burst))
-        self.journal: Optional[Journal] = None
-        self.recovery: Optional[Recovery] = None
-        self.memory_fit: Optional[MemoryFit] = None
+        self.parts: Optional[Parts] = None
+        self.last_health: Optional[HealthReply] = None
+        self.server: Optional[SocketServer] = None
+        self.wyoming: Optional[WyomingServer] = None   # when wyoming.enabled (started with the socket)
         self._stop: Optional[asyncio.Event] = None
         self._signals = 0
         self._pending_signals: list[int] = []
         self._socket_path: Optional[Path] = None
-        self.last_health: Optional[HealthReply] = None
-        self.integrity: Optional[IntegrityWatch] = None   # re-hashes the loaded weight files (safety.reverify_mib_per_s)
-        self.throttle: Optional[Monitor] = None   # telemetry -> level -> scheduler limits
-        self.mqtt: Optional[MQTTBridge] = None    # when mqtt.enabled (built in _load, started at ready)
-        self.wyoming: Optional[WyomingServer] = None   # when wyoming.enabled (started with the socket)
+
+    @property
+    def dispatch(self) -> Optional[Dispatcher]:
+        """The dispatcher every transport uses (None before the parts are built)."""
+        return self.parts.dispatch if self.parts is not None else None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -164,98 +125,38 @@ class Daemon:
         def remember(signum, frame):   # between start-up and the loop's own handlers
             self._pending_signals.append(signum)
         prev = {s: signal.signal(s, early_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        loop = asyncio.new_event_loop()
         try:
             try:
-                if self.pipeline_factory is None:               # a wrong model.path: before any directory is made
-                    require_checkpoint(self.cfg)
-                prepare_dirs(self.cfg, socket_inherited=bool(os.environ.get("LISTEN_FDS")))
-                if not os.environ.get("LISTEN_FDS"):       # fail fast if another daemon has the socket
-                    check_socket_path(self.cfg.resolve(self.cfg.service.socket))
-                if self.cfg.wyoming.enabled:                 # ... or the Wyoming port
-                    from ..transports.wyoming_server import check_free
-                    check_free(self.cfg)
-                self._load()
+                check(self.cfg, own_model=self.pipeline_factory is None)
+                ports = Ports(lambda: self.state, self.status, self._health_check, self._on_finished, self._on_throttle)
+                self.parts = build(self.cfg, self.hooks, ports, loop, self.pipeline_factory)
             except _StopDuringStart as e:
                 log.info("%s during start-up; exiting", e)
                 return 0
+            self.cfg, self.last_health = self.parts.cfg, self.parts.start_health
             for s in prev:
                 signal.signal(s, remember)
-            asyncio.run(self._serve())
+            _run(loop, self._serve())
         finally:
             for s, h in prev.items():
                 signal.signal(s, h)
-            self.dispatch.close()
+            if not loop.is_closed():
+                loop.close()
+            if self.parts is not None:
+                self.parts.dispatch.close()
         log.info("stopped")
         return 0
 
-    def _load(self) -> None:
-        t0 = time.monotonic()
-        if self.cfg.mqtt.enabled:      # built first: a bad mqtt.ca_file fails before the model loads
-            from ..transports.mqtt import MQTTBridge
-            self.mqtt = MQTTBridge(self.cfg, self.dispatch.handle_request_threadsafe, self.status)
-        call_hook(self.hooks.on_loading, "loading the model")
-        factory = self.pipeline_factory
-        if factory is None:
-            from ..synth.pipeline import Pipeline
-            factory = Pipeline.from_config
-            # sized to the budget from the known sizes before anything is compiled or captured
-            self.cfg, self.memory_fit = fit_before_load(self.cfg, Pipeline.planned_sizes)
-        self.pipeline = factory(self.cfg)
-        log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, self.pipeline.info.backend)
-        if self.cfg.service.warmup:
-            call_hook(self.hooks.on_loading, "warming up")
-            t1 = time.monotonic()
-            self.pipeline.warmup()
-            log.info("warm-up took %.1f s", time.monotonic() - t1)
-        before = self.memory_fit
-        self.pipeline, self.memory_fit = fit_pipeline(self.cfg, self.pipeline, factory, self.cfg.service.warmup)
-        if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
-            self.memory_fit = before if self.memory_fit.action == "fits" else dataclasses.replace(
-                self.memory_fit, text=f"before the load: {before.text}; after warm-up: {self.memory_fit.text}")
-        if self.cfg.stream.calibrate_at_start and self.pipeline.lookahead.missing:   # a fresh box, before it serves
-            call_hook(self.hooks.on_loading, "calibrating the look-ahead (no calibration for these engines)")
-            calibrate_pipeline(self.cfg, self.pipeline)
-        self.integrity = IntegrityWatch(getattr(self.pipeline.runner, "weight_files", ()), self.cfg.safety.reverify_mib_per_s)
-        self.integrity.start()
-        if self.cfg.health.at_start:
-            call_hook(self.hooks.on_loading, "health check")
-            self._health_check()
-        call_hook(self.hooks.on_loading, "opening audio outputs")
-        self.audio.start()
-        self.journal, self.recovery = open_journal(self.cfg, self.dispatch)
-        self.throttle = self._open_throttle()
-        self.worker = Worker(
-            self.pipeline, self.audio,
-            queue_len={c.name: c.queue_len for c in self.cfg.service.channels},
-            heartbeat_s=HEARTBEAT_S, on_heartbeat=self.hooks.on_heartbeat, on_finished=self._on_finished,
-            audio_format=self.cfg.stream.sample_format,
-            on_preempt={c.name: c.on_preempt for c in self.cfg.service.channels},
-            throttle=self.throttle, journal=self.journal, stall_s=self.cfg.safety.stall_s,
-        )
-        self.worker.start()
-        self.dispatch.pipeline, self.dispatch.worker = self.pipeline, self.worker
-
-    def _open_throttle(self) -> Optional[Monitor]:
-        """Start the throttle monitor; None (logged) if telemetry cannot be opened."""
-        from ..ops.throttle import Monitor
-
-        try:
-            mon = Monitor(self.cfg, on_change=self._on_throttle)
-            mon.budget_mib = lambda: current_mib(self.pipeline)
-            mon.start()
-        except ApplianceError as e:
-            log.warning("throttle off: %s", e)
-            return None
-        return mon
-
     def _on_throttle(self, change: Change) -> None:
-        if self.worker is not None:
-            self.worker.poke()
+        if self.parts is not None:
+            self.parts.worker.poke()
         call_hook(self.hooks.on_status, self.status())
 
     async def _serve(self) -> None:
+        p = self.parts
+        assert p is not None
         loop = asyncio.get_running_loop()
-        self.dispatch.loop = loop
         self._stop = asyncio.Event()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, self.request_stop, s)
@@ -264,16 +165,15 @@ class Daemon:
         if sock is None:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
             sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
-        if self.recovery is not None:   # before the socket accepts: a returning client finds its request
-            await self.recovery.replay(self.dispatch.resubmit,
-                                       self.mqtt.sink if self.mqtt else None,
-                                       self.mqtt.recent.add if self.mqtt else None)
-        self.server = SocketServer(sock, self.dispatch.handle_line, self.cfg.service.max_line_bytes,
-                                   on_gone=self.dispatch.client_gone)
+        if p.recovery is not None:   # before the socket accepts: a returning client finds its request
+            await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
+                                    p.mqtt.recent.add if p.mqtt else None)
+        self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
+                                   on_gone=p.dispatch.client_gone)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
-            self.wyoming = WyomingServer(self.cfg, self.dispatch)
+            self.wyoming = WyomingServer(self.cfg, p.dispatch)
             try:
                 await self.wyoming.start()
             except ApplianceError:
@@ -283,11 +183,12 @@ class Daemon:
                     self._socket_path.unlink(missing_ok=True)
                 raise
         self.state = "ready"
-        log.info("ready: channels %s, audio %s", ", ".join(self.channels), self.audio.mode)
-        if self.mqtt is not None:
-            self.mqtt.start()
+        log.info("ready: channels %s, audio %s", ", ".join(self.channels), p.audio.mode)
+        if p.mqtt is not None:
+            p.mqtt.start()
         call_hook(self.hooks.on_ready)
         call_hook(self.hooks.on_status, self.status())
+        p.health.watch(lambda verdict: call_hook(self.hooks.on_status, self.status()))
         for s in self._pending_signals[:1]:     # arrived between start-up and the loop's handlers
             self.request_stop(s)
         await self._stop.wait()
@@ -302,12 +203,12 @@ class Daemon:
             call_hook(self.hooks.on_stopping)
             if self._stop is not None:
                 self._stop.set()
-        elif self.worker is not None:
-            cur = self.worker.status()
-            ids = [c["active"] for c in cur.values() if c["active"]]
+        elif self.parts is not None:
+            worker = self.parts.worker
+            ids = [c["active"] for c in worker.status().values() if c["active"]]
             log.warning("second %s: cancelling %s", signal.Signals(signum).name, ", ".join(ids) or "nothing")
             for i in ids:
-                self.worker.cancel(request_id=i)
+                worker.cancel(request_id=i)
 
     def _on_sighup(self) -> None:
         call_hook(self.hooks.on_reload)
@@ -315,42 +216,47 @@ class Daemon:
 
     def reload_config(self) -> str:
         """Re-read the config file (SIGHUP): apply the live sections
-        (:data:`~appliance.service.reload.LIVE_SECTIONS`) to the daemon and the pipeline, report
-        the rest. Returns the status line for systemd (``READY=1`` follows)."""
+        (:data:`~appliance.daemon.reload.LIVE_SECTIONS`: the daemon's config, and ``synthesis``
+        through :meth:`~appliance.synth.pipeline.Pipeline.use_synthesis`), report the rest.
+        Returns the status line for systemd (``READY=1`` follows)."""
         if not self.config_path:
             return "ready (no config file to re-read)"
-        assert self.pipeline is not None
-        r = plan_reload(self.config_path, self.cfg, self.pipeline.info.text_mode, self.pipeline.info.backend)
+        assert self.parts is not None
+        pipeline = self.parts.pipeline
+        r = plan_reload(self.config_path, self.cfg, pipeline.info.text_mode, pipeline.info.backend)
+        self.parts.reload_failed.update(r.failed)
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
-            self.pipeline.cfg = dataclasses.replace(self.pipeline.cfg, **r.live)
+            if "synthesis" in r.live:
+                pipeline.use_synthesis(r.live["synthesis"])
         return r.status
 
     async def _shutdown(self) -> None:
         loop = asyncio.get_running_loop()
-        assert self.server is not None and self.worker is not None
+        p = self.parts
+        assert self.server is not None and p is not None
         self.server.stop_accepting()
-        left = await loop.run_in_executor(None, self.worker.stop)
+        left = await loop.run_in_executor(None, p.worker.stop)
         if left:
             if self.hooks.on_unfinished is not None:
                 call_hook(self.hooks.on_unfinished, left)
             else:
-                tell_stopped(left, self.journal is not None)
-        if not await loop.run_in_executor(None, self.worker.wait_idle, DRAIN_TIMEOUT_S):
+                tell_stopped(left, p.journal is not None)
+        if not await loop.run_in_executor(None, p.worker.wait_idle, DRAIN_TIMEOUT_S):
             log.warning("drain timed out after %.0f s", DRAIN_TIMEOUT_S)
-        await loop.run_in_executor(None, self.audio.close)
-        if self.throttle is not None:
-            self.throttle.close()
-        if self.integrity is not None:
-            self.integrity.stop()
+        await loop.run_in_executor(None, p.audio.close)
+        if p.throttle is not None:
+            p.throttle.close()
+        p.health.close()
+        p.integrity.stop()
         call_hook(self.hooks.on_status, self.status())
-        if self.mqtt is not None:      # after the drain: the last events, then 'offline'
-            await loop.run_in_executor(None, self.mqtt.stop)
+        if p.mqtt is not None:         # after the drain: the last events, then 'offline'
+            await loop.run_in_executor(None, p.mqtt.stop)
         if self.wyoming is not None:   # after the drain: the running request's audio went out
             await self.wyoming.stop()
         await self.server.close()
-        if self.journal is not None:
-            self.journal.close()
+        if p.journal is not None:
+            p.journal.close()
         if self._socket_path is not None:
             try:
                 self._socket_path.unlink()
@@ -358,14 +264,15 @@ class Daemon:
                 pass
 
     def _health_check(self) -> HealthReply:
-        """The field health check (on the pipeline's thread); its reply, kept as :attr:`last_health`."""
+        """The field health check on the worker thread (a ``health`` request), its findings recorded
+        for the verdict; the verdict's reply, kept as :attr:`last_health`."""
         from ..ops.health import run_health_check
 
-        watch, worker = self.integrity, self.worker     # no worker yet: the check at start
-        self.last_health = run_health_check(self.pipeline, self.cfg, watch.failure if watch is not None else None,
-                                            beat=worker.beat if worker is not None else lambda: None)
-        if not self.last_health.healthy:
-            log.warning("health check: UNHEALTHY: %s", "; ".join(self.last_health.reasons))
+        p = self.parts
+        assert p is not None
+        check = run_health_check(p.pipeline, self.cfg, beat=p.worker.beat)
+        p.checks.record(check)
+        self.last_health = p.health.reply(check)   # the verdict's watch logs changes
         return self.last_health
 
     def _on_finished(self, item: Request, event: Event) -> None:
@@ -373,21 +280,44 @@ class Daemon:
 
     def status(self) -> StatusReply:
         """Current :class:`StatusReply` (thread-safe)."""
+        p = self.parts
+        wst = p.worker.status() if p is not None else {}
         chans = {}
-        wst = self.worker.status() if self.worker is not None else {}
         for name in self.channels:
             c = dict(wst.get(name, {"queued": 0, "active": None}))
-            c.update(self.audio.status(name))
-            c.update(self.worker.starts.status(name) if self.worker is not None and self.worker.starts else {})
+            if p is not None:
+                c.update(p.audio.status(name))
+                c.update(p.worker.starts.status(name) if p.worker.starts else {})
             chans[name] = c
+        w, th = (p.worker if p else None), (p.throttle if p else None)
         return StatusReply(
-            state=self.state, backend=self.pipeline.info.backend if self.pipeline is not None else "", channels=chans,
-            last_rtf=round(self.worker.last_rtf, 4) if self.worker and self.worker.last_rtf is not None else None,
-            last_ttfb_ms=round(self.worker.last_ttfb_ms, 1) if self.worker and self.worker.last_ttfb_ms is not None else None,
-            throttle=self.throttle.level if self.throttle is not None else "normal",
-            temperature_c=self.throttle.temperature_c if self.throttle is not None else None,
-            **status_fields(self.cfg, self.pipeline, self.memory_fit),
+            state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
+            last_rtf=round(w.last_rtf, 4) if w and w.last_rtf is not None else None,
+            last_ttfb_ms=round(w.last_ttfb_ms, 1) if w and w.last_ttfb_ms is not None else None,
+            throttle=th.level if th is not None else "normal",
+            temperature_c=th.temperature_c if th is not None else None,
+            **(p.health.fields() if p is not None else {}),
+            **status_fields(self.cfg, p.pipeline if p else None, p.memory_fit if p else None),
         )
+
+
+def _run(loop: asyncio.AbstractEventLoop, main) -> None:
+    """:func:`asyncio.run` on a loop made beforehand (the parts are built with it): run ``main``,
+    then cancel what is left, finish async generators and the default executor, close the loop."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for t in left:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def cli_main(args: Any) -> int:

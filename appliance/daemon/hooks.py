@@ -10,7 +10,7 @@ Wiring points (:class:`Hooks`, all optional, none may raise or block):
   healthy; a hung synthesis stops it (``WATCHDOG=1``).
 * ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded(status)`` once the reload is
   over (``READY=1``, with a status line saying what was applied and what needs a restart; see
-  :mod:`appliance.service.reload`).
+  :mod:`appliance.daemon.reload`).
 * ``on_stopping()`` – SIGTERM/SIGINT received, before the drain (``STOPPING=1``).
 * ``on_unfinished(items)`` – queued requests left at stop (tell their clients).
 """
@@ -55,8 +55,8 @@ def call_hook(hook: Optional[Callable], *args: Any) -> None:
 
 def build_hooks(cfg: Config) -> Hooks:
     """The hooks ``serve`` runs with: sd_notify through
-    :class:`~appliance.ops.notify.SystemdBridge` (every call is a no-op outside systemd)."""
-    from ..ops.notify import SystemdBridge
+    :class:`~appliance.ops.bridge.SystemdBridge` (every call is a no-op outside systemd)."""
+    from ..ops.bridge import SystemdBridge
 
     bridge = SystemdBridge()
     return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)

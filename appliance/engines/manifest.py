@@ -195,13 +195,14 @@ def expect_common(cfg: Any, manifest: dict, kind: str) -> dict:
 def weight_files(d: Path, manifest: dict) -> list[str]:
     """Names (relative to ``d``) of the files a runner of this engine maps: each graph's ``file``,
     its external data ``<file>.data`` where that exists (the name our ONNX exports give it), and
-    the host embedding tables (``embed.file``)."""
+    the host tables (``embed.file``; a llama export's ``head_text.file``)."""
     names = []
     for e in manifest.get("graphs", {}).values():
         names += [n for n in (e["file"], e["file"] + ".data") if n == e["file"] or (d / n).is_file()]
-    emb = manifest.get("embed", {}).get("file")
-    if emb:
-        names.append(emb)
+    for key in ("embed", "head_text"):  # host tables: the embeddings, the llama export's text head
+        f = manifest.get(key, {}).get("file")
+        if f:
+            names.append(f)
     return names
 
 

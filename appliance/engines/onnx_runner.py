@@ -40,16 +40,13 @@ cores) intra-op, 1 inter-op, sequential; idle threads spin unless ``model.spin_w
 2-core host, INT8: 18.5-18.9 ms per step spinning, 27.9-29.9 sleeping, ``bench/bench_cpu.py``; a busy
 shared host the reverse: 62 ms sleeping, 119 spinning, ``bench/bench_gpt_step.py``).
 
-The ``decoder`` and ``vocos`` graphs are the stateful streaming passes, each with a sentence's
-first pass in the same graph behind an ``If`` on its input ``first`` over one copy of the weights
-(:mod:`appliance.build.stream_graphs`; the first pass gets zero arrays for the caches it does not
-read): the caches go in and out as arrays that
-:class:`~appliance.engines.host_runner.HostRunner` keeps per slot; an older export
+The ``decoder`` and ``vocos`` graphs are the stateful streaming passes of
+:class:`~appliance.engines.ort_vocoder.OrtVocoder` (shared with the llama.cpp runner); an older export
 (``build.vocoder`` not ``stream-reach``: a first-pass graph holding the weights twice, or a
 Decoder without its ``reach`` input) is refused at load with the command that re-exports.
 
-Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` in
-:meth:`OnnxRunner._call` (one place). A prompt longer than the exported profile or a
+Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` by
+:func:`~appliance.engines.ort_vocoder.ort_call` (one place). A prompt longer than the exported profile or a
 position at the end of the cache raises :class:`~appliance.errors.CapacityError` before the
 engine runs (the pipeline splits text).
 """
@@ -57,15 +54,13 @@ engine runs (the pipeline splits text).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ..config import Config
 from ..errors import (
-    CapacityError,
     CheckpointError,
     ConfigError,
     EngineError,
@@ -74,6 +69,7 @@ from ..errors import (
 from ..model.integrity import mismatch
 from . import manifest as mf
 from .host_runner import HostRunner
+from .ort_vocoder import OrtVocoder, ort_call, session_options
 from .runner import RunnerInfo, receptive_fields
 
 log = logging.getLogger(__name__)
@@ -198,18 +194,9 @@ class OnnxRunner(HostRunner):
         self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
         M, S = mc.max_batch, mc.max_seq_len
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = mc.threads or (os.cpu_count() or 1)
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        if not mc.spin_wait:  # threads sleep when idle (faster only on a busy shared host)
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._sess: dict[str, Any] = {}
-        for g, e in m["graphs"].items():
-            self._sess[g] = self._call(f"loading {g}", lambda e=e: ort.InferenceSession(
-                str(d / e["file"]), sess_options=so, providers=["CPUExecutionProvider"]))
+        so = session_options(ort, mc.threads, mc.spin_wait)
+        self._sess: dict[str, Any] = {"gpt": ort_call("loading gpt", lambda: ort.InferenceSession(
+            str(d / m["graphs"]["gpt"]["file"]), sess_options=so, providers=["CPUExecutionProvider"]))}
 
         # static KV cache (graph dtype), bound in place once per batch size
         kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32
@@ -239,12 +226,6 @@ class OnnxRunner(HostRunner):
         self._pf_hidden = np.zeros(D, np.float32)
         self._pf_pos = np.zeros(1, np.int64)
 
-        # a sentence's first pass reads no cache: zero arrays bound to the unused cache inputs
-        self._zero_caches = {g: {i.name: np.zeros(i.shape, np.float32) for i in self._sess[g].get_inputs()
-                                 if i.name.startswith("cache.")} for g in ("decoder", "vocos")}
-        self._first = np.array(True)
-        self._next = np.array(False)
-        self._pos_zero = np.zeros(1, np.int64)
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".onnx", ".data"))
         max_prompt = int(m["limits"]["max_prompt_tokens"])
         self.info = RunnerInfo(
@@ -255,26 +236,10 @@ class OnnxRunner(HostRunner):
             engine_id=mf.file_sha256(d / mf.MANIFEST),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
-        self._reach = [np.zeros(k, np.uint8) for k in range(self.info.decoder_rf + 1)]  # the Decoder's reach, by length
+        self._voc = OrtVocoder(ort, d, m["graphs"], so, D, self._n_mels, self.info.decoder_rf)
         log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
                  d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
         self.setup_host(self._n_mels)
-
-    # -------------------------------------------------------------- the one ORT error wrapper
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn``; any onnxruntime failure becomes :class:`EngineError` naming ``what``."""
-        try:
-            return fn()
-        except (CapacityError, EngineError):
-            raise
-        except Exception as e:  # onnxruntime raises its own pybind types (Fail, InvalidArgument, ...)
-            raise EngineError(f"onnxruntime {what} failed: {type(e).__name__}: {e}") from e
-
-    def _run(self, graph: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        sess = self._sess.get(graph)
-        if sess is None:
-            raise EngineError("the onnxruntime runner is closed")
-        return self._call(graph, lambda: sess.run(None, feeds))
 
     # -------------------------------------------------------------- the passes (HostRunner)
     def forward_prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -305,7 +270,7 @@ class OnnxRunner(HostRunner):
             sess.run_with_iobinding(io)
             return io.copy_outputs_to_cpu()
 
-        logits, hidden, k_new, v_new = self._call("gpt (prefill)", run)
+        logits, hidden, k_new, v_new = ort_call("gpt (prefill)", run)
         self._k[:, :t, slot] = k_new[:, 0]  # [L, T, H, hd]
         self._v[:, :t, slot] = v_new[:, 0]
         self._pf_logits[:] = logits[0]
@@ -339,62 +304,26 @@ class OnnxRunner(HostRunner):
         sess = self._sess.get("gpt")
         if sess is None:
             raise EngineError("the onnxruntime runner is closed")
-        self._call("gpt (decode)", lambda: self._bind_cache(io, max(1, int(pos.max()))))
-        self._call("gpt (decode)", lambda: sess.run_with_iobinding(io))
+        ort_call("gpt (decode)", lambda: self._bind_cache(io, max(1, int(pos.max()))))
+        ort_call("gpt (decode)", lambda: sess.run_with_iobinding(io))
         # new keys/values [L, B, 1, H, hd] -> cache[:, pos[b], slots[b]] (adjacent advanced indices: [L, B, H, hd])
         self._k[:, pos, slots] = bufs["k_new"][:, :, 0]
         self._v[:, pos, slots] = bufs["v_new"][:, :, 0]
         return bufs["logits"], bufs["hidden"]
 
-    @staticmethod
-    def _caches(cache: list) -> dict[str, np.ndarray]:
-        return {f"cache.{i}": c for i, c in enumerate(cache)}
-
     def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
                                reach: int | None = None) -> tuple[np.ndarray, list]:
-        """Stateful Decoder pass (the ``decoder`` graph, :mod:`appliance.build.stream_graphs`):
-        hidden float32 ``[T, D]`` (T >= 1) -> (mel float32 ``[100, R + 2T]``, the graph's
-        ``cache_out.i``), ``R`` = ``reach`` (1..rf; None: rf, exact) bound as the length of the
-        ``reach`` input. ``cache`` None: a sentence's first pass (``first`` branch, ``pos0`` 0).
-
-        Raises:
-            EngineError: wrong shape, or onnxruntime failed.
-        """
-        hidden = np.ascontiguousarray(hidden, np.float32)
-        if hidden.ndim != 2 or hidden.shape[1] != self._D or hidden.shape[0] == 0:
-            raise EngineError(f"decoder input must be [T>0, {self._D}], got {list(hidden.shape)}")
-        rf = self.info.decoder_rf
-        r = self._reach[rf if reach is None else max(1, min(rf, int(reach)))]
-        if cache is None:  # a sentence's first pass
-            out = self._run("decoder", {"hidden": hidden, "first": self._first, "pos0": self._pos_zero, "reach": r,
-                                        **self._zero_caches["decoder"]})
-        else:
-            out = self._run("decoder", {"hidden": hidden, "first": self._next, "pos0": np.array([pos0], np.int64),
-                                        "reach": r, **self._caches(cache)})
-        return out[0], out[1:]
+        """See :meth:`OrtVocoder.decoder_stream`."""
+        return self._voc.decoder_stream(hidden, pos0, cache, reach)
 
     def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,
                              cache: list | None) -> tuple[np.ndarray, np.ndarray, list]:
-        """Stateful Vocos pass (the ``vocos`` graph): mel float32 ``[100, F]`` (F >= 1, the first
-        ``n_final`` frames final) -> (real, imag float32 ``[rf + F, 513]``, caches).
-
-        Raises:
-            EngineError: wrong shape, or onnxruntime failed.
-        """
-        mel = np.ascontiguousarray(mel, np.float32)
-        if mel.ndim != 2 or mel.shape[0] != self._n_mels or mel.shape[1] == 0:
-            raise EngineError(f"vocos input must be [{self._n_mels}, F>0], got {list(mel.shape)}")
-        nf = np.array([n_final], np.int64)
-        if cache is None:
-            out = self._run("vocos", {"mel": mel, "first": self._first, "pos0": self._pos_zero, "n_final": nf,
-                                      **self._zero_caches["vocos"]})
-        else:
-            out = self._run("vocos", {"mel": mel, "first": self._next, "pos0": np.array([pos0], np.int64),
-                                      "n_final": nf, **self._caches(cache)})
-        return out[0], out[1], out[2:]
+        """See :meth:`OrtVocoder.vocos_stream`."""
+        return self._voc.vocos_stream(mel, pos0, n_final, cache)
 
     def close(self) -> None:
         """Drop sessions, bindings and the KV cache (idempotent)."""
         self._bind = {}
         self._sess = {}
+        self._voc.close()
         self._k = self._v = None

@@ -8,11 +8,13 @@ bounds) and gets back only what leaves the device anyway: sampled codes and the 
 finished vocoder window. Backends (chosen once at load, :func:`appliance.engines.select.open_runner`):
 
 * ``onnxruntime`` – :class:`~appliance.engines.onnx_runner.OnnxRunner` (CPU default, no torch)
+* ``llama``       – :class:`~appliance.engines.llama_runner.LlamaRunner` (the GPT on llama.cpp
+  from a GGUF, the vocoder on ONNX Runtime)
 * ``torch-cpu``   – :class:`~appliance.engines.torch_runner.TorchRunner`
 * ``torch-cuda``  – :class:`~appliance.engines.cuda_runner.CudaRunner` (captured graphs)
 * ``tensorrt``    – :class:`~appliance.engines.tensorrt_runner.TensorRTRunner` (Jetson/RTX plans)
 
-The first two are *host runners* (:class:`~appliance.engines.host_runner.HostRunner`: one base
+The first three are *host runners* (:class:`~appliance.engines.host_runner.HostRunner`: one base
 drives the numpy sampler over the backend's logits); the last two sample on the device
 (:mod:`appliance.engines.sampler_torch`). Both draw from the same counter-based random stream
 (:mod:`appliance.engines.rng`), so a seed gives the same codes on every backend up to rounding
@@ -53,8 +55,9 @@ class RunnerInfo:
     """What a runner is and can do (fixed at load).
 
     Attributes:
-        backend: ``torch-cpu``, ``torch-cuda``, ``onnxruntime``, ``tensorrt``.
-        precision: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``fp8``.
+        backend: ``torch-cpu``, ``torch-cuda``, ``onnxruntime``, ``llama.cpp``, ``tensorrt``.
+        precision: ``fp32``, ``fp16``, ``bf16``, ``int8``, ``fp8``; a GGUF type for llama.cpp
+            (``q8_0``, ``q4_k_m``, ``q4_0``, ``f16``, ``f32``).
         hidden_size: D. num_vq: Q (4). num_audio_tokens: V (626). num_text_tokens: text vocabulary.
         max_batch: KV-cache slots. max_seq_len: KV-cache positions per slot (prompt + codes).
         max_prompt_tokens: longest prompt one prefill accepts.
@@ -214,6 +217,11 @@ class Runner(abc.ABC):
     def device_memory_bytes(self) -> int:
         """Accelerator memory this runner holds now (0 for host runners)."""
         return 0
+
+    def release(self, slot: int) -> None:
+        """``slot``'s sentence is over (its hidden states were vocoded): a runner whose KV cache
+        keeps per-sequence state drops it here (llama.cpp: ``llama_memory_seq_rm``). The next
+        :meth:`prefill` of the slot overwrites it either way; no-op by default."""
 
     def close(self) -> None:
         """Release memory. Idempotent."""

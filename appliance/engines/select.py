@@ -6,9 +6,11 @@
 1. ``tensorrt``: a GPU is present (``nvidia-smi`` or a Jetson board, no torch import) and
    ``<engine_dir>/trt/<precision>/manifest.json`` exists for this GPU's compute capability;
 2. ``torch`` on CUDA: a GPU is present and torch is importable;
-3. ``onnxruntime``: exported graphs exist under ``<engine_dir>/onnx/`` (the default on a
-   machine without a GPU: the daemon then runs without torch);
-4. ``torch`` on CPU: nothing exported yet (the reason names the export command).
+3. ``llama``: a GGUF export exists under ``<engine_dir>/llama/`` and llama-cpp-python is
+   installed (the GPT on llama.cpp, the vocoder on ONNX Runtime; no torch);
+4. ``onnxruntime``: exported graphs exist under ``<engine_dir>/onnx/`` (the daemon then runs
+   without torch);
+5. ``torch`` on CPU: nothing exported yet (the reason names the export command).
 
 The choice and its reason (e.g. ``auto: no GPU, exported graphs in ...: onnxruntime``) are
 logged once and stored in ``runner.info.reason``. An explicitly requested backend that cannot
@@ -54,6 +56,7 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     requested = cfg.model.backend
     if requested != "auto":
         return requested, f"{requested} requested in config"
+    from .llama_runner import find_llama_export
     from .onnx_runner import find_export
 
     cc = mf.device_facts().get("compute_capability")
@@ -63,9 +66,12 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
             return "tensorrt", f"auto: GPU sm {cc} and plans built for it in {plans}"
         if importlib.util.find_spec("torch") is not None:
             return "torch", f"auto: GPU sm {cc}, no TensorRT plans for it: torch on CUDA"
+    why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
+    gguf = find_llama_export(cfg)
+    if gguf is not None and importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("onnxruntime"):
+        return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
     exported = find_export(cfg)
     if exported is not None and importlib.util.find_spec("onnxruntime") is not None:
-        why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
         return "onnxruntime", f"auto: {why}, exported graphs in {exported}: onnxruntime"
     if importlib.util.find_spec("torch") is not None:
         return "torch", ("auto: no exported ONNX graphs (chattts-appliance engines export) and no GPU: torch on CPU")
@@ -115,6 +121,10 @@ def open_runner(cfg: Config) -> Runner:
         from .onnx_runner import OnnxRunner
 
         runner = OnnxRunner(cfg, reason=reason)
+    elif backend == "llama":
+        from .llama_runner import LlamaRunner
+
+        runner = LlamaRunner(cfg, reason=reason)
     elif backend == "tensorrt":
         from .tensorrt_runner import TensorRTRunner
 

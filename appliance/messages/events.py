@@ -19,12 +19,15 @@ from ..core import PcmChunk
 class Accepted:
     """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
     cannot start at once (its channel is busy with another request, requests are queued before
-    it, the memory budget, the throttle level), else None."""
+    it, the memory budget, the throttle level), else None. ``not_crash_safe``: why it is not in
+    the request journal (disk full, read-only, ...): it plays, but a crash or power cut before it
+    ends loses it; None when it is journaled (or the journal is off by config)."""
 
     id: str
     channel: str
     queue_position: int = 0
     waiting: Optional[str] = None
+    not_crash_safe: Optional[str] = None
     type: str = "accepted"
 
 
@@ -182,7 +185,9 @@ class StatusReply:
     MiB) against ``memory_budget_mib`` (``service.memory_budget_mb``); on a discrete GPU also
     ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
     CUDA context left out of the budget (``cuda_context_mib``); and
-    ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit."""
+    ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
+    ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
+    makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`)."""
 
     state: str
     backend: str
@@ -198,6 +203,8 @@ class StatusReply:
     host_rss_limit_mib: Optional[float] = None
     cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
+    health: str = "healthy"
+    conditions: list = field(default_factory=list)
     type: str = "status"
 
 
@@ -208,7 +215,11 @@ class HealthReply:
     ``limits``: the thresholds it was judged against (``max_rtf``, ``max_ttfb_ms`` in ms,
     ``min_steps_per_s`` (0 = not checked), ``max_memory_mib`` in MiB), from the daemon's own
     config, so a client can show them without reading that config. ``reference``: how the audio
-    compared with the reference ``calibrate`` recorded, or why it was not compared (one line)."""
+    compared with the reference ``calibrate`` recorded, or why it was not compared (one line).
+    ``verdict``: ``healthy``, ``degraded`` or ``unhealthy``; ``conditions``: what makes it so (each
+    ``name``, ``severity``, ``reason``, ``for_s``), the check's findings and, from a daemon, every
+    condition of the box (:mod:`appliance.ops.verdict`); ``reasons``: their reasons, one line each;
+    ``healthy``: no condition."""
 
     healthy: bool
     rtf: Optional[float] = None
@@ -219,6 +230,8 @@ class HealthReply:
     reasons: list = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     reference: Optional[str] = None
+    verdict: str = "healthy"
+    conditions: list = field(default_factory=list)
     type: str = "health"
 
 

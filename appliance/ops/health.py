@@ -25,13 +25,17 @@ with the ``health`` section of config:
 * the weight files on disk: the background re-verification's first mismatch
   (:mod:`appliance.ops.integrity_watch`), naming the file.
 
-Every failed comparison adds a reason (``"rtf 1.32 > max 1.00"``). An error from the pipeline
-(e.g. ``empty_result``) is unhealthy with its code as the reason.
+Every failed comparison adds a named condition with its reason (``rtf``: ``"rtf 1.32 > max
+1.00"``; names ``rtf``, ``ttfb``, ``steps_per_s``, ``memory``, ``host_rss`` are ``degraded``: the
+box speaks, slower or bigger than it should; ``audio``, ``audio_reference``, ``integrity``,
+``timeout`` and an error's code are ``unhealthy``). An error from the pipeline (e.g.
+``empty_result``) is unhealthy with its code as the condition's name. The daemon keeps the last
+check's conditions in the one verdict (:mod:`appliance.ops.verdict`) until a check passes.
 
 ``chattts-appliance health`` (:func:`cli_main`) loads config and pipeline here, or asks a
 running daemon (``--socket PATH``, request ``{"type":"health"}``), prints a table or the
-:class:`~appliance.messages.protocol.HealthReply` as JSON, and exits 0 healthy, 1 unhealthy,
-2 error (config, model or socket unusable), so a systemd timer or a fleet tool can act.
+:class:`~appliance.messages.protocol.HealthReply` as JSON, and exits 0 healthy, 1 degraded or
+unhealthy, 2 error (config, model or socket unusable), so a systemd timer or a fleet tool can act.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..config import Config, load_config
-from ..core import SAMPLE_RATE
+from ..core import DEGRADED, SAMPLE_RATE, UNHEALTHY
 from ..errors import ApplianceError, CancelledError, ConfigError
 from ..messages.protocol import HealthReply, parse_event, to_json
 from ..synth import reference
@@ -97,7 +101,8 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
 
     Returns:
         :class:`HealthReply` with ``rtf``, ``ttfb_ms``, ``steps_per_s``, ``memory_mib`` (None when
-        the run failed) and the ``reasons`` it is unhealthy (empty when healthy).
+        the run failed), the ``conditions`` it found (module docstring) and their ``reasons``
+        (empty when healthy).
     """
     h = cfg.health
     mem_limit = h.max_memory_mib if h.max_memory_mib is not None else float(cfg.service.memory_budget_mb)
@@ -115,11 +120,11 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
         peak = float(np.max(np.abs(np.nan_to_num(pcm)))) if samples else 0.0
         other = reference.render(pipeline, h.sentence, HEALTH_SEED + 1, cancel)[0] if not nonfinite and peak >= SILENT_PEAK else None
     except CancelledError:
-        return HealthReply(healthy=False, reasons=[f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"],
-                           limits=limits)
+        return _reply(_Findings().add("timeout", f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"),
+                      limits=limits)
     except ApplianceError as e:
         log.warning("health check failed: %s (%s)", e, e.code)
-        return HealthReply(healthy=False, reasons=[f"{e.code}: {e}"], limits=limits)
+        return _reply(_Findings().add(e.code, f"{e.code}: {e}"), limits=limits)
     finally:
         timer.cancel()
     stats = job.stats
@@ -130,42 +135,63 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     host = round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None
     if host is not None:
         limits["max_host_rss_mib"] = cfg.service.host_rss_limit_mb
-    reasons, ref_note = [], "not compared with a reference: the audio failed an earlier check"
+    found, ref_note = _Findings(), "not compared with a reference: the audio failed an earlier check"
     if nonfinite:
-        reasons.append(f"audio: {nonfinite} of {samples} samples are NaN/Inf")
+        found.add("audio", f"audio: {nonfinite} of {samples} samples are NaN/Inf")
     elif peak < SILENT_PEAK:
-        reasons.append(f"audio: silent (peak |x| {peak:.1e} < {SILENT_PEAK:g} over {samples} samples)")
+        found.add("audio", f"audio: silent (peak |x| {peak:.1e} < {SILENT_PEAK:g} over {samples} samples)")
     else:   # a flipped weight that saturates a layer speaks a buzz, or the same noise whatever the seed
         n = int(ANALYSED_S * SAMPLE_RATE)
         beat()
-        reasons += [r for r in audio_problems(pcm[:n], SAMPLE_RATE, other_seed=None if other is None else other[:n])
-                    if not r.startswith(("audio: silent", "audio: constant"))]
+        for r in audio_problems(pcm[:n], SAMPLE_RATE, other_seed=None if other is None else other[:n]):
+            if not r.startswith(("audio: silent", "audio: constant")):
+                found.add("audio", r)
         beat()
         far, ref_note = reference.check(pipeline, cfg, job, pcm)   # the same render, against calibrate's
-        reasons += far
+        for r in far:
+            found.add("audio_reference", r)
         beat()
     if weights_failure:
-        reasons.append(f"weights: {weights_failure}")
+        found.add("integrity", f"weights: {weights_failure}")
     if stats.rtf > h.max_rtf:
-        reasons.append(f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
+        found.add("rtf", f"rtf {stats.rtf:.2f} > max {h.max_rtf:.2f}")
     if stats.ttfb_ms > h.max_ttfb_ms:
-        reasons.append(f"ttfb {stats.ttfb_ms:.0f} ms > max {h.max_ttfb_ms:.0f} ms")
+        found.add("ttfb", f"ttfb {stats.ttfb_ms:.0f} ms > max {h.max_ttfb_ms:.0f} ms")
     if h.min_steps_per_s > 0 and stats.steps_per_s < h.min_steps_per_s:
-        reasons.append(f"steps/s {stats.steps_per_s:.1f} < min {h.min_steps_per_s:.1f}")
+        found.add("steps_per_s", f"steps/s {stats.steps_per_s:.1f} < min {h.min_steps_per_s:.1f}")
     if memory is not None and memory > mem_limit:
-        reasons.append(f"memory {memory:.0f} MiB > max {mem_limit:.0f} MiB")
+        found.add("memory", f"memory {memory:.0f} MiB > max {mem_limit:.0f} MiB")
     if host is not None and host > cfg.service.host_rss_limit_mb:
-        reasons.append(f"host RSS {host:.0f} MiB > service.host_rss_limit_mb {cfg.service.host_rss_limit_mb} MiB")
-    reply = HealthReply(healthy=not reasons, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
-                        steps_per_s=round(stats.steps_per_s, 2),
-                        memory_mib=memory, host_rss_mib=host, reasons=reasons,
-                        limits=limits, reference=ref_note)
+        found.add("host_rss", f"host RSS {host:.0f} MiB > service.host_rss_limit_mb {cfg.service.host_rss_limit_mb} MiB")
+    reply = _reply(found, rtf=round(stats.rtf, 4), ttfb_ms=round(stats.ttfb_ms, 1),
+                   steps_per_s=round(stats.steps_per_s, 2), memory_mib=memory, host_rss_mib=host,
+                   limits=limits, reference=ref_note)
     log.info("health %s: rtf %.3f, ttfb %.0f ms, %.1f steps/s, %.2f s audio in %.2f s, memory %s MiB%s",
              "ok" if reply.healthy else "UNHEALTHY", stats.rtf, stats.ttfb_ms, stats.steps_per_s,
              stats.audio_s, time.perf_counter() - t0, reply.memory_mib,
-             "" if reply.healthy else " (" + "; ".join(reasons) + ")",
+             "" if reply.healthy else " (" + "; ".join(reply.reasons) + ")",
              extra={"health": reply.healthy, "rtf": stats.rtf, "ttfb_ms": stats.ttfb_ms})
     return reply
+
+
+#: Findings of the check that leave the box speaking, only slower or bigger than it should.
+_DEGRADED = frozenset({"rtf", "ttfb", "steps_per_s", "memory", "host_rss"})
+
+
+class _Findings(list):
+    """The check's findings in order: ``(name, reason)``."""
+
+    def add(self, name: str, reason: str) -> "_Findings":
+        self.append((name, reason))
+        return self
+
+
+def _reply(found: _Findings, **fields: Any) -> HealthReply:
+    """The check's :class:`HealthReply`: its findings as conditions (``for_s`` 0: just seen)."""
+    conds = [{"name": n, "severity": DEGRADED if n in _DEGRADED else UNHEALTHY, "reason": r, "for_s": 0.0}
+             for n, r in found]
+    verdict = "healthy" if not conds else UNHEALTHY if any(c["severity"] == UNHEALTHY for c in conds) else DEGRADED
+    return HealthReply(healthy=not conds, reasons=[r for _, r in found], conditions=conds, verdict=verdict, **fields)
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -229,7 +255,9 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
             ("TTFB ms", fmt(reply.ttfb_ms, ".0f"), bound("max_ttfb_ms", "<=")),
             ("steps/s", fmt(reply.steps_per_s, ".1f"), bound("min_steps_per_s", ">=")),
             ("memory MiB", fmt(reply.memory_mib, ".0f"), bound("max_memory_mib", "<="))]
-    verdict = "healthy" if reply.healthy else "UNHEALTHY"
+    verdict = "healthy" if reply.healthy else (reply.verdict if reply.verdict != "healthy" else "unhealthy").upper()
+    lines = [f"  - {c['name']} ({c['severity']}, {c.get('for_s', 0):g} s): {c['reason']}" for c in reply.conditions] \
+        or [f"  - {r}" for r in reply.reasons]
     try:
         from rich.console import Console
         from rich.table import Table
@@ -238,8 +266,8 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
         for name, val, lim in rows:
             print(f"{name:<12}{val:>10}  {lim}")
         print(verdict)
-        for r in reply.reasons:
-            print(f"  - {r}")
+        for line in lines:
+            print(line)
         if reply.reference:
             print(f"reference: {reply.reference}")
         return
@@ -250,8 +278,8 @@ def _print_table(reply: HealthReply, cfg: Optional[Config]) -> None:
         t.add_row(*row)
     con = Console(file=sys.stdout)
     con.print(t)
-    for r in reply.reasons:
-        con.print(f"  - {r}", markup=False)
+    for line in lines:
+        con.print(line, markup=False)
     if reply.reference:
         con.print(f"reference: {reply.reference}", markup=False)
 
@@ -263,8 +291,9 @@ def cli_main(args: Any) -> int:
     ``service.warmup``), runs :func:`run_health_check`. With ``--daemon``: asks the running daemon
     at the config's ``service.socket``; ``--socket PATH``: at that socket (the config is then read
     only if the file exists). The limits column shows the daemon's own thresholds
-    (``HealthReply.limits``). Prints a table, or one JSON line with ``--json``. Returns 0
-    healthy, 1 unhealthy, 2 error (message on stderr).
+    (``HealthReply.limits``); from a daemon, the conditions are every condition of the box (the
+    one verdict, :mod:`appliance.ops.verdict`). Prints a table, or one JSON line with ``--json``.
+    Returns 0 healthy, 1 degraded or unhealthy, 2 error (message on stderr).
     """
     try:
         cfg: Optional[Config] = None

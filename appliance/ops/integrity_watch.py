@@ -4,8 +4,8 @@ A thread steps a :class:`~appliance.model.reverify.Reverifier` over the ``(file,
 the runner verified at load (``runner.weight_files``: checkpoint files, ONNX graphs and their
 external data, TensorRT plans) at ``safety.reverify_mib_per_s`` (8 MiB/s: the 1.2 GB checkpoint
 every ~2.5 minutes, about 1 % of a core). The first mismatch is logged once as an error naming the
-file, kept in :attr:`IntegrityWatch.failure`, and makes every later health check unhealthy
-(:func:`appliance.ops.health.run_health_check`), so systemd's health timer and Home Assistant see
+file, kept in :attr:`IntegrityWatch.failure`, and makes the box unhealthy from then on
+(:meth:`IntegrityWatch.conditions`, a source of the one verdict, :mod:`appliance.ops.verdict`), so systemd's health timer and Home Assistant see
 it; the box keeps speaking with what it loaded (a restart refuses the bad file at load).
 """
 
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..core import UNHEALTHY, Condition
 from ..model.reverify import Reverifier, budget_bytes
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class IntegrityWatch:
         self.reverifier = Reverifier(files)
         self.mib_per_s = float(mib_per_s)
         self.failure: Optional[str] = None
+        self._failed_at = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -57,9 +60,17 @@ class IntegrityWatch:
         if self.failure is None:
             err = self.reverifier.step(budget)
             if err is not None:
-                self.failure = str(err)
+                self.failure, self._failed_at = str(err), time.monotonic()
                 log.error("weights changed on disk since they were loaded: %s", err)
         return self.failure
+
+    def conditions(self) -> tuple:
+        """Health's view: ``integrity`` (unhealthy) once a file failed, naming it."""
+        failure = self.failure
+        if failure is None:
+            return ()
+        return (Condition("integrity", f"weights: {failure} (changed on disk since the load; "
+                                       f"a restart refuses it)", self._failed_at, UNHEALTHY),)
 
     def _run(self) -> None:
         budget = budget_bytes(self.mib_per_s, PERIOD_S)

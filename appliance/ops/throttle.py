@@ -10,6 +10,11 @@ Levels (:class:`Level`, a ``str`` enum whose value goes into ``STATUS=`` and MQT
 ``alerts_only``       one channel, only ``alert`` requests start; the rest wait
 ==================== =====================================================================
 
+A request held by the throttle waits at most ``service.max_hold_s`` (then it ends ``throttled``,
+:mod:`appliance.service.scheduler`); when memory is what holds the level, a request of a priority
+that cannot start is refused at once with ``insufficient_memory`` instead of waiting
+(:attr:`Limits.resources`).
+
 Signals, each a :class:`Ladder` of three thresholds (one per level above normal) with its own
 hysteresis band, so a value hovering at a threshold never flaps:
 
@@ -18,13 +23,18 @@ hysteresis band, so a value hovering at a threshold never flaps:
   point (``/sys/class/thermal/*/trip_point_*``; ``active`` fan trips are ignored), else
   ``throttle.trip_c`` / ``fallback_trip_c``;
 * the appliance's memory use against ``service.memory_budget_mb`` (fractions);
-* system ``MemAvailable`` (on Jetson GPU allocations share it and cannot be swapped);
+* free memory as the box sees it (:attr:`Reading.free_mib <appliance.ops.readings.Reading.free_mib>`:
+  the least of ``MemAvailable``, tegrastats' RAM and a cgroup's headroom; on a Jetson the GPU's
+  allocations share it and cannot be swapped) against the larger of ``throttle.min_available_mb``
+  and ``min_available_frac`` of the memory total (queue_low_priority; half of it: alerts_only);
 * input power (``VDD_IN`` or the sum of rails) against ``throttle.power_limit_mw``;
 * measured RTF (observations older than ``max(60 s, 4 x min_dwell_s)`` are forgotten).
 
-The level is the worst signal's level. It rises at once; it falls one level at a time, at most
-once per ``throttle.min_dwell_s``. Every change is logged with its reason and passed to
-``on_change``; nothing is latched, so every level is left again when the cause goes away.
+The level is the worst signal's level. It rises at once; it falls once every signal has been
+below the current level for ``throttle.min_dwell_s`` (a few seconds: the hysteresis bands already
+keep a value at a threshold from flapping), straight to the level the signals ask for. Every
+change is logged with its reason and passed to ``on_change``; nothing is latched, so every level
+is left again when the cause goes away. Every window is on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from ..config import ThrottleConfig
+from ..core import Condition
 from .readings import Reading, Trip
 
 log = logging.getLogger(__name__)
@@ -71,12 +82,17 @@ class Limits:
         max_channels: channels that may synthesize at the same time.
         chunk_scale: multiply ``stream.chunk_tokens`` by this.
         run_priorities: priorities that may start now; others stay queued (not refused).
+        cause: what holds the level, e.g. ``by memory: available memory 300.0MiB (<= 389.0MiB:
+            alerts_only)``; empty at ``normal``.
+        resources: the resources behind it (``thermal``, ``memory``, ``power``, ``compute``).
     """
 
     level: Level
     max_channels: int
     chunk_scale: int
     run_priorities: frozenset
+    cause: str = ""
+    resources: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -103,11 +119,14 @@ class Ladder:
         hysteresis: band width, same unit as the value.
         unit: printed after values (``C``, ``MiB``...).
         lower_is_worse: e.g. available memory.
+        resource: what runs short, as health names it: ``thermal``, ``memory``, ``power`` or
+            ``compute`` (default: ``name``).
     """
 
     def __init__(self, name: str, thresholds: Iterable[Optional[float]], hysteresis: float, unit: str = "",
-                 lower_is_worse: bool = False) -> None:
+                 lower_is_worse: bool = False, resource: Optional[str] = None) -> None:
         self.name = name
+        self.resource = resource or name
         self.thresholds = list(thresholds)
         assert len(self.thresholds) == 3, "one threshold per level above normal"
         self.hysteresis = hysteresis
@@ -197,22 +216,25 @@ class Throttle:
         self.trip_source = where
         temps = [trip - cfg.reduce_margin_c, trip - cfg.queue_margin_c, trip - cfg.alerts_margin_c]
         budget = float(memory_budget_mb)
-        avail = cfg.min_available_mb
+        avail = cfg.min_available_mb         # the floor; readings with a total raise it (min_available_frac)
         power = cfg.power_limit_mw
         self.ladders = {
-            "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C"),
+            "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C", resource="thermal"),
             "memory": Ladder("memory", [cfg.mem_reduce_frac * budget, cfg.mem_queue_frac * budget,
                                         cfg.mem_alerts_frac * budget], cfg.mem_hysteresis_frac * budget, "MiB"),
             "available": Ladder("available memory", [None, avail, avail / 2], max(16.0, avail / 4), "MiB",
-                                lower_is_worse=True),
+                                lower_is_worse=True, resource="memory"),
             "power": Ladder("power", [power, power * 1.1 if power else None, None], cfg.power_hysteresis_mw, "mW"),
-            "rtf": Ladder("rtf", [cfg.rtf_reduce, cfg.rtf_queue, None], cfg.rtf_hysteresis),
+            "rtf": Ladder("rtf", [cfg.rtf_reduce, cfg.rtf_queue, None], cfg.rtf_hysteresis, resource="compute"),
         }
         self.level = Level.NORMAL
         self.reason = "start"
         self.history: list = []
         self._since = clock()
+        self._throttled_since: Optional[float] = None   # when it left normal (monotonic s)
+        self._lower_since: Optional[float] = None       # since when every signal asks for less (monotonic s)
         self._rtf: Optional[tuple] = None
+        self._limits = self._make_limits()
         log.info("throttle: temperature levels %.1f/%.1f/%.1fC from %s; memory budget %.0f MiB; power limit %s",
                  *temps, where, budget, f"{power:.0f} mW" if power else "off")
 
@@ -225,7 +247,9 @@ class Throttle:
     def update(self, reading: Optional[Reading] = None, *, app_mem_mib: Optional[float] = None,
                rtf: Optional[float] = None) -> Level:
         """Re-evaluate the level from a telemetry reading, the appliance's own memory use (MiB,
-        counted against the budget) and/or an RTF measurement. Returns the (new) level."""
+        counted against the budget) and/or an RTF measurement. Returns the (new) level.
+        ``on_change`` is called after the lock is released (it may read :meth:`conditions`)."""
+        change = None
         with self._lock:
             if rtf is not None:
                 self.observe_rtf(rtf)
@@ -235,7 +259,8 @@ class Throttle:
                 rtf_value = self._rtf[0]
             lad = self.ladders
             lad["temperature"].update(reading.hot_c if reading is not None else None)
-            lad["available"].update(reading.mem_available_mib if reading is not None else None)
+            self._free_floor(reading)
+            lad["available"].update(reading.free_mib if reading is not None else None)
             lad["power"].update(reading.power_mw if reading is not None and self.cfg.power_limit_mw else None)
             lad["memory"].update(app_mem_mib)
             lad["rtf"].update(rtf_value)
@@ -243,119 +268,84 @@ class Throttle:
                 return self.level
             target = max(x.level for x in lad.values())
             cur = self.level.rank
-            if target > cur:
-                causes = [x.describe() for x in lad.values() if x.level == target]
-                self._set(_ORDER[target], now, "; ".join(causes))
-            elif target < cur and now - self._since >= self.cfg.min_dwell_s:
+            if target >= cur:
+                self._lower_since = None
+                if target > cur:
+                    change = self._set(_ORDER[target], now, "; ".join(x.describe() for x in lad.values() if x.level == target))
+            elif self._lower_since is None:
+                self._lower_since = now
+            if target < cur and now - self._lower_since >= self.cfg.min_dwell_s:
                 worst = [x.describe() for x in lad.values() if x.level == target and target > 0]
                 why = "; ".join(worst) if worst else ", ".join(x.describe() for x in lad.values() if x.value is not None)
-                self._set(_ORDER[cur - 1], now, f"recovered after {now - self._since:.0f} s: {why}")
-            return self.level
-
-    def _set(self, new: Level, now: float, reason: str) -> None:
-        old = self.level
-        self.level, self.reason, self._since = new, reason, now
-        change = Change(now, old, new, reason)
-        self.history.append(change)
-        (log.warning if new.rank > old.rank else log.info)("throttle %s -> %s: %s", old.value, new.value, reason)
-        if self.on_change is not None:
+                change = self._set(_ORDER[target], now, f"recovered: below {self.level.value} for "
+                                                        f"{now - self._lower_since:.1f} s: {why}")
+                self._lower_since = None
+            level = self.level
+            self._limits = self._make_limits()
+        if change is not None and self.on_change is not None:
             try:
                 self.on_change(change)
             except Exception:  # noqa: BLE001 - a publisher failure must not stop throttling
                 log.exception("throttle on_change callback failed")
+        return level
+
+    def _free_floor(self, reading: Optional[Reading]) -> None:
+        """The free-memory thresholds from ``reading``'s memory total (``min_available_frac``),
+        never below ``min_available_mb``."""
+        total = reading.total_mib if reading is not None else None
+        floor = max(self.cfg.min_available_mb, self.cfg.min_available_frac * total if total else 0.0)
+        self.ladders["available"].thresholds = [None, floor, floor / 2]
+        self.ladders["available"].hysteresis = max(16.0, floor / 4)
+
+    def _set(self, new: Level, now: float, reason: str) -> Change:
+        old = self.level
+        self.level, self.reason, self._since = new, reason, now
+        if new is Level.NORMAL:
+            self._throttled_since = None
+        elif old is Level.NORMAL:
+            self._throttled_since = now
+        change = Change(now, old, new, reason)
+        self.history.append(change)
+        (log.warning if new.rank > old.rank else log.info)("throttle %s -> %s: %s", old.value, new.value, reason)
+        return change
 
     # -- outputs ----------------------------------------------------------------------------
 
+    def conditions(self) -> tuple:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``throttled`` while the level
+        is above normal, its reason naming the level, the resource that runs short (``thermal``,
+        ``memory``, ``power``, ``compute``) and the reading against its threshold, e.g.
+        ``queue_low_priority by thermal: temperature 86.0C (>= 82.0C: queue_low_priority)``; once
+        every signal is back, ``... recovering: ...`` until the level comes down."""
+        with self._lock:
+            lim, since = self._limits, self._throttled_since
+        if lim.level is Level.NORMAL or since is None:
+            return ()
+        return (Condition("throttled", f"{lim.level.value} {lim.cause}", since),)
+
+    def _cause(self) -> tuple:
+        """``(text, resources)``: what holds the current level (lock held)."""
+        hot = [x for x in self.ladders.values() if x.level > 0]
+        if not hot:
+            return f"recovering: every signal is back ({self.reason})", frozenset()
+        top = max(x.level for x in hot)
+        causes = [x for x in hot if x.level == top]
+        res = tuple(dict.fromkeys(x.resource for x in causes))
+        return f"by {'/'.join(res)}: " + "; ".join(x.describe() for x in causes), frozenset(res)
+
     def limits(self) -> Limits:
-        """The scheduler's limits at the current level (see the module docstring)."""
+        """The scheduler's limits at the current level (see the module docstring); the same
+        object until the next :meth:`update` (no allocation per call)."""
+        return self._limits
+
+    def _make_limits(self) -> Limits:
+        """Limits of the current level with its cause (lock held)."""
         lvl, cfg, n = self.level, self.cfg, self.channels
         if lvl is Level.NORMAL:
             return Limits(lvl, n, 1, frozenset({"alert", "normal", "background"}))
+        cause, res = self._cause()
         if lvl is Level.REDUCED_CHANNELS:
-            return Limits(lvl, min(n, cfg.reduced_channels), 1, frozenset({"alert", "normal", "background"}))
+            return Limits(lvl, min(n, cfg.reduced_channels), 1, frozenset({"alert", "normal", "background"}), cause, res)
         if lvl is Level.QUEUE_LOW_PRIORITY:
-            return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}))
-        return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}))
-
-
-class Monitor:
-    """What the daemon starts: telemetry sampled on its own thread, each reading fed to a
-    :class:`Throttle` together with the appliance's memory use as the budget counts it
-    (:attr:`budget_mib`; unset: :func:`~appliance.ops.telemetry.appliance_memory_mib`).
-
-    Daemon use::
-
-        mon = Monitor(cfg, on_change=lambda ch: publish_status())
-        mon.budget_mib = lambda: current_mib(pipeline)   # appliance.service.memory
-        mon.start()
-        ...  mon.observe_rtf(done.rtf)          # after every finished request
-        ...  StatusReply(throttle=mon.level, temperature_c=mon.temperature_c, ...)
-        ...  mon.limits()                       # for the scheduler
-        mon.close()
-
-    Args:
-        cfg: the whole config (``telemetry``, ``throttle``, ``service``).
-        on_change: passed to :class:`Throttle`.
-        telemetry: an opened :class:`~appliance.ops.telemetry.Telemetry` (default:
-            ``open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)``).
-
-    Raises:
-        ConfigError: ``telemetry.source`` names a source this machine does not have.
-    """
-
-    def __init__(self, cfg, on_change: Optional[Callable[[Change], None]] = None, telemetry=None) -> None:
-        from .telemetry import open_telemetry
-
-        self.telemetry = telemetry if telemetry is not None else open_telemetry(cfg.telemetry.source, cfg.telemetry.interval_s)
-        self.throttle = Throttle(cfg.throttle, self.telemetry.trips(), cfg.service.memory_budget_mb,
-                                 len(cfg.service.channels), on_change=on_change)
-        #: ``() -> MiB`` counted against the budget by the box's kind (the daemon sets
-        #: ``service.memory.current_mib``; None from it: not known now); unset: the telemetry's figure
-        self.budget_mib: Optional[Callable[[], Optional[float]]] = None
-        self.memory_mib: Optional[float] = None   # what the last reading fed the throttle
-
-    def start(self) -> None:
-        """Take a first reading now, then sample every ``telemetry.interval_s`` on a thread."""
-        self.telemetry.start(self._on_reading)
-
-    def _on_reading(self, reading: Reading) -> None:
-        """Feed ``reading`` and the appliance's memory to the throttle. The memory is what
-        :attr:`budget_mib` says: the figure the start-up fit and the health check count against the
-        budget by the box's kind (:mod:`appliance.ops.footprint`). The telemetry's GPU figure (NVML:
-        every process on the GPU and the CUDA context; NvMap: every allocation on the box) plus RSS
-        stands in only where nothing set :attr:`budget_mib`: on an H200 NVML read 2204 MiB where
-        the allocator held 804, and a budget the start-up check had passed sent the throttle to
-        ``alerts_only`` at once."""
-        from .telemetry import appliance_memory_mib
-
-        if self.budget_mib is None:
-            self.memory_mib = appliance_memory_mib(reading)
-        else:
-            try:
-                self.memory_mib = self.budget_mib()
-            except Exception:  # noqa: BLE001 - a probe must not stop the throttle
-                self.memory_mib = None
-        self.throttle.update(reading, app_mem_mib=self.memory_mib)
-
-    def observe_rtf(self, rtf: float) -> None:
-        """Record a finished request's RTF (used at the next reading)."""
-        self.throttle.observe_rtf(rtf)
-
-    @property
-    def level(self) -> str:
-        """Throttle level string for STATUS / MQTT (``normal`` ...)."""
-        return self.throttle.level.value
-
-    @property
-    def temperature_c(self) -> Optional[float]:
-        """The temperature the throttle uses (``tj`` or hottest sensor), C; None if unknown."""
-        r = self.telemetry.latest
-        return r.hot_c if r is not None else None
-
-    def limits(self) -> Limits:
-        """The scheduler's limits now."""
-        return self.throttle.limits()
-
-    def close(self) -> None:
-        """Stop sampling (and the tegrastats subprocess, if any)."""
-        self.telemetry.close()
+            return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}), cause, res)
+        return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}), cause, res)

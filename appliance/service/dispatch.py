@@ -16,7 +16,9 @@ synthesizes) concurrently with the worker thread, which drives the pipeline's ``
 prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
 request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
 thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
-(except ``play: false`` ones, whose audio only goes back to their client: not journaled).
+(except ``play: false`` ones, whose audio only goes back to their client: not journaled). The
+journal is a safety net, not a gate: a request it cannot write (disk full, read-only) is queued
+all the same, its ``accepted`` saying ``not_crash_safe`` and why.
 
 An *utterance* whose text still arrives (a Wyoming stream, a long text sent in pieces) is ONE
 request: :meth:`Dispatcher.handle_request` with ``more=True`` accepts it with its first piece, then
@@ -42,6 +44,7 @@ from ..errors import (
     ApplianceError,
     BusyError,
     CancelledError,
+    JournalError,
     RequestError,
     TextError,
     UnknownChannelError,
@@ -78,37 +81,37 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    """Handles parsed requests for the daemon.
+    """Handles parsed requests for the daemon; built complete by :mod:`appliance.daemon.build`.
 
     Args:
         service: ``cfg.service`` (``max_line_bytes``, ``max_text_chars``, ``channels``).
+        pipeline: the loaded :class:`~appliance.synth.pipeline.Pipeline` (``prepare`` only).
+        worker: the started :class:`~appliance.service.worker.Worker`.
+        loop: the daemon's event loop (where :meth:`handle_request_threadsafe` schedules).
         state: ``() -> str``, the daemon's state; requests are taken only while ``ready``.
         status: ``() -> StatusReply`` (``status`` requests).
         health: ``() -> HealthReply``, run on the worker thread (``health`` requests).
-
         limiter: the per-client :class:`~appliance.service.peers.RateLimiter` (None: no limit).
-
-    Attributes:
-        pipeline, worker: set by the daemon once they are loaded.
         journal, recovery: the request journal and the replay state (None: journal off).
-        loop: the daemon's event loop, set once it runs.
     """
 
-    def __init__(self, service: ServiceConfig, state: Callable[[], str], status: Callable[[], StatusReply],
-                 health: Callable[[], HealthReply], limiter: Optional[RateLimiter] = None) -> None:
+    def __init__(self, service: ServiceConfig, pipeline: Pipeline, worker: Worker,
+                 loop: asyncio.AbstractEventLoop, state: Callable[[], str], status: Callable[[], StatusReply],
+                 health: Callable[[], HealthReply], limiter: Optional[RateLimiter] = None,
+                 journal: Optional[Journal] = None, recovery: Optional[Recovery] = None) -> None:
         self.max_line_bytes = service.max_line_bytes
         self.max_text_chars = service.max_text_chars
         self.channels = [c.name for c in service.channels]
         self.cancel_on_disconnect = {c.name for c in service.channels if c.on_disconnect == "cancel"}
         self.limiter = limiter
-        self.journal: Optional[Journal] = None
-        self.recovery: Optional[Recovery] = None
+        self.journal = journal
+        self.recovery = recovery
         self.state = state
         self.status = status
         self.health = health
-        self.pipeline: Optional[Pipeline] = None
-        self.worker: Optional[Worker] = None
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.pipeline = pipeline
+        self.worker = worker
+        self.loop = loop
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
 
     def close(self) -> None:
@@ -137,7 +140,7 @@ class Dispatcher:
     def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """A socket client closed its connection: cancel its queued, running and playing
         requests on channels with ``on_disconnect: cancel`` (loop thread)."""
-        if self.worker is None or not self.cancel_on_disconnect:
+        if not self.cancel_on_disconnect:
             return
         items = self.worker.cancel(sink=sink, channels=self.cancel_on_disconnect)
         if items:
@@ -151,10 +154,10 @@ class Dispatcher:
         Raises:
             BusyError: the daemon is not serving (before ready or after stop).
         """
-        loop = self.loop
-        if loop is None or loop.is_closed() or self.state() != "ready":
+        if self.loop.is_closed() or self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin, arrived=time.monotonic()), loop)
+        return asyncio.run_coroutine_threadsafe(self.handle_request(req, sink, origin, arrived=time.monotonic()),
+                                                self.loop)
 
     async def handle_request(self, req: Message, sink: EventSink, origin: str = "socket",
                              peer: Optional[Peer] = None, arrived: Optional[float] = None, more: bool = False,
@@ -175,7 +178,7 @@ class Dispatcher:
             elif isinstance(req, Cancel):
                 self._cancel(req, sink)
             elif isinstance(req, HealthRequest):
-                if self.state() != "ready" or self.worker is None:
+                if self.state() != "ready":
                     raise BusyError(f"the daemon is {self.state()}; ask again later")
                 self.worker.run_task(self.health, sink)
             else:
@@ -188,7 +191,7 @@ class Dispatcher:
             sink(error_event(e, rid), None)
 
     def _check_text(self, text: str) -> None:
-        if self.state() != "ready" or self.worker is None or self.pipeline is None:
+        if self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
         n = len(text)
         limit = self.max_text_chars
@@ -219,8 +222,7 @@ class Dispatcher:
 
     def close_text(self, request_id: str) -> None:
         """The utterance ``request_id`` has all its text (a no-op once it ended)."""
-        if self.worker is not None:
-            self.worker.close_text(request_id)
+        self.worker.close_text(request_id)
 
     async def _speak(self, req: Speak, sink: EventSink, origin: str, peer: Optional[Peer], arrived: float,
                      more: bool = False, audio: Optional[ClientAudio] = None) -> None:
@@ -237,7 +239,11 @@ class Dispatcher:
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)
-            item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+            try:
+                item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+            except JournalError as e:               # a safety net, not a gate: it plays, not crash-safe
+                item.not_crash_safe = str(e)
+                log.warning("request %s is not journaled (not crash-safe), it plays anyway: %s", req.id, e)
         if peer is not None:
             log.info("request %s from %s", req.id, peer)
         self._submit(item)
@@ -257,8 +263,6 @@ class Dispatcher:
         Raises:
             ApplianceError: the daemon refuses it now (unknown channel, bad text, busy, ...).
         """
-        if self.worker is None or self.pipeline is None:
-            raise BusyError("the daemon has no worker yet")
         if channel not in self.channels:
             raise UnknownChannelError(f"channel {channel!r} is no longer configured ({', '.join(self.channels)})")
         loop = asyncio.get_running_loop()
@@ -266,8 +270,6 @@ class Dispatcher:
         self._submit(Request(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
-        if self.worker is None:
-            raise BusyError(f"the daemon is {self.state()}; send the request again later")
         if req.channel is not None and req.channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {req.channel!r}; configured channels: {', '.join(self.channels)}")
         items = self.worker.cancel(request_id=req.id, channel=req.channel)

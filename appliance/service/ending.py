@@ -48,8 +48,9 @@ class Ending:
                 item.move(State.PLAYING)
             mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
-            item.audio.finish(lambda output: self._settle(item, dataclasses.replace(
-                done, output=output, ttfb_ms=item.ttfb_ms(), **self.starts.fields(item))))
+            item.audio.finish(lambda out: self._settle(item, error_event(out, item.id) if isinstance(out, ApplianceError)
+                                                       else dataclasses.replace(done, output=out, ttfb_ms=item.ttfb_ms(),
+                                                                                **self.starts.fields(item))))
             return
         if t.state == "failed" and not item.cancel.is_set():
             self._fail(item, t.error)

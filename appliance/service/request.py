@@ -2,7 +2,7 @@
 
 Everything the service knows about a request lives here, keyed by the object itself (the
 scheduler's queues, the worker, the journal number, the watchdog, the audio): the
-:class:`~appliance.messages.protocol.Speak`, its prepared :class:`~appliance.synth.pipeline.Job`
+:class:`~appliance.messages.protocol.Speak`, its prepared :class:`~appliance.synth.job.Job`
 (the synthesis layer's view: sentences and prompts, no tensors), the client's
 :data:`~appliance.messages.protocol.EventSink`, the cancel event, the engine's task handle, the
 :class:`~appliance.audio.sink.AudioSink` its PCM goes to, and its timings.
@@ -41,7 +41,7 @@ from ..text.scripts import describe
 if TYPE_CHECKING:
     from ..audio.sink import AudioSink, ClientAudio
     from ..synth.batch import Task
-    from ..synth.pipeline import Job
+    from ..synth.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class Request:
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
         restarts: times it was resumed from the start after a preemption.
         journal: its sequence number in the request journal (None: not journaled).
+        not_crash_safe: why it is not journaled although the journal is on (the journal could
+            not write it: ``accepted.not_crash_safe``), else None.
         progress_at: ``time.monotonic()`` of its last progress (start, decode step, PCM, new
             text); the per-request watchdog ends it after ``safety.stall_s`` without.
         client_audio: how its transport opens the sink of its client
@@ -100,6 +102,7 @@ class Request:
     preempted_by: Optional[str] = None
     restarts: int = 0
     journal: Optional[int] = None
+    not_crash_safe: Optional[str] = None
     progress_at: float = 0.0
     client_audio: Optional[ClientAudio] = None
 
@@ -143,7 +146,7 @@ class Request:
 
     def add(self, part: Job) -> None:
         """Append the sentences of the next piece of its text (:meth:`Job.extend
-        <appliance.synth.pipeline.Job.extend>`); counts as progress for the watchdog."""
+        <appliance.synth.job.Job.extend>`); counts as progress for the watchdog."""
         self.job.extend(part)
         self.progress_at = time.monotonic()
 

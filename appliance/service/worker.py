@@ -72,7 +72,8 @@ from .startpolicy import StartPolicy
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
     from ..audio.sink import AudioSink
-    from ..synth.pipeline import Job, Pipeline
+    from ..synth.job import Job
+    from ..synth.pipeline import Pipeline
     from .journal import Journal
 
 log = logging.getLogger(__name__)
@@ -91,12 +92,14 @@ class Worker(Ending):
         on_heartbeat, on_finished: hooks (see module docstring).
         audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
-        throttle: a :class:`~appliance.ops.throttle.Monitor` (``limits()``,
+        throttle: a :class:`~appliance.ops.monitor.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
         journal: the :class:`~appliance.service.journal.Journal` (its state records: started,
             synthesized, sounding, requeued; ``end`` before its terminal event is sent), or None.
         stall_s: per-request watchdog (``safety.stall_s``): a running request without progress
             for this long is ended with ``engine_error`` (:mod:`appliance.service.stall`); None = off.
+        max_hold_s: longest a request waits held by the throttle (``service.max_hold_s``), then it
+            ends ``throttled`` (:meth:`~appliance.service.scheduler.Scheduler.expired`); None = unbounded.
     """
 
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
@@ -104,7 +107,8 @@ class Worker(Ending):
                  on_finished: Optional[Callable[[Request, Event], None]] = None,
                  audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
                  throttle: Optional[ThrottlePolicy] = None,
-                 journal: Optional[Journal] = None, stall_s: Optional[float] = None) -> None:
+                 journal: Optional[Journal] = None, stall_s: Optional[float] = None,
+                 max_hold_s: Optional[float] = None) -> None:
         self.pipeline = pipeline
         self.engine = pipeline.engine if pipeline is not None else None
         self.audio_format = audio_format
@@ -127,7 +131,7 @@ class Worker(Ending):
         if self.engine is not None:   # heartbeats also while a health check drives the engine
             self.engine.on_step = self._beat
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
-                               throttle, on_preempt)
+                               throttle, on_preempt, max_hold_s)
         self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
         self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
 
@@ -165,7 +169,8 @@ class Worker(Ending):
             if self._stopping:
                 raise BusyError("the daemon is stopping; send the request again after it restarts")
             pos, waiting = self.sched.check(item)
-            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
+            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting,
+                               not_crash_safe=item.not_crash_safe), None)
             victims = self.sched.enqueue(item)
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
@@ -300,6 +305,7 @@ class Worker(Ending):
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
                 start = [] if self._stopping or task is not None else self.sched.admit()   # the task needs a slot
+                expired = self.sched.expired()         # held by the throttle for service.max_hold_s
                 # idle: nothing to start, to step (every task waits for text, or none) or to end
                 if task is None and not start and not eng.runnable and not self.sched.over():
                     self._cv.wait(self.heartbeat_s)
@@ -308,6 +314,8 @@ class Worker(Ending):
                     idle = False
             for ra in spent:      # freed on the thread that allocated it (sound_request: Memory)
                 ra.release()
+            for it, err in expired:
+                self._settle(it, error_event(err, it.id))
             self._beat()
             if idle:
                 continue

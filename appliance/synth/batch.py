@@ -58,7 +58,7 @@ class Task:
     """One job inside the engine.
 
     Attributes:
-        job: the :class:`~appliance.synth.pipeline.Job`. sink: where its PCM goes.
+        job: the :class:`~appliance.synth.job.Job`. sink: where its PCM goes.
         cancel: set (any thread) to remove the task at the next step.
         chunk_scale: the schedule's largest chunk is multiplied by this (throttle: fewer, larger chunks).
         state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,

@@ -159,6 +159,7 @@ class DecodeLoop:
     def release(self, seq: Sequence) -> None:
         """Give the slot of a finished (or left) sentence back for the next join."""
         if seq.slot >= 0 and seq not in self.active:
+            self.runner.release(seq.slot)
             self._free.append(seq.slot)
             seq.slot = -1
 

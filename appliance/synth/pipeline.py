@@ -24,17 +24,16 @@ joins (:mod:`appliance.synth.vocoder`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-import numpy as np
 
-from ..config import Config
+from ..config import Config, SynthesisConfig
 from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
 from ..engines.lookahead import LookaheadChoice
 from ..engines.lookahead import choose as choose_lookahead
@@ -53,6 +52,7 @@ from ..text.voices import VoiceBook
 from .batch import BatchEngine
 from .checkpoint_dir import require_checkpoint
 from .decode_loop import DecodeLoop
+from .job import Job, JobStats
 from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
@@ -61,85 +61,6 @@ log = logging.getLogger(__name__)
 #: Upstream ``RefineTextParams`` defaults (``ChatTTS/core.py``): temperature 0.7, top-P 0.7,
 #: top-K 20, no repetition penalty, at most 384 tokens.
 REFINE_PARAMS = SamplingParams(temperature=0.7, top_p=0.7, top_k=20, repetition_penalty=1.0, max_new_tokens=384)
-
-
-@dataclass
-class JobStats:
-    """Timings of one finished job.
-
-    Attributes:
-        ttfb_ms: from the start of :meth:`Pipeline.run` to the first PCM chunk, ms.
-        rtf: wall seconds of synthesis per second of audio produced.
-        audio_s: seconds of audio (24 kHz samples / 24000).
-        steps: decode steps (codes) produced, all sentences together.
-        steps_per_s: decode steps per wall second.
-        sentences: GPT generations run.
-    """
-
-    ttfb_ms: float
-    rtf: float
-    audio_s: float
-    steps: int
-    steps_per_s: float
-    sentences: int
-
-
-@dataclass
-class Job:
-    """A validated request, ready for :meth:`Pipeline.run`.
-
-    Attributes:
-        id: request id. text: normalized text. sentences: the pieces spoken one after another.
-        unspeakable: characters of the input that cannot be spoken (skipped, reported).
-        seed: sampling seed. params: effective sampling parameters. spk_emb: speaker vector.
-        voice: how ``done`` names the voice (:class:`~appliance.text.voices.VoiceChoice` label).
-        stats: filled when ``run`` finishes. meta: ``text_tokens`` (per sentence, its text's tokens
-            without the prompt's frame: the expected length), ``refined`` (sentence -> refined
-            text), ``silent`` (indices of sentences that produced no audio); a ``codes`` list set
-            before :meth:`run` receives every kept code and ``max_rows`` the widest batch it ran in.
-        open: more text may still come (:meth:`extend`; an utterance streamed in pieces): the
-            engine waits after the last sentence instead of finishing, until :meth:`close`.
-    """
-
-    id: str
-    text: str
-    sentences: list
-    prompts: list
-    unspeakable: list
-    seed: int
-    params: SamplingParams
-    spk_emb: Optional[np.ndarray]
-    stats: Optional[JobStats] = None
-    meta: dict = field(default_factory=dict)
-    prompt: str = ""
-    refine_prompts: Optional[list] = None
-    voice: str = ""
-    open: bool = False
-
-    def extend(self, part: "Job") -> None:
-        """Append the sentences of ``part`` (:meth:`Pipeline.prepare` of the next text of the same
-        request: an utterance whose text still arrives) to this job, which must be :attr:`open`.
-        Any thread while the engine runs the job: ``prompts`` grows last, so the engine (which
-        reads ``prompts[k]`` only for ``k < len(prompts)``) never sees a half-added sentence.
-
-        Raises:
-            RequestError: the job is closed (its text is complete).
-        """
-        if not self.open:
-            raise RequestError(f"request {self.id}: its text is complete; nothing can be added")
-        if (self.refine_prompts is None) != (part.refine_prompts is None):
-            raise RequestError(f"request {self.id}: refine_text must stay the same for all of its text")
-        self.text = f"{self.text} {part.text}".strip()
-        self.unspeakable.extend(u for u in part.unspeakable if u not in self.unspeakable)
-        self.sentences.extend(part.sentences)
-        if self.refine_prompts is not None:
-            self.refine_prompts.extend(part.refine_prompts)
-        self.meta.setdefault("text_tokens", []).extend(part.meta.get("text_tokens", []))
-        self.prompts.extend(part.prompts)
-
-    def close(self) -> None:
-        """No more text: the engine ends the job after its last sentence (any thread)."""
-        self.open = False
 
 
 class Pipeline:
@@ -208,6 +129,17 @@ class Pipeline:
         from ..engines.sizes import plan_sizes
 
         return plan_sizes(cfg)
+
+    def use_synthesis(self, synthesis: SynthesisConfig) -> None:
+        """Take new ``synthesis`` defaults (a reload, SIGHUP): every later :meth:`prepare` reads
+        them (any thread; one reference swapped, so a prepare sees the old or the new section whole).
+
+        Raises:
+            ConfigError: ``refine_text`` on a backend without a text mode.
+        """
+        if synthesis.refine_text and not self.runner.info.text_mode:
+            raise ConfigError(f"synthesis.refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
+        self.cfg = dataclasses.replace(self.cfg, synthesis=synthesis)
 
     @property
     def info(self) -> RunnerInfo:

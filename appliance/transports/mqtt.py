@@ -70,6 +70,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -101,12 +102,33 @@ STATUS_POLL_S = 0.5
 MAX_QUEUED = 1000
 """Most outgoing messages paho keeps while disconnected (older events are kept, newer dropped)."""
 
-_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib")
+_VOLATILE = ("buffered_ms", "temperature_c", "memory_mib", "for_s")
 
 IGNORED_WHEN_EMPTY = ("say", "cancel", "normalize")
 """Command topics on which a zero-byte payload is ignored: it is what clearing a retained message
 there delivers, and no command of theirs is empty."""
 
+
+
+def check_tls(cfg: Config) -> Optional[str]:
+    """The CA bundle ``mqtt.ca_file`` names, checked before anything heavy loads (the daemon calls
+    this before the model; :class:`MQTTBridge` again when it is built). Returns its path, or None
+    for the system CAs (or with ``mqtt.tls`` off).
+
+    Raises:
+        ConfigError: ``mqtt.ca_file`` is set but missing, or not a CA bundle Python's ``ssl`` reads.
+    """
+    m = cfg.mqtt
+    if not m.tls or not m.ca_file:
+        return None
+    ca_path = cfg.resolve(m.ca_file)
+    if not ca_path.is_file():
+        raise ConfigError(f"mqtt.ca_file: {ca_path} does not exist; point it at the broker's CA bundle (PEM)")
+    try:
+        ssl.create_default_context(cafile=str(ca_path))
+    except (OSError, ValueError, ssl.SSLError) as e:
+        raise ConfigError(f"mqtt.ca_file: cannot set up TLS with {ca_path}: {e}") from e
+    return str(ca_path)
 
 
 class MQTTBridge:
@@ -149,12 +171,7 @@ class MQTTBridge:
         if self.m.username is not None:
             self.client.username_pw_set(self.m.username, self.m.password)
         if self.m.tls:
-            ca = None
-            if self.m.ca_file:
-                ca_path = cfg.resolve(self.m.ca_file)
-                if not ca_path.is_file():
-                    raise ConfigError(f"mqtt.ca_file: {ca_path} does not exist; point it at the broker's CA bundle (PEM)")
-                ca = str(ca_path)
+            ca = check_tls(cfg)
             try:
                 self.client.tls_set(ca_certs=ca)
             except (OSError, ValueError) as e:
@@ -331,4 +348,6 @@ class MQTTBridge:
 def _strip_volatile(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _strip_volatile(v) for k, v in obj.items() if k not in _VOLATILE}
+    if isinstance(obj, list):      # e.g. the health conditions, each with its age
+        return [_strip_volatile(v) for v in obj]
     return obj

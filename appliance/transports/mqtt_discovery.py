@@ -23,6 +23,11 @@ component      entity                          topics / value
 ``sensor``     Last TTFB (ms, diagnostic)      ``status``: ``last_ttfb_ms``
 ``sensor``     Temperature (°C, diagnostic)    ``status``: ``temperature_c``
 ``sensor``     Throttle level (diagnostic)     ``status``: ``throttle``
+``sensor``     Health (diagnostic)             ``status``: ``health`` (``healthy``, ``degraded``,
+                                               ``unhealthy``: the one verdict,
+                                               :mod:`appliance.ops.verdict`); attributes
+                                               ``conditions`` (name, severity, reason, for_s)
+                                               and ``reasons``
 ``binary_sensor`` Speaking [<channel>]         ``status``: the channel synthesizes or plays
 ============== ============================== =====================================================
 
@@ -167,6 +172,12 @@ class Discovery:
             self._entity("sensor", "throttle", "Throttle level", state_topic=status, device_class="enum",
                          options=[lv.value for lv in Level], value_template="{{ value_json.throttle }}",
                          entity_category=DIAGNOSTIC, icon="mdi:thermometer-alert"),
+            self._entity("sensor", "health", "Health", state_topic=status, device_class="enum",
+                         options=["healthy", "degraded", "unhealthy"], value_template="{{ value_json.health }}",
+                         json_attributes_topic=status,
+                         json_attributes_template=("{{ {'conditions': value_json.conditions, 'reasons': "
+                                                   "value_json.conditions | map(attribute='reason') | list} | tojson }}"),
+                         entity_category=DIAGNOSTIC, icon="mdi:heart-pulse"),
         ]
         for ch in self.channels:
             suffix = f" {ch}" if many else ""

@@ -1,7 +1,7 @@
 """The UNIX socket: framing, connections, and thread-safe event delivery (asyncio).
 
 * :func:`listen_socket` binds ``service.socket`` (its directory must exist: the daemon checks and
-  creates it at start, :mod:`appliance.service.paths`; a stale socket file is removed, one that
+  creates it at start, :mod:`appliance.daemon.paths`; a stale socket file is removed, one that
   another daemon still answers on refused), mode ``service.socket_mode``.
 * :func:`inherited_socket` takes a listening socket passed by systemd socket activation
   (``LISTEN_PID`` = our pid, ``LISTEN_FDS`` >= 1, fd 3; ``sd_listen_fds(3)``).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from ..config import Config, load_config
 from ..errors import ApplianceError
@@ -30,10 +30,13 @@ class Reload:
         live: section name -> its new value, to apply now (empty: nothing to apply).
         status: the status line for systemd (``READY=1`` follows), e.g.
             ``ready (config reloaded: applied synthesis; restart needed for audio)``.
+        failed: why the file was not taken (``reload failed: ...``), for health's
+            ``reload_failed`` condition; None when it was read.
     """
 
     live: dict[str, Any]
     status: str
+    failed: Optional[str] = None
 
 
 def plan_reload(config_path: str, running: Config, text_mode: bool, backend: str) -> Reload:
@@ -49,7 +52,8 @@ def plan_reload(config_path: str, running: Config, text_mode: bool, backend: str
         new = load_config(config_path)
     except ApplianceError as e:
         log.error("SIGHUP: %s is not valid, keeping the running configuration: %s", config_path, e)
-        return Reload({}, f"ready (reload failed, running config kept: {e})")
+        return Reload({}, f"ready (reload failed, running config kept: {e})",
+                      f"reload failed: {e}; the running configuration is kept")
     changed = [f.name for f in dataclasses.fields(Config)
                if f.name not in ("base_dir", "source") and getattr(new, f.name) != getattr(running, f.name)]
     live = {n: getattr(new, n) for n in changed if n in LIVE_SECTIONS}

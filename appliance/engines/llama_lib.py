@@ -1,0 +1,145 @@
+"""llama.cpp through llama-cpp-python's low-level ``llama_cpp`` API: import, log routing, the
+model's load and its shape check, the context.
+
+llama-cpp-python has no binary wheel: ``pip install 'chattts-appliance[llama]'`` builds it from
+its sdist with CMake and the machine's C/C++ compiler (``scripts/quickstart.sh``; on a Jetson with
+CUDA, ``scripts/install_jetson.sh``). llama.cpp's own log lines go to this module's logger at
+DEBUG (its errors at WARNING), and the last ones are quoted when a load fails.
+
+A GGUF is refused (:class:`~appliance.errors.EngineMismatchError`, naming the file) when llama.cpp
+cannot load it or when its dimensions (width, layers, heads, KV heads, feed-forward width, the
+output rows ``Q*V``, RoPE positions and base, RMSNorm epsilon) differ from the manifest's
+``shapes``, which were read from the checkpoint at export (the manifest's checkpoint identity is
+checked against the configured checkpoint before, :func:`appliance.engines.manifest.check`).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, EngineMismatchError
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+_recent: collections.deque[str] = collections.deque(maxlen=8)
+#: GGUF types offered (``engines export --precision``), in the order ``model.llama_precision: auto``
+#: tries them, with llama.cpp's file type (``llama_ftype``) for each.
+FTYPES = {"q8_0": 7, "q4_k_m": 15, "q4_0": 2, "f16": 1, "f32": 0}
+#: ggml log levels (``ggml_log_level``) -> Python's; CONT (5) continues the previous line.
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.DEBUG, 4: logging.WARNING}
+
+
+def lib() -> Any:
+    """The ``llama_cpp`` module, its backend initialised and its log routed here (once).
+
+    Raises:
+        ConfigError: llama-cpp-python is not installed (says how to build it).
+    """
+    with _lock:
+        if "lc" in _state:
+            return _state["lc"]
+        try:
+            import llama_cpp as lc
+        except (ImportError, OSError) as e:  # OSError: the shared library did not load
+            raise ConfigError(
+                f"model.backend=llama needs llama-cpp-python, built from its sdist with a C/C++ compiler: "
+                f"pip install 'chattts-appliance[llama]' (scripts/quickstart.sh does it) ({e})") from e
+
+        @lc.llama_log_callback
+        def _on_log(level: int, text: bytes, _user: Any) -> None:
+            line = text.decode("utf-8", "replace").rstrip()
+            if line:
+                _recent.append(line)
+                log.log(_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", line)
+
+        lc.llama_log_set(_on_log, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        _state.update(lc=lc, cb=_on_log)  # the callback object must outlive every call
+        return lc
+
+
+def recent_log() -> str:
+    """llama.cpp's last log lines, joined (for an error message)."""
+    return " | ".join(_recent)
+
+
+def meta(lc: Any, model: Any, key: str) -> str | None:
+    """A GGUF metadata value of a loaded model as a string (None when absent)."""
+    buf = ctypes.create_string_buffer(256)
+    n = lc.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode() if n >= 0 else None
+
+
+def load_model(lc: Any, f: Path, shapes: dict, gpu_layers: int = 0) -> Any:
+    """Load ``f`` with ``gpu_layers`` layers offloaded (0 on a CPU build) and check its shapes
+    against ``shapes`` (the manifest's). Returns the ``llama_model`` pointer.
+
+    Raises:
+        EngineMismatchError: llama.cpp cannot load ``f``, or a dimension differs (names the file,
+            each difference and how to export again).
+    """
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = gpu_layers
+    model = lc.llama_model_load_from_file(str(f).encode(), mp)
+    if not model:
+        raise EngineMismatchError(f"llama.cpp cannot load {f} ({recent_log()}): export it again "
+                                  f"(chattts-appliance engines export --precision <type>)")
+    s = shapes
+    nv = lc.llama_model_get_vocab(model)
+    have = {"hidden": lc.llama_model_n_embd(model), "n_layers": lc.llama_model_n_layer(model),
+            "n_heads": lc.llama_model_n_head(model), "n_heads_kv": lc.llama_model_n_head_kv(model),
+            "ffn": _int(meta(lc, model, "llama.feed_forward_length")),
+            "output_rows": lc.llama_vocab_n_tokens(nv), "max_pos": lc.llama_model_n_ctx_train(model),
+            "rope_theta": _float(meta(lc, model, "llama.rope.freq_base")),
+            "rms_eps": _float(meta(lc, model, "llama.attention.layer_norm_rms_epsilon"))}
+    want = {"hidden": s["hidden"], "n_layers": s["n_layers"], "n_heads": s["n_heads"], "n_heads_kv": s["n_heads"],
+            "ffn": s["ffn"], "output_rows": s["num_vq"] * s["num_audio_tokens"], "max_pos": s["max_pos"],
+            "rope_theta": float(s["rope_theta"]), "rms_eps": float(s["rms_eps"])}
+    diffs = [f"{k} {have[k]!r}, expected {v!r}" for k, v in want.items()
+             if not (have[k] == v or (isinstance(v, float) and have[k] is not None and abs(have[k] - v) <= 1e-6 * abs(v)))]
+    if diffs:
+        lc.llama_model_free(model)
+        raise EngineMismatchError(f"{f} does not match the checkpoint it is recorded for: " + "; ".join(diffs)
+                                  + "; export it again (chattts-appliance engines export --precision <type>)")
+    return model
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v is not None else None
+
+
+def _float(v: str | None) -> float | None:
+    return float(v) if v is not None else None
+
+
+def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, threads: int, kv_type: str = "f16") -> Any:
+    """A context of ``seqs`` sequences x ``seq_len`` KV positions each (one KV stream per
+    sequence), prompts of up to ``batch`` rows per ``llama_decode``, ``threads`` CPU threads, the
+    final hidden states output beside the logits (``embeddings``, no pooling), KV cache in
+    ``kv_type`` (``f16`` or ``q8_0``).
+
+    Raises:
+        EngineMismatchError: llama.cpp could not make the context (quotes its log).
+    """
+    cp = lc.llama_context_default_params()
+    cp.n_ctx = seqs * seq_len
+    cp.n_seq_max = seqs
+    cp.n_batch = cp.n_ubatch = batch
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.embeddings = True
+    cp.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+    cp.kv_unified = False
+    cp.no_perf = True
+    t = {"f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0}[kv_type]
+    cp.type_k = cp.type_v = t
+    ctx = lc.llama_init_from_model(model, cp)
+    if not ctx:
+        raise EngineMismatchError(f"llama.cpp could not create a context of {seqs} x {seq_len} positions ({recent_log()})")
+    return ctx

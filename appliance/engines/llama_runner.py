@@ -1,0 +1,243 @@
+"""The llama.cpp backend (CPU; CUDA where llama-cpp-python was built with it): the GPT from
+``gpt.gguf``, the Decoder and Vocos on ONNX Runtime.
+
+Loads ``<model.engine_dir>/llama/<type>/`` (``chattts-appliance engines export --precision
+q8_0``, :mod:`appliance.build.gguf_export`): checks its manifest against the config and the
+checkpoint, hashes every file it maps (``safety.verify_checkpoint``), loads the GGUF and refuses
+one whose dimensions differ from the checkpoint's (:func:`appliance.engines.llama_lib.load_model`),
+and implements the network passes of a :class:`~appliance.engines.host_runner.HostRunner`
+(sampling, per-slot hidden states and vocoder caches: numpy; the one sampler and random stream).
+
+One context, ``model.max_batch`` sequences of ``model.max_seq_len`` positions each (one KV
+stream per sequence): slot ``s`` is sequence ``s``. Every pass is one ``llama_decode`` of a
+batch made once by ``llama_batch_init(rows, D, 1)`` whose ``embd`` rows are the input
+embeddings, computed on the host from ``embed.safetensors`` (text rows with the L2-normalised
+speaker, or the sum of the Q code rows of the last codes): a decode step is one row per slot,
+every channel in the same call. The context outputs the final hidden state (``embeddings``,
+the GPT's output after its last RMSNorm: the Decoder's input) beside the logits of the output
+matrix ``[Q*V, D]`` (every codebook's logits at once). A slot's sequence is removed from the KV
+cache (``llama_memory_seq_rm``) when its sentence ends (:meth:`LlamaRunner.release`) and before
+each prefill. Refine-text runs the same GPT on text embeddings; its logits are the final hidden
+state times the text head (``head_text.npy``, mapped, read only then), on the host.
+
+Threads: ``model.threads`` (0 = all cores), for prompts and steps alike. The KV cache is F16
+(``llama_lib.new_context``). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..errors import ConfigError, EngineError
+from . import llama_lib
+from . import manifest as mf
+from .host_runner import HostRunner
+from .onnx_runner import embed_prompt, load_embeddings
+from .ort_vocoder import OrtVocoder, session_options
+from .runner import RunnerInfo, receptive_fields
+
+log = logging.getLogger(__name__)
+
+#: GGUF types tried in order under ``<engine_dir>/llama/`` when ``model.llama_precision`` is ``auto``.
+TYPES = tuple(llama_lib.FTYPES)
+
+
+def find_llama_export(cfg: Config) -> Path | None:
+    """The ``<engine_dir>/llama/<type>`` holding a manifest: ``model.llama_precision``, or with
+    ``auto`` the first of :data:`TYPES`."""
+    want = cfg.model.llama_precision
+    return mf.find_built(cfg.resolve(cfg.model.engine_dir), "llama", TYPES if want == "auto" else (want,))
+
+
+class LlamaRunner(HostRunner):
+    """llama.cpp GPT + ONNX Runtime vocoder (see module doc and :class:`~appliance.engines.runner.Runner`).
+
+    Args:
+        cfg: uses ``model.engine_dir``, ``model.llama_precision``, ``model.path`` (checkpoint
+            identity), ``model.threads``, ``model.spin_wait`` (the vocoder's threads),
+            ``model.max_batch`` / ``max_seq_len`` / ``max_prompt_tokens``, ``safety.verify_checkpoint``.
+        reason: why this backend was chosen (``info.reason``).
+        export_dir: a specific ``llama/<type>`` directory (default: :func:`find_llama_export`).
+
+    Raises:
+        ConfigError: llama-cpp-python or onnxruntime missing, or nothing exported (says how).
+        EngineMismatchError: the manifest or the GGUF does not match the config or checkpoint.
+        IntegrityError: a file's sha256 differs from the manifest's.
+        EngineError: a graph does not load.
+    """
+
+    def __init__(self, cfg: Config, reason: str = "", export_dir: str | Path | None = None):
+        lc = llama_lib.lib()
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise ConfigError(f"model.backend=llama runs the vocoder on onnxruntime: pip install onnxruntime ({e})") from e
+        mc = cfg.model
+        d = Path(export_dir) if export_dir else find_llama_export(cfg)
+        if d is None:
+            raise ConfigError(f"no llama.cpp export under {cfg.resolve(mc.engine_dir) / 'llama'}; export it with: "
+                              f"{mf.rebuild_hint(cfg.file_hint, 'q8_0', tensorrt=False)}")
+        qtype = d.name
+        hint = mf.rebuild_hint(cfg.file_hint, qtype, tensorrt=False)
+        m = mf.read(d, hint)
+        mf.check(m, mf.expect_common(cfg, m, "llama"), hint)
+        self.manifest, self.dir = m, d
+        verify = cfg.safety.verify_checkpoint
+        emb_name = m["embed"]["file"]
+        self.weight_files = mf.verify_files(d, m, hint, [n for n in mf.weight_files(d, m) if n != emb_name]) \
+            if verify else []
+        s = m["shapes"]
+        D, L, Q, V = s["hidden"], s["n_layers"], s["num_vq"], s["num_audio_tokens"]
+        self._D, self._Q, self._V, self._n_text = D, Q, V, s["num_text_tokens"]
+        self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
+        M, S = mc.max_batch, mc.max_seq_len
+        max_prompt = int(m["limits"]["max_prompt_tokens"])
+        threads = mc.threads or (os.cpu_count() or 1)
+
+        self._lc = lc
+        self._model = llama_lib.load_model(lc, d / m["graphs"]["gpt"]["file"], s)
+        self._rows = max(max_prompt, M)
+        self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads)
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self._rows, D, 1)
+        b = self._batch
+        self._embd = np.ctypeslib.as_array(b.embd, shape=(self._rows, D))  # the batch's input rows, written in place
+        for i in range(self._rows):
+            b.n_seq_id[i] = 1
+            b.logits[i] = 1
+        self._out_ptr = (0, 0, 0)
+        self._logits_view = self._hidden_view = np.zeros((0,), np.float32)
+
+        self._emb_text, self._emb_code, emb_sha = load_embeddings(d, m, hint, verify)
+        if emb_sha is not None:
+            self.weight_files.append((d / emb_name, emb_sha))
+        self._head_text_file = d / m["head_text"]["file"]
+        self._head_text: np.ndarray | None = None
+        self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, mc.threads, mc.spin_wait), D, s["n_mels"],
+                               receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
+        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
+        kv_el = 2
+        self.info = RunnerInfo(
+            backend="llama.cpp", precision=qtype, hidden_size=D, num_vq=Q, num_audio_tokens=V, max_batch=M,
+            max_seq_len=S, max_prompt_tokens=max_prompt, weight_bytes=int(weight_bytes),
+            kv_bytes_per_token=2 * L * D * kv_el, reason=reason, num_text_tokens=self._n_text, text_mode=True,
+            engine_id=mf.file_sha256(d / mf.MANIFEST), **receptive_fields(s["dec_layers"], s["voc_layers"]),
+        )
+        log.info("llama.cpp runner: %s (%s), %d threads, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 d, qtype, threads, M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20)
+        self.setup_host(s["n_mels"])
+
+    # -------------------------------------------------------------- one llama_decode
+    def _decode(self, n: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Decode the batch's first ``n`` rows (``embd``, ``pos``, ``seq_id`` set by the caller).
+        Returns (logits float32 ``[n, Q*V]``, hidden float32 ``[n, D]``): views of llama.cpp's
+        output buffers, valid until the next decode.
+
+        Raises:
+            EngineError: the runner is closed or ``llama_decode`` failed (its return code and log).
+        """
+        if self._ctx is None:
+            raise EngineError("the llama.cpp runner is closed")
+        lc = self._lc
+        self._batch.n_tokens = n
+        rc = lc.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode ({what}, {n} rows) returned {rc} ({llama_lib.recent_log()})")
+        lp, hp = lc.llama_get_logits(self._ctx), lc.llama_get_embeddings(self._ctx)
+        key = (ctypes.addressof(lp.contents), ctypes.addressof(hp.contents), n)
+        if key != self._out_ptr:  # another row count, or llama.cpp grew its output buffers: view them anew
+            self._logits_view = np.ctypeslib.as_array(lp, shape=(n, self._Q * self._V))
+            self._hidden_view = np.ctypeslib.as_array(hp, shape=(n, self._D))
+            self._out_ptr = key
+        return self._logits_view, self._hidden_view
+
+    def _run_prompt(self, slot: int, emb: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Clear ``slot``'s sequence and run ``emb [T, D]`` at positions 0..T-1 (in batches of the
+        context's size); returns the last position's (logits [Q*V], hidden [D]) views."""
+        lc, b = self._lc, self._batch
+        lc.llama_memory_seq_rm(self._mem, slot, -1, -1)
+        t = emb.shape[0]
+        for a in range(0, t, self._rows):
+            n = min(self._rows, t - a)
+            self._embd[:n] = emb[a:a + n]
+            for i in range(n):
+                b.pos[i] = a + i
+                b.seq_id[i][0] = slot
+            logits, hidden = self._decode(n, what)
+        return logits[n - 1], hidden[n - 1]
+
+    # -------------------------------------------------------------- the passes (HostRunner)
+    def forward_prefill(self, slot: int, ids: np.ndarray, spk_emb: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt ``ids [T]`` (+ ``spk_emb [D]``) into ``slot`` (positions 0..T-1, the slot's old
+        positions removed first). Returns (logits float32 [Q, V], hidden float32 [D]) of the last
+        position (views of llama.cpp's buffers). Raises EngineError."""
+        logits, hidden = self._run_prompt(slot, embed_prompt(self._emb_text, ids, spk_emb, self._spk_id), "prefill")
+        return logits.reshape(self._Q, self._V), hidden
+
+    def forward_decode(self, slots: np.ndarray, codes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One step for rows ``slots [B]``: the sum of ``codes [B, Q]``'s embeddings at ``pos [B]``
+        of each row's sequence, all rows in one ``llama_decode``. Returns (logits float32
+        [B, Q, V], hidden float32 [B, D]), views of llama.cpp's buffers. Raises EngineError."""
+        n, b = slots.shape[0], self._batch
+        e = self._embd[:n]
+        np.take(self._emb_code[0], codes[:, 0], axis=0, out=e)
+        for q in range(1, self._Q):
+            e += self._emb_code[q][codes[:, q]]
+        for i in range(n):
+            b.pos[i] = int(pos[i])
+            b.seq_id[i][0] = int(slots[i])
+        logits, hidden = self._decode(n, "decode")
+        return logits.reshape(n, self._Q, self._V), hidden
+
+    def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
+                               reach: int | None = None) -> tuple[np.ndarray, list]:
+        """See :meth:`OrtVocoder.decoder_stream`."""
+        return self._voc.decoder_stream(hidden, pos0, cache, reach)
+
+    def forward_vocos_stream(self, mel: np.ndarray, pos0: int, n_final: int,
+                             cache: list | None) -> tuple[np.ndarray, np.ndarray, list]:
+        """See :meth:`OrtVocoder.vocos_stream`."""
+        return self._voc.vocos_stream(mel, pos0, n_final, cache)
+
+    # -------------------------------------------------------------- refine-text (text mode)
+    def _text_logits(self, hidden: np.ndarray) -> np.ndarray:
+        if self._head_text is None:  # mapped: its pages are read only while refine runs
+            self._head_text = np.load(self._head_text_file, mmap_mode="r")
+        return self._head_text @ hidden
+
+    def forward_prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
+        """Text prompt ``ids [T]`` into ``slot`` -> text logits float32 ``[N]`` of its last position."""
+        _, hidden = self._run_prompt(slot, self._emb_text[ids], "refine prefill")
+        return self._text_logits(hidden)
+
+    def forward_decode_text(self, slot: int, token: int, pos: int) -> np.ndarray:
+        """Text token ``token`` at ``pos`` of ``slot`` -> text logits float32 ``[N]``."""
+        b = self._batch
+        self._embd[0] = self._emb_text[token]
+        b.pos[0] = pos
+        b.seq_id[0][0] = slot
+        _, hidden = self._decode(1, "refine step")
+        return self._text_logits(hidden[0])
+
+    # -------------------------------------------------------------- lifetime
+    def release(self, slot: int) -> None:
+        """Remove ``slot``'s sequence from the KV cache (its sentence ended)."""
+        if self._ctx is not None:
+            self._lc.llama_memory_seq_rm(self._mem, self.check_slot(slot), -1, -1)
+
+    def close(self) -> None:
+        """Free the batch, the context and the model; drop the vocoder sessions (idempotent)."""
+        lc = self._lc
+        if self._ctx is not None:
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            lc.llama_model_free(self._model)
+            self._ctx = self._model = self._mem = None
+            self._embd = self._logits_view = self._hidden_view = np.zeros((0,), np.float32)
+        self._voc.close()
