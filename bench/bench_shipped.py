@@ -21,7 +21,8 @@ weights are random, the sentence length fixed (``synthesis.min_new_tokens`` = ``
    this start) and runs ``wyoming-bench`` again: the calibrated box, for the ratio.
 
 Appends one record to ``--out`` (JSON list) and prints it. Usage:
-``python bench/bench_shipped.py --checkpoint DIR --out FILE [--requests 100] [--rounds 3]``.
+``python bench/bench_shipped.py --checkpoint DIR --out FILE [--requests 100] [--rounds 3]
+[--set SECTION.KEY=VALUE ...]`` (``bench/gpu_shipped.sh`` on a GPU machine).
 """
 
 from __future__ import annotations
@@ -116,8 +117,8 @@ def _wyoming(port: int, rounds: int, log_text: str) -> dict:
 
 
 def _rows(log_text: str) -> int | None:
-    m = re.findall(r"cuda runner: \S+ \S+, (\d+) rows x (\d+) positions", log_text) or \
-        re.findall(r"(\d+) rows x (\d+) positions", log_text)
+    """Slots the runner was opened with (after the memory fit), from its load line."""
+    m = re.findall(r"(\d+) (?:rows|slots) x (\d+) positions", log_text)
     return int(m[-1][0]) if m else None
 
 
@@ -131,11 +132,17 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=120, help="decode steps per sentence (random weights)")
     ap.add_argument("--machine", default="h200")
     ap.add_argument("--label", default="")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="change one more setting (YAML value), e.g. for a CPU dry run stream.calibrate_at_start=false")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="shipped-"))
     work.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     cfg = shipped_config(Path(args.checkpoint).resolve(), work, port, args.steps)
+    for kv in args.set:
+        key, value = kv.split("=", 1)
+        section, name = key.split(".", 1)
+        cfg.setdefault(section, {})[name] = yaml.safe_load(value)
     cfg_path = work / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
     sock = work / "appliance.sock"
@@ -151,7 +158,7 @@ def main() -> int:
                    memory_kind=st.get("memory_kind"), host_rss_mib_at_ready=st.get("host_rss_mib"),
                    cuda_context_mib=st.get("cuda_context_mib"), memory_note=st.get("memory_note"),
                    channels_at_ready=(rows if level == "normal" else min(rows or 1, cfg["throttle"]["reduced_channels"])),
-                   kv=re.findall(r"(\d+ rows x \d+ positions)", log)[-1:])
+                   kv=re.findall(r"(\d+ (?:rows|slots) x \d+ positions)", log)[-1:])
         cal = work / "engines" / "calibration.json"
         m = re.search(r"calibration took ([\d.]+) s: look-ahead (.*)", log)
         rec.update(calibrated=bool(m) and cal.is_file(), calibration_s=float(m[1]) if m else None,

@@ -187,7 +187,7 @@ def test_full_model_on_a_desktop_gpu_fits_the_shipped_budget_before_the_load():
     """The full-size model's sizes (FP16 GPT + Embed, FP32 Decoder + Vocos, KV 3 x 2048 at FP16)
     fit 1500 MiB of device memory at the shipped config with three channels, below the fit's
     ceiling with a shorter KV cache; FP32 weights (asked for) do not at 2048."""
-    from appliance.service.memory import ceiling_mib
+    from appliance.daemon.memory import ceiling_mib
 
     cfg = config_from_dict({})
     fp16 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6) * 2 + 39.4e6 * 4), 61440, True, "full, fp16")
@@ -216,7 +216,7 @@ def _level_at(cfg, mib: float) -> str:
 
 
 def test_the_rule_keeps_ready_one_hysteresis_band_below_the_first_threshold():
-    from appliance.service.memory import ceiling_mib
+    from appliance.daemon.memory import ceiling_mib
 
     cfg = config_from_dict({})
     assert ceiling_mib(cfg) == pytest.approx(1500 * (0.85 - 0.05))
@@ -232,7 +232,7 @@ def test_h200_measured_figures_start_three_channels_unthrottled():
     reduced_channels at once (85 % of 1500 = 1275). The fit now holds it below 1200: FP16 kept,
     three channels, a shorter KV cache; before the load from the checkpoint's sizes and again
     after the warm-up from the measured figure, the same decision."""
-    from appliance.service.memory import ceiling_mib, plan_before_load
+    from appliance.daemon.memory import ceiling_mib, plan_before_load
 
     cfg = config_from_dict({})
     sizes = PlannedSizes("torch", "cuda", FULL_FP16_WEIGHTS, FULL_KVPT, True, "float16 weights", FULL_INT8_SAVING)
@@ -252,7 +252,7 @@ def test_h200_measured_figures_start_three_channels_unthrottled():
 
 
 def test_a_tighter_budget_takes_int8_weights_before_it_cuts_the_kv_cache_below_1024():
-    from appliance.service.memory import plan_before_load
+    from appliance.daemon.memory import plan_before_load
 
     cfg = config_from_dict({"service": {"memory_budget_mb": 1300}})      # ceiling 1040 MiB
     sizes = PlannedSizes("torch", "cuda", FULL_FP16_WEIGHTS, FULL_KVPT, True, "float16 weights", FULL_INT8_SAVING)
@@ -286,7 +286,7 @@ def test_orin_paper_figures(torch_in_process):
     (FP16 plans do not fit at 1024); with torch imported by the TensorRT runner, as it is written
     today, nothing fits under the ceiling (the fixed part alone is 1355 MiB): the fit says so
     instead of starting throttled."""
-    from appliance.service.memory import _fit, ceiling_mib
+    from appliance.daemon.memory import _fit, ceiling_mib
 
     cfg = config_from_dict({})
     top, kvpt = ceiling_mib(cfg), FULL_KVPT / MIB
