@@ -258,6 +258,41 @@ step_pip() {
     fi
 }
 
+# llama.cpp (the [llama] extra, the CPU GPT backend) is built from its sdist with the system's
+# compiler (scripts/llama_build.sh). Its CUDA variant (-DGGML_CUDA=on with JetPack's nvcc) is built
+# only once a CUDA build of this llama-cpp-python version has been seen to load a model with its
+# layers offloaded; until then (bench/RESULTS.md: the sm_90 build segfaulted in
+# llama_model_load_from_file) the CPU build is installed, and the step says so.
+LLAMA_CUDA_LOADS=0
+# shellcheck source=/dev/null  # scripts/llama_build.sh: llama_has_compiler
+. "$SCRIPT_DIR/llama_build.sh"
+
+step_llama() {
+    say "llama.cpp for the CPU GPT backend (the [llama] extra, built from its sdist)"
+    if [ "$PIP_NO_DEPS" -eq 1 ]; then
+        note "skipped (--pip-no-deps: no downloads): the [llama] extra; model.backend auto then uses onnxruntime on a CPU"
+        return
+    fi
+    if "$VENV/bin/python" -c 'import llama_cpp' >/dev/null 2>&1; then
+        note "already installed: llama-cpp-python $("$VENV/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)')"
+        return
+    fi
+    if ! llama_has_compiler; then
+        warn "llama-cpp-python is built from source and needs a C/C++ compiler: install one (apt-get install build-essential) and run this again; until then the CPU backend is onnxruntime"
+        return
+    fi
+    local args="-DGGML_NATIVE=ON"
+    if [ "$IS_JETSON" -eq 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && [ "$LLAMA_CUDA_LOADS" -eq 1 ]; then
+        args="$args -DGGML_CUDA=on"
+        note "CUDA variant (JetPack's nvcc)"
+    elif [ -x /usr/local/cuda/bin/nvcc ]; then
+        note "CPU build: the CUDA build of llama.cpp has not yet been seen to load a model here (bench/RESULTS.md)"
+    fi
+    note "building: about 5 min on two x86 cores, longer on a slow board"
+    run env CMAKE_ARGS="$args" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ \
+        "$VENV/bin/python" -m pip install --disable-pip-version-check "${REPO}[llama]"
+}
+
 # set_key FILE SECTION KEY VALUE: replace '  KEY: ...' inside top-level 'SECTION:' (comments kept).
 set_key() {
     local file=$1 section=$2 key=$3 value=$4 tmp
@@ -496,6 +531,7 @@ fi
 step_dirs
 step_venv
 step_pip
+step_llama
 step_config
 step_units
 if [ "$SYSTEM" -eq 1 ]; then

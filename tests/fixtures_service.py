@@ -72,6 +72,21 @@ class AlsaFile:
                     pids.append(int(d.name))
         return pids
 
+    def unplug(self) -> None:
+        """The "card" goes away as a pulled USB speaker does: its ``.asoundrc`` entry disappears
+        (renamed aside: ALSA and PortAudio no longer list it) and its pacers die (the open stream
+        gets EPIPE). :meth:`replug` brings it back."""
+        os.replace(self.home / ".asoundrc", self.home / ".asoundrc.unplugged")
+        for pid in self.pacers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def replug(self) -> None:
+        """Undo :meth:`unplug`: the device is listed again (a fresh pacer starts when it opens)."""
+        os.replace(self.home / ".asoundrc.unplugged", self.home / ".asoundrc")
+
     def wait_flushed(self, timeout_s: float = 30.0) -> int:
         """Wait until every pacer of this file has exited (its stream was closed, or the daemon
         died, and it wrote what was left in its pipe: the file is final); returns its size."""

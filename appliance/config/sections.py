@@ -96,12 +96,14 @@ class AudioConfig:
     """Where PCM goes."""
 
     output: str = _f("auto", "auto (sound device if one exists, else wav), device or wav.", choices=("auto", "device", "wav"))
-    device: Optional[str] = _f(None, "Sound device chosen by (sub)string of its name; None = the system default.")
+    device: Optional[str] = _f(None, "Sound device: an ALSA card id or name (found under whatever card index it has now), or part of the PortAudio device name (its (hw:N,M) suffix ignored); None = the system default.")
     sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
     wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
     same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
-    on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
+    on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
+    max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
+    max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class ChannelConfig:
     """One output channel (e.g. driver, passenger, cabin)."""
 
     name: str = _f("main", "Channel name used in requests.")
-    device: Optional[str] = _f(None, "Sound device for this channel (name substring); None = audio.device.")
+    device: Optional[str] = _f(None, "Sound device for this channel (as audio.device: ALSA card id or name, or part of the device name); None = audio.device.")
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))

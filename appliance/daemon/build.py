@@ -40,7 +40,7 @@ from ..core import ConditionFlag
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..ops.integrity_watch import IntegrityWatch
 from ..ops.monitor import open_monitor
-from ..ops.verdict import CheckRecord, Health, device_conditions
+from ..ops.verdict import CheckRecord, Health
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal, storage_conditions
 from ..service.peers import RateLimiter
@@ -162,8 +162,7 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
     health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
-                     device_conditions(audio.status, [c.name for c in channels]), checks, reload_failed,
-                     storage_conditions(journal)))
+                     audio.conditions, checks, reload_failed, storage_conditions(journal)))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
