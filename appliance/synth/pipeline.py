@@ -100,7 +100,8 @@ class Pipeline:
         st = cfg.stream
         self.engine = BatchEngine(self.loop, self.vocoders, ChunkSchedule(st.first_chunk_tokens, st.chunk_tokens,
                                                                           st.chunk_growth, st.realtime_share,
-                                                                          st.start_slack_ms / 1000.0),
+                                                                          st.start_slack_ms / 1000.0,
+                                                                          st.max_chunk_gap_ms / 1000.0),
                                   job_stats=self._job_stats,
                                   refiner=self._refine)
 

@@ -20,6 +20,13 @@ measured while the engine runs (the warm-up gives the first values). So:
 Where even chunks at the cap do not keep up (``s + W / cap > safety * a``: a slow or loaded box),
 no schedule avoids a gap once playback starts at the first chunk; :func:`start_plan` says how much
 audio the player must hold before it starts so that the whole request plays without one.
+
+A client that receives the chunks as they are made (Wyoming, the socket's ``return_audio``) waits
+``c * s + W`` between two of them. On a box slower than real time every chunk is at the cap, and
+the throttle multiplies the cap (``throttle.chunk_scale``): 96 steps of a slow 3-channel step were
+6-8.6 s, against Home Assistant's 10 s without audio before it gives up. So no chunk carries more
+steps than can be made in ``max_gap_s`` (``stream.max_chunk_gap_ms``) at the measured times,
+whatever the scale, the queued audio or the keep-up size: :meth:`ChunkSchedule.gap_cap`.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class ChunkSchedule:
         safety: share of real time the stream may use (0 < safety <= 1).
         slack_s: one scheduling hiccup the first chunk's audio must cover on top of the making of
             the second, s (``stream.start_slack_ms``).
+        max_gap_s: the longest one chunk may take to make, s (``stream.max_chunk_gap_ms``; 0: no bound).
     """
 
     first: int
@@ -47,6 +55,14 @@ class ChunkSchedule:
     growth: float = 2.0
     safety: float = 0.8
     slack_s: float = 0.0
+    max_gap_s: float = 0.0
+
+    def gap_cap(self, step_s: float, window_s: float) -> int | None:
+        """The most steps a chunk may carry so that it is made within :attr:`max_gap_s` at ``step_s``
+        per step and ``window_s`` per window (at least 1); None without a bound or a measurement."""
+        if self.max_gap_s <= 0 or step_s <= 0:
+            return None
+        return max(1, math.floor((self.max_gap_s - window_s) / step_s))
 
     def sustainable(self, step_s: float, window_s: float, cap: int | None = None) -> int:
         """The smallest chunk that keeps up with playback (``cap`` when none does; 1 when unknown)."""
@@ -65,7 +81,9 @@ class ChunkSchedule:
             return self.first
         c1 = self.sustainable(step_s, window_s)
         need = math.ceil((c1 * step_s + window_s + self.slack_s) / (self.safety * AUDIO_S_PER_STEP))
-        return max(self.first, min(self.cap, need))
+        out = max(self.first, min(self.cap, need))
+        g = self.gap_cap(step_s, window_s)
+        return out if g is None else min(out, g)
 
     def grow(self, prev: int, cap: int) -> int:
         """The chunk after one of ``prev`` steps by growth alone: ``ceil(prev * growth)``, at most ``cap``."""
@@ -82,14 +100,15 @@ class ChunkSchedule:
     def next(self, prev: int, buffered_s: float, step_s: float, window_s: float = 0.0, scale: int = 1) -> int:
         """The chunk after one of ``prev`` steps, with ``buffered_s`` s of audio queued, ``step_s``
         s per step and ``window_s`` s per window (0 = unknown); ``scale`` multiplies the cap
-        (throttle: fewer, larger chunks)."""
+        (throttle: fewer, larger chunks); never more than :meth:`gap_cap`."""
         cap = max(self.first, self.cap * max(1, scale))
         sus = self.sustainable(step_s, window_s, cap)
         grown = max(sus, self.grow(prev, cap))
         if step_s > 0:
             afford = math.floor((self.safety * buffered_s - window_s) / step_s)
             grown = min(grown, afford) if afford >= sus else sus   # short of audio: at least keep up
-        return max(1, grown)
+        g = self.gap_cap(step_s, window_s)                         # a streaming client never waits longer
+        return max(1, grown if g is None else min(grown, g))
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,8 @@ def start_plan(sched: ChunkSchedule, step_s: float, window_s: float, steps: int,
     if step_s <= 0 or steps <= 0:
         return StartPlan(None, expected, 0.0)
     c = max(sched.first, sched.cap * max(1, scale))
+    g = sched.gap_cap(step_s, window_s)
+    c = c if g is None else min(c, g)
     per_step = step_s + max(1, rows) * window_s * chunks_for(sched, steps, c) / steps
     rtf = per_step / a
     r = rtf / sched.safety
