@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.engines.threads import cpu_quota, thread_budget
+from appliance.engines.threads import StepThreads, cpu_quota, thread_budget
 from tests.fixtures_model import ONNX_LIMITS
 from tests.fixtures_service import service_config
 
@@ -158,3 +158,38 @@ def test_session_options_spin_only_inside_a_run_or_never():
     assert so.get_session_config_entry("session.force_spinning_stop") == "1"
     so = session_options(ort, 2, spin_wait=False)
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def _run(st: StepThreads, cost: dict, steps: int, rows: int = 1) -> list[int]:
+    """``steps`` decode steps whose time depends only on the thread count (``cost``: threads -> s)."""
+    used = []
+    for _ in range(steps):
+        k = st.next(rows)
+        used.append(k)
+        st.observe(rows, k, cost[k])
+    return used
+
+
+def test_the_step_moves_to_one_thread_when_two_are_slower_and_back_when_the_cores_are_free():
+    st = StepThreads(2, probe_every=20, probe_steps=2, first_probe=4)
+    assert st.candidates == [2, 1] and st.current == 2
+    contended = {2: 0.059, 1: 0.0099}            # a spinning barrier with a descheduled thread
+    used = _run(st, contended, 8)
+    assert used[:4] == [2, 2, 2, 2] and used[4:6] == [1, 1] and st.current == 1 and st.switches == 1
+    used = _run(st, contended, 60)
+    assert used.count(2) == 2 * 2 and st.current == 1    # probed twice more in 60 steps, stayed
+    quiet = {2: 0.0078, 1: 0.0094}
+    _run(st, quiet, 30)
+    assert st.current == 2                               # the next probe finds two threads faster again
+
+
+def test_a_small_difference_does_not_move_it_and_rows_are_compared_alike():
+    st = StepThreads(2, probe_every=10, probe_steps=2, first_probe=3)
+    _run(st, {2: 0.010, 1: 0.0095}, 50)                  # 5 % faster: not worth a move (gain 0.85)
+    assert st.current == 2 and st.switches == 0
+    st = StepThreads(2, probe_every=10, probe_steps=2, first_probe=3)
+    _run(st, {2: 0.010, 1: 0.005}, 3, rows=1)
+    k = st.next(3)                                       # a probe asked at three rows: nothing to compare yet
+    assert k == 2
+    assert StepThreads(1).candidates == [1] and _run(StepThreads(1), {1: 0.01}, 5) == [1] * 5
+    assert StepThreads(8).candidates == [8, 4, 1]

@@ -20,8 +20,11 @@ cache (``llama_memory_seq_rm``) when its sentence ends (:meth:`LlamaRunner.relea
 each prefill. Refine-text runs the same GPT on text embeddings; its logits are the final hidden
 state times the text head (``head_text.npy``, mapped, read only then), on the host.
 
-Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`), for prompts and steps
-alike and for the vocoder's ONNX Runtime sessions, which run after the decode, never beside it. The KV cache is F16
+Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is the most; the
+decode step (and the prompts) run at the count that measures fastest within it, probed while it
+runs (:class:`~appliance.engines.threads.StepThreads`: two threads on a quiet 2-core host, one
+when other processes contend for the cores); the vocoder's ONNX Runtime sessions use the budget
+and run after the decode, never beside it. The KV cache is F16
 (``llama_lib.new_context``). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +45,7 @@ from .host_runner import HostRunner
 from .onnx_runner import embed_prompt, load_embeddings
 from .ort_vocoder import OrtVocoder, session_options
 from .runner import RunnerInfo, receptive_fields
-from .threads import thread_budget
+from .threads import StepThreads, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,8 @@ class LlamaRunner(HostRunner):
         self._model = llama_lib.load_model(lc, d / m["graphs"]["gpt"]["file"], s)
         self._rows = max(max_prompt, M)
         self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads)
+        self._step_threads = StepThreads(threads)     # the step's threads, measured within the budget
+        self._n_threads = threads
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self._rows, D, 1)
         b = self._batch
@@ -195,8 +201,20 @@ class LlamaRunner(HostRunner):
         for i in range(n):
             b.pos[i] = int(pos[i])
             b.seq_id[i][0] = int(slots[i])
+        st = self._step_threads
+        self._set_threads(st.next(n))
+        t = time.perf_counter()
         logits, hidden = self._decode(n, "decode")
+        moved = st.observe(n, self._n_threads, time.perf_counter() - t)
+        self._set_threads(st.current)              # prompts too run at the chosen count
+        if moved:
+            log.info("llama.cpp: %s", moved)
         return logits.reshape(n, self._Q, self._V), hidden
+
+    def _set_threads(self, k: int) -> None:
+        if k != self._n_threads:
+            self._lc.llama_set_n_threads(self._ctx, k, k)
+            self._n_threads = k
 
     def forward_decoder_stream(self, hidden: np.ndarray, pos0: int, cache: list | None,
                                reach: int | None = None) -> tuple[np.ndarray, list]:

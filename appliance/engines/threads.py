@@ -194,3 +194,74 @@ def thread_budget(configured: int = 0, proc: str | Path = "/proc") -> ThreadBudg
 def _cpus(n: float) -> str:
     return f"{n:g} CPU{'' if n == 1 else 's'}"
 
+
+
+class StepThreads:
+    """The decode step's threads, chosen by measurement while it runs, within the budget.
+
+    A decode step reads every weight once: on the 2-core host one thread already reads most of
+    the bandwidth, and llama.cpp's threads meet at a spinning barrier after every operation. On
+    a quiet host two threads made the q8_0 step 1.2x faster than one (7.8 against 9.4 ms); on a
+    contended one (other processes runnable, CPU pressure 75-96 %) two threads were 6x *slower*
+    (58.7 against 9.9 ms: a descheduled thread holds every barrier), ``bench/RESULTS.md``. No
+    fixed count is right for both, and a box changes between them (a neighbour starts), so a
+    runner that can change its threads between two steps (llama.cpp: ``llama_set_n_threads``)
+    asks this object before every step and reports how long it took:
+
+    * it runs at its :attr:`current` count and keeps a moving average of the step time per batch
+      size (rows);
+    * every ``probe_every`` steps (the first time after ``first_probe``) it runs ``probe_steps``
+      steps at the next of the other candidates (``most``, ``most // 2``, 1) and moves to it when
+      their mean is below ``gain`` times the current average at the same rows.
+
+    The cost is the probes: at most ``probe_steps`` slower steps every ``probe_every``. Not
+    thread-safe (the worker thread's runner owns it).
+    """
+
+    def __init__(self, most: int, probe_every: int = 256, probe_steps: int = 2, first_probe: int = 16,
+                 gain: float = 0.85) -> None:
+        self.candidates = sorted({max(1, most), max(1, most // 2), 1}, reverse=True)
+        self.current = self.candidates[0]
+        self.probe_every, self.probe_steps, self.gain = probe_every, probe_steps, gain
+        self._due = first_probe
+        self._avg: dict[tuple[int, int], float] = {}     # (threads, rows) -> step s
+        self._probe: Optional[tuple[int, int, list[float]]] = None   # (threads, rows, times)
+        self._turn = 0
+        self.switches = 0
+
+    def next(self, rows: int) -> int:
+        """The threads for the next step of ``rows`` rows."""
+        if self._probe is not None:
+            return self._probe[0]
+        others = [c for c in self.candidates if c != self.current]
+        if self._due <= 0 and others and (self.current, rows) in self._avg:
+            t = others[self._turn % len(others)]
+            self._turn += 1
+            self._probe = (t, rows, [])
+            return t
+        return self.current
+
+    def observe(self, rows: int, threads: int, seconds: float) -> Optional[str]:
+        """The step of ``rows`` rows just run at ``threads`` took ``seconds``. Returns a line for the
+        log when this moved :attr:`current`, else None."""
+        p = self._probe
+        if p is not None and p[0] == threads:
+            if p[1] != rows:                     # the batch changed under the probe: start over later
+                self._probe, self._due = None, self.probe_every
+                return None
+            p[2].append(seconds)
+            if len(p[2]) < self.probe_steps:
+                return None
+            self._probe, self._due = None, self.probe_every
+            mean, cur = sum(p[2]) / len(p[2]), self._avg[(self.current, rows)]
+            if mean >= self.gain * cur:
+                return None
+            old, self.current = self.current, threads
+            self._avg[(threads, rows)] = mean
+            self.switches += 1
+            return (f"decode step at {threads} thread{'s' if threads != 1 else ''} now: {1000 * mean:.1f} ms against "
+                    f"{1000 * cur:.1f} ms at {old} ({rows} row{'s' if rows != 1 else ''})")
+        a = self._avg.get((threads, rows))
+        self._avg[(threads, rows)] = seconds if a is None else 0.8 * a + 0.2 * seconds
+        self._due -= 1
+        return None
