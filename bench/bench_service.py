@@ -279,7 +279,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint dir (chattts-appliance model random --size full DIR)")
     ap.add_argument("--engine-dir", default=None, help="exported engines (engines export; calibrated or not)")
-    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"))
+    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "llama", "torch"))
     ap.add_argument("--lookahead", nargs="+", default=["auto", "exact"], help="stream.lookahead values to compare")
     ap.add_argument("--steps", type=int, default=150, help="decode steps per sentence (EOS masked); 46.875 = 1 s")
     ap.add_argument("--runs", type=int, default=5)
