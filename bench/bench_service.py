@@ -144,6 +144,7 @@ def _busy(d: DaemonProc, args, alsa) -> dict:
     """The ``busy`` scenario (module docstring)."""
     from tests.fixtures_service import DEFAULT_RATE
 
+    time.sleep(1.0)                  # the paced file lags the device by its pipe: let the last scenario's tail in
     off = alsa.size()
     text = " ".join(SENTENCES[(k % len(SENTENCES))] for k in range(args.busy_sentences))
     r: dict = {}
