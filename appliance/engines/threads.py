@@ -5,12 +5,14 @@ The GPT, the Decoder and Vocos run on the one worker thread, one after the other
 Runtime session has its own intra-op pool of :attr:`ThreadBudget.threads` threads (the caller
 plus ``threads - 1`` workers), so at any moment only one pool has work. They must not *fight*:
 an idle pool whose workers spin on after their session's run takes the cores from the next
-stage's pool (measured on the 2-core host: three spinning pools made the pipeline slower than
-the sum of its stages; ``bench/RESULTS.md``).
-:func:`~appliance.engines.ort_vocoder.session_options` therefore lets
-workers spin only *inside* a run (between the parallel sections of one graph, where spinning
-saves a wake-up per section) and stops them when the run returns
-(``session.force_spinning_stop``), or never spin (``model.spin_wait: false``). ONNX Runtime's
+stage's pool (measured on the 2-core host, quiet: with three spinning pools the vocoder windows
+took 0.17 s per second of audio inside the pipeline against 0.05 with one budget, and the
+pipeline's RTF was 1.28x the sum of its stages; ``bench/RESULTS.md``).
+:func:`~appliance.engines.ort_vocoder.session_options` therefore lets workers sleep when idle
+(``model.spin_wait: false``, the default: the lowest pipeline RTF in four interleaved rounds from
+quiet to loaded), or spin only *inside* a run and stop when it returns
+(``session.force_spinning_stop``; ``true``: the vocoder no longer slows down, but the GPT step
+inside the pipeline did not beat sleeping, and on a loaded host it was 2x slower). ONNX Runtime's
 process-wide global pool would be one pool for all sessions, but Python can neither stop its
 spinning nor size it twice in one process (a reload, tests), so it is not used.
 
@@ -22,8 +24,8 @@ How many threads, first match:
    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none), what systemd's ``CPUQuota=``, Docker's
    ``--cpus`` and Kubernetes' CPU limits write. The threads are the quota rounded *down*, at least
    1: a thread beyond the quota is throttled in every period, and each parallel section then waits
-   for it (measured on the 2-core host with a quota of 1 CPU: 2 threads made synthesis about 2x
-   slower than 1, ``bench/RESULTS.md``);
+   for it (measured on the 2-core host in a cgroup with a quota of 1 CPU: ONNX Runtime INT8 at 2
+   threads made the pipeline's RTF 0.92 against 0.65 at 1, ``bench/RESULTS.md``);
 3. the affinity mask (``os.sched_getaffinity``: ``taskset``, systemd's ``CPUAffinity=``, a
    cpuset cgroup), which already lists only the CPUs the process may run on.
 
