@@ -34,8 +34,9 @@ from typing import Iterator, Optional
 
 
 from ..config import Config, SynthesisConfig
-from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..core import DEGRADED, SAMPLE_RATE, Condition, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
 from ..engines.lookahead import choose as choose_lookahead
+from ..engines.recover import Rebuild
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
     ConfigError,
@@ -76,13 +77,15 @@ class Pipeline:
 
     SAMPLE_RATE = SAMPLE_RATE
 
-    def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer):
+    def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer, engine_fallback: Optional[str] = None):
         if cfg.synthesis.refine_text and not runner.info.text_mode:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode (torch on CPU); "
                               f"{runner.info.backend} has none: set it to false")
         self.cfg = cfg
         self.runner = runner
         self.tokenizer = tokenizer
+        self.engine_fallback = engine_fallback
+        self._loaded_at = time.monotonic()
         self.normalizer = Normalizer(tokenizer)
         self.voices = VoiceBook(cfg.voices)
         self.voices.check(runner.info.hidden_size, cfg.synthesis.voice)
@@ -104,13 +107,15 @@ class Pipeline:
                                   refiner=self._refine)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Pipeline":
-        """Open the configured backend and the checkpoint's tokenizer.
+    def from_config(cls, cfg: Config, rebuild: Optional[Rebuild] = None) -> "Pipeline":
+        """Open the configured backend and the checkpoint's tokenizer; a bad built engine is
+        rebuilt (``rebuild``) or replaced by the next backend that runs, which
+        :meth:`conditions` then reports (:func:`~appliance.engines.recover.open_runner_recovering`).
 
         Raises:
-            ConfigError, CheckpointError, EngineError: see :func:`~appliance.engines.select.open_runner`.
+            ConfigError, CheckpointError, EngineError: see :func:`~appliance.engines.recover.open_runner_recovering`.
         """
-        from ..engines.select import open_runner
+        from ..engines.recover import open_runner_recovering
 
         asset = require_checkpoint(cfg)
         marker = asset.parent / "RANDOM_WEIGHTS"          # written by `model random` beside asset/
@@ -118,8 +123,15 @@ class Pipeline:
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
                         "the real weights). %s", asset.parent, marker.read_text(encoding="utf-8", errors="replace").strip())
         tokenizer = Tokenizer.from_dir(asset / "tokenizer")
-        runner = open_runner(cfg)
-        return cls(cfg, runner, tokenizer)
+        opened = open_runner_recovering(cfg, rebuild)
+        return cls(cfg, opened.runner, tokenizer, engine_fallback=opened.fallback)
+
+    def conditions(self) -> tuple[Condition, ...]:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``engine_fallback``
+        (degraded) while it runs another backend than the one it picked, naming why."""
+        if self.engine_fallback is None:
+            return ()
+        return (Condition("engine_fallback", self.engine_fallback, self._loaded_at, DEGRADED),)
 
     @staticmethod
     def planned_sizes(cfg: Config):
