@@ -57,7 +57,7 @@ class ModelConfig:
             return self.dtype
         return "float16" if gpu else "float32"
 
-    quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
+    quant: str = _f("auto", "Weight-only quantization of the GPT linears on the torch CUDA path: auto (FP16/BF16 weights, INT8 where the memory fit needs them: service.memory_budget_mb), none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("auto", "none", "int8", "fp8"))
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class StreamConfig:
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
     lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
+    calibrate_at_start: bool = _f(True, "With lookahead auto: a start that finds no calibration for its engines (a fresh box, engines rebuilt, another checkpoint) measures the look-ahead itself before it serves, records it beside the engines with the health check's reference, and streams with it (on the H200 about 10 s; a CPU box's installer calibrates when it exports). false: serve with the exact look-ahead until 'chattts-appliance calibrate' has run.")
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 
