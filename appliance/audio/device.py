@@ -101,13 +101,15 @@ class DeviceOutput:
         latency_ms: requested output latency (PortAudio buffer), ms.
         mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
             :mod:`appliance.audio.mix`.
+        gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
+            (:mod:`appliance.audio.volume`); None: 1.0.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.
     """
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
-                 mode: str = "mix") -> None:
+                 mode: str = "mix", gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.query = query
         self.mode = mode
         self.want_rate = sample_rate
@@ -122,7 +124,7 @@ class DeviceOutput:
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
         self._lock = threading.Condition()
-        self.lanes = Lanes(serialize=mode == "serialize")
+        self.lanes = Lanes(serialize=mode == "serialize", gain=gain)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._burst = 0             # frames asked in the current run of back-to-back callbacks

@@ -5,7 +5,8 @@ that request's unplayed audio. Voices belong to a *lane*: the voices of one lane
 after the other, in the order they began (requests of one channel never overlap). In ``mix``
 mode each channel is its own lane and :meth:`Lanes.mix` sums the lanes' current voices
 (hard-clipped to [-1, 1] by the caller when two or more sound at once; a lone voice is copied
-unchanged); in ``serialize`` mode every voice is in one lane, so a second channel's request
+unchanged), each scaled by its channel's play-out gain as it is copied (:mod:`.volume`; a voice
+raised above 0 dB is clipped to [-1, 1]); in ``serialize`` mode every voice is in one lane, so a second channel's request
 waits until the first one has played out. Samples of two requests are never interleaved.
 
 No threads and no locking here: :class:`~appliance.audio.device.DeviceOutput` holds its
@@ -40,11 +41,13 @@ class Voice:
         on_failure: ``on_failure(reason)`` when the device fails.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "hold", "on_failure", "on_first")
+    __slots__ = ("lane", "channel", "chunks", "buffered", "writing", "started", "need", "hold", "on_failure",
+                 "on_first")
 
     def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
-                 on_first: Optional[Callable[[float], None]] = None):
+                 on_first: Optional[Callable[[float], None]] = None, channel: Optional[Hashable] = None):
         self.lane = lane
+        self.channel = channel       # whose play-out gain it gets (its lane is None when serializing)
         self.chunks: collections.deque[_Chunk] = collections.deque()
         self.buffered = 0
         self.writing: Optional[bool] = False
@@ -60,14 +63,17 @@ class Lanes:
 
     Args:
         serialize: put every voice in one lane (``audio.same_device: serialize``).
+        gain: ``gain(channel) -> float``, the linear play-out gain of a channel, read for each
+            voice in each block (a reload changes it at once); None: 1.0.
 
     Attributes:
         voices: owner -> :class:`Voice`, in begin order.
         buffered: samples queued over all voices.
     """
 
-    def __init__(self, serialize: bool = False) -> None:
+    def __init__(self, serialize: bool = False, gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.serialize = serialize
+        self.gain = gain if gain is not None else (lambda channel: 1.0)
         self.voices: dict[object, Voice] = {}
         self.buffered = 0
         self._mixbuf = np.zeros(0, np.float32)
@@ -77,7 +83,7 @@ class Lanes:
         """Register ``owner`` as a voice of ``lane`` (ignored when serializing); ``on_first(t)`` is
         queued like a played callback when its first samples are written to the device (``t``:
         the ``written_at`` of that block)."""
-        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first)
+        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first, channel=lane)
 
     def end(self, owner: object) -> None:
         """``owner`` wrote its last chunk (it stays registered until :meth:`forget`)."""
@@ -196,17 +202,23 @@ class Lanes:
                 continue
             v.started, v.need, v.hold = True, 0, 0
             dst = out if sounding == 0 else self._mixbuf
+            g = self.gain(v.channel)
             n = 0
             while n < frames and v.chunks:
                 c = v.chunks[0]
                 take = min(frames - n, len(c.data) - c.pos)
-                dst[n:n + take] = c.data[c.pos:c.pos + take]
+                if g == 1.0:
+                    dst[n:n + take] = c.data[c.pos:c.pos + take]
+                else:                                      # its channel's volume, in place
+                    np.multiply(c.data[c.pos:c.pos + take], g, out=dst[n:n + take])
                 c.pos += take
                 n += take
                 if c.pos == len(c.data):
                     v.chunks.popleft()
                     if c.on_played is not None:
                         played.append((played_at, c.on_played))
+            if g > 1.0 and n:
+                np.clip(dst[:n], -1.0, 1.0, out=dst[:n])
             if n and v.on_first is not None:   # the voice's first samples go out in this block
                 first, v.on_first = v.on_first, None
                 t = played_at if written_at is None else written_at

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Optional
+from typing import Callable, Hashable, Optional
 
 from ..config import Config
 from ..errors import AudioDeviceError
 from .device import REOPEN_INTERVAL_S, DeviceOutput, list_output_devices
 from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
+from .volume import Volume
 from .wav import MIB, WavRetention, remove_partials, wav_path
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class AudioOutput:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.volume = Volume.from_config(cfg)
         self.wav_dir = cfg.resolve(cfg.audio.wav_dir)
         self.retention = WavRetention(cfg.service.wav_keep_files, int(cfg.service.wav_max_mib * MIB))
         self.mode = "wav"
@@ -101,7 +103,7 @@ class AudioOutput:
             q = self._device_query(ch.name)
             if q in self.devices:
                 continue
-            dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=a.same_device)
+            dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=a.same_device, gain=self._gain)
             self.devices[q] = dev
             try:
                 dev.open()
@@ -109,6 +111,14 @@ class AudioOutput:
                 log.error("audio output: channel %r: %s; its requests complete to WAV files in %s", ch.name, e, self.wav_dir)
         self._reopen = threading.Thread(target=self._reopen_failed, name="sound-reopen", daemon=True)
         self._reopen.start()
+
+    def _gain(self, channel: Optional[Hashable]) -> float:
+        return self.volume.gain(channel)      # the volume in force (use_volume swaps it whole)
+
+    def use_volume(self, volume: Volume) -> None:
+        """Take new play-out gains (a reload, SIGHUP): the next block of every device plays at them,
+        the audio already queued too (any thread: one reference swapped)."""
+        self.volume = volume
 
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
              play: bool = True, client: Optional[AudioSink] = None) -> AudioSink:
@@ -145,12 +155,14 @@ class AudioOutput:
         return RequestAudio(request_id, wav, None, retention=self.retention)
 
     def status(self, channel: str) -> dict:
-        """Output state of ``channel`` for StatusReply: ``output`` (device/wav) + device fields."""
+        """Output state of ``channel`` for StatusReply: ``output`` (device/wav), ``volume_db`` (its
+        play-out gain on the device) + device fields."""
         if self.mode == "wav":
             return {"output": "wav", "wav_dir": str(self.wav_dir)}
         dev = self.devices.get(self._device_query(channel))
         failed = "waiting for the device" if self.cfg.audio.on_device_error == "wait" else "wav (device failed)"
-        st = {"output": "device" if dev is not None and dev.ok else failed}
+        st = {"output": "device" if dev is not None and dev.ok else failed,
+              "volume_db": round(self.volume.db(channel), 2)}
         with self._wlock:
             st["waiting_for_device"] = sum(1 for ra in self._waiting if ra.lane == channel)
         if dev is not None:

@@ -101,6 +101,7 @@ class AudioConfig:
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
     same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
     on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
+    volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class ChannelConfig:
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
+    volume_db: float = _f(0.0, "This channel's play-out gain on its sound device, dB, added to audio.volume_db; applied by a reload (SIGHUP) without a restart.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class ServiceConfig:
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
-    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
