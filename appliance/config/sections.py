@@ -56,7 +56,7 @@ class ModelConfig:
             return self.dtype
         return "float16" if gpu else "float32"
 
-    quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
+    quant: str = _f("auto", "Weight-only quantization of the GPT linears on the torch CUDA path: auto (FP16/BF16 weights, INT8 where the memory fit needs them: service.memory_budget_mb), none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("auto", "none", "int8", "fp8"))
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class StreamConfig:
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
     lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
+    calibrate_at_start: bool = _f(True, "With lookahead auto: a start that finds no calibration for its engines (a fresh box, engines rebuilt, another checkpoint) measures the look-ahead itself before it serves, records it beside the engines with the health check's reference, and streams with it (on the H200 about 10 s; a CPU box's installer calibrates when it exports). false: serve with the exact look-ahead until 'chattts-appliance calibrate' has run.")
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 
@@ -95,12 +96,14 @@ class AudioConfig:
     """Where PCM goes."""
 
     output: str = _f("auto", "auto (sound device if one exists, else wav), device or wav.", choices=("auto", "device", "wav"))
-    device: Optional[str] = _f(None, "Sound device chosen by (sub)string of its name; None = the system default.")
+    device: Optional[str] = _f(None, "Sound device: an ALSA card id or name (found under whatever card index it has now), or part of the PortAudio device name (its (hw:N,M) suffix ignored); None = the system default.")
     sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
     wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
     same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
-    on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
+    on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
+    max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
+    max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
     volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
@@ -109,7 +112,7 @@ class ChannelConfig:
     """One output channel (e.g. driver, passenger, cabin)."""
 
     name: str = _f("main", "Channel name used in requests.")
-    device: Optional[str] = _f(None, "Sound device for this channel (name substring); None = audio.device.")
+    device: Optional[str] = _f(None, "Sound device for this channel (as audio.device: ALSA card id or name, or part of the device name); None = audio.device.")
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))

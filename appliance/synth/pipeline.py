@@ -35,6 +35,7 @@ from typing import Iterator, Optional, Sequence
 
 from ..config import Config, SynthesisConfig, VoiceConfig
 from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..engines.lookahead import LookaheadChoice
 from ..engines.lookahead import choose as choose_lookahead
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
@@ -160,6 +161,11 @@ class Pipeline:
         """Right context of every vocoder window, decode steps (None: exact). Worker thread only."""
         for v in self.vocoders:
             v.set_lookahead(tokens)
+
+    def use_lookahead(self, choice: LookaheadChoice) -> None:
+        """Stream with ``choice`` from now on (a calibration made on this pipeline). Worker thread only."""
+        self.lookahead = choice
+        self.set_lookahead(choice.tokens)
 
     def describe_lookahead(self) -> str:
         """One line for logs, STATUS and the health report, e.g. ``16 steps (calibrated ...)``."""
