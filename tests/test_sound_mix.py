@@ -14,7 +14,7 @@ from appliance.audio.mix import Lanes
 
 def _mix(lanes: Lanes, frames: int, **kw):
     out = np.full(frames, 9.0, np.float32)
-    sounding, underruns, gap, taken = lanes.mix(out, frames, played_at=0.0, played=[], **kw)
+    sounding, underruns, gap, taken, _held = lanes.mix(out, frames, played_at=0.0, played=[], **kw)
     return out, sounding, underruns, gap, taken
 
 

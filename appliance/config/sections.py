@@ -40,7 +40,7 @@ class ModelConfig:
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else llama (a GGUF export under model.engine_dir/llama/), else onnxruntime), tensorrt, llama, onnxruntime or torch.", choices=("auto", "tensorrt", "llama", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
-    threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
+    threads: int = _f(0, "CPU threads for inference: one budget for the GPT, the Decoder and Vocos, which run one after another (onnxruntime / torch intra-op). 0 = from the CPU set the process may use: its cgroup CPU quota, rounded down (systemd CPUQuota=, docker --cpus), and its affinity mask (taskset, CPUAffinity=); the log and status say the count and where it came from.", min=0, max=256)
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)

@@ -301,6 +301,7 @@ class Daemon:
         w, th = (p.worker if p else None), (p.throttle if p else None)
         return StatusReply(
             state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
+            **(p.pipeline.info.thread_fields() if p is not None else {}),
             last_rtf=round(w.last_rtf, 4) if w and w.last_rtf is not None else None,
             last_ttfb_ms=round(w.last_ttfb_ms, 1) if w and w.last_ttfb_ms is not None else None,
             throttle=th.level if th is not None else "normal",
