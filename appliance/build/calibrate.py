@@ -51,6 +51,8 @@ def report(cal: Calibration, path: str, setting: str = "auto") -> str:
         r = cal.reference
         lines.append(f"  health reference: {r['steps']} steps, codes {'recorded' if r['codes_sha256'] else 'NOT repeatable (not recorded)'}, "
                      f"spectrum tolerance {r['tolerance_db']:.2f} dB")
+    if cal.threads:
+        lines.append(f"  the runner computed with {cal.threads} CPU thread{'s' if cal.threads != 1 else ''} ({cal.threads_source})")
     lines.append(f"saved in {path}")
     if setting == "auto":
         lines.append(f"the daemon uses {cal.lookahead_tokens} steps (exact: {cal.exact_lookahead}) from its next start: "

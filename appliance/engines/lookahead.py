@@ -52,6 +52,8 @@ class Calibration:
     date: str = ""
     checkpoint: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)   #: the health check's (appliance.synth.reference)
+    threads: int = 0            #: CPU threads the runner computed with (0: not a CPU runner)
+    threads_source: str = ""    #: where that number came from (appliance.engines.threads)
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def calibrate(pipe, threshold_db: float, candidates=CANDIDATES, chunk: int = CHU
     return Calibration(
         backend=runner.info.backend, precision=runner.info.precision, lookahead_tokens=int(chosen),
         exact_lookahead=exact_r, threshold_db=float(threshold_db), chunk_tokens=chunk, floor_db=round(floor, 1),
-        engine_id=runner.info.engine_id,
+        engine_id=runner.info.engine_id, threads=runner.info.threads, threads_source=runner.info.threads_source,
         curve=[{"tokens": r, "worst_db": round(worst[r], 1)} for r in cands if worst[r] > -math.inf],  # measured ones
         sentences=per, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )

@@ -30,10 +30,10 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 
-from ..config import Config, SynthesisConfig
+from ..config import Config, SynthesisConfig, VoiceConfig
 from ..core import DEGRADED, SAMPLE_RATE, Condition, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
 from ..engines.lookahead import LookaheadChoice
 from ..engines.lookahead import choose as choose_lookahead
@@ -152,6 +152,17 @@ class Pipeline:
         if synthesis.refine_text and not self.runner.info.text_mode:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
         self.cfg = dataclasses.replace(self.cfg, synthesis=synthesis)
+
+    def use_voices(self, voices: Sequence[VoiceConfig]) -> None:
+        """Take a new named-voice table (a reload, SIGHUP): every later :meth:`prepare` resolves
+        its names (any thread; one reference swapped).
+
+        Raises:
+            ConfigError: a voice string of ``voices`` does not decode (the running table stays).
+        """
+        book = VoiceBook(voices)
+        book.check(self.runner.info.hidden_size, self.cfg.synthesis.voice)
+        self.voices = book
 
     @property
     def info(self) -> RunnerInfo:
