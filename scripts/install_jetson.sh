@@ -417,6 +417,11 @@ step_engines() {
     elif [ -f "$onnx/manifest.json" ]; then
         note "ONNX graphs present in $onnx"
     elif [ "$DRY_RUN" -eq 1 ] || "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+        # the export needs a torch its graphs are tested with (2.8+; JetPack 6.0/6.1's wheels are 2.3-2.5):
+        # say so and what to do before a long export fails (appliance/build/cli.py torch_problem)
+        local why=""
+        [ "$DRY_RUN" -eq 1 ] || why=$("$VENV/bin/python" -c 'from appliance.build.cli import torch_problem as p; print(p() or "")')
+        [ -z "$why" ] || die "$EXIT_FAIL" "$why"
         run "$CLI" engines export --config "$CONFIG" --precision fp16
     else
         die "$EXIT_FAIL" "no ONNX graphs in $onnx and no torch in $VENV to export them: run 'chattts-appliance engines export --precision fp16 --out DIR' on a machine with torch and pass --onnx-dir DIR"
@@ -454,6 +459,19 @@ step_aot() {
         1) warn "the compiled step's packages cannot be loaded by this PyTorch (see above): the daemon runs plain CUDA graphs" ;;
         *) die "$EXIT_FAIL" "command failed ($rc): $CLI engines compile --config $CONFIG" ;;
     esac
+}
+
+# step_calibrate: the vocoder look-ahead of the backend the daemon will open, where none is
+# recorded for it (engines build calibrated the TensorRT plans; this covers the torch CUDA path and
+# a CPU box's ONNX graphs exported elsewhere). The daemon would otherwise measure it at its first
+# start, before it serves (stream.calibrate_at_start).
+step_calibrate() {
+    say "look-ahead calibration of the engines the daemon opens"
+    if [ "$SKIP_ENGINES" -eq 1 ]; then
+        note "skipped (--skip-engines): the daemon calibrates at its first start"
+        return
+    fi
+    run "$CLI" calibrate --config "$CONFIG" --if-missing
 }
 
 step_owner() {
@@ -520,6 +538,7 @@ if [ "$SYSTEM" -eq 1 ]; then
     step_model
     step_engines
     step_aot
+    step_calibrate
     step_owner
     step_health
     step_enable

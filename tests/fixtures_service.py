@@ -135,6 +135,9 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
         # off in tests (it synthesizes its sentence twice at every start); the tests of the check at
         # start turn it on: test_service_cli (socket activation), test_ops_daemon_notify
         "health": {"at_start": False},
+        # off in tests (a fresh engine dir would calibrate at every start); test_daemon_first_start
+        # turns it on
+        "stream": {"calibrate_at_start": False},
     }
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)

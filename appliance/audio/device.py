@@ -56,13 +56,16 @@ class DeviceOutput:
         mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
             :mod:`appliance.audio.mix`.
         setting: the config key ``query`` came from (named in error messages).
+        gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
+            (:mod:`appliance.audio.volume`); None: 1.0.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.
     """
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
-                 mode: str = "mix", setting: str = "audio.device") -> None:
+                 mode: str = "mix", setting: str = "audio.device",
+                 gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.query = query
         self.setting = setting
         self._fault: Optional[AudioDeviceError] = DeviceLostError(f"sound device {query or 'default'!r} not opened yet")
@@ -73,13 +76,14 @@ class DeviceOutput:
         self.rate: int = sample_rate or 0
         self.ok = False
         self.error: Optional[str] = "not opened"
-        self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
-        self.gap_frames = 0         # silence inside streaming voices (dry or re-buffering), frames
+        self.underruns = 0          # a sounding voice ran dry mid-sentence while its request was mid-stream
+        self.sentence_holds = 0     # a voice held at a sentence boundary for its next sentence instead
+        self.gap_frames = 0         # silence inside streaming voices (dry, re-buffering, held), frames
         self.xruns = 0              # PortAudio reported output underflow
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
         self._lock = threading.Condition()
-        self.lanes = Lanes(serialize=mode == "serialize")
+        self.lanes = Lanes(serialize=mode == "serialize", gain=gain)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._burst = 0             # frames asked in the current run of back-to-back callbacks
@@ -218,14 +222,14 @@ class DeviceOutput:
     # ------------------------------------------------------------------ feeding
 
     def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
-              on_first: Optional[Callable[[float], None]] = None) -> None:
+              on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None) -> None:
         """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
         mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
         ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
         ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
-        were written to the device."""
+        were written to the device; its silences go to ``pauses`` (:class:`~appliance.audio.mix.Pause`)."""
         with self._lock:
-            self.lanes.begin(owner, lane, on_failure, on_first)
+            self.lanes.begin(owner, lane, on_failure, on_first, pauses)
 
     def end(self, owner: object) -> None:
         """The request wrote its last chunk (it stays registered for failures until played)."""
@@ -260,9 +264,15 @@ class DeviceOutput:
             if beat is not None:
                 beat()
 
+    def voice_do(self, fn: Callable[[Lanes], None]) -> None:
+        """``fn(lanes)`` under the device's lock: one change to a voice (:class:`~appliance.audio.mix.Lanes`)."""
+        with self._lock:
+            fn(self.lanes)
+
     def hold(self, owner: object, seconds: float) -> None:
-        """``owner``'s voice starts only once it holds ``seconds`` of audio beyond one device
-        wake-up (or its request has ended): :meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`."""
+        """``owner``'s voice (re)starts only once it holds ``seconds`` of audio beyond one device
+        wake-up (or its request has ended): at its first start, later at its next sentence
+        boundary (:meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`)."""
         with self._lock:
             self.lanes.hold(owner, round(max(0.0, seconds) * self.rate))
 
@@ -283,11 +293,12 @@ class DeviceOutput:
             return dropped
 
     def status(self) -> dict:
-        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (stalls of a streaming
-        voice), underrun_ms (the silence they left), xruns, buffered_ms."""
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (a streaming voice ran dry
+        mid-sentence), sentence_holds (it held at a sentence boundary instead), underrun_ms (the
+        silence both left), xruns, buffered_ms."""
         return {
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
-            "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "underruns": self.underruns, "sentence_holds": self.sentence_holds, "xruns": self.xruns, "mode": self.mode,
             "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
             "voices": len(self.lanes.voices),
             "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
@@ -311,10 +322,11 @@ class DeviceOutput:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, gap, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+            sounding, dry, gap, played, held = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
                                                         start_frames=self.burst_frames,
                                                         rebuffer_frames=int(REBUFFER_S * self.rate))
             self.underruns += dry
+            self.sentence_holds += held
             self.gap_frames += gap
             if sounding > 1:
                 self.mixed_blocks += 1

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core import SAMPLE_RATE
 from ..errors import ApplianceError, DeviceLostError
-from .device import DeviceOutput
+from .device import REBUFFER_S, DeviceOutput
 from .sink import Outcome
 from .wav import WavRetention, WavWriter
 
@@ -105,6 +105,9 @@ class RequestAudio:
         self.first_out_at: Optional[float] = None
         #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
         self.on_sounding: Optional[Callable[[], None]] = None
+        #: its silences on the device (:class:`~appliance.audio.mix.Pause`, samples at the device's
+        #: rate): held at a sentence boundary or ran dry mid-sentence; appended by the device
+        self.pauses: list = []
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:
@@ -124,13 +127,25 @@ class RequestAudio:
         """Itself where it has a sound device (:class:`~appliance.audio.sink.AudioSink`), else None."""
         return self if self.device is not None else None
 
+    def rebuffer(self, seconds: float) -> None:
+        """Audio its voice must hold to resume should it run dry mid-sentence (at least the device's
+        :data:`~appliance.audio.device.REBUFFER_S`): :meth:`Lanes.rebuffer <appliance.audio.mix.Lanes.rebuffer>`."""
+        dev = self.device
+        n = round(max(REBUFFER_S, seconds) * dev.rate)
+        dev.voice_do(lambda lanes: lanes.rebuffer(self, n))
+
+    def end_sentence_next(self) -> None:
+        """The next PCM :meth:`write` queues ends a sentence: its voice may hold after it for the
+        next one (:meth:`Lanes.end_sentence_next <appliance.audio.mix.Lanes.end_sentence_next>`)."""
+        self.device.voice_do(lambda lanes: lanes.end_sentence_next(self))
+
     def _bind(self, device: DeviceOutput) -> None:
         """New resampler and a voice on ``device`` (lock held or not yet shared)."""
         self._rs = None
         if device.rate != PIPELINE_RATE:
             import soxr
             self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-        device.begin(self, self._device_failed, self.lane, on_first=self._first_out)
+        device.begin(self, self._device_failed, self.lane, on_first=self._first_out, pauses=self.pauses)
 
     def _first_out(self, t: float) -> None:
         if self.first_out_at is None:

@@ -6,7 +6,9 @@ milliseconds, not after a model load). :func:`build` then constructs, each part 
 needs when it is made, nothing assigned to a part afterwards::
 
     pipeline        Pipeline.from_config (or the given factory), sized to service.memory_budget_mb
-                    before the load and again after the warm-up (appliance.daemon.memory)
+                    before the load and again after the warm-up (appliance.daemon.memory); its
+                    look-ahead calibrated where none is recorded for its engines
+                    (synth.calibration.calibrate_pipeline, stream.calibrate_at_start)
     integrity       IntegrityWatch over the weight files the backend verified (started)
     checks          CheckRecord: what the last field health check found (the at-start one first)
     audio           AudioOutput (devices opened, WAV directory pruned)
@@ -45,6 +47,7 @@ from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal
 from ..service.request import Request
 from ..service.worker import Worker
+from ..synth.calibration import calibrate_pipeline
 from ..synth.checkpoint_dir import require_checkpoint
 from ..transports.socket_server import check_socket_path
 from .hooks import Hooks, call_hook
@@ -198,6 +201,9 @@ def _load(cfg: Config, hooks: Hooks,
         pipeline.warmup()
         log.info("warm-up took %.1f s", time.monotonic() - t1)
     pipeline, fit = fit_pipeline(cfg, pipeline, factory, cfg.service.warmup)
+    if cfg.stream.calibrate_at_start and pipeline.lookahead.missing:   # a fresh box: measured before it serves
+        call_hook(hooks.on_loading, "calibrating the look-ahead (none recorded for these engines)")
+        calibrate_pipeline(cfg, pipeline)
     if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
         fit = before if fit.action == "fits" else dataclasses.replace(
             fit, text=f"before the load: {before.text}; after warm-up: {fit.text}")

@@ -365,7 +365,7 @@ class Worker(Ending):
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
-            self.starts.apply(item)           # before its first write: how much its player holds
+        self.starts.on_chunk(item, chunk)     # before the write: how much its player holds, sentence ends
         item.audio.write(pcm)
         if item.speak.return_audio:       # the samples as they are: each transport encodes them once
             item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
