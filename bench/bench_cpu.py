@@ -145,8 +145,9 @@ def run(args, legacy: bool) -> dict:
     loop.leave(seq)
     # a whole utterance: RTF
     job = pipe.prepare(Req(text=SENTENCE, id="rtf", seed=2, params=SynthParams(min_new_tokens=args.steps, max_new_tokens=args.steps)))
-    samples = sum((c.size if legacy else c.samples.size) for c in pipe.run(job))
-    st = job.stats
+    run = pipe.run(job)
+    samples = sum((c.size if legacy else c.samples.size) for c in run)
+    st = job.stats if legacy else run.report.stats      # an older tree's job kept its stats
     info = pipe.info
     la = "exact (pre-redesign)" if legacy else pipe.describe_lookahead()
     pipe.close()

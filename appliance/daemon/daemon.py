@@ -289,7 +289,7 @@ class Daemon:
                 c.update(p.audio.status(name))
                 c.update(p.worker.starts.status(name) if p.worker.starts else {})
             chans[name] = c
-        w, th = (p.worker if p else None), (p.throttle if p else None)
+        w, th = (p.worker.ends if p else None), (p.throttle if p else None)
         return StatusReply(
             state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
             last_rtf=round(w.last_rtf, 4) if w and w.last_rtf is not None else None,

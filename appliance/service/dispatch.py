@@ -201,7 +201,7 @@ class Dispatcher:
         self._check_text(req.text)
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
-        sink(Normalized(id=req.id, spoken=list(job.sentences), tokens=[int(p.size) for p in job.prompts],
+        sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
              None)
 
@@ -231,7 +231,8 @@ class Dispatcher:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
         loop = asyncio.get_running_loop()
         job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        job.open = more
+        if more:
+            job = job.opened()                      # the rest of its text comes through its feed
         item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived, client_audio=audio)
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled

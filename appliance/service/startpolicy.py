@@ -13,7 +13,10 @@ starts, beyond one device wake-up (:meth:`DeviceOutput.hold <appliance.audio.dev
   :func:`~appliance.synth.schedule.start_plan`, from the measured times, the rows decoding now,
   and the request's expected length.
 
-Expected length: per sentence, its text tokens (``Job.meta["text_tokens"]``) times the decode
+The policy's input is typed: a :class:`StartInput` the worker builds at the first chunk, and at
+the end the request's :class:`~appliance.synth.job.Report` (what it ran, to learn from).
+
+Expected length: per sentence, its text tokens (``Sentence.text_tokens``) times the decode
 steps per text token seen so far (:data:`STEPS_PER_TOKEN` until a request has finished: about
 what trained ChatTTS speaks at ``[speed_5]``), clipped to the request's ``min_new_tokens`` and
 ``max_new_tokens``. A request that ends earlier than expected only started later than needed; one
@@ -30,9 +33,16 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..synth.schedule import StartPlan, start_plan
+
+if TYPE_CHECKING:
+    from ..audio.sink import AudioSink
+    from ..core import SamplingParams
+    from ..synth.batch import BatchEngine
+    from ..synth.job import Report
 
 log = logging.getLogger(__name__)
 
@@ -43,66 +53,89 @@ STEPS_PER_TOKEN = 10.0
 ``[speed_5]``: about 4.5 Chinese characters, one token each, per second = 10 steps)."""
 
 
+@dataclass(frozen=True)
+class StartInput:
+    """What the policy reads of a request at its first PCM chunk (the worker builds it).
+
+    Attributes:
+        id, channel: the request's.
+        text_tokens: per sentence known now, its text's tokens without the prompt's frame.
+        params: its sampling parameters (``min_new_tokens``, ``max_new_tokens`` per sentence).
+        lookahead_tokens: its vocoder's look-ahead, decode steps. chunk_scale: its schedule's scale.
+        audio: its :class:`~appliance.audio.sink.AudioSink` (``voice`` None: a WAV file or audio
+            only for its client: nothing to hold; ``first_out_at``: when it first sounded).
+        first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
+    """
+
+    id: str
+    channel: str
+    text_tokens: tuple[int, ...]
+    params: SamplingParams
+    lookahead_tokens: int
+    chunk_scale: int
+    audio: AudioSink
+    first_pcm_at: float
+
+
 class StartPolicy:
     """Start decisions for the requests of one engine (module docstring).
 
     Args:
-        engine: the :class:`~appliance.synth.batch.BatchEngine` (``step_s``, ``window_s``,
-            ``tasks``, ``schedule``, ``vocoders``).
+        engine: the :class:`~appliance.synth.batch.BatchEngine` (its measured ``step_s`` and
+            ``window_s``, the rows in ``tasks``, its ``schedule``).
         slack_s: ``stream.start_slack_ms`` / 1000.
     """
 
-    def __init__(self, engine: Any, slack_s: float) -> None:
+    def __init__(self, engine: BatchEngine, slack_s: float) -> None:
         self.engine = engine
         self.slack_s = max(0.0, float(slack_s))
         self.per_token = STEPS_PER_TOKEN
         self._lock = threading.Lock()
-        self._plans: collections.OrderedDict[Any, tuple[StartPlan, float]] = collections.OrderedDict()
-        # ^ item -> (plan, hold_s) until its done
-        self._latest: dict[str, tuple[Any, StartPlan, float]] = {}    # channel -> (item, plan, hold_s)
+        self._plans: collections.OrderedDict[str, tuple[StartInput, StartPlan, float]] = collections.OrderedDict()
+        # ^ request id -> (input, plan, hold_s) until its done
+        self._latest: dict[str, tuple[StartInput, StartPlan, float]] = {}    # channel -> the same
 
-    def expected_steps(self, job: Any) -> int:
-        """Decode steps ``job`` is expected to run, all sentences (module docstring)."""
-        tokens = job.meta.get("text_tokens") or [max(1, len(p) - 5) for p in job.prompts]
-        lo, hi = int(job.params.min_new_tokens), int(job.params.max_new_tokens)
+    def expected_steps(self, text_tokens: tuple[int, ...], params: SamplingParams) -> int:
+        """Decode steps sentences of ``text_tokens`` are expected to run, all together (module docstring)."""
+        lo, hi = int(params.min_new_tokens), int(params.max_new_tokens)
         with self._lock:
             per = self.per_token
-        return sum(min(hi, max(lo, round(per * n))) for n in tokens)
+        return sum(min(hi, max(lo, round(per * n))) for n in text_tokens)
 
-    def apply(self, item: Any) -> None:
+    def apply(self, item: StartInput) -> None:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
-            eng, task = self.engine, item.task
-            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.job),
-                              eng.vocoders[task.voc].lookahead_tokens, rows=max(1, len(eng.tasks)),
-                              scale=task.chunk_scale)
+            eng = self.engine
+            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.text_tokens, item.params),
+                              item.lookahead_tokens, rows=max(1, len(eng.tasks)), scale=item.chunk_scale)
             voice = item.audio.voice                            # None: a WAV file or the client's audio
             hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
             if voice is not None:
                 voice.device.hold(voice, hold_s)
             with self._lock:
-                self._plans[item] = (plan, hold_s)
+                self._plans[item.id] = (item, plan, hold_s)
                 while len(self._plans) > KEPT:
                     self._plans.popitem(last=False)
                 self._latest[item.channel] = (item, plan, hold_s)
         except Exception:  # noqa: BLE001 - a policy bug must not fail the request
-            log.exception("request %s: start plan", getattr(item, "id", "?"))
+            log.exception("request %s: start plan", item.id)
             return
         if plan.hold_s > 0:
             log.info("request %s: predicted RTF %.2f over %.1f s of audio: it starts once %.2f s are queued "
                      "(a later start instead of gaps)", item.id, plan.predicted_rtf, plan.expected_s, hold_s,
                      extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf, "start_hold_s": hold_s})
 
-    def fields(self, item: Any) -> dict:
-        """``done``'s start fields for ``item`` (forgets it and learns its length); {} if none."""
+    def fields(self, request_id: str, report: Report, params: SamplingParams) -> dict:
+        """``done``'s start fields for ``request_id`` (forgets it, and learns the length from its
+        ``report``, run with ``params``); {} if none."""
         with self._lock:
-            got = self._plans.pop(item, None)
-        self._learn(item.job)
+            got = self._plans.pop(request_id, None)
+        self._learn(report, params)
         if got is None:
             return {}
-        plan, hold_s = got
-        out_at = getattr(item.audio, "first_out_at", None)
-        delay = None if out_at is None or item.first_pcm_at is None else round(1000.0 * (out_at - item.first_pcm_at), 1)
+        item, plan, hold_s = got
+        out_at = item.audio.first_out_at
+        delay = None if out_at is None else round(1000.0 * (out_at - item.first_pcm_at), 1)
         return {"predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
                 "start_hold_ms": round(1000.0 * hold_s, 1), "start_delay_ms": delay}
 
@@ -115,17 +148,17 @@ class StartPolicy:
         item, plan, hold_s = got
         return {"start": {"id": item.id, "predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
                           "expected_audio_s": round(plan.expected_s, 2), "hold_ms": round(1000.0 * hold_s, 1),
-                          "sounding": getattr(item.audio, "first_out_at", None) is not None}}
+                          "sounding": item.audio.first_out_at is not None}}
 
-    def _learn(self, job: Any) -> None:
-        """Steps per text token from a finished job: a moving average; a job whose every sentence
+    def _learn(self, report: Report, params: SamplingParams) -> None:
+        """Steps per text token from a finished run: a moving average; a run whose every sentence
         ran to ``max_new_tokens`` says only that the rate is at least what it saw."""
-        st = getattr(job, "stats", None)
-        tokens = sum(job.meta.get("text_tokens") or [])
+        st = report.stats
+        tokens = sum(report.text_tokens)
         if st is None or tokens <= 0 or st.steps <= 0:
             return
         seen = st.steps / tokens
-        clipped = st.steps >= len(job.prompts) * int(job.params.max_new_tokens)
+        clipped = st.steps >= st.sentences * int(params.max_new_tokens)
         with self._lock:
             self.per_token = max(self.per_token, seen) if clipped else 0.7 * self.per_token + 0.3 * seen
 

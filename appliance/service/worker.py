@@ -11,8 +11,8 @@ Wyoming connection). Events per request::
     an alert on its channel -> Preempted(action=resume) -> Started -> ... (from the start again)
                             or Preempted(action=drop) -> ErrorEvent(code=preempted)
 
-Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`Worker._settle`
-is idempotent). An utterance whose text still arrives (``Request.more``) runs like any request;
+Exactly one terminal event (``done`` or ``error``) per accepted request: how a request ends is
+:class:`~appliance.service.ending.Endings` (its ``settle`` is idempotent), built here. An utterance whose text still arrives (``Request.more``) runs like any request;
 :meth:`Worker.add_text` / :meth:`Worker.close_text` feed it, and the thread sleeps while every
 running request waits for text.
 
@@ -62,16 +62,15 @@ from ..messages.protocol import (
     Started,
     error_event,
 )
-from .ending import Ending
+from .ending import Endings
 from .journal import mark
 from .request import Request, State
 from .scheduler import Scheduler, ThrottlePolicy
 from .stall import StallWatch
-from .startpolicy import StartPolicy
+from .startpolicy import StartInput, StartPolicy
 
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
-    from ..audio.sink import AudioSink
     from ..synth.job import Job
     from ..synth.pipeline import Pipeline
     from .journal import Journal
@@ -79,7 +78,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Worker(Ending):
+class Worker:
     """Queues (:class:`~appliance.service.scheduler.Scheduler`) + one synthesis thread driving a
     batch engine (module docstring).
 
@@ -115,22 +114,16 @@ class Worker(Ending):
         self.on_finished = on_finished
         self.throttle = throttle
         self.journal = journal
-        self.last_rtf: Optional[float] = None
-        self.last_ttfb_ms: Optional[float] = None
-        self.completed = 0
-        self.failed = 0
         self._cv = threading.Condition()
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
-        self._spent: list[AudioSink] = []      # ended requests' audio, released on this thread
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
-        if self.engine is not None:   # heartbeats also while a health check drives the engine
-            self.engine.on_step = self._beat
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt)
-        self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
         self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
+        self.ends = Endings(self.sched, self._cv, journal, throttle, self.starts, on_finished, lambda: self._stopping)
+        self.stall = StallWatch(stall_s, self.sched.running_items, self.ends.settle, self._cv) if stall_s else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -177,7 +170,7 @@ class Worker(Ending):
             with self._cv:
                 playing = v.state is State.PLAYING
             if playing:                     # synthesis already over: decide now
-                self._after_preempt(v)
+                self.ends.after_preempt(v)
         return pos
 
     def add_text(self, request_id: str, part: Job) -> bool:
@@ -231,7 +224,7 @@ class Worker(Ending):
         abort_all(it.audio for it in targets if it.audio is not None)   # unplayed audio dropped now
         for it in targets:
             if states[it] in (State.QUEUED, State.PLAYING):
-                self._settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
+                self.ends.settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
             # running: the worker sees the event at the next step and settles it
         if targets:
             log.info("cancelled %s", ", ".join(f"{it.id} ({states[it].value})" for it in targets))
@@ -296,7 +289,7 @@ class Worker(Ending):
         eng = self.engine
         while True:
             with self._cv:
-                spent, self._spent = self._spent, []
+                spent = self.ends.take_spent()
                 if self._stopping and not self.sched.running and not self.sched.queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
@@ -323,17 +316,17 @@ class Worker(Ending):
             for it in start:
                 self._start(it)
             if eng.runnable:
-                eng.step()
+                eng.step(self._beat)
                 if self.stall is not None:
                     self.stall.mark(list(self.sched.running.values()))
             with self._cv:
                 ended = self.sched.ended()
             for it in ended:
                 try:
-                    self._complete(it)
+                    self.ends.complete(it)
                 except Exception as e:  # noqa: BLE001 - a bug here must not stop the other channels
                     log.exception("request %s: completion failed", it.id)
-                    self._fail(it, e)
+                    self.ends.fail(it, e)
 
     def _start(self, item: Request) -> None:
         item.progress_at = time.monotonic()
@@ -349,7 +342,7 @@ class Worker(Ending):
                                         lim.chunk_scale if lim is not None else 1)
         except Exception as e:  # noqa: BLE001
             item.task = None
-            self._fail(item, e)
+            self.ends.fail(item, e)
 
     def _on_pcm(self, item: Request, chunk: PcmChunk) -> None:
         pcm = chunk.samples
@@ -358,7 +351,10 @@ class Worker(Ending):
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
-            self.starts.apply(item)           # before its first write: how much its player holds
+            t = item.task                     # before its first write: how much its player holds
+            self.starts.apply(StartInput(item.id, item.channel, tuple(s.text_tokens for s in t.sentences),
+                                         item.job.params, self.engine.lookahead_of(t), t.chunk_scale, item.audio,
+                                         item.first_pcm_at))
         item.audio.write(pcm)
         if item.speak.return_audio:       # the samples as they are: each transport encodes them once
             item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
