@@ -262,7 +262,7 @@ class WyomingConfig:
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
     max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
-    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (16-bit at 24 kHz: 48 bytes per ms, 1.4 MiB at 30000). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
+    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (float32 at 24 kHz until written: 96 bytes per ms, 2.8 MiB at 30000; appliance.audio.stream). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
 
 
 @dataclass(frozen=True)
