@@ -169,7 +169,8 @@ class Daemon:
             await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
                                     p.mqtt.recent.add if p.mqtt else None)
         self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
-                                   on_gone=p.dispatch.client_gone)
+                                   on_gone=p.dispatch.client_gone, max_buffered_ms=self.cfg.service.max_buffered_ms,
+                                   sample_format=self.cfg.stream.sample_format)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer

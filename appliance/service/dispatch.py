@@ -68,7 +68,7 @@ from .peers import Peer, RateLimiter
 from .request import Request
 
 if TYPE_CHECKING:
-    from ..audio.sink import ClientAudio
+    from ..audio.sink import AudioSink, ClientAudio
     from ..synth.pipeline import Pipeline
     from .journal import Journal
     from .recovery import Recovery
@@ -115,9 +115,11 @@ class Dispatcher:
         """Stop the prepare thread (a running prepare finishes in the background)."""
         self._prep.shutdown(wait=False)
 
-    async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None) -> None:
+    async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None,
+                          audio_for: Optional[Callable[[str], AudioSink]] = None) -> None:
         """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event.
-        ``speak`` and ``health`` count against ``peer``'s rate limit."""
+        ``speak`` and ``health`` count against ``peer``'s rate limit. ``audio_for(request_id)``:
+        the connection's sink for a ``return_audio`` request's PCM (its client stream)."""
         arrived = time.monotonic()
         try:
             req = parse_line(line, self.max_line_bytes)
@@ -132,7 +134,10 @@ class Dispatcher:
                 log.info("request from %s refused: %s", peer, e)
                 sink(error_event(e, req.id if isinstance(req, Speak) else None), None)
                 return
-        await self.handle_request(req, sink, peer=peer, arrived=arrived)
+        audio = None
+        if isinstance(req, Speak) and req.return_audio and audio_for is not None:
+            audio = lambda rid=req.id: audio_for(rid)   # noqa: E731 - opened by the worker at each start
+        await self.handle_request(req, sink, peer=peer, arrived=arrived, audio=audio)
 
     def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """A socket client closed its connection: cancel its queued, running and playing

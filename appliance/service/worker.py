@@ -6,7 +6,7 @@ and states are drawn there) holding a prepared pipeline job and an
 Wyoming connection). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
-    worker   -> Started -> [AudioChunk + PcmChunk]* -> (audio played / WAV written) -> Done
+    worker   -> Started -> (PCM to its AudioSink: device, WAV, its client stream) -> (played / written) -> Done
                         or ErrorEvent (``cancelled``, ``preempted``, ...)
     an alert on its channel -> Preempted(action=resume) -> Started -> ... (from the start again)
                             or Preempted(action=drop) -> ErrorEvent(code=preempted)
@@ -52,10 +52,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ..audio.cancel import abort_all
 from ..core import PcmChunk
 from ..errors import BusyError, CancelledError
-from ..messages.events import pcm_bytes
 from ..messages.protocol import (
     Accepted,
-    AudioChunk,
     ErrorEvent,
     Event,
     EventSink,
@@ -89,7 +87,6 @@ class Worker:
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
-        audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
         throttle: a :class:`~appliance.ops.monitor.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
@@ -102,12 +99,11 @@ class Worker:
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
                  heartbeat_s: float = 1.0, on_heartbeat: Optional[Callable[[], None]] = None,
                  on_finished: Optional[Callable[[Request, Event], None]] = None,
-                 audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
+                 on_preempt: Optional[dict[str, str]] = None,
                  throttle: Optional[ThrottlePolicy] = None,
                  journal: Optional[Journal] = None, stall_s: Optional[float] = None) -> None:
         self.pipeline = pipeline
         self.engine = pipeline.engine if pipeline is not None else None
-        self.audio_format = audio_format
         self.audio = audio
         self.heartbeat_s = heartbeat_s
         self.on_heartbeat = on_heartbeat
@@ -356,7 +352,3 @@ class Worker:
                                          item.job.params, self.engine.lookahead_of(t), t.chunk_scale, item.audio,
                                          item.first_pcm_at))
         item.audio.write(pcm)
-        if item.speak.return_audio:       # the samples as they are: each transport encodes them once
-            item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
-                                 format=self.audio_format), chunk)
-        self._beat()
