@@ -128,7 +128,7 @@ def test_out_of_range_seeds_are_bad_requests(pipe, obj):
     from appliance.messages.protocol import parse_request
 
     with pytest.raises(RequestError):
-        pipe.prepare(parse_request(obj).synthesis_request())
+        pipe.prepare(parse_request(obj))
 
 
 def test_missing_checkpoint_names_model_path_and_the_config_file(tmp_path):

@@ -289,8 +289,10 @@ class RequestAudio:
 
 
 class ClientOnlyAudio:
-    """The audio of a request whose PCM only goes back to its client (``Speak.play`` false, e.g.
-    a Wyoming request): nothing is played or written; :meth:`finish` completes at once."""
+    """The audio of a request that is neither played nor written (``Speak.play`` false) and has no
+    client stream (every transport that returns audio passes one: :mod:`appliance.audio.stream`;
+    this is the request core used without one): its PCM goes nowhere; :meth:`finish` completes
+    at once."""
 
     output = "client"
     lane = None
@@ -301,7 +303,7 @@ class ClientOnlyAudio:
         self.first_out_at: Optional[float] = None   # the first chunk handed to the client
 
     def write(self, pcm: np.ndarray) -> None:
-        """Nothing to play: the worker sends the PCM to the client as ``audio`` events."""
+        """Nothing to play or write (module docstring of the class)."""
         if self.first_out_at is None and len(pcm):
             self.first_out_at = time.monotonic()
 

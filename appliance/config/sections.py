@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -30,6 +30,11 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # sections
 # --------------------------------------------------------------------------------------------
+
+
+Lookahead = Union[Literal["auto", "exact"], int]
+"""``stream.lookahead``: ``auto``, ``exact``, or a number of decode steps (an int; a YAML string of
+digits is read as one)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class StreamConfig:
     chunk_growth: float = _f(2.0, "Each next chunk is this many times the previous one (capped by chunk_tokens and by what the audio already queued can cover: the device never waits); 1 = fixed chunks.", min=1.0, max=8.0)
     realtime_share: float = _f(0.9, "Share of real time the stream may spend making audio when it sizes chunks (measured step and window times): a first chunk grows until the second one is made before it has played.", min=0.1, max=1.0)
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
-    lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
+    lookahead: Lookahead = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 

@@ -10,13 +10,13 @@ Every failure becomes an ``error`` event on that sink; nothing raises back into 
 ``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
 sentences it would say. ``speak``: a client returning after a restart with the id of a replayed
 request is attached to it (:meth:`~appliance.service.recovery.Recovery.attach`: ``replayed``, never
-spoken twice); otherwise limits and channel are checked here, then ``Pipeline.prepare`` runs on
-its own single ``prepare`` thread (so bad text is answered at once, even while a long request
-synthesizes) concurrently with the worker thread, which drives the pipeline's ``BatchEngine``:
-prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
-request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
-thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
-(except ``play: false`` ones, whose audio only goes back to their client: not journaled).
+spoken twice); otherwise the state and channel are checked here, then ONE hop to the single
+``prepare`` thread (:meth:`Dispatcher._accept`): ``Pipeline.prepare`` (the text's limits, its
+length included, are checked there, once; bad text is answered at once, even while a long request
+synthesizes; prepare only reads the tokenizer/normalizer, never the runner or decode state), the
+journal (:mod:`appliance.service.journal`, fsynced), and the queue, which sends ``accepted`` and
+wakes the worker: an accepted request survives a crash (except ``play: false`` ones, whose audio
+only goes back to their client: not journaled).
 
 An *utterance* whose text still arrives (a Wyoming stream, a long text sent in pieces) is ONE
 request: :meth:`Dispatcher.handle_request` with ``more=True`` accepts it with its first piece, then
@@ -43,7 +43,6 @@ from ..errors import (
     BusyError,
     CancelledError,
     RequestError,
-    TextError,
     UnknownChannelError,
 )
 from ..messages.protocol import (
@@ -81,7 +80,7 @@ class Dispatcher:
     """Handles parsed requests for the daemon; built complete by :mod:`appliance.daemon.build`.
 
     Args:
-        service: ``cfg.service`` (``max_line_bytes``, ``max_text_chars``, ``channels``).
+        service: ``cfg.service`` (``max_line_bytes``, ``channels``).
         pipeline: the loaded :class:`~appliance.synth.pipeline.Pipeline` (``prepare`` only).
         worker: the started :class:`~appliance.service.worker.Worker`.
         loop: the daemon's event loop (where :meth:`handle_request_threadsafe` schedules).
@@ -97,7 +96,6 @@ class Dispatcher:
                  health: Callable[[], HealthReply], limiter: Optional[RateLimiter] = None,
                  journal: Optional[Journal] = None, recovery: Optional[Recovery] = None) -> None:
         self.max_line_bytes = service.max_line_bytes
-        self.max_text_chars = service.max_text_chars
         self.channels = [c.name for c in service.channels]
         self.cancel_on_disconnect = {c.name for c in service.channels if c.on_disconnect == "cancel"}
         self.limiter = limiter
@@ -192,18 +190,14 @@ class Dispatcher:
             log.exception("request %s failed", rid or "-")
             sink(error_event(e, rid), None)
 
-    def _check_text(self, text: str) -> None:
+    def _check_ready(self) -> None:
+        """Requests are taken only while the daemon is ready (the text's own limits, its length
+        included, are :meth:`Pipeline.prepare <appliance.synth.pipeline.Pipeline.prepare>`'s)."""
         if self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        n = len(text)
-        limit = self.max_text_chars
-        if n > limit:
-            raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
-        if not text.strip():
-            raise TextError("text is empty; send something to speak")   # the normalizer's wording
 
     async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
-        self._check_text(req.text)
+        self._check_ready()
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
         sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
@@ -217,10 +211,9 @@ class Dispatcher:
         Raises:
             ApplianceError: the piece is refused (``TextError``: empty, too long, unspeakable).
         """
-        self._check_text(req.text)
-        part = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
-                                                                req.synthesis_request())
-        return self.worker.add_text(req.id, part)
+        self._check_ready()
+        return await asyncio.get_running_loop().run_in_executor(
+            self._prep, lambda: self.worker.add_text(req.id, self.pipeline.prepare(req)))
 
     def close_text(self, request_id: str) -> None:
         """The utterance ``request_id`` has all its text (a no-op once it ended)."""
@@ -230,21 +223,27 @@ class Dispatcher:
                      more: bool = False, audio: Optional[ClientAudio] = None) -> None:
         if not more and self.recovery is not None and self.recovery.attach(req, sink):
             return
-        self._check_text(req.text)
+        self._check_ready()
         channel = req.channel if req.channel is not None else self.channels[0]
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
-        loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
+        if peer is not None:
+            log.info("request %s from %s", req.id, peer)
+        # one hop: prepared, journaled and queued on the prepare thread (the loop waits on neither
+        # the text's normalization nor the journal's fsync); the worker takes it from the queue
+        await asyncio.get_running_loop().run_in_executor(
+            self._prep, self._accept, req, sink, channel, origin, arrived, more, audio)
+
+    def _accept(self, req: Speak, sink: EventSink, channel: str, origin: str, arrived: float, more: bool,
+                audio: Optional[ClientAudio]) -> None:
+        """Prepare, journal and queue ``req`` (the prepare thread)."""
+        job = self.pipeline.prepare(req)
         if more:
             job = job.opened()                      # the rest of its text comes through its feed
         item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived, client_audio=audio)
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
-            rec = dict(to_dict(req), channel=channel, seed=job.seed)
-            item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
-        if peer is not None:
-            log.info("request %s from %s", req.id, peer)
+            item.journal = self.journal.accept(dict(to_dict(req), channel=channel, seed=job.seed), origin)
         self._submit(item)
 
     def _submit(self, item: Request) -> None:
@@ -264,9 +263,8 @@ class Dispatcher:
         """
         if channel not in self.channels:
             raise UnknownChannelError(f"channel {channel!r} is no longer configured ({', '.join(self.channels)})")
-        loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        self._submit(Request(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
+        await asyncio.get_running_loop().run_in_executor(self._prep, lambda: self._submit(
+            Request(speak=req, job=self.pipeline.prepare(req), channel=channel, sink=sink, journal=journal_n)))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
         if req.channel is not None and req.channel not in self.channels:
