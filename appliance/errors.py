@@ -88,6 +88,20 @@ class RateLimitError(BusyError):
     code = "rate_limited"
 
 
+class ThrottledError(BusyError):
+    """A request held by the throttle (heat, memory, power, a slow box) for ``service.max_hold_s``
+    without starting; the message names the level and the resource."""
+
+    code = "throttled"
+
+
+class InsufficientMemoryError(BusyError):
+    """The box is short of memory (its free memory or the appliance's budget): only requests of
+    the priorities it still serves are accepted; the message says which and what was read."""
+
+    code = "insufficient_memory"
+
+
 class JournalError(ApplianceError):
     """The request journal cannot record a request durably (disk full, read-only, I/O error,
     or full of unfinished requests): the request is refused, accepted ones keep playing."""
@@ -139,3 +153,25 @@ class AudioDeviceError(ApplianceError):
     """The sound device is missing, busy or failed."""
 
     code = "audio_device"
+
+
+class DeviceLostError(AudioDeviceError):
+    """The request's sound device is gone (unplugged, or never found) and ``audio.on_device_error``
+    does not complete it elsewhere: it was not played. The message says what was looked for and
+    what was found."""
+
+    code = "device_lost"
+
+
+class DeviceBusyError(AudioDeviceError):
+    """The request's sound device is there but another process holds it (retried, then given up):
+    it was not played. The message says which device and what holds it, where known."""
+
+    code = "device_busy"
+
+
+class NoSpaceError(ApplianceError):
+    """A file the request needs (its WAV file) cannot be written: the disk is full or the quota is
+    exhausted. No partial file is left under its name."""
+
+    code = "no_space"

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="libportaudio2 alsa-utils mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential"
+APT_PKGS="libportaudio2 alsa-utils libfaketime mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=""
   for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

@@ -14,6 +14,7 @@ from appliance.audio.output import AudioOutput
 from appliance.config import config_from_dict
 from appliance.core import SynthParams
 from appliance.messages.protocol import Speak
+from appliance.ops.readings import Reading
 from appliance.ops.throttle import Level, Throttle
 from appliance.service.request import Request as Item
 from appliance.service.worker import Worker
@@ -101,15 +102,21 @@ def test_memory_is_not_counted_per_channel_all_slots_run_together(pipe, cfg):
 
 
 def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
-    th = Throttle(dataclasses.replace(cfg.throttle), memory_budget_mb=1500, channels=3)
+    clock = [1000.0]
+    th = Throttle(dataclasses.replace(cfg.throttle, trip_c=95.0, temp_hysteresis_c=1.0, min_dwell_s=3.0),
+                  memory_budget_mb=1500, channels=3, clock=lambda: clock[0])
     w = _worker(pipe, cfg, throttle=th)
     th.on_change = lambda change: w.poke()
-    assert th.update(app_mem_mib=1.2 * 1500) is Level.ALERTS_ONLY          # over the budget: alerts only
+
+    def tj(c: float) -> Reading:
+        return Reading(t=0.0, temps_c={"tj": c})
+
+    assert th.update(tj(95.0)) is Level.ALERTS_ONLY                   # hot: alerts only (92C)
     ev = Events()
     w.submit(_item(pipe, ev, "n1", "a", steps=20))
     w.submit(_item(pipe, ev, "bg", "c", priority="background", steps=20))
     (acc,) = [e for e in ev.of("n1") if e.type == "accepted"]
-    assert acc.waiting == "throttle level alerts_only: normal requests wait"
+    assert acc.waiting == "throttle level alerts_only by thermal: temperature 95.0C (>= 92.0C: alerts_only): normal requests wait"
     w.start()
     try:
         w.submit(_item(pipe, ev, "al", "b", priority="alert", steps=20))
@@ -119,13 +126,16 @@ def test_throttle_holds_low_priority_until_it_recovers(pipe, cfg):
         assert st["a"]["queued"] == 1 and "alerts_only" in st["a"]["waiting"]
         assert [e.type for e in ev.of("n1")] == ["accepted"]
         assert th._rtf is not None                                  # the alert's RTF was observed
-        assert th.update(app_mem_mib=0.0) is Level.QUEUE_LOW_PRIORITY   # one level down: normal may run
+        assert th.update(tj(89.0)) is Level.ALERTS_ONLY                 # cooler (queue: 87-91C), for the hold-off ...
+        clock[0] += 3.0
+        assert th.update(tj(89.0)) is Level.QUEUE_LOW_PRIORITY          # ... then down: normal may run
         ev.wait_end({"n1"})
         time.sleep(0.2)
         assert [e.type for e in ev.of("bg")] == ["accepted"]          # background still waits
         assert "background requests wait" in w.status()["c"]["waiting"]
-        th.update(app_mem_mib=0.0)
-        th.update(app_mem_mib=0.0)
+        th.update(tj(50.0))
+        clock[0] += 3.0
+        th.update(tj(50.0))
         assert th.level is Level.NORMAL
         ev.wait_end({"bg"})
     finally:

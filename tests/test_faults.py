@@ -1,7 +1,7 @@
 """Injected faults with real parts, each bounded in time: a corrupted weight file (refused at
 load; with the check off, NaN never reaches the sound device), an engine/manifest mismatch, a
-full disk under the journal (a real tmpfs; new requests refused with a clear error, the running
-one keeps speaking), and a synthesis that stalls (the per-request watchdog ends it, the worker
+full disk under the journal and the WAV directory (a real tmpfs filled with ``fallocate``: requests
+keep playing, not crash-safe, and are never replayed twice; WAV output ends ``no_space``), and a synthesis that stalls (the per-request watchdog ends it, the worker
 goes on). The sound device vanishing and coming back: tests/test_channels_service.py; SIGKILL:
 tests/test_faults_crash.py; the broker: tests/test_faults_mqtt.py."""
 
@@ -90,46 +90,89 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-def test_full_disk_for_the_journal_refuses_new_requests_and_keeps_speaking(tiny_ckpt, tmp_path, small_fs):
+def fill(fs) -> None:
+    """Take every free byte of the file system ``fs`` with ``fallocate`` (one file, ``filler``)."""
+    st = os.statvfs(fs)
+    subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize), str(fs / "filler")], check=True)
+
+
+def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twice(tiny_ckpt, tmp_path, small_fs):
+    """The spool and WAV directories on a 1 MiB tmpfs that ``fallocate`` fills while a request
+    plays: new requests are still accepted and played (``accepted.not_crash_safe`` says why),
+    the playing one ends ``done``, and two clean restarts on the still-full disk replay nothing:
+    its end was marked in place. Space again: journaled again, the condition clears."""
     alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
-    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device"},
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device", "wav_dir": str(small_fs / "wav")},
                          synthesis={"max_new_tokens": 150, "min_new_tokens": 150},
                          service={"spool_dir": str(small_fs / "spool"),
                                   "channels": [{"name": "main", "on_disconnect": "finish", "queue_len": 64}]})
     d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
-    filler = small_fs / "filler"
+    short = {"min_new_tokens": 5, "max_new_tokens": 5}
     try:
         c = d.connect()
         c.send({"type": "speak", "text": "磁盘满了，但我还在说话。", "seed": 1, "id": "keep-1"})
         assert c.events(("started", "error"))[-1]["type"] == "started"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 65536)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        # the journal's last page may still hold a few records: short requests until the refusal
-        refused = None
+        fill(small_fs)
+        # the journal's last page may still take a record or two: short requests until one is not journaled
+        unsafe = None
         for i in range(40):
-            evs = d.request({"type": "speak", "text": "新的请求", "seed": 2, "id": f"full-{i}",
-                             "params": {"min_new_tokens": 5, "max_new_tokens": 5}}, until=("accepted", "error"))
-            if evs[-1]["type"] == "error":
-                refused = evs[-1]
+            evs = d.request({"type": "speak", "text": "新的请求", "seed": 2, "id": f"full-{i}", "params": short})
+            assert evs[-1]["type"] == "done" and evs[-1]["output"].startswith("device:"), evs
+            if evs[0].get("not_crash_safe"):
+                unsafe = evs[0]
                 break
-        assert refused is not None and refused["code"] == "journal_error", refused
-        assert "No space left on device" in refused["message"] and "service.spool_dir" in refused["message"]
+        assert unsafe is not None and "No space left on device" in unsafe["not_crash_safe"], unsafe
+        assert "service.spool_dir" in unsafe["not_crash_safe"]
+        (st,) = d.request({"type": "status"})                       # health names it
+        assert st["health"] == "degraded" and [c["name"] for c in st["conditions"]] == ["storage_degraded"], st
+        assert "No space left on device" in st["conditions"][0]["reason"]
         done = c.events(("done", "error"))[-1]                      # the running one plays to its end
         assert done["type"] == "done" and done["id"] == "keep-1", done
         c.close()
-        filler.unlink()                                              # space again: accepted again
-        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1"})
-        assert evs[-1]["type"] == "done", evs
     finally:
-        filler.unlink(missing_ok=True)
         assert d.stop() == 0, d.log()[-3000:]
-    assert "may be spoken again after a crash" in d.log()           # keep-1's end record failed: said so
+    assert "marked ended in place" in d.log()
+    for run in range(2):                                            # clean restarts, the disk still full
+        d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+        try:
+            back = d.request({"type": "speak", "text": "磁盘满了，但我还在说话。", "seed": 1, "id": "keep-1"})
+            assert [e["type"] for e in back] == ["replayed", "done"], (run, back)     # remembered, not spoken again
+        finally:
+            assert d.stop() == 0, d.log()[-3000:]
+        assert "replaying" not in d.log(), d.log()[-3000:]
+    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)                # full at start: degraded at the first write
+    try:
+        evs = d.request({"type": "speak", "text": "还是满的", "seed": 3, "id": "full-again", "params": short})
+        assert evs[0].get("not_crash_safe") and evs[-1]["type"] == "done", evs
+        assert [c["name"] for c in d.request({"type": "status"})[0]["conditions"]] == ["storage_degraded"]
+        (small_fs / "filler").unlink()                              # space again: journaled, healthy again
+        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})
+        assert evs[-1]["type"] == "done" and not evs[0].get("not_crash_safe"), evs
+        (st,) = d.request({"type": "status"})
+        assert st["health"] == "healthy" and st["conditions"] == [], st
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+
+
+def test_a_wav_request_on_a_full_disk_fails_with_no_space_and_leaves_no_file(tiny_ckpt, tmp_path, small_fs):
+    """WAV output to a full tmpfs: the request ends ``no_space`` naming audio.wav_dir (no
+    traceback), no ``<id>.wav`` and no ``.part`` is left; with space again the next one is written."""
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "wav", "wav_dir": str(small_fs / "wav")},
+                         synthesis={"max_new_tokens": 150, "min_new_tokens": 150})
+    d = launch_daemon(tmp_path / "d", cfg)
+    try:
+        (small_fs / "wav").mkdir(exist_ok=True)
+        fill(small_fs)
+        evs = d.request({"type": "speak", "text": "写不下了。", "seed": 1, "id": "nospace-1"})
+        assert evs[-1]["type"] == "error" and evs[-1]["code"] == "no_space", evs
+        assert "No space left on device" in evs[-1]["message"] and "audio.wav_dir" in evs[-1]["message"]
+        assert sorted(p.name for p in (small_fs / "wav").iterdir()) == []
+        (small_fs / "filler").unlink()
+        evs = d.request({"type": "speak", "text": "又可以了。", "seed": 2, "id": "space-1"})
+        assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("space-1.wav"), evs
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+    assert "Traceback" not in d.log()
 
 
 def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, tmp_path):

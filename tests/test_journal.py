@@ -3,6 +3,7 @@ a full disk (a real tmpfs when the tests run as root), and the replay decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from appliance.config import JournalConfig
 from appliance.errors import JournalError
 from appliance.service.journal import FILE, Journal
-from appliance.service.records import decode, encode
+from appliance.service.records import Stamp, decode, encode
 from appliance.service.recovery import Recovery
 
 
@@ -103,28 +104,69 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-def test_full_disk_refuses_new_requests_cleanly_and_recovers(small_fs):
+def fill(fs) -> None:
+    """Take every free byte of the file system ``fs`` with ``fallocate`` (a file named filler)."""
+    st = os.statvfs(fs)
+    subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize), str(fs / "filler")], check=True)
+
+
+def test_a_full_disk_is_reported_ends_are_marked_in_place_and_nothing_is_replayed_twice(small_fs):
+    """The disk fills with requests in the journal: new ones cannot be journaled (the caller plays
+    them, not crash-safe; ``condition`` says why), and the ones that end are marked ended in place,
+    so no restart while the disk stays full replays them; one still unfinished is replayed once."""
     j = Journal(small_fs / "spool")
     j.open()
-    n0 = j.accept(_req(0))
-    filler = small_fs / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)     # fill the file system
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    n0, n1 = j.accept(_req(0)), j.accept(_req(1))
+    j.started(n0)
+    fill(small_fs)
+    late = []
     with pytest.raises(JournalError, match="No space left on device") as e:
-        for i in range(1, 200):                        # the last free blocks go, then the refusal
-            j.accept(_req(i, "字" * 500))
+        for i in range(2, 200):                        # the journal file's last free page fills, then the refusal
+            late.append(j.accept(_req(i, "字" * 500)))
     assert "free space" in str(e.value) and "service.spool_dir" in str(e.value)
-    j.end(n0, {"type": "done", "id": "r0"})            # never raises, even on a full disk
-    filler.unlink()
-    n = j.accept(_req(500))
+    assert "No space left on device" in j.condition
+    j.end(n0, {"type": "done", "id": "r0", "output": "device:x"})     # never raises: marked in place
+    j.close()
+    for restart in range(3):                           # clean restarts while the disk stays full
+        j = Journal(small_fs / "spool")
+        rec = j.open()
+        assert "r0" in rec.finished and rec.finished["r0"]["type"] == "done", restart
+        assert [p.n for p in rec.pending] == ([n1] + late if restart == 0 else []), restart
+        for p in rec.pending:                          # replayed (once) and ended, still on a full disk
+            j.started(p.n)
+            j.end(p.n, {"type": "error" if p.n == n1 else "done", "id": p.id, "code": "cancelled", "message": "m"})
+        j.close()
+    assert rec.finished["r1"]["type"] == "error"
+    (small_fs / "filler").unlink()
+    n = j.accept(_req(500))                            # space again: journaled, the condition clears
+    assert j.condition is None
     rec = Journal(small_fs / "spool").open()           # no partial record was left behind
-    assert rec.torn == 0 and rec.corrupt == 0 and rec.pending[-1].n == n
+    assert rec.torn == 0 and rec.corrupt == 0 and rec.pending[-1].n == n and set(rec.finished) >= {"r0", "r1"}
+
+
+def test_a_read_only_journal_replays_nothing_and_an_unreadable_one_is_set_aside(tmp_path):
+    """A journal that can be read but not written (a read-only file system) could not mark a
+    replay ended, so it replays nothing (each would be spoken again at every start); one that
+    cannot be read is set aside: no replay, ``condition`` says why, ``accept`` raises."""
+    Journal(tmp_path / "j").open()
+    j = Journal(tmp_path / "j")
+    j.open()
+    j.accept(_req(0))
+    d = tmp_path / "ro"
+    _mount_tmpfs(d, "1m")
+    try:
+        shutil.copytree(tmp_path / "j", d / "spool")
+        subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+        ro = Journal(d / "spool")
+        assert ro.open().pending == [] and "read-only" in ro.condition
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / FILE).mkdir()                  # a directory where the file should be: unreadable
+    bad = Journal(tmp_path / "bad")
+    assert bad.open().pending == [] and "cannot read the request journal" in bad.condition
+    with pytest.raises(JournalError):
+        bad.accept(_req(1))
 
 
 def test_replay_decisions_age_alerts_and_attempts(tmp_path):
@@ -139,13 +181,20 @@ def test_replay_decisions_age_alerts_and_attempts(tmp_path):
         rec = j.open()
     r = Recovery(j, rec, JournalConfig(max_age_s=3600, alert_max_age_s=30, max_attempts=3))
     e0, e1, e2 = rec.pending
-    now = time.time()
+    now = Stamp.now()
+    later = lambda s: dataclasses.replace(now, up=now.up + s)     # noqa: E731 - the boot clock moved on
     assert r.why_not(e0, now) is None and r.why_not(e1, now) is None
-    assert "alert accepted 40 s ago" in r.why_not(e1, now + 40)
-    assert r.why_not(e0, now + 40) is None
-    assert "journal.max_age_s" in r.why_not(e0, now + 4000)
+    assert "alert accepted 40 s ago" in r.why_not(e1, later(40))
+    assert r.why_not(e0, later(40)) is None
+    assert "journal.max_age_s" in r.why_not(e0, later(4000))
     assert "3 crash(es)" in r.why_not(e2, now)
-    assert r.why_not(e0, now - 1e6) is None            # a clock that went back: age 0
+    # the wall clock stepped back to 1970 or 60 years forward: within the boot it changes nothing
+    assert r.why_not(e0, dataclasses.replace(now, wall=86400.0)) is None
+    assert r.why_not(e1, dataclasses.replace(now, wall=now.wall + 60 * 365 * 86400)) is None
+    # another boot: the wall clock counts only when both readings are plausible and in order
+    other = Stamp("another-boot", 5.0, now.wall + 4000)
+    assert "journal.max_age_s" in r.why_not(e0, other)
+    assert r.why_not(e0, dataclasses.replace(other, wall=86400.0)) is None       # no RTC yet: age unknown, replayed
 
 
 def test_attempts_count_only_requests_running_at_the_crash(tmp_path):

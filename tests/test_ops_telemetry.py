@@ -179,7 +179,7 @@ def test_sysfs_reader(orin_tree):
     trips = src.trips()
     assert Trip("tj", "passive", 97.0) in trips and Trip("gpu", "active", 46.0) in trips
     assert Trip("cpu", "critical", 104.5) in trips and len(trips) == 6
-    assert src.describe() == "6 thermal zones, 1 INA3221, GPU load, NvMapMemUsed"
+    assert src.describe() == "6 thermal zones, 1 INA3221, GPU load, NvMapMemUsed, no cgroup memory limit"
     assert process_memory_mib(root=str(orin_tree)) == 200.0
 
 
@@ -283,3 +283,36 @@ def test_nvml_on_a_real_gpu():
         assert any(t.kind == "passive" and 50 < t.temp_c < 120 for t in tel.trips())
     finally:
         tel.close()
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_cgroup_memory_the_tightest_limit_on_the_way_up(tmp_path, version):
+    """A systemd unit's MemoryMax= under a slice with a larger one (v2 files), or the same as v1
+    files: the unit's limit binds; reclaimable page cache (inactive_file) is not counted as used."""
+    from appliance.ops.cgroup import cgroup_memory
+
+    mib = 2**20
+    if version == "v2":
+        _write(tmp_path / "proc/self/cgroup", "0::/system.slice/chattts.service\n")
+        top = tmp_path / "sys/fs/cgroup"
+        files = ("memory.max", "memory.current", "inactive_file")
+    else:
+        _write(tmp_path / "proc/self/cgroup", "5:cpu,cpuacct:/\n4:memory:/system.slice/chattts.service\n")
+        top = tmp_path / "sys/fs/cgroup/memory"
+        files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    for d, limit, used, cache in ((top, None, 9000 * mib, 0), (top / "system.slice", 4096 * mib, 3000 * mib, 0),
+                                  (top / "system.slice/chattts.service", 1500 * mib, 1300 * mib, 100 * mib)):
+        none = "max" if version == "v2" else str(9223372036854771712)
+        _write(d / files[0], f"{limit if limit is not None else none}\n")
+        _write(d / files[1], f"{used}\n")
+        _write(d / "memory.stat", f"anon 1\n{files[2]} {cache}\n")
+    cg = cgroup_memory(str(tmp_path))
+    assert cg is not None and cg.limit_mib == 1500 and cg.available_mib == 300          # 1500 - (1300 - 100)
+    assert cg.path.endswith("system.slice/chattts.service")
+    r = SysfsSource(str(tmp_path)).read()
+    assert (r.cgroup_limit_mib, r.cgroup_available_mib) == (1500, 300) and r.free_mib == 300
+    _write(top / "system.slice" / files[1], f"{3900 * mib}\n")                             # the slice is nearly full
+    assert cgroup_memory(str(tmp_path)).available_mib == 196 and "cgroup memory limit 4096 MiB" in \
+        SysfsSource(str(tmp_path)).describe()
+    _write(tmp_path / "proc/self/cgroup", "0::/\n")
+    assert cgroup_memory(str(tmp_path)) is None                                         # no limit anywhere

@@ -72,6 +72,26 @@ def test_cli_normalize_without_daemon_matches_the_daemon(daemon):
     assert r.returncode == 1 and "nothing speakable" in r.stderr
 
 
+MARKDOWN = "## Today\n\nIt is **sunny**[uv_break], see [the forecast](https://weather.example.com/x).\n- <b>No.</b> 10"
+
+
+def test_markup_is_cleaned_on_the_socket_and_shown_by_the_cli(daemon):
+    """An agent's Markdown/HTML through the daemon's socket (the normalizer every transport
+    shares) and the dry run alike: markup never spoken, control tokens kept; the CLI shows the
+    cleaned text first."""
+    (remote,) = daemon.request({"type": "normalize", "text": MARKDOWN, "id": "md"}, until=("normalized", "error"))
+    assert remote["spoken"] == ["Today.", "It is sunny[uv_break], see the forecast.", "number ten"], remote
+    r = _cli("--config", str(daemon.config_path), "--json", MARKDOWN)
+    assert r.returncode == 0, r.stderr
+    local = json.loads(r.stdout)
+    assert local["spoken"] == remote["spoken"]
+    assert local["cleaned"] == "Today\nIt is sunny[uv_break], see the forecast.\nNo. 10"
+    out = _cli("--config", str(daemon.config_path), MARKDOWN).stdout.splitlines()
+    assert out[:4] == ["cleaned (markup removed):", "  Today", "  It is sunny[uv_break], see the forecast.",
+                       "  No. 10"], out
+    assert out[4].startswith("1. Today."), out
+
+
 def test_cli_normalize_prints_only_its_result_unless_verbose(daemon):
     r = _cli("--config", str(daemon.config_path), "你好😀 hello")    # the 😀 is an INFO line with -v
     assert r.returncode == 0, r.stderr

@@ -50,7 +50,7 @@ def test_corpus_size():
     assert len(ROWS) >= 300
     kinds = {r[0].split(":")[2] for r in ROWS}
     assert {"announce", "price", "time", "date", "phone", "address", "unit", "weather", "traffic",
-            "control", "script", "symbol", "mixed"} <= kinds
+            "control", "script", "symbol", "mixed", "markup", "url", "number"} <= kinds
 
 
 @pytest.mark.parametrize("rid, text, said, unspeakable", ROWS, ids=[r[0] for r in ROWS])

@@ -11,7 +11,11 @@ Invariants, for any input:
 4. no letter or digit is dropped silently: every CJK character is spoken or reported; every
    Latin word that is not glued to a number (where it may be a unit, expanded into words) is
    spoken; changing the digits of a number changes what is said; every symbol we have no word
-   for is reported.
+   for is reported. "Every" counts the text after the markup stage (tags and Markdown signs are
+   not words), which the fragments feed too;
+5. markup (:func:`test_fuzz_markup`: Markdown, HTML and SSML built around words): every word in a
+   spoken place is spoken, no word of the markup is (no asterisk, hash, slash, tag name, address
+   path, an agent's ``<think>``), and the control tokens between them survive in order.
 
 The vocabulary is the full 21,178-entry layout of the official tokenizer (as ``model random
 --size full`` writes it), not the tiny test one. Example counts are bounded so the file runs in
@@ -27,7 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from appliance.errors import TextError
-from appliance.text.normalize import CTRL_RE, Normalizer
+from appliance.text.markup import Markup
+from appliance.text.normalize import CTRL_RE, Normalizer, clean_controls
+from appliance.text.rules import WEB_RE
 from appliance.text.scripts import ScriptConverter, is_cjk, is_latin
 from appliance.text.tokenizer import Tokenizer
 from appliance.text.tokens import USER_CONTROL_TOKENS
@@ -46,6 +52,8 @@ FRAGMENTS = [
     "John's", "drivers'", "'yes'", "’", "1e5", "2.5e-3", "1,000th", ",", ".", "，", "。", "！", "？", "、",
     "：", "；", "(", ")", "“", "”", "-", "~", "/", " ", "\n", "😀", "Привет", "α", "①", "½", "１２", "٣", "10²",
     "[uv_break]", "[laugh]", "[speed_5]", "[break_3]", "[Stts]", "[spk_emb]", "\u200b", "\ufe0f",
+    "## ", "\n- ", "\n1. ", "*", "**", "`", "[", "](https://example.com/x)", "<b>", "</b>", "<br>", "<speak>",
+    "<break time=\"300ms\"/>", "</speak>", "|", "\n|---|---|\n", "&amp;", "<", ">", "https://www.example.com/a?b=1",
 ]
 TEXTS = st.one_of(
     st.text(max_size=30),
@@ -55,6 +63,9 @@ TEXTS = st.one_of(
 SEPARATORS = set("|~～^`<>/\\_*")
 #: Characters glued to a number that make a Latin word a unit or code of it.
 _NUMERIC_NEIGHBOURS = set("0123456789μ°%‰²³^./:-")
+
+
+MARKUP = Markup()
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +91,15 @@ def _speakable_input(conv: str, tok: Tokenizer) -> bool:
         any(is_cjk(c) and not tok.unknown_chars(c) for c in body)
 
 
+def _masked(conv: str) -> str:
+    """``conv`` with control tokens and web addresses (read short: their path is not said)
+    replaced by NULs of the same length."""
+    return WEB_RE.sub(lambda m: "\0" * len(m.group()), CTRL_RE.sub(lambda m: "\0" * len(m.group()), conv))
+
+
 def _latin_words(conv: str) -> list[str]:
-    """Latin words of ``conv`` (outside control tokens) not glued to a number."""
-    body = CTRL_RE.sub("\0", conv)
+    """Latin words of ``conv`` (outside control tokens and web addresses) not glued to a number."""
+    body = _masked(conv)
     out = []
     for m in re.finditer(r"[A-Za-z]+", body):
         before = body[: m.start()].rstrip()[-1:]
@@ -93,16 +110,16 @@ def _latin_words(conv: str) -> list[str]:
     return out
 
 
-def _bump_digits(conv: str, k: int) -> str:
-    """``conv`` with the ``k``-th run of digits changed (each digit + 1 mod 10)."""
-    runs = list(re.finditer(r"\d+", CTRL_RE.sub(lambda m: "\0" * len(m.group()), conv)))
-    m = runs[k]
+def _bump_digits(text: str, k: int) -> str:
+    """``text`` with the ``k``-th run of digits outside control tokens changed (each digit + 1 mod 10)."""
+    m = list(re.finditer(r"\d+", CTRL_RE.sub(lambda m: "\0" * len(m.group()), text)))[k]
     new = "".join(str((int(c) + 1) % 10) for c in m.group())
-    return conv[: m.start()] + new + conv[m.end():]
+    return text[: m.start()] + new + text[m.end():]
 
 
 def check(norm: Normalizer, tok: Tokenizer, scripts: ScriptConverter, text: str) -> None:
-    conv = scripts.convert(text)
+    raw = clean_controls(text)
+    conv = scripts.convert(MARKUP(raw))
     try:
         r = norm(text)
     except TextError:
@@ -116,7 +133,7 @@ def check(norm: Normalizer, tok: Tokenizer, scripts: ScriptConverter, text: str)
     assert all(i > 0 and is_latin(body[i - 1]) for i, c in enumerate(body) if c == "'"), out
     assert tok.unknown_chars(body) == [], out
     # 3. control tokens byte for byte
-    assert [t for t in CTRL_RE.findall(text) if t in USER_CONTROL_TOKENS] == CTRL_RE.findall(out)
+    assert [t for t in CTRL_RE.findall(conv) if t in USER_CONTROL_TOKENS] == CTRL_RE.findall(out)
     # 4. letters: CJK spoken or reported, free Latin words spoken
     squashed = body.replace(" ", "").lower()
     for c in CTRL_RE.sub(" ", conv):
@@ -127,10 +144,17 @@ def check(norm: Normalizer, tok: Tokenizer, scripts: ScriptConverter, text: str)
             assert c in r.unspeakable, (c, out, r.unspeakable)
     for w in _latin_words(conv):
         assert w.lower() in squashed, (w, out)
-    # digits: a different number is said differently
-    n_runs = len(re.findall(r"\d+", CTRL_RE.sub(" ", conv)))
-    for k in range(min(n_runs, 2)):
-        assert norm(_bump_digits(conv, k)).text != norm(conv).text, (conv, k)
+    # digits: a different number is said differently (a digit that is markup, such as a tag's
+    # attribute or the number of a list's second item, or in an address's path, is not said)
+    checked = 0
+    for k in range(len(re.findall(r"\d+", CTRL_RE.sub(" ", raw)))):
+        bumped = _bump_digits(raw, k)
+        if _masked(scripts.convert(MARKUP(bumped))) == _masked(conv):
+            continue
+        assert norm(bumped).text != out, (raw, k)
+        checked += 1
+        if checked == 2:
+            break
 
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -150,3 +174,42 @@ def test_invariants_on_known_cases(norm, full_tok, scripts, text):
 def test_control_tokens_byte_for_byte(norm):
     text = "[uv_break]价格￥5[laugh]，Price $5[speed_5][break_7][oral_2]"
     assert CTRL_RE.findall(norm(text).text) == ["[uv_break]", "[laugh]", "[speed_5]", "[break_7]", "[oral_2]"]
+
+
+# -- 5. markup built around words ----------------------------------------------------------------
+
+WORDS = ["hello", "world", "kitchen", "lights", "garage", "dinner", "你好", "今天", "温度", "欢迎"]
+TOKENS = ["[uv_break]", "[laugh]", "[lbreak]", "[speed_5]"]
+#: what markup would say if it leaked: sign names, tag names, an address's scheme and path, think
+LEAKS = ["asterisk", "hash", "slash", "http", "png", "speak", "break", "strong", "alias", "secret", "underscore",
+         "井号", "星号", "斜杠"]
+#: (template, spoken): ``{}`` is the word; a template that is not spoken drops its word on purpose.
+#: An SSML break of 1 s is said as [lbreak].
+FORMS = [("{}", True), ("*{}*", True), ("**{}**", True), ("_{}_", True), ("`{}`", True), ("~~{}~~", True),
+         ("\n## {}\n", True), ("\n- {}\n", True), ("\n3. {}\n", True), ("\n> {}\n", True),
+         ("[{}](https://example.com/path/png)", True), ("![{}](pic.png)", True), ("<b>{}</b>", True),
+         ("<p>{}</p>", True), ("{}<br>", True), ("<speak>{}<break time=\"1s\"/></speak>", True),
+         ("<emphasis level=\"strong\">{}</emphasis>", True), ("<sub alias=\"{}\">speak</sub>", True),
+         ("\n| {} | kitchen |\n|---|---|\n| a | b |\n", True), ("\n```\n{}\n```\n", True),
+         ("<think>secret {}</think>", False), ("<script>secret {}</script>", False)]
+PARTS = st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from(FORMS), st.sampled_from(TOKENS + [""] * 4)),
+                 min_size=1, max_size=6)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=PARTS)
+def test_fuzz_markup(norm, parts):
+    text = " ".join(form.format(word) + tok for word, (form, _), tok in parts)
+    spoken = [w for w, (_, said), _ in parts if said]
+    try:
+        out = norm(text).text
+    except TextError:
+        assert not spoken, text
+        return
+    squashed = CTRL_RE.sub("", out).replace(" ", "").lower()
+    for w in spoken:
+        assert w in squashed, (w, text, out)
+    for leak in LEAKS:
+        assert leak not in squashed, (leak, text, out)
+    want = [t for _, (form, _), tok in parts for t in (["[lbreak]"] if "<break" in form else []) + [tok] if t]
+    assert CTRL_RE.findall(out) == want, (text, out)

@@ -59,3 +59,25 @@ def test_long_text_without_an_end_is_cut_within_the_limit(text):
     assert "".join(pieces).replace(" ", "") == text.replace(" ", "")
     if "，" in text:
         assert all(p.endswith("，") for p in pieces[:-1])      # cut after a clause mark
+
+
+MARKDOWN = ("Here is the **plan**:\n| Day | High |\n|---|---|\n| Mon | 18 |\nThen run:\n```bash\nls -l\n\n"
+            "foo. bar\n```\nDone. *This is one. And two.* End")
+MARKDOWN_PIECES = ["Here is the **plan**:", "| Day | High |\n|---|---|\n| Mon | 18 |", "Then run:",
+                   "```bash\nls -l\n\nfoo. bar\n```", "Done.", "*This is one.", "And two.* End"]
+
+
+def test_a_table_and_a_code_fence_are_one_piece_however_they_arrive():
+    """An LLM's Markdown cut anywhere: a table (its rows) and a fenced code block (to its closing
+    fence, blank lines and sentence marks inside) each reach the markup stage whole."""
+    rng = random.Random(1)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(MARKDOWN)), rng.randint(1, 30)))
+        got, rest = _feed([MARKDOWN[a:b] for a, b in zip([0] + cuts, cuts + [len(MARKDOWN)])])
+        assert [s for g in got for s in g] + rest == MARKDOWN_PIECES, cuts
+
+
+def test_ssml_is_read_whole_at_the_end():
+    b = SentenceBuffer(300, ssml=True)
+    assert b.add('<speak>Turn left.<break time="') == [] and b.add('2s"/> Then right. Done.</speak>') == []
+    assert b.finish() == ["Turn left.", "[lbreak] Then right.", "Done."]

@@ -58,9 +58,10 @@ def wait_log(log: Callable[[], str], text: str, timeout_s: float = 30.0, count: 
 
 
 def journal_states(spool: Path) -> dict[str, Optional[str]]:
-    """Request id -> the kind of its last state record in the journal of ``spool`` (``s``
-    started, ``w`` waiting, ``p`` playing, ``e`` ended; None: accepted only), as the daemon
-    wrote it so far (read-only: unlike ``Journal.open`` this neither compacts nor counts)."""
+    """Request id -> its state in the journal of ``spool`` (its accept record's mark, or an
+    older journal's last state record: ``s`` started, ``w`` waiting, ``p`` playing, ``e`` ended;
+    None: accepted only), as the daemon wrote it so far (read-only: unlike ``Journal.open`` this
+    neither compacts nor counts)."""
     from appliance.service.journal import FILE
     from appliance.service.records import decode
 
@@ -75,7 +76,8 @@ def journal_states(spool: Path) -> dict[str, Optional[str]]:
         if r["k"] in ("a", "f"):
             rid = str((r.get("req") or {}).get("id", r.get("id", "")))
             ids[r["n"]] = rid
-            out[rid] = ("s" if r.get("run") else None) if r["k"] == "a" else "e"
+            mark = r.get("mark", "s" if r.get("run") else "-")
+            out[rid] = ({"-": None, "D": "e", "X": "e"}.get(mark, mark)) if r["k"] == "a" else "e"
         elif r.get("n") in ids:
             out[ids[r["n"]]] = r["k"]
     return out

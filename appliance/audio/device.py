@@ -202,7 +202,9 @@ class DeviceOutput:
             while self.ok and self.lanes.buffered > 0 and time.monotonic() < deadline:
                 self._lock.wait(0.05)
             self._closing = True
-        time.sleep(self._out_latency if self.ok else 0)
+        # the last samples leave the device; a timed Event wait, not time.sleep: Python's sleep is an
+        # absolute clock_nanosleep, which libfaketime (tests/test_faults_clock.py) breaks with EINVAL
+        threading.Event().wait(self._out_latency if self.ok else 0)
         self._stop_watcher.set()
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)

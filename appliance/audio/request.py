@@ -35,8 +35,9 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 
 from ..core import SAMPLE_RATE
-from ..errors import AudioDeviceError
+from ..errors import ApplianceError
 from .device import DeviceOutput
+from .sink import Outcome
 from .wav import WavRetention, WavWriter
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ class RequestAudio:
     before ``on_done`` fires; ``retention`` is applied to its directory then.
 
     Raises:
-        AudioDeviceError: (constructor, no device) the WAV file cannot be created;
-            (:meth:`finish`) it cannot be completed.
+        NoSpaceError, AudioDeviceError: (constructor, no device) the WAV file cannot be created;
+            (:meth:`write`) it cannot be written (no partial file is left under its name).
     """
 
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
@@ -94,7 +95,8 @@ class RequestAudio:
         self._gen = 0                          # bumped by replay(): writes resampled before it are dropped
         self._aborted = False
         self._finished = False
-        self._on_done: Optional[Callable[[str], None]] = None
+        self._on_done: Optional[Callable[[Outcome], None]] = None
+        self._failure: Optional[ApplianceError] = None   # why its WAV fallback could not be written
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
         #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
@@ -160,17 +162,16 @@ class RequestAudio:
                 if not self._aborted and self.route is Route.DEVICE and gen == self._gen:
                     dev.enqueue(self, out)
 
-    def finish(self, on_done: Callable[[str], None]) -> None:
-        """No more PCM; ``on_done(output)`` fires when it has been played or written."""
+    def finish(self, on_done: Callable[[Outcome], None]) -> None:
+        """No more PCM; ``on_done(outcome)`` fires when it has been played or written, or with
+        the error that kept it from either (:data:`~appliance.audio.sink.Outcome`)."""
         with self._lock:
             if self._aborted:
                 return
             self._finished = True
             written = self.route is Route.WAV
             if written:
-                if self._wav is not None:
-                    self.output = str(self._wav.close())
-                path = self.output
+                path = self._close_wav()
             else:
                 self._on_done = on_done
                 if self.route is Route.WAITING:
@@ -228,14 +229,24 @@ class RequestAudio:
             self._device_failed(dev.error or "device failed")
         return True
 
+    def _close_wav(self) -> Outcome:
+        """Complete the WAV file (lock held): its path, or the error that kept it from being written."""
+        if self._wav is not None:
+            try:
+                self.output = str(self._wav.close())
+            except ApplianceError as e:
+                self._failure = e
+            self._wav = None
+        return self._failure if self._failure is not None else self.output
+
     def to_wav(self) -> None:
         """Complete a waiting request into its WAV file now (shutdown)."""
         with self._lock:
             if self._aborted or self.route is not Route.WAITING:
                 return
-            cb = self._switch_to_wav("the daemon stops while the device is unusable")
-        if cb is not None:
-            cb(self.output)
+            fire = self._switch_to_wav("the daemon stops while the device is unusable")
+        if fire is not None:
+            fire()
 
     def _played(self) -> None:
         self.device.forget(self)
@@ -262,30 +273,30 @@ class RequestAudio:
         with self._lock:
             if self._aborted or self.route is not Route.DEVICE:
                 return
-            cb = self._switch_to_wav(reason)
-        if cb is not None:
-            cb(self.output)
+            fire = self._switch_to_wav(reason)
+        if fire is not None:
+            fire()
 
-    def _switch_to_wav(self, reason: str) -> Optional[Callable[[str], None]]:
-        """Route to the WAV file and write the PCM so far (lock held); returns the ``on_done``
-        to fire (finished requests) once the lock is released."""
+    def _switch_to_wav(self, reason: str) -> Optional[Callable[[], None]]:
+        """Route to the WAV file and write the PCM so far (lock held); returns what fires the
+        ``on_done`` of a finished request (its path, or the error that kept the file from being
+        written: never reported as played) once the lock is released."""
         log.warning("request %s: sound device failed (%s); completing it to %s", self.request_id, reason, self.wav_file)
         self.route = Route.WAV
         try:
             self._wav = WavWriter(self.wav_file, PIPELINE_RATE, self.retention)
             for p in self._pcm:
                 self._wav.write(p)
-        except AudioDeviceError as e:
+        except ApplianceError as e:
             log.error("request %s: WAV fallback failed too: %s", self.request_id, e)
+            self._wav, self._failure = None, e
         self._pcm = []
         self.output = str(self.wav_file)
         cb, self._on_done = self._on_done, None
-        if cb is not None and self._wav is not None:
-            try:
-                self._wav.close()
-            except AudioDeviceError as e:
-                log.error("request %s: WAV fallback failed too: %s", self.request_id, e)
-        return cb
+        if cb is None:
+            return None
+        outcome = self._close_wav()
+        return lambda: cb(outcome)
 
 
 class ClientOnlyAudio:

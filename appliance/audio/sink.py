@@ -13,9 +13,17 @@ file (the same class without a device), or a transport's own sink for its client
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
+
+from ..errors import ApplianceError
+
+Outcome = Union[str, ApplianceError]
+"""What a sink's ``finish`` reports: where the audio went (``device:<name>``, a WAV path,
+``client``), or the error that kept it from being played or written (its device was lost and
+nothing else takes it: ``device_lost``; its WAV file could not be written: ``no_space``). An
+error is never reported as played."""
 
 
 @runtime_checkable
@@ -42,9 +50,10 @@ class AudioSink(Protocol):
                 request ends with this error (its code and message), the others go on.
         """
 
-    def finish(self, on_done: Callable[[str], None]) -> None:
-        """No more PCM: call ``on_done(output)`` (``device:<name>``, a WAV path, ``client``) once it
-        is all played or written, from any thread; never after :meth:`abort`."""
+    def finish(self, on_done: Callable[[Outcome], None]) -> None:
+        """No more PCM: call ``on_done(outcome)`` (:data:`Outcome`: ``device:<name>``, a WAV path,
+        ``client``, or the error that kept it from being played or written) once it is all played,
+        written or given up, from any thread; never after :meth:`abort`."""
 
     def abort(self) -> None:
         """Drop what is not played or written yet (cancel, preemption); idempotent."""
@@ -72,7 +81,7 @@ class TeeAudio:
         self.box, self.client = box, client
         self._lock = threading.Lock()
         self._left = 2
-        self._output: Optional[str] = None
+        self._output: Optional[Outcome] = None
 
     @property
     def output(self) -> str:
@@ -104,12 +113,12 @@ class TeeAudio:
         self.client.write(pcm)
         self.box.write(pcm)
 
-    def finish(self, on_done: Callable[[str], None]) -> None:
-        def one(output: Optional[str]) -> None:
+    def finish(self, on_done: Callable[[Outcome], None]) -> None:
+        def one(outcome: Optional[Outcome]) -> None:
             with self._lock:
                 self._left -= 1
-                if output is not None:
-                    self._output = output
+                if outcome is not None and not isinstance(self._output, ApplianceError):
+                    self._output = outcome                  # the box's error wins
                 last = self._left == 0
             if last:
                 on_done(self._output or self.box.output)

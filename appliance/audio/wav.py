@@ -26,6 +26,7 @@ hold one file per channel more than the limit until the next prune. Files dated 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -37,7 +38,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import AudioDeviceError
+from ..errors import ApplianceError, AudioDeviceError, NoSpaceError
 from ..files import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ class WavWriter:
         retention: applied to ``path``'s directory once the file is in place; None = keep all.
 
     Raises:
-        AudioDeviceError: the file cannot be created (message names the path).
+        NoSpaceError: the disk is full (or the quota exhausted); AudioDeviceError: the file cannot
+        be created otherwise (the message names the path).
     """
 
     def __init__(self, path: str | Path, rate: int = 24000, retention: Optional[WavRetention] = None) -> None:
@@ -174,23 +176,35 @@ class WavWriter:
         self.rate = rate
         self.retention = retention
         self.frames = 0
+        self._failed: Optional[ApplianceError] = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # open the file first: a failing wave.open(path) leaves a half-built Wave_write whose
             # __del__ prints an AttributeError
             self._f = open(self.part, "wb")
         except OSError as e:
-            raise AudioDeviceError(f"cannot write WAV file {self.path}: {e.strerror or e} "
-                                   "(check that directory: audio.wav_dir for the daemon)") from e
+            raise _write_error(f"cannot write WAV file {self.path}", e) from e
         self._w = wave.open(self._f, "wb")
         self._w.setnchannels(1)
         self._w.setsampwidth(2)
         self._w.setframerate(rate)
 
     def write(self, pcm: np.ndarray) -> None:
-        """Append float32 ``[n]`` samples (to the ``.part`` file)."""
+        """Append float32 ``[n]`` samples (to the ``.part`` file).
+
+        Raises:
+            NoSpaceError, AudioDeviceError: the write failed; the ``.part`` file is removed and
+                :attr:`path` never appears (later calls raise the same).
+        """
+        if self._w is None:
+            raise self._failed or AudioDeviceError(f"WAV file {self.path} is already closed")
         data = to_int16(pcm)
-        self._w.writeframes(data.tobytes())
+        try:
+            self._w.writeframes(data.tobytes())
+        except OSError as e:
+            self._failed = _write_error(f"cannot write WAV file {self.path} ({self.frames / self.rate:.1f} s written)", e)
+            self.discard()
+            raise self._failed from e
         self.frames += len(data)
 
     def close(self) -> Path:
@@ -198,9 +212,12 @@ class WavWriter:
         directory, then apply the retention; returns the path. Idempotent.
 
         Raises:
-            AudioDeviceError: the file could not be completed (disk full, I/O error); the
-                ``.part`` file is removed and :attr:`path` is not created.
+            NoSpaceError: the disk is full; AudioDeviceError: the file could not be completed
+                (I/O error; or an earlier :meth:`write` failed); the ``.part`` file is removed and
+                :attr:`path` is not created.
         """
+        if self._failed is not None:
+            raise self._failed
         if self._w is None:
             return self.path
         w, self._w = self._w, None
@@ -212,7 +229,8 @@ class WavWriter:
             fsync_dir(self.path.parent)
         except OSError as e:
             _drop(self._f, self.part)
-            raise AudioDeviceError(f"cannot complete WAV file {self.path}: {e.strerror or e}") from e
+            self._failed = _write_error(f"cannot complete WAV file {self.path}", e)
+            raise self._failed from e
         log.debug("wrote %s (%d frames, %.2f s)", self.path, self.frames, self.frames / self.rate)
         if self.retention is not None:
             self.retention.prune(self.path.parent, keep=self.path)
@@ -229,6 +247,14 @@ class WavWriter:
         except OSError:
             pass
         _drop(self._f, self.part)
+
+
+def _write_error(what: str, e: OSError) -> ApplianceError:
+    """``NoSpaceError`` for a full disk or quota, else ``AudioDeviceError``; the message says what
+    failed, the OS error and where to look."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError(f"{what}: {e.strerror}; free space there (audio.wav_dir)")
+    return AudioDeviceError(f"{what}: {e.strerror or e} (check that directory: audio.wav_dir)")
 
 
 def _drop(f, part: Path) -> None:

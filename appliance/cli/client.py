@@ -359,7 +359,9 @@ def cancel_main(args: Any) -> int:
 
 def normalize_main(args: Any) -> int:
     """``chattts-appliance normalize TEXT``: print what the box would say, sentence by sentence
-    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized.
+    (with each sentence's prompt tokens), and what it cannot speak; nothing is synthesized. When
+    the markup stage changed the text (Markdown, HTML, SSML), the cleaned text comes first (dry
+    run only: the daemon's ``normalized`` reply has the sentences).
 
     Without ``--socket`` it needs no daemon: it reads ``--config`` (else ``./config.yaml``, else
     the defaults) and the checkpoint's tokenizer under ``model.path``, and runs the daemon's own
@@ -391,8 +393,6 @@ def normalize_main(args: Any) -> int:
     if args.json:
         print(json.dumps(ev, ensure_ascii=False))
         return EXIT_DONE
-    for k, (sent, n) in enumerate(zip(ev["spoken"], ev["tokens"])):
-        print(f"{k + 1}. {sent}    [{n} tokens]")
-    if ev.get("unspeakable"):
-        print("could not speak: " + ", ".join(ev.get("unspeakable_names") or ev["unspeakable"]))
+    from ..text.dryrun import shown
+    print("\n".join(shown(ev, args.text)))
     return EXIT_DONE

@@ -134,6 +134,7 @@ class ServiceConfig:
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
     wav_keep_files: int = _f(200, "WAV output: most request files (<id>.wav) kept in audio.wav_dir; after each file is written (and at start) the oldest beyond this are deleted. 0 = unlimited.", min=0, max=1 << 30, hint="a number of files; 0 = unlimited")
     wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")
+    max_hold_s: float = _f(120.0, "Longest a request waits held by the throttle (a hot box, low memory, power, a slow RTF) before it ends with error 'throttled' naming the level and the resource, s (monotonic clock; time queued behind another request on its channel does not count).", min=1.0, max=86400.0)
     spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).")
 
 
@@ -216,7 +217,8 @@ class HealthConfig:
 class ThrottleConfig:
     """Self-throttling with hysteresis (:mod:`appliance.ops.throttle`): levels normal ->
     reduced_channels -> queue_low_priority -> alerts_only, driven by temperature, memory, power
-    and measured RTF. Thresholds go up at once and come down one level per ``min_dwell_s``."""
+    and measured RTF. Thresholds go up at once and come down once the signals have been below
+    the level for ``min_dwell_s``."""
 
     enabled: bool = _f(True, "Throttle at all (False: always 'normal').")
     trip_c: Optional[float] = _f(None, "Temperature where the board throttles its own clocks, C; None = the lowest passive trip point of the tj/gpu/cpu/soc thermal zones (read from /sys/class/thermal), else fallback_trip_c.", min=20.0, max=150.0)
@@ -229,13 +231,14 @@ class ThrottleConfig:
     mem_queue_frac: float = _f(0.95, "queue_low_priority at this fraction of the memory budget.", min=0.0, max=10.0)
     mem_alerts_frac: float = _f(1.05, "alerts_only at this fraction of the memory budget.", min=0.0, max=10.0)
     mem_hysteresis_frac: float = _f(0.05, "Hysteresis of the memory-budget fraction.", min=0.0, max=1.0)
-    min_available_mb: float = _f(256.0, "System MemAvailable below this -> queue_low_priority, below half of it -> alerts_only, MiB (GPU allocations cannot use swap).", min=0.0, max=1 << 20)
+    min_available_mb: float = _f(256.0, "Free memory as the box sees it (MemAvailable, tegrastats RAM, or a cgroup's limit less its use, whichever is least) below this -> queue_low_priority, below half of it -> alerts_only, MiB (GPU allocations cannot use swap). The threshold is the larger of this and min_available_frac of the memory total.", min=0.0, max=1 << 20)
+    min_available_frac: float = _f(0.10, "The same threshold as a fraction of the memory total (the cgroup's limit when smaller): 0.10 on a 7.6 GB Jetson is 778 MiB; 0 = min_available_mb alone.", min=0.0, max=0.9)
     power_limit_mw: Optional[float] = _f(None, "Input power (VDD_IN, or the sum of the rails) at which channels are reduced, mW; 10% above it queue_low_priority; None = power not used.", min=100.0, max=1e7)
     power_hysteresis_mw: float = _f(500.0, "Hysteresis of the power thresholds, mW.", min=0.0, max=1e6)
     rtf_reduce: float = _f(0.9, "Measured RTF (compute s per audio s, per channel) above this -> reduced_channels.", min=0.01, max=100.0)
     rtf_queue: float = _f(1.2, "Measured RTF above this -> queue_low_priority.", min=0.01, max=100.0)
     rtf_hysteresis: float = _f(0.3, "Hysteresis of the RTF thresholds.", min=0.0, max=100.0)
-    min_dwell_s: float = _f(30.0, "Seconds at a level before stepping down one level (going up is immediate).", min=0.0, max=86400.0)
+    min_dwell_s: float = _f(2.0, "Seconds every signal must stay below the current level before the level comes down, straight to the level the signals ask for (going up is immediate; each signal's hysteresis band keeps a value at a threshold from flapping).", min=0.0, max=86400.0)
     reduced_channels: int = _f(1, "Channels synthesized at once at reduced_channels and above.", min=1, max=16)
     chunk_scale: int = _f(2, "stream.chunk_tokens is multiplied by this at queue_low_priority and above (fewer, larger chunks).", min=1, max=16)
 
@@ -277,7 +280,7 @@ class JournalConfig:
     restart. The journal file lives in ``service.spool_dir``."""
 
     enabled: bool = _f(True, "Journal accepted requests (fsync before 'accepted') and speak the unfinished ones after a restart; false: a stop or crash loses queued and running requests.")
-    max_bytes: int = _f(4 * 1024 * 1024, "Largest journal file, bytes: it is compacted (finished requests dropped) when it grows past this; when the unfinished requests alone fill 90 % of it, new requests are refused (journal_error).", min=65536, max=1 << 30)
+    max_bytes: int = _f(4 * 1024 * 1024, "Largest journal file, bytes: it is compacted (finished requests dropped) when it grows past this; when the unfinished requests alone fill 90 % of it, new requests are played without being journaled (accepted.not_crash_safe).", min=65536, max=1 << 30)
     max_age_s: float = _f(3600.0, "An unfinished request accepted longer ago than this is not replayed after a restart (logged), s.", min=1.0, max=30 * 86400.0)
     alert_max_age_s: float = _f(30.0, "An unfinished alert accepted longer ago than this is not replayed (a stale warning is worse than none), s.", min=0.0, max=30 * 86400.0)
     max_attempts: int = _f(3, "A request that was synthesizing or playing during this many crashes in a row is not replayed again (it may be what crashes the daemon).", min=1, max=100)

@@ -40,7 +40,7 @@ from ..ops.integrity_watch import IntegrityWatch
 from ..ops.monitor import open_monitor
 from ..ops.verdict import CheckRecord, Health, device_conditions
 from ..service.dispatch import Dispatcher
-from ..service.journal import Journal
+from ..service.journal import Journal, storage_conditions
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal
 from ..service.request import Request
@@ -159,12 +159,13 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
     health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
-                     device_conditions(audio.status, [c.name for c in channels]), checks, reload_failed))
+                     device_conditions(audio.status, [c.name for c in channels]), checks, reload_failed,
+                     storage_conditions(journal)))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
         on_preempt={c.name: c.on_preempt for c in channels},
-        throttle=throttle, journal=journal, stall_s=cfg.safety.stall_s,
+        throttle=throttle, journal=journal, stall_s=cfg.safety.stall_s, max_hold_s=cfg.service.max_hold_s,
     )
     worker.start()
     dispatch = Dispatcher(cfg.service, pipeline, worker, loop, ports.state, ports.status, ports.health,

@@ -19,12 +19,15 @@ from ..core import PcmChunk
 class Accepted:
     """The request is queued; ``queue_position`` 0 means it starts next. ``waiting``: why it
     cannot start at once (its channel is busy with another request, requests are queued before
-    it, the memory budget, the throttle level), else None."""
+    it, the memory budget, the throttle level), else None. ``not_crash_safe``: why it is not in
+    the request journal (disk full, read-only, ...): it plays, but a crash or power cut before it
+    ends loses it; None when it is journaled (or the journal is off by config)."""
 
     id: str
     channel: str
     queue_position: int = 0
     waiting: Optional[str] = None
+    not_crash_safe: Optional[str] = None
     type: str = "accepted"
 
 

@@ -54,6 +54,8 @@ class Reading:
         rails_mw: instantaneous power per rail, mW.
         gpu_load_pct: GPU utilisation, %.
         cpu_load_pct: per-core load, %, None for an offline core.
+        cgroup_limit_mib / cgroup_available_mib: the tightest cgroup memory limit over this
+            process and what it leaves (:mod:`appliance.ops.cgroup`), MiB; None without one.
     """
 
     t: float
@@ -70,6 +72,22 @@ class Reading:
     rails_mw: dict = field(default_factory=dict)
     gpu_load_pct: Optional[float] = None
     cpu_load_pct: tuple = ()
+    cgroup_limit_mib: Optional[float] = None
+    cgroup_available_mib: Optional[float] = None
+
+    @property
+    def free_mib(self) -> Optional[float]:
+        """Free memory as the box sees it for this process, MiB: the least of ``MemAvailable``
+        (or tegrastats' RAM total - used, on a Jetson the unified CPU+GPU memory) and the
+        cgroup's headroom; None when neither is known."""
+        known = [v for v in (self.mem_available_mib, self.cgroup_available_mib) if v is not None]
+        return min(known) if known else None
+
+    @property
+    def total_mib(self) -> Optional[float]:
+        """The memory total that bounds this process, MiB: RAM, or the cgroup's limit when smaller."""
+        known = [v for v in (self.mem_total_mib, self.cgroup_limit_mib) if v is not None]
+        return min(known) if known else None
 
     @property
     def tj_c(self) -> Optional[float]:
@@ -96,7 +114,7 @@ def merge(base: Reading, top: Reading) -> Reading:
     key (``top`` wins); ``source`` becomes ``"<top>+<base>"``."""
     kw = {}
     for name in ("mem_used_mib", "mem_total_mib", "mem_available_mib", "nvmap_mib", "gpu_mem_used_mib",
-                 "gpu_mem_total_mib", "power_mw", "gpu_load_pct"):
+                 "gpu_mem_total_mib", "power_mw", "gpu_load_pct", "cgroup_limit_mib", "cgroup_available_mib"):
         v = getattr(top, name)
         kw[name] = v if v is not None else getattr(base, name)
     temps = {**base.temps_c, **top.temps_c}

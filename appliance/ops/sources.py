@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Optional
 
+from .cgroup import cgroup_memory
 from .readings import OFFLINE_C, Reading, Trip, parse_tegrastats, total_power
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,8 @@ class SysfsSource(Source):
       error or <= -200 C means the sensor is off, e.g. a rail-gated GPU);
     * trip points: ``thermal_zone*/trip_point_<i>_{type,temp}``;
     * memory: ``proc/meminfo`` ``MemTotal``, ``MemAvailable`` (used = total - available) and
-      ``NvMapMemUsed`` (Jetson GPU allocations), kB;
+      ``NvMapMemUsed`` (Jetson GPU allocations), kB; the tightest cgroup limit over this process
+      and its headroom (:func:`~appliance.ops.cgroup.cgroup_memory`: ``MemoryMax=``, a container);
     * power: INA3221 hwmon (``sys/class/hwmon/hwmon*`` whose ``name`` is ``ina3221``):
       ``in<i>_label`` names the rail, ``in<i>_input`` mV x ``curr<i>_input`` mA;
     * GPU load: devfreq devices whose name contains ``gpu``: ``device/load`` in per mille.
@@ -99,6 +101,8 @@ class SysfsSource(Source):
         if self._gpu_load:
             parts.append("GPU load")
         parts.append("NvMapMemUsed" if "NvMapMemUsed" in mem else "no NvMapMemUsed")
+        cg = cgroup_memory(self.root)
+        parts.append(f"cgroup memory limit {cg.limit_mib:.0f} MiB ({cg.path})" if cg else "no cgroup memory limit")
         return ", ".join(parts)
 
     def read(self) -> Reading:
@@ -119,6 +123,7 @@ class SysfsSource(Source):
                 temps[name] = v
         mem = self._meminfo()
         total, avail = mem.get("MemTotal"), mem.get("MemAvailable")
+        cg = cgroup_memory(self.root)
         rails = self._rails()
         load = None
         for p in self._gpu_load:
@@ -131,6 +136,7 @@ class SysfsSource(Source):
             mem_total_mib=total, mem_available_mib=avail,
             mem_used_mib=(total - avail) if total is not None and avail is not None else None,
             nvmap_mib=mem.get("NvMapMemUsed"), power_mw=total_power(rails), rails_mw=rails, gpu_load_pct=load,
+            cgroup_limit_mib=cg.limit_mib if cg else None, cgroup_available_mib=cg.available_mib if cg else None,
         )
 
     def _meminfo(self) -> dict:

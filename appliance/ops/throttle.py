@@ -10,6 +10,11 @@ Levels (:class:`Level`, a ``str`` enum whose value goes into ``STATUS=`` and MQT
 ``alerts_only``       one channel, only ``alert`` requests start; the rest wait
 ==================== =====================================================================
 
+A request held by the throttle waits at most ``service.max_hold_s`` (then it ends ``throttled``,
+:mod:`appliance.service.scheduler`); when memory is what holds the level, a request of a priority
+that cannot start is refused at once with ``insufficient_memory`` instead of waiting
+(:attr:`Limits.resources`).
+
 Signals, each a :class:`Ladder` of three thresholds (one per level above normal) with its own
 hysteresis band, so a value hovering at a threshold never flaps:
 
@@ -18,13 +23,18 @@ hysteresis band, so a value hovering at a threshold never flaps:
   point (``/sys/class/thermal/*/trip_point_*``; ``active`` fan trips are ignored), else
   ``throttle.trip_c`` / ``fallback_trip_c``;
 * the appliance's memory use against ``service.memory_budget_mb`` (fractions);
-* system ``MemAvailable`` (on Jetson GPU allocations share it and cannot be swapped);
+* free memory as the box sees it (:attr:`Reading.free_mib <appliance.ops.readings.Reading.free_mib>`:
+  the least of ``MemAvailable``, tegrastats' RAM and a cgroup's headroom; on a Jetson the GPU's
+  allocations share it and cannot be swapped) against the larger of ``throttle.min_available_mb``
+  and ``min_available_frac`` of the memory total (queue_low_priority; half of it: alerts_only);
 * input power (``VDD_IN`` or the sum of rails) against ``throttle.power_limit_mw``;
 * measured RTF (observations older than ``max(60 s, 4 x min_dwell_s)`` are forgotten).
 
-The level is the worst signal's level. It rises at once; it falls one level at a time, at most
-once per ``throttle.min_dwell_s``. Every change is logged with its reason and passed to
-``on_change``; nothing is latched, so every level is left again when the cause goes away.
+The level is the worst signal's level. It rises at once; it falls once every signal has been
+below the current level for ``throttle.min_dwell_s`` (a few seconds: the hysteresis bands already
+keep a value at a threshold from flapping), straight to the level the signals ask for. Every
+change is logged with its reason and passed to ``on_change``; nothing is latched, so every level
+is left again when the cause goes away. Every window is on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -72,12 +82,17 @@ class Limits:
         max_channels: channels that may synthesize at the same time.
         chunk_scale: multiply ``stream.chunk_tokens`` by this.
         run_priorities: priorities that may start now; others stay queued (not refused).
+        cause: what holds the level, e.g. ``by memory: available memory 300.0MiB (<= 389.0MiB:
+            alerts_only)``; empty at ``normal``.
+        resources: the resources behind it (``thermal``, ``memory``, ``power``, ``compute``).
     """
 
     level: Level
     max_channels: int
     chunk_scale: int
     run_priorities: frozenset
+    cause: str = ""
+    resources: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -201,7 +216,7 @@ class Throttle:
         self.trip_source = where
         temps = [trip - cfg.reduce_margin_c, trip - cfg.queue_margin_c, trip - cfg.alerts_margin_c]
         budget = float(memory_budget_mb)
-        avail = cfg.min_available_mb
+        avail = cfg.min_available_mb         # the floor; readings with a total raise it (min_available_frac)
         power = cfg.power_limit_mw
         self.ladders = {
             "temperature": Ladder("temperature", temps, cfg.temp_hysteresis_c, "C", resource="thermal"),
@@ -217,7 +232,9 @@ class Throttle:
         self.history: list = []
         self._since = clock()
         self._throttled_since: Optional[float] = None   # when it left normal (monotonic s)
+        self._lower_since: Optional[float] = None       # since when every signal asks for less (monotonic s)
         self._rtf: Optional[tuple] = None
+        self._limits = self._make_limits()
         log.info("throttle: temperature levels %.1f/%.1f/%.1fC from %s; memory budget %.0f MiB; power limit %s",
                  *temps, where, budget, f"{power:.0f} mW" if power else "off")
 
@@ -242,7 +259,8 @@ class Throttle:
                 rtf_value = self._rtf[0]
             lad = self.ladders
             lad["temperature"].update(reading.hot_c if reading is not None else None)
-            lad["available"].update(reading.mem_available_mib if reading is not None else None)
+            self._free_floor(reading)
+            lad["available"].update(reading.free_mib if reading is not None else None)
             lad["power"].update(reading.power_mw if reading is not None and self.cfg.power_limit_mw else None)
             lad["memory"].update(app_mem_mib)
             lad["rtf"].update(rtf_value)
@@ -250,20 +268,34 @@ class Throttle:
                 return self.level
             target = max(x.level for x in lad.values())
             cur = self.level.rank
-            if target > cur:
-                causes = [x.describe() for x in lad.values() if x.level == target]
-                change = self._set(_ORDER[target], now, "; ".join(causes))
-            elif target < cur and now - self._since >= self.cfg.min_dwell_s:
+            if target >= cur:
+                self._lower_since = None
+                if target > cur:
+                    change = self._set(_ORDER[target], now, "; ".join(x.describe() for x in lad.values() if x.level == target))
+            elif self._lower_since is None:
+                self._lower_since = now
+            if target < cur and now - self._lower_since >= self.cfg.min_dwell_s:
                 worst = [x.describe() for x in lad.values() if x.level == target and target > 0]
                 why = "; ".join(worst) if worst else ", ".join(x.describe() for x in lad.values() if x.value is not None)
-                change = self._set(_ORDER[cur - 1], now, f"recovered after {now - self._since:.0f} s: {why}")
+                change = self._set(_ORDER[target], now, f"recovered: below {self.level.value} for "
+                                                        f"{now - self._lower_since:.1f} s: {why}")
+                self._lower_since = None
             level = self.level
+            self._limits = self._make_limits()
         if change is not None and self.on_change is not None:
             try:
                 self.on_change(change)
             except Exception:  # noqa: BLE001 - a publisher failure must not stop throttling
                 log.exception("throttle on_change callback failed")
         return level
+
+    def _free_floor(self, reading: Optional[Reading]) -> None:
+        """The free-memory thresholds from ``reading``'s memory total (``min_available_frac``),
+        never below ``min_available_mb``."""
+        total = reading.total_mib if reading is not None else None
+        floor = max(self.cfg.min_available_mb, self.cfg.min_available_frac * total if total else 0.0)
+        self.ladders["available"].thresholds = [None, floor, floor / 2]
+        self.ladders["available"].hysteresis = max(16.0, floor / 4)
 
     def _set(self, new: Level, now: float, reason: str) -> Change:
         old = self.level
@@ -284,28 +316,36 @@ class Throttle:
         is above normal, its reason naming the level, the resource that runs short (``thermal``,
         ``memory``, ``power``, ``compute``) and the reading against its threshold, e.g.
         ``queue_low_priority by thermal: temperature 86.0C (>= 82.0C: queue_low_priority)``; once
-        every signal is back, ``... recovering: ...`` until the level has stepped down."""
+        every signal is back, ``... recovering: ...`` until the level comes down."""
         with self._lock:
-            lvl, since = self.level, self._throttled_since
-            if lvl is Level.NORMAL or since is None:
-                return ()
-            hot = [x for x in self.ladders.values() if x.level > 0]
-            if hot:
-                top = max(x.level for x in hot)
-                causes = [x for x in hot if x.level == top]
-                why = (f"{lvl.value} by {'/'.join(dict.fromkeys(x.resource for x in causes))}: "
-                       + "; ".join(x.describe() for x in causes))
-            else:
-                why = f"{lvl.value}, recovering: every signal is back ({self.reason})"
-        return (Condition("throttled", why, since),)
+            lim, since = self._limits, self._throttled_since
+        if lim.level is Level.NORMAL or since is None:
+            return ()
+        return (Condition("throttled", f"{lim.level.value} {lim.cause}", since),)
+
+    def _cause(self) -> tuple:
+        """``(text, resources)``: what holds the current level (lock held)."""
+        hot = [x for x in self.ladders.values() if x.level > 0]
+        if not hot:
+            return f"recovering: every signal is back ({self.reason})", frozenset()
+        top = max(x.level for x in hot)
+        causes = [x for x in hot if x.level == top]
+        res = tuple(dict.fromkeys(x.resource for x in causes))
+        return f"by {'/'.join(res)}: " + "; ".join(x.describe() for x in causes), frozenset(res)
 
     def limits(self) -> Limits:
-        """The scheduler's limits at the current level (see the module docstring)."""
+        """The scheduler's limits at the current level (see the module docstring); the same
+        object until the next :meth:`update` (no allocation per call)."""
+        return self._limits
+
+    def _make_limits(self) -> Limits:
+        """Limits of the current level with its cause (lock held)."""
         lvl, cfg, n = self.level, self.cfg, self.channels
         if lvl is Level.NORMAL:
             return Limits(lvl, n, 1, frozenset({"alert", "normal", "background"}))
+        cause, res = self._cause()
         if lvl is Level.REDUCED_CHANNELS:
-            return Limits(lvl, min(n, cfg.reduced_channels), 1, frozenset({"alert", "normal", "background"}))
+            return Limits(lvl, min(n, cfg.reduced_channels), 1, frozenset({"alert", "normal", "background"}), cause, res)
         if lvl is Level.QUEUE_LOW_PRIORITY:
-            return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}))
-        return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}))
+            return Limits(lvl, min(n, cfg.reduced_channels), cfg.chunk_scale, frozenset({"alert", "normal"}), cause, res)
+        return Limits(lvl, 1, cfg.chunk_scale, frozenset({"alert"}), cause, res)

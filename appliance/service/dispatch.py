@@ -16,7 +16,9 @@ length included, are checked there, once; bad text is answered at once, even whi
 synthesizes; prepare only reads the tokenizer/normalizer, never the runner or decode state), the
 journal (:mod:`appliance.service.journal`, fsynced), and the queue, which sends ``accepted`` and
 wakes the worker: an accepted request survives a crash (except ``play: false`` ones, whose audio
-only goes back to their client: not journaled).
+only goes back to their client: not journaled). The
+journal is a safety net, not a gate: a request it cannot write (disk full, read-only) is queued
+all the same, its ``accepted`` saying ``not_crash_safe`` and why.
 
 An *utterance* whose text still arrives (a Wyoming stream, a long text sent in pieces) is ONE
 request: :meth:`Dispatcher.handle_request` with ``more=True`` accepts it with its first piece, then
@@ -42,6 +44,7 @@ from ..errors import (
     ApplianceError,
     BusyError,
     CancelledError,
+    JournalError,
     RequestError,
     UnknownChannelError,
 )
@@ -243,7 +246,12 @@ class Dispatcher:
         item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived, client_audio=audio)
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
-            item.journal = self.journal.accept(dict(to_dict(req), channel=channel, seed=job.seed), origin)
+            rec = dict(to_dict(req), channel=channel, seed=job.seed)
+            try:
+                item.journal = self.journal.accept(rec, origin)
+            except JournalError as e:               # a safety net, not a gate: it plays, not crash-safe
+                item.not_crash_safe = str(e)
+                log.warning("request %s is not journaled (not crash-safe), it plays anyway: %s", req.id, e)
         self._submit(item)
 
     def _submit(self, item: Request) -> None:

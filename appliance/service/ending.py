@@ -87,8 +87,9 @@ class Endings:
                 item.move(State.PLAYING)
             mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
-            item.audio.finish(lambda output: self.settle(item, dataclasses.replace(   # once played out
-                done, output=output, ttfb_ms=item.ttfb_ms(), **self._start_fields(item))))
+            item.audio.finish(lambda out: self.settle(item, error_event(out, item.id) if isinstance(out, ApplianceError)
+                                                      else dataclasses.replace(done, output=out, ttfb_ms=item.ttfb_ms(),
+                                                                               **self._start_fields(item))))   # once played out
             return
         if t.state is TaskState.FAILED and not item.cancel.is_set():
             self.fail(item, t.error)

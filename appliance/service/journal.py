@@ -1,44 +1,52 @@
-"""The request journal: every accepted request is on disk before its client hears ``accepted``.
+"""The request journal: a safety net under every accepted request, never a gate in front of it.
 
 One append-only file, ``<service.spool_dir>/journal.log``, one record per line::
 
-    <crc32 of the JSON, 8 hex digits> <JSON object>\\n
+    <crc32 of the JSON, 8 hex digits> <JSON object>[ <mark>]\\n
 
-Records (``k``): ``a`` accepted (``n`` sequence number, ``t`` wall-clock time, ``o`` origin
-``socket``/``mqtt``, ``req`` the ``speak`` request with its channel and resolved seed, ``tries``
-crashes it was running during, carried over by a compaction; ``run`` 1: it was running when
-the compaction wrote it); ``s`` started (synthesis began: running), ``w`` waiting (synthesis over
-and not one sample played yet, or back in the queue after a preemption: not running), ``p``
-playing (its first sample reached the sound device: running again); ``e`` ended (``ev``: the
-terminal ``done``/``error`` event; ``ts``: :func:`text_sha` of its text);
+Records (``k``): ``a`` accepted (``n`` sequence number, ``t``/``b``/``u`` when:
+:class:`~appliance.service.records.Stamp`, ``o`` origin ``socket``/``mqtt``, ``req`` the ``speak``
+request with its channel and resolved seed, ``tries`` crashes it was running during, carried over
+by a compaction), followed by its *mark*, one byte the journal overwrites in place as the request
+moves (``-`` queued, ``s`` synthesizing, ``w`` synthesized and not sounding yet or re-queued, ``p``
+sounding; ``D``/``X`` ended, written only when its ``e`` record could not be appended); ``e``
+ended (``ev``: the terminal ``done``/``error`` event; ``ts``: :func:`text_sha` of its text);
 ``f`` finished (a compacted ``a`` + ``e`` pair with ``ts``, kept so a client that asks again after
 a restart gets the outcome: :class:`~appliance.service.recovery.Recovery` gives it only to a
-request of the same id *and* text).
+request of the same id *and* text). Journals of earlier versions (state records ``s``, ``w``,
+``p`` appended, no marks, wall-clock times only) are read the same way.
+
+Order and age: by the sequence number ``n`` (never by a clock), and by ``CLOCK_BOOTTIME`` within
+a boot (:func:`~appliance.service.records.age_s`): a wall clock stepped back to 1970 or forward
+neither drops nor replays an entry.
 
 Durability (``journal.fsync``): :meth:`Journal.accept` writes and ``fsync``\\ s the file (and the
 directory when the file was created or replaced) before it returns, and the caller sends
 ``accepted`` only then; :meth:`Journal.end` does the same before the caller sends ``done`` or
-``error``, so a request whose ``done`` a client saw is never spoken again. The state records
-(``s``, ``w``, ``p``) are advisory (not fsynced).
+``error``, so a request whose ``done`` a client saw is never spoken again. Marks of the running
+states are advisory (not fsynced).
+
+When the disk is full or read-only (docs/guarantees.md restates this): :meth:`accept` raises
+:class:`~appliance.errors.JournalError` and the caller plays the request anyway, telling its
+client it is not crash-safe (``accepted.not_crash_safe``); :attr:`Journal.condition` says why
+until a write succeeds again. A request that *ends* while the journal cannot append is marked
+ended in place (its accept record's mark: an overwrite needs no free space on a file system that
+does not copy on write), so it is never replayed, clean stop or crash, however long the disk stays
+full; only if that overwrite fails too is it logged as "may be spoken again after a crash". A
+journal that can be read but not written at start replays nothing (it could not mark a replay
+ended: replaying would repeat the request at every start); one that cannot be read at all is set
+aside and the box runs without it.
 
 Crash attempts (``journal.max_attempts``): a request counts one attempt for each crash during
-which it was *running*, i.e. its last state record is ``s`` or ``p`` (synthesizing, or sounding
-on the device). Requests that were only waiting (accepted and queued, or synthesized and
-waiting in their channel's play-out queue behind the one that sounded) are not counted: they
-did not take part in the crash. :meth:`Journal.open` adds the attempt.
+which it was *running* (mark ``s`` or ``p``: synthesizing, or sounding on the device). Requests
+that were only waiting (queued, or synthesized and waiting behind the one that sounded) did not
+take part in the crash. :meth:`Journal.open` adds the attempt.
 
-Reading (:meth:`Journal.open`): a torn last record (power cut mid-write: no newline, bad CRC or
-bad JSON) is dropped and the file truncated to the last good record; a bad record elsewhere
-(corruption) is skipped and logged. Then the file is compacted: the unfinished requests and
-the most recent finished ones are rewritten to ``journal.log.tmp``, fsynced, and renamed over
-the journal.
-
-Bounds: the file is compacted again whenever it grows past ``journal.max_bytes``; when the
-unfinished requests alone take 90 % of it, :meth:`Journal.accept` refuses with
-:class:`~appliance.errors.JournalError`. A write that fails (disk full, read-only file system, I/O
-error) refuses the request with that error too, after truncating the partial record away;
-requests already accepted keep being spoken (a failed ``e`` record is retried by the next
-compaction; until then a crash would speak that request again).
+Reading (:meth:`Journal.open`): a torn last record (power cut mid-write) is dropped, a bad record
+elsewhere skipped and logged; then the file is compacted (unfinished and recently finished
+requests rewritten to ``journal.log.tmp``, fsynced, renamed over the journal), again whenever it
+grows past ``journal.max_bytes`` (retried at most every :data:`RETRY_S` after a failure). When
+unfinished requests alone take 90 % of it, :meth:`accept` raises as for a full disk.
 
 No threads of its own; every method is thread-safe (one lock; the fsync happens under it).
 """
@@ -46,27 +54,26 @@ No threads of its own; every method is thread-safe (one lock; the fsync happens 
 from __future__ import annotations
 
 import collections
-import errno
 import logging
-import os
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from ..core import Condition, ConditionFlag
 from ..errors import JournalError
-from ..files import fsync_dir
-from .records import Entry, Recovered, decode, encode, slim
+from .journal_file import JournalFile
+from .records import ENDED, RUNNING, Entry, Recovered, Stamp, encode, ended_in_place, scan, slim, stamp_of
 
 log = logging.getLogger(__name__)
 
 FILE = "journal.log"
 KEEP_FINISHED = 1024
 """Finished requests remembered (ids and outcomes) for clients that ask again after a restart."""
-RUNNING = ("s", "p")
-"""State records of a running request (synthesizing or sounding): a crash counts an attempt."""
 FULL_FRACTION = 0.9
-"""Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are refused."""
+"""Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are not journaled."""
+RETRY_S = 5.0
+"""Seconds (monotonic) between compactions after one failed (a full disk fails them all)."""
 
 
 class Journal:
@@ -84,82 +91,101 @@ class Journal:
         self.max_bytes = int(max_bytes)
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._fd: Optional[int] = None
-        self._size = 0
+        self._file = JournalFile(self.path, fsync)
         self._next = 1
         self._live: dict[int, Entry] = {}
         self._live_bytes = 0
         self._finished: collections.OrderedDict[int, Entry] = collections.OrderedDict()
-        self._dirty = False          # an 'e' record could not be written: compact as soon as possible
+        self._dirty = False          # compact as soon as possible (an end is not in the file yet)
+        self._retry_at = 0.0         # time.monotonic() before which a failed compaction is not retried
+        self._fault: Optional[str] = None
+        self._flag = ConditionFlag("storage_degraded")
+        self._dead = False           # unreadable at start: set aside
+
+    @property
+    def condition(self) -> Optional[str]:
+        """Why the journal cannot write now (disk full, read-only, full of unfinished requests,
+        unreadable at start), or None while it writes. Requests still play meanwhile, not
+        crash-safe (health: ``storage_degraded``)."""
+        return self._fault
+
+    def conditions(self) -> tuple[Condition, ...]:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``storage_degraded`` while
+        :attr:`condition` is set."""
+        return self._flag()
+
+    def _set_fault(self, reason: Optional[str]) -> None:
+        self._fault = reason
+        self._flag.update(None if reason is None else f"{reason}; requests play but are not crash-safe")
 
     # ------------------------------------------------------------------ start
 
     def open(self) -> Recovered:
         """Read the journal left by the last run, drop a torn tail, compact it, and return what
-        was unfinished and what had finished.
-
-        Raises:
-            JournalError: the directory or the file cannot be created or written.
-        """
+        was unfinished and what had finished. Never raises: a journal that cannot be read or
+        written is reported (:attr:`condition`) and replays nothing (module docstring)."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            data = self.path.read_bytes() if self.path.exists() else b""
-        except OSError as e:
-            raise JournalError(self._why("cannot open the request journal", e)) from e
-        rec = Recovered()
+            data = self._file.read()
+        except JournalError as e:
+            self._dead = True
+            self._set_fault(str(e))
+            log.error("%s; running without it: requests play but are not crash-safe", self._fault)
+            return Recovered()
+        records, torn, corrupt, good = scan(data)
+        if torn:
+            log.warning("journal %s: dropping a torn last record (written when the daemon died)", self.path)
+        if corrupt:
+            log.error("journal %s: skipped %d damaged record(s)", self.path, corrupt)
+        rec = Recovered(torn=torn, corrupt=corrupt)
         entries: dict[int, Entry] = {}
-        pos = 0
-        lines = data.split(b"\n")
-        for i, line in enumerate(lines):
-            last = i == len(lines) - 1
-            if last and not line:
-                break
-            r = decode(line) if not last else None       # the last piece has no newline: torn
-            if r is None:
-                if last or i == len(lines) - 2 and not lines[-1]:
-                    rec.torn += 1
-                    log.warning("journal %s: dropping a torn last record (%d bytes; written when the daemon died)",
-                                self.path, len(line))
-                else:
-                    rec.corrupt += 1
-                    log.error("journal %s: skipping a damaged record at byte %d (%d bytes)", self.path, pos, len(line))
-                pos += len(line) + 1
-                continue
-            pos += len(line) + 1
-            self._apply(r, entries)
+        for r, pos in records:
+            self._apply(r, pos, entries, rec.last_of_boot)
         for n in sorted(entries):
             e = entries[n]
             if e.ev is None:
                 if e.running:            # running when the last run died: one more attempt
                     e.tries += 1
                     e.running = False
+                e.mark = "-"
                 rec.pending.append(e)
-            else:
-                rec.finished[e.id] = e.ev
         self._next = max(entries, default=0) + 1
         self._live = {e.n: e for e in rec.pending}
+        self._live_bytes = sum(e.size for e in rec.pending)
         done = sorted((e for e in entries.values() if e.ev is not None), key=lambda e: e.n)[-KEEP_FINISHED:]
         self._finished = collections.OrderedDict((e.n, e) for e in done)
         rec.finished = {e.id: e.ev for e in done}
         rec.finished_sha = {e.id: e.text_sha for e in done}
         with self._lock:
+            self._file.size = good
             self._compact()
-        if rec.pending or rec.torn or rec.corrupt:
+            writable = self._fault is None or self._file.truncate(good)
+        if rec.pending and not writable:
+            log.error("journal %s: %d unfinished request(s) NOT replayed: the journal cannot record that they "
+                      "ended (%s), so each would be spoken again at every start", self.path, len(rec.pending), self._fault)
+            rec.pending = []
+        if rec.pending or torn or corrupt:
             log.info("journal %s: %d unfinished request(s), %d finished remembered, %d torn / %d damaged record(s) dropped",
-                     self.path, len(rec.pending), len(rec.finished), rec.torn, rec.corrupt)
+                     self.path, len(rec.pending), len(rec.finished), torn, corrupt)
         return rec
 
     @staticmethod
-    def _apply(r: dict, entries: dict[int, Entry]) -> None:
+    def _apply(r: dict, pos: int, entries: dict[int, Entry], last_of_boot: dict[str, Stamp]) -> None:
         k, n = r.get("k"), r.get("n")
         if not isinstance(n, int):
             return
+        if k in ("a", "e", "f") and ("u" in r or "t" in r):
+            at = stamp_of(r)
+            if at.up >= last_of_boot.get(at.boot, at).up:
+                last_of_boot[at.boot] = at
         if k in ("a", "f"):
             req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", ""), "text_sha": str(r.get("ts", ""))}
-            e = Entry(n=n, t=float(r.get("t", 0.0)), origin=str(r.get("o", "socket")), req=req,
-                      tries=int(r.get("tries", 0)), running=bool(r.get("run")))
+            mark = r.get("mark")
+            e = Entry(n=n, at=stamp_of(r), origin=str(r.get("o", "socket")), req=req, tries=int(r.get("tries", 0)),
+                      running=bool(r.get("run")) or mark in RUNNING, pos=pos)
             if k == "f":
                 e.ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
+            elif mark in ENDED:
+                e.ev = ended_in_place(e, mark)
             entries[n] = e
         elif n in entries:
             if k in RUNNING:
@@ -175,19 +201,21 @@ class Journal:
         """Record an accepted request durably; returns its sequence number.
 
         Raises:
-            JournalError: the journal is full of unfinished requests, or the write failed (the
-                request must then be refused).
+            JournalError: it could not be recorded (full of unfinished requests, disk full,
+                read-only, I/O error; :attr:`condition` says so until a write succeeds): the
+                caller plays the request anyway, not crash-safe.
         """
         with self._lock:
+            if self._dead:
+                raise JournalError(self._fault or "the request journal is off")
             n = self._next
-            e = Entry(n=n, t=time.time(), origin=origin, req=req)
-            line = encode(self._accept_record(e))
+            e = Entry(n=n, at=Stamp.now(), origin=origin, req=req)
+            line = encode(self._accept_record(e), "-")
             if self._live_bytes + len(line) > FULL_FRACTION * self.max_bytes:
-                raise JournalError(
-                    f"the request journal {self.path} holds {len(self._live)} unfinished request(s) "
-                    f"({self._live_bytes} bytes, journal.max_bytes {self.max_bytes}); wait until some have played "
-                    f"or raise journal.max_bytes")
-            self._append(line, sync=True)
+                self._set_fault(f"the request journal {self.path} holds {len(self._live)} unfinished request(s) "
+                                f"({self._live_bytes} bytes, journal.max_bytes {self.max_bytes}); raise journal.max_bytes")
+                raise JournalError(self._fault)
+            e.pos = self._append(line, sync=True) + len(line) - 2
             self._next += 1
             e.size = len(line)
             self._live[n] = e
@@ -216,7 +244,8 @@ class Journal:
 
     def end(self, n: int, event: dict) -> None:
         """``n`` is over (played, written or failed): record its terminal event durably, so it
-        is never replayed. A failed write is logged and retried by the next compaction. Never raises."""
+        is never replayed; when that cannot be appended, mark it ended in place (module
+        docstring). Never raises."""
         with self._lock:
             e = self._live.pop(n, None)
             if e is None:
@@ -228,26 +257,34 @@ class Journal:
             self._finished[n] = e
             while len(self._finished) > KEEP_FINISHED:
                 self._finished.popitem(last=False)
+            now = Stamp.now()
             try:
-                self._append(encode({"k": "e", "n": n, "ev": e.ev, "ts": sha}), sync=True)
+                self._append(encode({"k": "e", "n": n, "ev": e.ev, "ts": sha, "t": round(now.wall, 3),
+                                     "b": now.boot, "u": round(now.up, 3)}), sync=True)
             except JournalError as err:
-                self._dirty = True
-                log.error("%s; request %s may be spoken again after a crash", err, e.id)
+                if self._mark(e, "D" if e.ev.get("type") == "done" else "X", sync=True):
+                    log.warning("%s; request %s is marked ended in place (it will not be spoken again)", err, e.id)
+                else:
+                    self._dirty = True
+                    log.error("%s; request %s may be spoken again after a crash", err, e.id)
                 return
             self._maybe_compact()
 
-    def _state(self, n: int, k: str, sounded: Optional[bool] = None, unless_sounded: bool = False) -> None:
+    def _state(self, n: int, mark: str, sounded: Optional[bool] = None, unless_sounded: bool = False) -> None:
         with self._lock:
             e = self._live.get(n)
             if e is None or (unless_sounded and e.sounded):
                 return
             if sounded is not None:
                 e.sounded = sounded
-            e.running = k in RUNNING
-            try:
-                self._append(encode({"k": k, "n": n}), sync=False)
-            except JournalError as err:
-                log.warning("%s", err)
+            e.running, e.mark = mark in RUNNING, mark
+            if e.pos < 0:                # an entry of an older journal not compacted yet: a state record
+                try:
+                    self._append(encode({"k": mark, "n": n}), sync=False)
+                except JournalError as err:
+                    log.debug("%s", err)
+            else:
+                self._mark(e, mark, sync=False)
 
     def pending_ids(self) -> list[str]:
         """Ids of the unfinished requests, in accept order."""
@@ -257,113 +294,70 @@ class Journal:
     def close(self) -> None:
         """Close the file (records already written stay)."""
         with self._lock:
-            if self._dirty:
+            if self._dirty and not self._dead:
                 self._compact()
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            self._file.close()
 
     # ------------------------------------------------------------------ internals (lock held)
 
     @staticmethod
     def _accept_record(e: Entry) -> dict:
-        r = {"k": "a", "n": e.n, "t": round(e.t, 3), "o": e.origin, "req": e.req}
+        r = {"k": "a", "n": e.n, "t": round(e.at.wall, 3), "b": e.at.boot, "u": round(e.at.up, 3),
+             "o": e.origin, "req": e.req}
         if e.tries:
             r["tries"] = e.tries
-        if e.running:
-            r["run"] = 1
         return r
 
-    @staticmethod
-    def _why(what: str, e: OSError) -> str:
-        hint = {errno.ENOSPC: "the file system is full: free space there",
-                errno.EDQUOT: "the disk quota is exhausted: free space there",
-                errno.EROFS: "the file system is read-only: remount it read-write or move service.spool_dir",
-                errno.EACCES: "no permission: the daemon's user must own service.spool_dir",
-                errno.EFBIG: "the file grew past the process's file size limit"}.get(e.errno, "check the disk")
-        return f"{what} ({e.strerror or e}); {hint} (service.spool_dir)"
-
-    def _open_fd(self) -> None:
-        if self._fd is None:
-            created = not self.path.exists()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._size = os.fstat(self._fd).st_size
-            if created:
-                self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        if self.fsync:
-            fsync_dir(self.dir)
-
-    def _append(self, line: bytes, sync: bool) -> None:
+    def _append(self, line: bytes, sync: bool) -> int:
+        """:meth:`JournalFile.append`, keeping :attr:`condition` (set on a failure, cleared by a success)."""
         try:
-            self._open_fd()
-            done = 0
-            while done < len(line):
-                done += os.write(self._fd, line[done:])
-            if sync and self.fsync:
-                os.fdatasync(self._fd)
-            self._size += len(line)
-        except OSError as e:
-            self._truncate_back()
-            raise JournalError(self._why(f"cannot write the request journal {self.path}", e)) from e
+            at = self._file.append(line, sync)
+        except JournalError as e:
+            self._set_fault(str(e))
+            raise
+        if self._fault is not None:
+            log.info("request journal %s writes again (it failed: %s)", self.path, self._fault)
+            self._set_fault(None)
+        return at
 
-    def _truncate_back(self) -> None:
-        """Cut a partial record away (the next append must start on a fresh line)."""
-        if self._fd is None:
-            return
-        try:
-            os.ftruncate(self._fd, self._size)
-        except OSError:
-            os.close(self._fd)          # reopened (and re-measured) at the next append
-            self._fd = None
+    def _mark(self, e: Entry, mark: str, sync: bool) -> bool:
+        """Overwrite ``e``'s mark byte in place (no new space); False where that failed."""
+        return e.pos >= 0 and self._file.overwrite(e.pos, mark.encode("ascii"), sync)
 
     def _maybe_compact(self) -> None:
-        if self._dirty or self._size > self.max_bytes:
+        if (self._dirty or self._file.size > self.max_bytes) and time.monotonic() >= self._retry_at:
             self._compact()
 
     def _compact(self) -> None:
         """Rewrite the journal as its live entries plus the remembered finished ones."""
-        tmp = self.path.with_name(FILE + ".tmp")
-        parts = []
-        for e in sorted(self._live.values(), key=lambda e: e.n):
-            parts.append(encode(self._accept_record(e)))
-            e.size = len(parts[-1])
-        self._live_bytes = sum(len(p) for p in parts)
-        budget = self.max_bytes - self._live_bytes - 4096
         fin = []
+        budget = self.max_bytes - sum(e.size for e in self._live.values()) - 4096
         for e in reversed(self._finished.values()):
-            line = encode({"k": "f", "n": e.n, "t": round(e.t, 3), "o": e.origin, "id": e.id, "ev": e.ev, "ts": e.text_sha})
+            line = encode({"k": "f", "n": e.n, "t": round(e.at.wall, 3), "b": e.at.boot, "u": round(e.at.up, 3),
+                           "o": e.origin, "id": e.id, "ev": e.ev, "ts": e.text_sha})
             if len(line) > budget:
                 break
             budget -= len(line)
             fin.append((e.n, line))
-        body = b"".join(line for _, line in sorted(fin)) + b"".join(parts)
+        body = bytearray(b"".join(line for _, line in sorted(fin)))
+        pos = {}
+        for e in sorted(self._live.values(), key=lambda e: e.n):
+            line = encode(self._accept_record(e), e.mark)
+            body += line
+            pos[e.n] = (len(body) - 2, len(line))
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                done = 0
-                while done < len(body):
-                    done += os.write(fd, body[done:])
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            self._sync_dir()
-        except OSError as e:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            self._file.rewrite(bytes(body))
+        except JournalError as e:
             self._dirty = True
-            log.error("%s", self._why(f"cannot compact the request journal {self.path}", e))
+            self._retry_at = time.monotonic() + RETRY_S
+            self._set_fault(str(e))
+            log.error("%s", self._fault)
             return
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._size = len(body)
+        for n, (p, size) in pos.items():
+            self._live[n].pos, self._live[n].size = p, size
+        self._live_bytes = sum(size for _, size in pos.values())
         self._dirty = False
+        self._set_fault(None)
 
 
 def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:
@@ -371,3 +365,8 @@ def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:
     journaled request; nothing when the journal is off or the request is not journaled. Never raises."""
     if journal is not None and n is not None:
         getattr(journal, state)(n)
+
+
+def storage_conditions(journal: Optional[Journal]) -> Callable[[], tuple[Condition, ...]]:
+    """The journal's :meth:`Journal.conditions` as a health source; nothing when the journal is off."""
+    return journal.conditions if journal is not None else tuple

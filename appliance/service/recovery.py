@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
@@ -46,7 +45,7 @@ from ..messages.protocol import (
     parse_request,
 )
 from .journal import Journal
-from .records import Entry, Recovered, text_sha
+from .records import Entry, Recovered, Stamp, age_s, text_sha
 from .request import Request
 
 log = logging.getLogger(__name__)
@@ -123,9 +122,10 @@ class Recovery:
         self._finished_sha = dict(recovered.finished_sha)
         self._lock = threading.Lock()
 
-    def why_not(self, e: Entry, now: float) -> Optional[str]:
-        """Why entry ``e`` is not replayed, or None."""
-        age = max(0.0, now - e.t)        # a clock that went back (no RTC after a power cut): age 0
+    def why_not(self, e: Entry, now: Stamp) -> Optional[str]:
+        """Why entry ``e`` is not replayed (``now``: :meth:`Stamp.now`), or None. Its age is
+        measured on the boot clock, not the wall clock (:func:`~appliance.service.records.age_s`)."""
+        age = age_s(e.at, self.recovered.last_of_boot.get(e.at.boot, e.at), now)
         if e.tries >= self.cfg.max_attempts:
             return (f"it was synthesizing or playing during {e.tries} crash(es) in a row "
                     f"(journal.max_attempts {self.cfg.max_attempts})")
@@ -144,7 +144,7 @@ class Recovery:
         pending = self.recovered.pending
         if not pending:
             return 0
-        now = time.time()
+        now = Stamp.now()
         n = 0
         for e in pending:
             why = self.why_not(e, now)
@@ -222,11 +222,9 @@ class Recovery:
 def open_journal(cfg: Config) -> tuple[Optional[Journal], Optional[Recovery]]:
     """Open the journal in ``service.spool_dir`` and read what the last run left (``journal``
     section; ``(None, None)`` when ``journal.enabled`` is false): the journal and its
-    :class:`Recovery`, both handed to the worker and the dispatcher when they are built.
-
-    Raises:
-        JournalError: the directory or the file cannot be created or written.
-    """
+    :class:`Recovery`, both handed to the worker and the dispatcher when they are built. Never
+    fails the start: a journal that cannot be read or written is reported (``Journal.condition``)
+    and the box plays requests without it (:mod:`appliance.service.journal`)."""
     if not cfg.journal.enabled:
         log.warning("request journal off (journal.enabled: false): a crash or stop loses accepted requests")
         return None, None

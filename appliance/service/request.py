@@ -80,6 +80,8 @@ class Request:
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
         restarts: times it was resumed from the start after a preemption.
         journal: its sequence number in the request journal (None: not journaled).
+        not_crash_safe: why it is not journaled although the journal is on (the journal could
+            not write it: ``accepted.not_crash_safe``), else None.
         progress_at: ``time.monotonic()`` of its last progress (start, decode step, PCM, new
             text); the per-request watchdog ends it after ``safety.stall_s`` without.
         client_audio: how its transport opens the sink of its client
@@ -101,6 +103,7 @@ class Request:
     preempted_by: Optional[str] = None
     restarts: int = 0
     journal: Optional[int] = None
+    not_crash_safe: Optional[str] = None
     progress_at: float = 0.0
     client_audio: Optional[ClientAudio] = None
 

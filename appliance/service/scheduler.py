@@ -13,6 +13,13 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
   (:class:`~appliance.ops.monitor.Monitor`, fed the process's real memory) lowers
   ``max_running`` and holds back priorities outside ``Limits.run_priorities``. A request that
   cannot start at once says why in its ``accepted`` event and the channel's status.
+* A hold is bounded: a request held by the throttle (its priority held back, or the throttle's
+  channel limit the binding one) for ``service.max_hold_s`` in all is taken out of the queue by
+  :meth:`Scheduler.expired` and ends ``throttled`` naming the level and the resource; time spent
+  behind another request on its own channel does not count. When memory holds the level, a
+  request of a held-back priority is refused at once with ``insufficient_memory`` (memory may
+  not come back soon, and waiting requests take memory too). Hold times are on the monotonic
+  clock.
 * An ``alert`` preempts a lower-priority request running or playing on ITS channel
   (:meth:`Scheduler.enqueue` names the victims; the worker stops them).
 """
@@ -20,9 +27,11 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
 
-from ..errors import BusyError, RequestError
+from ..errors import BusyError, InsufficientMemoryError, RequestError, ThrottledError
 from ..messages.protocol import EventSink
 from ..ops.throttle import Limits
 from .request import Request, State
@@ -38,6 +47,20 @@ class ThrottlePolicy(Protocol):
     def observe_rtf(self, rtf: float) -> None: ...
 
 
+@dataclass
+class Hold:
+    """How long one queued request has been held by the throttle: ``total_s`` of holds that
+    ended, the current one since ``since`` (monotonic s; None: not held now), and ``why``."""
+
+    total_s: float = 0.0
+    since: Optional[float] = None
+    why: str = ""
+
+    def held_s(self, now: float) -> float:
+        """Held in all until ``now``, s."""
+        return self.total_s + (now - self.since if self.since is not None else 0.0)
+
+
 class Scheduler:
     """Queues, admission and preemption decisions (module docstring); the caller holds the lock.
 
@@ -47,16 +70,21 @@ class Scheduler:
         slots: synthesis slots of the batch engine (``model.max_batch``).
         throttle: a :class:`ThrottlePolicy`, or None.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
+        max_hold_s: longest a request may be held by the throttle (``service.max_hold_s``), s;
+            None: unbounded.
+        clock: monotonic clock, s (tests).
 
     Attributes:
         queue: queued items of all channels, priority order, FIFO within one.
         active: queued, running or playing items by id.
         running: channel -> the item synthesizing on it.
         waiting: channel -> why the head of its queue cannot start.
+        holds: queued request -> its :class:`Hold` by the throttle.
     """
 
     def __init__(self, queue_len: dict[str, int], slots: int, throttle: Optional[ThrottlePolicy] = None,
-                 on_preempt: Optional[dict[str, str]] = None) -> None:
+                 on_preempt: Optional[dict[str, str]] = None, max_hold_s: Optional[float] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.queue_len = dict(queue_len)
         self.slots = slots
         self.throttle = throttle
@@ -65,6 +93,9 @@ class Scheduler:
         self.active: dict[str, Request] = {}
         self.running: dict[str, Request] = {}
         self.waiting: dict[str, str] = {}
+        self.max_hold_s = max_hold_s
+        self.holds: dict[Request, Hold] = {}
+        self._clock = clock
 
     def check(self, item: Request) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
@@ -74,10 +105,20 @@ class Scheduler:
 
         Raises:
             RequestError: a request with the same id is still queued, running or playing.
+            InsufficientMemoryError: memory holds the throttle and ``item``'s priority is held back
+                (not for a request already in the journal: a replay after a restart, or one the
+                dispatcher journaled after this check passed; it waits, bounded by ``max_hold_s``).
             BusyError: the channel's queue is full.
         """
         if item.id in self.active:
             raise RequestError(f"request id {item.id!r} is already queued or running; use a new id")
+        lim = self.limits()
+        if (lim is not None and "memory" in lim.resources and item.speak.priority not in lim.run_priorities
+                and item.journal is None):      # journaled (a replay, or checked before): it waits instead
+            raise InsufficientMemoryError(
+                f"not enough memory for a {item.speak.priority} request now: throttle {lim.level.value} {lim.cause}; "
+                f"only {', '.join(p for p in ('alert', 'normal', 'background') if p in lim.run_priorities)} "
+                f"requests are served until memory frees up; retry later")
         limit = self.queue_len.get(item.channel, 16)
         same = [q for q in self.queue if q.channel == item.channel]
         if len(same) >= limit:
@@ -97,7 +138,7 @@ class Scheduler:
         else:
             ahead = set(self.running) | {q.channel for q in self.queue
                                          if q.channel != item.channel and q.rank <= item.rank}
-            waiting = self.why_waiting(item, len(ahead), self.limits())
+            waiting = self.why_waiting(item, len(ahead), lim)
         return pos, waiting
 
     def enqueue(self, item: Request) -> list[Request]:
@@ -136,28 +177,60 @@ class Scheduler:
         """Channels that may synthesize at once now, and the binding limit in words."""
         cands = [(self.slots, f"all {self.slots} synthesis slots are busy (model.max_batch)")]
         if lim is not None:
-            cands.append((lim.max_channels, f"throttle level {lim.level.value} "
+            cands.append((lim.max_channels, f"throttle level {lim.level.value} {lim.cause} "
                                             f"allows {lim.max_channels} channel(s) at once"))
         return min(cands, key=lambda c: c[0])
+
+    def held(self, item: Request, running: int, lim: Optional[Limits]) -> Optional[str]:
+        """Why the throttle holds ``item`` with ``running`` channels synthesizing (None: it does
+        not): its priority is held back, or the throttle's channel limit is the binding one."""
+        if lim is None:
+            return None
+        if item.speak.priority not in lim.run_priorities:
+            return f"throttle level {lim.level.value} {lim.cause}: {item.speak.priority} requests wait"
+        if lim.max_channels < self.slots and running >= lim.max_channels:
+            return self.max_running(lim)[1]
+        return None
+
+    def _bounded(self, why: str) -> str:
+        """A hold's reason with its bound, as clients see it."""
+        return f"{why} (at most service.max_hold_s = {self.max_hold_s:g} s)" if self.max_hold_s else why
 
     def why_waiting(self, item: Request, running: int, lim: Optional[Limits]) -> Optional[str]:
         """Why ``item`` cannot start with ``running`` channels synthesizing under throttle
         limits ``lim`` (from :meth:`limits`, fetched once per admission pass); None = it can."""
-        if lim is not None and item.speak.priority not in lim.run_priorities:
-            return f"throttle level {lim.level.value}: {item.speak.priority} requests wait"
+        held = self.held(item, running, lim)
+        if held is not None:
+            return self._bounded(held)
         n, why = self.max_running(lim)
         return why if running >= n else None
 
+    def _track(self, item: Request, why: Optional[str], now: float) -> None:
+        """Count ``item``'s time held by the throttle (``why``: held now, None: not)."""
+        h = self.holds.get(item)
+        if why is not None:
+            if h is None:
+                self.holds[item] = Hold(0.0, now, why)
+            else:
+                h.since, h.why = (now if h.since is None else h.since), why
+        elif h is not None and h.since is not None:
+            h.total_s, h.since = h.total_s + now - h.since, None
+
     def admit(self) -> list[Request]:
-        """Move the queued items that may start now to running; remember why others wait."""
+        """Move the queued items that may start now to running; remember why others wait and
+        how long the throttle has held each (:meth:`expired`)."""
         lim = self.limits()
+        now = self._clock()
         start: list[Request] = []
         waiting: dict[str, str] = {}
         busy = set(self.running)
         for it in self.queue:
-            if it.channel in busy or it.channel in waiting:
+            if it.channel in busy or it.channel in waiting:     # behind another: held only by its priority
+                self._track(it, self.held(it, 0, lim), now)
                 continue
-            why = self.why_waiting(it, len(self.running) + len(start), lim)
+            held = self.held(it, len(self.running) + len(start), lim)
+            self._track(it, held, now)
+            why = self._bounded(held) if held is not None else self.why_waiting(it, len(self.running) + len(start), lim)
             if why is not None:
                 waiting[it.channel] = why
                 continue
@@ -165,6 +238,7 @@ class Scheduler:
             busy.add(it.channel)
         for it in start:
             self.queue.remove(it)
+            self.holds.pop(it, None)
             it.move(State.RUNNING)
             self.running[it.channel] = it
         for ch, why in waiting.items():
@@ -172,6 +246,23 @@ class Scheduler:
                 log.info("channel %s: %s waits: %s", ch, next(q.id for q in self.queue if q.channel == ch), why)
         self.waiting = waiting
         return start
+
+    def expired(self) -> list[tuple[Request, ThrottledError]]:
+        """Take out of the queue the requests the throttle has held for ``max_hold_s`` (still
+        QUEUED: the caller settles each with its error, which names the level and the resource)."""
+        if not self.max_hold_s or not self.holds:
+            return []
+        now = self._clock()
+        out = []
+        for it, h in list(self.holds.items()):
+            held = h.held_s(now)
+            if held >= self.max_hold_s and it in self.queue:
+                self.queue.remove(it)
+                del self.holds[it]
+                out.append((it, ThrottledError(
+                    f"request {it.id} was held {held:.0f} s by the throttle and did not start: {h.why}; "
+                    f"service.max_hold_s is {self.max_hold_s:g} s")))
+        return out
 
     def running_items(self) -> list[Request]:
         """The items synthesizing now."""
@@ -205,6 +296,7 @@ class Scheduler:
 
     def remove(self, item: Request) -> bool:
         """Forget an ending item (its state becomes ENDED); False if it had ended already."""
+        self.holds.pop(item, None)
         if item.state is State.QUEUED and item in self.queue:
             self.queue.remove(item)
         if not item.end():
@@ -217,6 +309,7 @@ class Scheduler:
         """Remove every queued item (stop) and return them, ENDED (the caller tells them)."""
         left = list(self.queue)
         self.queue.clear()
+        self.holds.clear()
         for it in left:
             self.active.pop(it.id, None)
             it.end()

@@ -94,6 +94,8 @@ class Worker:
             synthesized, sounding, requeued; ``end`` before its terminal event is sent), or None.
         stall_s: per-request watchdog (``safety.stall_s``): a running request without progress
             for this long is ended with ``engine_error`` (:mod:`appliance.service.stall`); None = off.
+        max_hold_s: longest a request waits held by the throttle (``service.max_hold_s``), then it
+            ends ``throttled`` (:meth:`~appliance.service.scheduler.Scheduler.expired`); None = unbounded.
     """
 
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
@@ -101,7 +103,8 @@ class Worker:
                  on_finished: Optional[Callable[[Request, Event], None]] = None,
                  on_preempt: Optional[dict[str, str]] = None,
                  throttle: Optional[ThrottlePolicy] = None,
-                 journal: Optional[Journal] = None, stall_s: Optional[float] = None) -> None:
+                 journal: Optional[Journal] = None, stall_s: Optional[float] = None,
+                 max_hold_s: Optional[float] = None) -> None:
         self.pipeline = pipeline
         self.engine = pipeline.engine if pipeline is not None else None
         self.audio = audio
@@ -116,7 +119,7 @@ class Worker:
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
-                               throttle, on_preempt)
+                               throttle, on_preempt, max_hold_s)
         self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
         self.ends = Endings(self.sched, self._cv, journal, throttle, self.starts, on_finished, lambda: self._stopping)
         self.stall = StallWatch(stall_s, self.sched.running_items, self.ends.settle, self._cv) if stall_s else None
@@ -155,7 +158,8 @@ class Worker:
             if self._stopping:
                 raise BusyError("the daemon is stopping; send the request again after it restarts")
             pos, waiting = self.sched.check(item)
-            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting), None)
+            item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting,
+                               not_crash_safe=item.not_crash_safe), None)
             victims = self.sched.enqueue(item)
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
@@ -290,6 +294,7 @@ class Worker:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
                 start = [] if self._stopping or task is not None else self.sched.admit()   # the task needs a slot
+                expired = self.sched.expired()         # held by the throttle for service.max_hold_s
                 # idle: nothing to start, to step (every task waits for text, or none) or to end
                 if task is None and not start and not eng.runnable and not self.sched.over():
                     self._cv.wait(self.heartbeat_s)
@@ -298,6 +303,8 @@ class Worker:
                     idle = False
             for ra in spent:      # freed on the thread that allocated it (sound_request: Memory)
                 ra.release()
+            for it, err in expired:
+                self.ends.settle(it, error_event(err, it.id))
             self._beat()
             if idle:
                 continue

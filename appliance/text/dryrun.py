@@ -45,7 +45,8 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
 
     Returns:
         ``{"spoken": [sentence, ...], "tokens": [prompt tokens per sentence, ...],
-        "unspeakable": [...], "unspeakable_names": [...], "lang": "zh" | "en"}``.
+        "unspeakable": [...], "unspeakable_names": [...], "lang": "zh" | "en", "cleaned": the text
+        after the markup stage (Markdown, HTML, SSML out: :mod:`appliance.text.markup`)}``.
 
     Raises:
         TextError: empty, too long or unspeakable text (as the daemon answers it).
@@ -60,7 +61,20 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
     sentences = split_text(norm.text, tok, cfg.model.max_prompt_tokens, prompt=prompt)
     return {"spoken": [s.text for s in sentences], "tokens": [int(s.ids.size) for s in sentences],
             "unspeakable": list(norm.unspeakable), "unspeakable_names": [describe(u) for u in norm.unspeakable],
-            "lang": norm.lang}
+            "lang": norm.lang, "cleaned": norm.cleaned}
+
+
+def shown(reply: dict, text: str) -> list[str]:
+    """The lines ``chattts-appliance normalize`` prints for a ``normalized`` reply (a dry run's, with
+    its ``cleaned`` text, or the daemon's) about ``text``: the cleaned text when the markup stage
+    changed it, each sentence with its prompt tokens, what could not be spoken."""
+    out = []
+    if reply.get("cleaned") and reply["cleaned"] != text.strip():
+        out += ["cleaned (markup removed):"] + ["  " + line for line in reply["cleaned"].splitlines()]
+    out += [f"{k + 1}. {sent}    [{n} tokens]" for k, (sent, n) in enumerate(zip(reply["spoken"], reply["tokens"]))]
+    if reply.get("unspeakable"):
+        out.append("could not speak: " + ", ".join(reply.get("unspeakable_names") or reply["unspeakable"]))
+    return out
 
 
 def cli_config(config: Optional[str]) -> Config:

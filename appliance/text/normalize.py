@@ -4,7 +4,9 @@ One request's text goes through, in order:
 
 0. input cleaning (:func:`clean_controls`): line breaks ``\\r\\n`` / ``\\r`` become ``\\n``, and every
    other control character (C0, DEL, C1; NUL included) except ``\\n`` and ``\\t`` becomes a space,
-   so none reaches the rules, the tokenizer or a log line;
+   so none reaches the rules, the tokenizer or a log line; then the markup stage
+   (:mod:`.markup`): Markdown, HTML and SSML out, links as their text, addresses short,
+   ``<break>`` as a pause token, control tokens kept;
 1. the script pass (:mod:`.scripts`): compatibility forms, digits of any script, traditional ->
    simplified Chinese (OpenCC), Latin letters with diacritics spelled in ASCII;
 2. control tokens (``[uv_break]``, ``[laugh]``, ``[speed_5]`` ...) are cut out and pass
@@ -37,11 +39,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import TextError
+from .markup import Markup
 from .numbers import verbalize_numbers
 from .rules import apply_rules
 from .scripts import ScriptConverter, describe, is_cjk, is_latin
 from .spans import detect_language, split_spans
-from .tokens import CONTROL_TOKENS, USER_CONTROL_TOKENS
+from .tokens import CTRL_RE, USER_CONTROL_TOKENS
 from .units import read_symbols
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class NormalizedText:
 
     Attributes:
         text: speakable text: CJK, Latin letters, ``，。、,.`` , spaces and control tokens.
+        cleaned: the input after the markup stage (:mod:`.markup`), before the rules.
         unspeakable: what was removed because it cannot be spoken (characters such as emoji,
             symbols, other scripts, characters the tokenizer maps to ``[UNK]``, and structural
             control tokens such as ``[Stts]``), each once, in order of appearance.
@@ -62,14 +66,13 @@ class NormalizedText:
     text: str
     unspeakable: tuple[str, ...]
     lang: str
+    cleaned: str = ""
 
     @property
     def unspeakable_names(self) -> tuple[str, ...]:
         """:attr:`unspeakable` by name: ``😀 (U+1F600 GRINNING FACE)``."""
         return tuple(describe(u) for u in self.unspeakable)
 
-
-CTRL_RE = re.compile("(" + "|".join(re.escape(t) for t in sorted(CONTROL_TOKENS, key=len, reverse=True)) + ")")
 
 _HALF2FULL = str.maketrans({"!": "！", ",": "，", ".": "。", ":": "：", ";": "；", "?": "？", "(": "（", ")": "）"})
 #: upstream's simplification of full-width marks (both languages: a mark keeps its script)
@@ -132,6 +135,7 @@ class Normalizer:
     def __init__(self, tokenizer=None, use_wetext: bool = True, t2s: bool = True) -> None:
         self.tokenizer = tokenizer
         self.scripts = ScriptConverter(t2s=t2s)
+        self.markup = Markup()
         self._wt: dict[str, object] = {}
         self.wetext = False
         if use_wetext:
@@ -163,6 +167,10 @@ class Normalizer:
         text = clean_controls(text)
         if not text.strip():
             raise TextError("text is empty; send something to speak")
+        text = cleaned = self.markup(text)
+        if not text:
+            raise TextError("the text holds only markup (tags, Markdown signs, a link without text); "
+                            "send words to speak")
         rid = request_id or "-"
         unspeakable: list[str] = []
 
@@ -201,7 +209,7 @@ class Normalizer:
             log.info("request %s: removed what cannot be spoken: %s", rid, ", ".join(describe(u) for u in unspeakable),
                      extra={"request_id": rid})
         log.debug("request %s: speaks %r", rid, result, extra={"request_id": rid})
-        return NormalizedText(result, tuple(unspeakable), dominant)
+        return NormalizedText(result, tuple(unspeakable), dominant, cleaned)
 
     # -- one stretch of text between control tokens ------------------------------------------
 

@@ -70,8 +70,11 @@ _EN_PHONE_RES = (
     re.compile(r"(?<!\w)(?:\+\d{1,3}[\s.-]?)?\(?\d{3}\)?[\s.-]\d{3}[\s.-]\d{4}(?!\w|[.,]\d)"),
     re.compile(r"(?<![\w.,])\d{3}-\d{4}(?!\w|[.,]\d)"),
 )
-_EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text|number)\b\s*:?\s*)(\+?\d[\d\s-]*\d|\d)(?![\d.,]\d)",
+_EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text)\b\s*:?\s*)(\+?\d[\d\s-]*\d|\d)(?![\d.,]\d)",
                          re.IGNORECASE)
+#: after "number": a phone-like number (5 digits or more, or with + or -) is read digit by digit,
+#: a short one as a number (number 10 is ten)
+_EN_NUMBER_RE = re.compile(r"\b(number\s*:?\s*)(\+?\d[\d\s-]*\d)(?![\d.,]\d)", re.IGNORECASE)
 _VERSION_RE = re.compile(r"(?<![\d.])[vV]?\d+(?:\.\d+){2,}(?![\d.]*\d)")
 _PCT_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?%\s?[-~～]\s?(?=\d+(?:\.\d+)?\s?%)")
 _ZH_ORDINAL_RE = re.compile(r"第\s?(\d+)(?![\d.])")
@@ -79,8 +82,11 @@ _ROOMS = ("室", "房", "会议室", "教室", "病房", "房间", "号房")
 _ZH_LABEL_RE = re.compile(r"(?<![\d.,])(\d+)(?=号楼|栋|幢|单元|楼|层|号线|路|号|室|房|会议室|教室|病房|座|区|期|排|站台|"
                           r"车厢|门|出口|入口|车道)")
 _EN_EQUALS_RE = re.compile(r"(?<=[A-Za-z0-9)])\s?=\s?(?=[A-Za-z0-9(+-])")
-_WEB_RE = re.compile(r"(?:https?://)?[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?:https?://|www\.)[\w-]+(?:\.[\w-]+)+(?:/[\w./-]*)?",
-                     re.ASCII)
+#: an e-mail address, or a web address with its scheme or ``www.`` (host, port, then an ASCII path,
+#: query or fragment that does not end in punctuation: ``(see https://x.com/a).`` ends at ``a``)
+WEB_RE = re.compile(r"(?P<mail>(?:https?://)?[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
+                     r"|(?:(?:https?|ftps?|wss?|rtsp|mqtts?)://|(?=www\.))(?P<host>[\w-]+(?:\.[\w-]+)*)(?::\d+)?"
+                     r"(?:[/?#][!-~]*[\w/#=&%~+-])?", re.ASCII | re.IGNORECASE)
 _SERVICE_RE = re.compile(r"(?<![\d.,])(11[0249]|12[02]|1[02]\d{3})(?![\d.,])")
 _DIAL_RE = re.compile(r"(?:拨打|拨|打|电话|热线|号码|呼叫|报警|急救|求助|求救|致电)[^\d，。！？]{0,3}$")
 _DIGIT_CODE_RE = re.compile(r"((?:码|号码|编号|单号|尾号|账号|卡号|工号|密码)(?:是|为|：|:)?\s?)(\d{3,})(?![\d.,])")
@@ -91,7 +97,8 @@ _EN_NOT_CODE_RE = re.compile(r"\d+(?:st|nd|rd|th|s|am|pm|AM|PM)|[a-z0-9.]+")
 _RANGE_RE = re.compile(r"(?<![\d.,:-])(\d+(?:\.\d+)?)\s?[-~～–—]\s?(?=\d+(?:\.\d+)?(?![\d.,:]|-\d|\s?=))")
 _TIMES_RE = re.compile(r"(?<=\d)\s?[xX×*]\s?(?=\d)")
 _POWER_RE = re.compile(r"(\d+(?:\.\d+)?)\^(\d+)")
-_NO_RE = re.compile(r"\b[Nn]o\.\s?(\d+)")
+#: No. 5, no.5, NO.5, #5 (not C#5, &#5 or ##)
+_NO_RE = re.compile(r"(?:\b[Nn][Oo]\.|(?<![A-Za-z0-9_#&])#)\s?(\d+)(?![\d,]\d|\.\d)")
 _ZH_DECIMAL_RE = re.compile(r"(?<![\d.])[-−]?\d+\.\d+(?![\d.])")
 _THOUSANDS_RE = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
 #: 1,234 / 1,234.5 / 1000 / 1234.5 / 1,000th / 1000th (not 1234 alone: wetext reads it as a year would be)
@@ -119,6 +126,8 @@ def _phones(s: str, lang: str) -> str:
             s = r.sub(lambda m: ("加" if m.group().startswith("+") else "") + zh_digits(m.group(), yao=True), s)
         return s
     s = _EN_CALL_RE.sub(lambda m: m.group(1) + _spell_en(m.group(2)), s)
+    s = _EN_NUMBER_RE.sub(lambda m: m.group(1) + (_spell_en(m.group(2)) if len(re.sub(r"\D", "", m.group(2))) >= 5
+                                                  or re.search(r"[+-]", m.group(2)) else m.group(2)), s)
     for r in _EN_PHONE_RES:
         s = r.sub(lambda m: _spell_en(m.group()), s)
     return s
@@ -134,7 +143,11 @@ def _web(m: re.Match, lang: str) -> str:
     words = {".": " dot ", "@": " at ", "/": " slash ", ":": " ", "-": " dash ", "_": " underscore "}
     if lang == "zh":
         words = {".": "点", "@": "艾特", "/": "斜杠", ":": " ", "-": "杠", "_": "下划线"}
-    return " " + "".join(words.get(c, c) for c in m.group()) + " "
+    s = m.group("mail")
+    if s is None:           # a web address: its host only, without www. (example dot com)
+        s = re.sub(r"(?i)^www\.", "", m.group("host"))
+        words = {**words, "-": " "}
+    return " " + "".join(words.get(c, c) for c in s) + " "
 
 
 def _version(m: re.Match, lang: str) -> str:
@@ -243,10 +256,18 @@ RULES: tuple[Rule, ...] = (
          "a day and is read with 二, as months (二月) and 二号 are; see dates.py for the 二/两 convention",
          ("12月2日至5日", "十二月二日至五日"), dates.month_day),
     Rule("web-address", "zh en", "before_wetext", "wetext and upstream keep the dots of an address, read as "
-         "sentence ends; e-mail and web addresses are read with dot/at/slash (点/艾特/斜杠)",
-         ("visit www.example.com", "visit www dot example dot com"), _sub(_WEB_RE, _web)),
+         "sentence ends, and a whole URL spelled out is noise; a web address is read short, its host "
+         "without www., port or path, with dot (点); an e-mail address whole, with at (艾特)",
+         ("see https://www.home-assistant.io/integrations/wyoming/", "see home assistant dot io"),
+         _sub(WEB_RE, _web)),
     Rule("version", "zh en", "before_wetext", "wetext reads 3.11.2 as a date or a decimal",
          ("version 3.11.2", "version three point eleven point two"), _sub(_VERSION_RE, _version)),
+    Rule("number-sign", "zh en", "before_wetext", "wetext reads No.5 as No.five and #5 as hash five (井号五); "
+         "both are number five (五号); after the word number (No., #) a number of up to four digits is a "
+         "number (number 10 was read as a phone number, one zero), a longer one is read digit by digit",
+         ("No.10 and #3", "number ten and number three"),
+         _sub(_NO_RE, lambda m, lang: f"number {m.group(1)}" if lang == "en"
+              else m.group(1) + ("" if m.string.startswith("号", m.end()) else "号"))),
     Rule("phone", "zh en", "before_wetext", "wetext reads 555-1234 as a range, 911 as nine hundred eleven "
          "and raises on +1 555 123 4567; phone numbers are read digit by digit (zh: 1 as 幺)",
          ("我的电话是13812345678", "我的电话是幺三八幺二三四五六七八"), _phones),
@@ -302,9 +323,6 @@ RULES: tuple[Rule, ...] = (
          ("3号楼2单元501室", "三号楼二单元五零一室"), _sub(_ZH_LABEL_RE, _zh_label)),
     Rule("times-sign", "zh", "before_wetext", "wetext reads 3x4 as 三x四", ("尺寸3x4", "尺寸三乘四"),
          lambda s, lang: _TIMES_RE.sub("乘", s)),
-    Rule("number-sign", "zh en", "before_wetext", "wetext reads No.5 as No.five",
-         ("No.5", "number five"),
-         lambda s, lang: _NO_RE.sub(r"\1号" if lang == "zh" else r"number \1", s)),
     Rule("code", "zh en", "before_wetext", "letters mixed with digits are codes: wetext reads A12B34 as "
          "A twelve B thirty four, also inside Chinese; read in the sentence's language, digits one by one "
          "when there are several groups or more than two digits", ("订单号A12B34", "订单号A一二B三四"),

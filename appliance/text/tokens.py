@@ -33,5 +33,8 @@ USER_CONTROL_TOKENS: frozenset[str] = frozenset(
                  "[Pbreak]", "[Ebreak]", "[spk_emb]", "[empty_spk]")
 )
 
+#: Matches exactly the 50 control tokens (longest first), as one group: ``CTRL_RE.split`` keeps them.
+CTRL_RE = re.compile("(" + "|".join(re.escape(t) for t in sorted(CONTROL_TOKENS, key=len, reverse=True)) + ")")
+
 #: Matches any bracketed token such as ``[uv_break]`` or ``[speed_5]``.
 TOKEN_RE = re.compile(r"\[[A-Za-z_]+(?:_\d+)?\]|\[[a-z]+_\d\]")

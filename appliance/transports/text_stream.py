@@ -11,19 +11,28 @@ control tokens) stay attached to the next sentence. A buffer longer than ``max_c
 an end is cut at its last clause mark or space (else at ``max_chars``), so no piece exceeds the
 daemon's ``service.max_text_chars``.
 
+Markdown that spans lines stays whole, so the markup stage (:mod:`appliance.text.markup`) sees it
+whole: a fenced code block (from its opening ``````` or ``~~~`` to its closing fence) and a table
+(its run of lines starting with ``|``) are one piece each, handed out once their end has arrived.
+
 Pure string handling, no I/O: :class:`SentenceBuffer`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
+from ..text.markup import Markup
 from ..text.tokens import TOKEN_RE
 
 ENDS_CJK = "。！？"
 ENDS_ASCII = ".!?"
 CLOSERS = "\"')]}”’」』）】》"
 CLAUSE_MARKS = "，,；;：:、"
+_FENCE = re.compile(r"\s*(`{3,}|~{3,})")
+_TABLE = re.compile(r"\s*\|")
+_TABLE_END = re.compile(r"\n(?=[ \t]*[^|\s]|[ \t]*\n)")    # a line that is not a row, or a blank one
 
 
 def speakable(piece: str) -> bool:
@@ -53,6 +62,21 @@ def _sentence_end(buf: str, start: int) -> Optional[int]:
     return None
 
 
+def _block_end(buf: str, start: int) -> tuple[bool, Optional[int]]:
+    """``(True, end)`` when a fenced code block or a table starts at ``start`` (``end``: just after
+    it, None while its end has not arrived); ``(False, None)`` otherwise."""
+    m = _FENCE.match(buf, start)
+    if m:
+        fence = m.group(1)
+        close = re.compile(r"\n[ \t]*" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*\n")
+        c = close.search(buf, m.end())
+        return True, None if c is None else c.end()
+    if _TABLE.match(buf, start):
+        t = _TABLE_END.search(buf, start)
+        return True, None if t is None else t.end()
+    return False, None
+
+
 def _cut_long(buf: str, max_chars: int) -> int:
     """Where to cut a buffer longer than ``max_chars`` that has no sentence end: after its last
     clause mark, else its last space, within the limit; else at ``max_chars``."""
@@ -64,24 +88,38 @@ def _cut_long(buf: str, max_chars: int) -> int:
     return max_chars
 
 
+_SSML = Markup()
+
+
 class SentenceBuffer:
     """Collects streamed text and returns the sentences completed so far.
 
     Args:
         max_chars: longest piece handed out, characters (``service.max_text_chars``).
+        whole: hand nothing out before :meth:`finish` (``wyoming.streaming: false``, or SSML).
+        ssml: the text is SSML (a Wyoming ``text_format: ssml``): an SSML document is read whole,
+            so this implies ``whole``; at :meth:`finish` the markup stage
+            (:mod:`appliance.text.markup`) turns it into text with pause tokens first.
     """
 
-    def __init__(self, max_chars: int) -> None:
+    def __init__(self, max_chars: int, whole: bool = False, ssml: bool = False) -> None:
         self.max_chars = max(1, max_chars)
+        self.whole = whole or ssml
+        self.ssml = ssml
         self.buf = ""
 
     def add(self, text: str) -> list[str]:
         """Append ``text``; returns the sentences (stripped, in order) now complete."""
         self.buf += text
+        if self.whole:
+            return []
         out: list[str] = []
         start = 0
         while True:
-            end, forced = _sentence_end(self.buf, start), False
+            block, end = _block_end(self.buf, start)
+            if not block:
+                end = _sentence_end(self.buf, start)
+            forced = False
             if end is None and len(self.buf) > self.max_chars:
                 end, forced = _cut_long(self.buf, self.max_chars), True
             if end is None:
@@ -97,6 +135,10 @@ class SentenceBuffer:
 
     def finish(self) -> list[str]:
         """The rest at the end of the stream (empty when it has nothing to speak)."""
+        if self.whole:
+            text, self.buf = self.buf, ""
+            pieces = SentenceBuffer(self.max_chars)
+            return pieces.add(_SSML(text, ssml=True) if self.ssml else text) + pieces.finish()
         rest, self.buf = self.buf.strip(), ""
         if not rest:
             return []

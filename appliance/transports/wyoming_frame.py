@@ -210,8 +210,8 @@ def _format(data: dict, kind: str) -> dict:
     if f is None or f == "text":
         return {}
     if f == "ssml":
-        raise FrameError(f"{kind}: this server speaks plain text; text_format 'ssml' is not supported")
-    raise FrameError(f"{kind}'s 'text_format' must be 'text', not {_kind(f)}")
+        return {"text_format": "ssml"}      # read by the markup stage (appliance.text.markup), tags never spoken
+    raise FrameError(f"{kind}'s 'text_format' must be 'text' or 'ssml', not {_kind(f)}")
 
 
 def _synthesize(d: dict, kind: str, text: bool) -> dict:

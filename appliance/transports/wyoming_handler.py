@@ -31,17 +31,24 @@ that goes over it cancelled (logged), the rest of its utterance is not spoken, a
 request or connection notices. One audio-start / audio-stop pair frames each utterance (also without audio). The
 ``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
 over ``service.max_text_chars`` is cut into sentences the same way. With ``wyoming.streaming:
-false`` the text of a stream is collected and spoken at ``synthesize-stop``. Replies go out in the
+false`` the text of a stream is collected and spoken at ``synthesize-stop``; so is an SSML stream
+(``text_format: ssml``: a document is read whole). Markdown, HTML and SSML tags are never spoken
+(:mod:`appliance.text.markup`, in the normalizer, for every transport; an SSML text is read
+as SSML only). Replies go out in the
 order the requests came in (one writer task per connection; :mod:`.wyoming_replies` writes them).
 
 Every event is checked before anything is queued (:mod:`.wyoming_frame`): a malformed one gets an
 ``error`` (``bad_request``, in plain words) and the connection goes on. An event over
 ``wyoming.max_payload_bytes`` (or a header over ``service.max_line_bytes``) gets an ``error`` and
 the connection is closed, unread. A request's errors (``bad_text``, ``busy``, ``bad_speaker``...)
-become ``error`` events; a failed one-shot (or an unknown voice) then closes the connection, as
-Wyoming servers do. In a stream, a refused event or sentence sends ``error`` at once (between the
-audio, always before ``synthesize-stopped``) and the stream goes on; ``cancelled`` or
-``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
+become ``error`` events; a failed one-shot (an unknown voice too) then closes the connection, as
+Wyoming servers do: its client waits for audio-stop, and the close tells it at once. A stream is
+never dropped: a refused event or sentence sends ``error`` at once (between the audio, always
+before ``synthesize-stopped``) and the stream goes on; a ``synthesize-start`` with an unknown voice
+(or malformed) gets its ``error``, the rest of its stream is read and not spoken (no other voice
+speaks in its place: the client asked for that one), ``synthesize-stop`` answers
+``synthesize-stopped``, and the connection takes the next event (``describe``, another stream).
+``cancelled`` or ``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
 restarts from the beginning: the audio the client already has is skipped (same seed, same audio).
 Unknown (well-formed) event types are dropped, as the protocol asks. A client that disconnects has
 its requests cancelled; a long text whose client closed (one-shot, chunk or the rest of a stream)
@@ -55,7 +62,7 @@ import dataclasses
 import itertools
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from wyoming.error import Error
@@ -68,15 +75,14 @@ from wyoming.tts import (
     SynthesizeStart,
     SynthesizeStop,
     SynthesizeStopped,
-    SynthesizeVoice,
 )
 
 from ..audio.stream import EVENT, ClientStream, Outbox, StreamAudio, ms
 from ..core import PcmChunk
 from ..errors import ApplianceError, RequestError, SpeakerError
 from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
-from ..service.dispatch import Dispatcher
 from .text_stream import SentenceBuffer
+from .wyoming_context import Context
 from .wyoming_frame import CheckedHandler, FrameError, check_event
 from .wyoming_replies import Fatal, Segment, Speech, Utterance, write_utterance
 from .wyoming_sink import limit_send_buffer
@@ -86,43 +92,13 @@ log = logging.getLogger(__name__)
 _conn_ids = itertools.count(1)
 
 
-@dataclass(frozen=True)
-class Context:
-    """What every connection of one server shares (built by
-    :class:`~appliance.transports.wyoming_server.WyomingServer`).
-
-    Attributes:
-        dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).
-        voices: voice name -> the same name (a ``speak`` carries it; the pipeline resolves it); the first
-            is the default. channel, priority, play: of every request. streaming:
-            ``wyoming.streaming``. max_chars: ``service.max_text_chars``. max_line:
-            ``service.max_line_bytes`` (longest event header). max_payload:
-            ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
-            max_buffered_ms: ``wyoming.max_buffered_ms`` (most audio one connection holds for
-            its client).
-    """
-
-    dispatch: Dispatcher
-    info: WyEvent
-    voices: dict
-    channel: str
-    priority: str
-    play: bool
-    streaming: bool
-    max_chars: int
-    max_line: int = 65536
-    max_payload: int = 1 << 20
-    max_buffered_ms: int = 30000
-
-
 @dataclass
 class _Stream:
     """The open ``synthesize-start`` ... ``synthesize-stop`` of this connection."""
 
     utt: Utterance
     voice: Optional[str]
-    text: SentenceBuffer
-    collected: list = field(default_factory=list)     # wyoming.streaming false: all text, spoken at stop
+    text: SentenceBuffer       # wyoming.streaming false or SSML: the whole text, spoken at stop
 
 
 class WyomingHandler(CheckedHandler):
@@ -189,19 +165,28 @@ class WyomingHandler(CheckedHandler):
             if self._stream is not None:
                 return                      # the whole text again, for servers that do not stream
             syn = Synthesize.from_event(event)
-            voice = self._voice(syn.voice)
+            try:
+                voice = self.ctx.voice(syn.voice)
+            except SpeakerError as e:       # a one-shot with a voice this box lacks: error, then close
+                self._segments.put_nowait(Fatal(Error(text=str(e), code=e.code).event()))
+                return
             utt = Utterance(streaming=False)
             self._segments.put_nowait(utt)
             try:
-                if voice is not _BAD:
-                    text = syn.text or ""
-                    pieces = [p for p in ([text] if len(text) <= self.ctx.max_chars else self._pieces(text)) if p.strip()]
-                    await self._say_all(utt, pieces, voice, closed=True)
+                text = syn.text or ""
+                ssml = syn.text_format == "ssml"
+                pieces = [text] if len(text) <= self.ctx.max_chars and not ssml else self._pieces(text, ssml)
+                await self._say_all(utt, [p for p in pieces if p.strip()], voice, closed=True)
             finally:                        # the utterance always ends (else its writer would wait)
                 self._end_text(utt)
         elif SynthesizeStart.is_type(t):
-            voice = self._voice(SynthesizeStart.from_event(event).voice)
-            await self._start_stream(Utterance(streaming=True, ended=voice is _BAD), None if voice is _BAD else voice)
+            start = SynthesizeStart.from_event(event)
+            try:
+                voice = self.ctx.voice(start.voice)
+            except SpeakerError:            # answered in the stream (error, its end); read, not spoken
+                await self._start_stream(Utterance(streaming=True, ended=True), None)
+                raise
+            await self._start_stream(Utterance(streaming=True), voice, start.text_format == "ssml")
         elif SelectProgram.is_type(t):
             ours = self.ctx.info.data["tts"][0]["name"]
             if SelectProgram.from_event(event).name != ours:
@@ -211,12 +196,8 @@ class WyomingHandler(CheckedHandler):
             st = self._stream
             if st is None:
                 raise RequestError("synthesize-chunk without synthesize-start")
-            if st.utt.ended:
-                return
-            if not self.ctx.streaming:
-                st.collected.append(text)
-                return
-            await self._say_all(st.utt, st.text.add(text), st.voice)
+            if not st.utt.ended:
+                await self._say_all(st.utt, st.text.add(text), st.voice)
         elif SynthesizeStop.is_type(t):
             if self._stream is None:
                 self._segments.put_nowait(Error(text="synthesize-stop without synthesize-start",
@@ -227,40 +208,27 @@ class WyomingHandler(CheckedHandler):
         else:
             log.debug("%s: ignoring %s event", self.name, t)
 
-    async def _start_stream(self, utt: Utterance, voice: Optional[str]) -> None:
+    async def _start_stream(self, utt: Utterance, voice: Optional[str], ssml: bool = False) -> None:
         if self._stream is not None:         # a new stream without a stop: end the old one first
             await self._stop_stream()
-        self._stream = _Stream(utt, voice, SentenceBuffer(self.ctx.max_chars))
+        self._stream = _Stream(utt, voice, SentenceBuffer(self.ctx.max_chars, whole=not self.ctx.streaming, ssml=ssml))
         self._segments.put_nowait(utt)
 
     async def _stop_stream(self) -> None:
         st, self._stream = self._stream, None
         assert st is not None
         if not st.utt.ended:
-            rest = st.text.finish() if self.ctx.streaming else self._pieces("".join(st.collected))
-            await self._say_all(st.utt, rest, st.voice)
+            await self._say_all(st.utt, st.text.finish(), st.voice)
         self._end_text(st.utt)
 
-    def _pieces(self, text: str) -> list[str]:
-        buf = SentenceBuffer(self.ctx.max_chars)
+    def _pieces(self, text: str, ssml: bool = False) -> list[str]:
+        buf = SentenceBuffer(self.ctx.max_chars, ssml=ssml)
         return buf.add(text) + buf.finish()
 
     def _client_left(self) -> bool:
         """The client closed its side and every event it sent has been read: what it asked for
         can no longer reach it (the reader's EOF would cancel it next, :meth:`disconnect`)."""
         return self._gone or self.reader.at_eof()
-
-    def _voice(self, v: Optional[SynthesizeVoice]) -> object:
-        """The voice string for a requested voice name (None = the default voice); ``_BAD`` (after
-        queueing a fatal error) for a name this server does not offer."""
-        name = v.name if v is not None and v.name else None
-        if name is None:
-            return next(iter(self.ctx.voices.values()))
-        if name in self.ctx.voices:
-            return self.ctx.voices[name]
-        msg = f"unknown voice {name!r}; this box offers: {', '.join(self.ctx.voices)}"
-        self._segments.put_nowait(Fatal(Error(text=msg, code=SpeakerError.code).event()))
-        return _BAD
 
     async def _say_all(self, utt: Utterance, pieces: list[str], voice: Optional[str], closed: bool = False) -> None:
         """:meth:`_say` each of ``pieces`` in turn (each is prepared, i.e. normalized, before the
@@ -384,5 +352,3 @@ class WyomingHandler(CheckedHandler):
         if self._writer_task is not asyncio.current_task():
             self._writer_task.cancel()
 
-
-_BAD = object()      # marker: the requested voice does not exist (a fatal error was queued)

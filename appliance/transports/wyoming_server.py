@@ -45,7 +45,8 @@ from ..core import version
 from ..errors import ConfigError
 from ..service.dispatch import Dispatcher
 from .socket_server import check_socket_path
-from .wyoming_handler import Context, WyomingHandler
+from .wyoming_context import Context
+from .wyoming_handler import WyomingHandler
 
 log = logging.getLogger(__name__)
 
