@@ -111,22 +111,25 @@ class AudioOutput:
         self._reopen.start()
 
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
-             play: bool = True, client: Optional[AudioSink] = None) -> AudioSink:
+             play: bool = True, client: Optional[AudioSink] = None,
+             on_sounding: Optional[Callable[[], None]] = None) -> AudioSink:
         """The :class:`~appliance.audio.sink.AudioSink` of one request on ``channel``: a
         :class:`RequestAudio`; ``beat()`` is called while a write waits for room in the device
         FIFO (keeps the worker's heartbeat going). ``play`` False (``Speak.play``): nothing is
         played or written here: ``client`` (a transport's sink for its client), else a
         :class:`ClientOnlyAudio`. ``play`` with ``client``: a :class:`TeeAudio` of both.
+        ``on_sounding()``: once its first sample was written to the device (the watcher thread).
 
         Raises:
             AudioDeviceError: the WAV file cannot be created either.
         """
         if not play:
             return client if client is not None else ClientOnlyAudio()
-        box = self._open_box(request_id, channel, beat)
+        box = self._open_box(request_id, channel, beat, on_sounding)
         return box if client is None else TeeAudio(box, client)
 
-    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]]) -> RequestAudio:
+    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]],
+                  on_sounding: Optional[Callable[[], None]] = None) -> RequestAudio:
         """The request's :class:`RequestAudio` (module docstring: device, waiting, or WAV)."""
         wav = wav_path(self.wav_dir, request_id)
         policy = self.cfg.audio.on_device_error
@@ -134,15 +137,16 @@ class AudioOutput:
             dev = self.devices.get(self._device_query(channel))
             if dev is not None and dev.ensure_open():
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, retention=self.retention)
+                                    on_wait=self._hold, retention=self.retention, on_sounding=on_sounding)
             if dev is not None and policy == "wait":
                 log.warning("request %s: sound device %r unusable (%s); it waits for the device "
                             "(audio.on_device_error: wait)", request_id, dev.name, dev.error)
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, wait_from_start=True, retention=self.retention)
+                                    on_wait=self._hold, wait_from_start=True, retention=self.retention,
+                                    on_sounding=on_sounding)
             log.warning("request %s: sound device unusable (%s); writing %s",
                         request_id, dev.error if dev else "no device", wav)
-        return RequestAudio(request_id, wav, None, retention=self.retention)
+        return RequestAudio(request_id, wav, None, retention=self.retention, on_sounding=on_sounding)
 
     def status(self, channel: str) -> dict:
         """Output state of ``channel`` for StatusReply: ``output`` (device/wav) + device fields."""

@@ -69,7 +69,8 @@ class RequestAudio:
     already waiting (the device was down when the request began).
 
     A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.audio.wav.WavWriter`),
-    before ``on_done`` fires; ``retention`` is applied to its directory then.
+    before ``on_done`` fires; ``retention`` is applied to its directory then. ``on_sounding()``
+    is called once its first sample was written to the device (the watcher thread).
 
     Raises:
         NoSpaceError, AudioDeviceError: (constructor, no device) the WAV file cannot be created;
@@ -79,7 +80,8 @@ class RequestAudio:
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
                  beat: Optional[Callable[[], None]] = None, lane: Optional[Hashable] = None,
                  on_device_error: str = "wav", on_wait: Optional[Callable[[RequestAudio], None]] = None,
-                 wait_from_start: bool = False, retention: Optional[WavRetention] = None) -> None:
+                 wait_from_start: bool = False, retention: Optional[WavRetention] = None,
+                 on_sounding: Optional[Callable[[], None]] = None) -> None:
         self.request_id = request_id
         self.retention = retention
         self.beat = beat
@@ -99,8 +101,7 @@ class RequestAudio:
         self._failure: Optional[ApplianceError] = None   # why its WAV fallback could not be written
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
-        #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
-        self.on_sounding: Optional[Callable[[], None]] = None
+        self.on_sounding = on_sounding   # once its first sample was written to the device (watcher thread)
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:

@@ -101,14 +101,6 @@ class TeeAudio:
         got = [t for t in (self.box.first_out_at, self.client.first_out_at) if t is not None]
         return min(got) if got else None
 
-    @property
-    def on_sounding(self) -> Optional[Callable[[], None]]:
-        return self.box.on_sounding
-
-    @on_sounding.setter
-    def on_sounding(self, fn: Optional[Callable[[], None]]) -> None:
-        self.box.on_sounding = fn            # only the box sounds
-
     def write(self, pcm: np.ndarray) -> None:
         self.client.write(pcm)
         self.box.write(pcm)

@@ -199,7 +199,6 @@ class StreamAudio:
         self.outbox = outbox
         self.on_overflow = on_overflow
         self.first_out_at: Optional[float] = None
-        self.on_sounding: Optional[Callable[[], None]] = None   # nothing sounds here
         self.aborted = False
         self.overflowed = False
         self._lock = threading.Lock()

@@ -338,8 +338,8 @@ class Worker:
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             client = item.client_audio() if item.client_audio is not None else None   # a transport's sink
-            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play, client=client)
-            item.audio.on_sounding = lambda: mark(self.journal, item.journal, "sounding")
+            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play, client=client,
+                                         on_sounding=lambda: mark(self.journal, item.journal, "sounding"))
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
