@@ -149,10 +149,14 @@ class PcmChunk:
     Attributes:
         samples: float32 ``[n]`` mono PCM in [-1, 1] (not clipped).
         rate: sample rate, Hz (24000 for ChatTTS).
+        sentence: which sentence of its request it belongs to (0 = the first).
+        ends_sentence: it is that sentence's last chunk (a player may pause after it).
     """
 
     samples: np.ndarray
     rate: int = SAMPLE_RATE
+    sentence: int = 0
+    ends_sentence: bool = False
 
     @property
     def seconds(self) -> float:

@@ -15,6 +15,21 @@ change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.p
   bytes; ``bandwidth_frac`` = bytes / step / bandwidth; ``baseline_ms_per_step``: ``--baseline-ms``
   (upstream's loop in the same session, ``bench/bench_upstream_cpu.py``).
 * ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
+* ``stages``: where the RTF utterance's time went, seconds per second of audio (this tree only):
+  ``in_pipeline`` as timed inside the run (``gpt``: the runner's decode passes; ``sampling``: the
+  rest of its step, the numpy sampler and its bookkeeping; ``prefill``; ``vocoder``: the windows,
+  Decoder + Vocos + inverse STFT; ``glue``: the wall time outside them: the batch engine, the
+  chunk schedule, the PCM checks) and ``alone``: the same stages timed by themselves (the GPT
+  and sampling over as many decode steps with no vocoder in between, the vocoder replaying the
+  run's windows on those hidden states, prefill and glue as in the run); ``sum_alone`` and
+  ``rtf_over_sum`` = rtf / sum_alone: above 1.1 the stages slow each other down (thread pools
+  that fight over the cores). The timers wrap the runner's and the vocoders' methods on the
+  bench's own instances (a bench harness: the daemon has none).
+* ``threads``, ``threads_source``: the runner's thread budget and where it came from.
+* ``--three``: ``three_sequential_s`` (three requests of ``--steps`` one after another) and
+  ``three_batched_s`` (the same three at once, one batched decode: what three channels do), and
+  ``three_batched_over_sequential``; run inside a cgroup with a CPU quota (``bench/cpu_quota.sh``)
+  it says whether the threads the runner chose fit the quota.
 
 Appends one record per run (the project's record fields, ``bench: cpu_pipeline``) to ``--out``
 (default ``bench/results/cpu-<date>-<machine>.json``); ``bench/cpu_side_by_side.sh`` alternates
@@ -67,9 +82,13 @@ def host_read_gbps(threads: int, mib: int = 512, reps: int = 7) -> float:
     return best
 
 
-def gpt_weight_bytes(engine_dir: str | None, precision: str) -> int | None:
+def gpt_weight_bytes(engine_dir: str | None, precision: str, backend: str = "onnxruntime") -> int | None:
     """Bytes of the ``gpt`` graph's initializers (what one decode step reads once) in
-    ``<engine_dir>/onnx/<precision>/gpt.onnx``; None where there is no such file."""
+    ``<engine_dir>/onnx/<precision>/gpt.onnx``, or the size of ``<engine_dir>/llama/<type>/gpt.gguf``;
+    None where there is no such file."""
+    if backend == "llama.cpp":
+        g = Path(engine_dir or ROOT / "engines" / "build") / "llama" / precision / "gpt.gguf"
+        return g.stat().st_size if g.is_file() else None
     f = Path(engine_dir or ROOT / "engines" / "build") / "onnx" / precision / "gpt.onnx"
     if not f.is_file():
         return None
@@ -84,6 +103,76 @@ def gpt_weight_bytes(engine_dir: str | None, precision: str) -> int | None:
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class StageClock:
+    """Timers around one pipeline's stages (the ``stages`` field, module docstring): wraps the
+    runner's ``forward_decode``, ``step`` and ``forward_prefill`` and every vocoder's ``push`` and
+    ``finish`` on these instances; records the window pushes of slot-0 vocoder's sentence so that
+    :meth:`breakdown` can replay them alone."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+        self.t: dict[str, float] = {}
+        self.pushes: list[int] = []
+        r = pipe.runner
+        self._wrap(r, "forward_decode", "gpt")
+        self._wrap(r, "step", "step")
+        self._wrap(r, "forward_prefill", "prefill")
+        for i, v in enumerate(pipe.vocoders):
+            self._wrap(v, "push", "vocoder", record=self.pushes if i == 0 else None)
+            self._wrap(v, "finish", "vocoder")
+        self.reset()
+
+    def reset(self) -> None:
+        self.t = {k: 0.0 for k in ("gpt", "step", "prefill", "vocoder")}
+        self.pushes.clear()
+
+    def _wrap(self, obj, name: str, key: str, record: list | None = None) -> None:
+        f = getattr(obj, name)
+        t = self
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                t.t[key] += time.perf_counter() - t0
+                if record is not None:
+                    record.append(a[0])
+        setattr(obj, name, timed)
+
+    def breakdown(self, wall: float, audio_s: float, job, steps: int, Sequence) -> dict:
+        """Stages in and alone, seconds per audio second (module docstring)."""
+        import numpy as np
+
+        inside = dict(self.t)
+        pipe_stages = {"gpt": inside["gpt"], "sampling": inside["step"] - inside["gpt"], "prefill": inside["prefill"],
+                       "vocoder": inside["vocoder"]}
+        pipe_stages["glue"] = wall - inside["step"] - inside["prefill"] - inside["vocoder"]
+        pushes = list(self.pushes)
+        # alone: as many decode steps with no vocoder in between, then the same windows replayed
+        seq = Sequence(ids=job.prompts[0], spk_emb=job.spk_emb, params=job.params, seed=2)
+        loop = self.pipe.loop
+        loop.join(seq)
+        self.reset()
+        while seq.steps < steps and not seq.finished:
+            loop.step(min(8, steps - seq.steps))
+        gpt, samp = self.t["gpt"], self.t["step"] - self.t["gpt"]
+        voc = self.pipe.vocoders[0]
+        voc.reset(seq.slot)
+        self.reset()
+        for n in pushes:
+            voc.push(min(int(n), seq.steps))
+        voc.finish()
+        vocoder = self.t["vocoder"]
+        loop.leave(seq)
+        alone = {"gpt": gpt, "sampling": samp, "prefill": pipe_stages["prefill"], "vocoder": vocoder,
+                 "glue": pipe_stages["glue"]}
+        per = lambda d: {k: round(v / audio_s, 4) for k, v in d.items()}  # noqa: E731
+        total = float(np.sum(list(alone.values()))) / audio_s
+        return {"in_pipeline": per(pipe_stages), "alone": per(alone), "sum_alone": round(total, 4),
+                "rtf_over_sum": round(wall / audio_s / total, 3), "windows": len(pushes), "steps": steps}
 
 
 def run(args, legacy: bool) -> dict:
@@ -118,6 +207,8 @@ def run(args, legacy: bool) -> dict:
     pipe.warmup()
     warmup_s = time.perf_counter() - t
 
+    clock = StageClock(pipe) if not legacy else None
+
     def ttfb_once(i, steps=60):
         t0 = time.perf_counter()
         job = pipe.prepare(Req(text=SENTENCE, id=f"t{i}", seed=i, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps)))
@@ -145,10 +236,16 @@ def run(args, legacy: bool) -> dict:
     loop.leave(seq)
     # a whole utterance: RTF
     job = pipe.prepare(Req(text=SENTENCE, id="rtf", seed=2, params=SynthParams(min_new_tokens=args.steps, max_new_tokens=args.steps)))
+    if clock is not None:
+        clock.reset()
+    t = time.perf_counter()
     run = pipe.run(job)
     samples = sum((c.size if legacy else c.samples.size) for c in run)
+    wall = time.perf_counter() - t
     st = job.stats if legacy else run.report.stats      # an older tree's job kept its stats
     info = pipe.info
+    stages = clock.breakdown(wall, samples / 24000, job, st.steps, Sequence) if clock is not None else None
+    three = _three(pipe, Req, SynthParams, args.steps) if args.three and not legacy else {}
     la = "exact (pre-redesign)" if legacy else pipe.describe_lookahead()
     pipe.close()
     return {"backend": info.backend, "precision": info.precision, "batch": 1,
@@ -156,14 +253,34 @@ def run(args, legacy: bool) -> dict:
             "rtf": round(st.rtf, 3), "ttfb_ms": round(statistics.median(ttfbs), 1), "first_ttfb_ms": round(first_ttfb, 1),
             "ttfb_runs_ms": [round(x, 1) for x in ttfbs], "peak_mem_mib": round(peak_rss_mib(), 1),
             "audio_s": round(samples / 24000, 2), "load_s": round(load_s, 1), "warmup_s": round(warmup_s, 1),
-            "lookahead": la}
+            "lookahead": la, "stages": stages, "threads": getattr(info, "threads", None) or None,
+            "threads_source": getattr(info, "threads_source", None) or None, **three}
+
+
+def _three(pipe, Req, SynthParams, steps: int) -> dict:
+    """Three requests one after another, then the same three at once (``--three``)."""
+    jobs = lambda: [pipe.prepare(Req(text=SENTENCE, id=f"three{i}", seed=10 + i,  # noqa: E731
+                                     params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))) for i in range(3)]
+    t = time.perf_counter()
+    for job in jobs():
+        for _ in pipe.run(job):
+            pass
+    seq = time.perf_counter() - t
+    eng = pipe.engine
+    t = time.perf_counter()
+    tasks = [eng.add(job, lambda chunk: None) for job in jobs()]
+    while not all(x.finished for x in tasks):
+        eng.step()
+    bat = time.perf_counter() - t
+    return {"three_sequential_s": round(seq, 2), "three_batched_s": round(bat, 2),
+            "three_batched_over_sequential": round(bat / seq, 3)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint dir (chattts-appliance model random --size full DIR)")
-    ap.add_argument("--engine-dir", default=None, help="exported ONNX graphs (onnxruntime backend)")
-    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "torch"))
+    ap.add_argument("--engine-dir", default=None, help="exported engines (ONNX graphs, GGUF)")
+    ap.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "llama", "torch"))
     ap.add_argument("--tree", default=None, help="import appliance from this checkout instead of this one")
     ap.add_argument("--lookahead", default="auto", help="stream.lookahead: auto (calibrated if recorded), exact or N")
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the RTF utterance (EOS masked)")
@@ -171,6 +288,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--precision", default="auto", help="model.onnx_precision (this tree only): auto, int8, int4, fp32")
     ap.add_argument("--model", default="{}", help='extra model.* settings as JSON (this tree), e.g. \'{"spin_wait": true}\'')
+    ap.add_argument("--three", action="store_true", help="also three requests one after another and at once")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--label", default="")
     ap.add_argument("--baseline-ms", type=float, default=None,
@@ -179,11 +297,11 @@ def main() -> int:
     args = ap.parse_args()
     legacy = _import_tree(args.tree)
     load0 = os.getloadavg()[0]
-    threads = args.threads or (os.cpu_count() or 1)
+    threads = args.threads or len(os.sched_getaffinity(0))
     gbps0 = host_read_gbps(threads)
     r = run(args, legacy)
     gbps = max(gbps0, host_read_gbps(threads))
-    wbytes = gpt_weight_bytes(args.engine_dir, r["precision"]) if args.backend == "onnxruntime" else None
+    wbytes = gpt_weight_bytes(args.engine_dir, r["precision"], r["backend"]) if args.backend != "torch" else None
     today = dt.date.today().isoformat()
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"], capture_output=True, text=True).stdout.strip()
     size = "full" if json.loads((Path(args.checkpoint) / "asset/gpt/config.json").read_text())["num_hidden_layers"] == 20 else "tiny"
@@ -193,7 +311,8 @@ def main() -> int:
            "baseline_ms_per_step": args.baseline_ms,
            "host_read_gbps": round(gbps, 2), "weight_bytes_per_step": wbytes,
            "bandwidth_frac": round(wbytes / (r["ms_per_step"] / 1e3) / (gbps * 1e9), 3) if wbytes else None,
-           "threads": threads,
+           "threads": r["threads"] or threads, "threads_source": r["threads_source"], "stages": r["stages"],
+           **{k: v for k, v in r.items() if k.startswith("three_")},
            "notes": f"{args.label}; look-ahead {r['lookahead']}; first request after warm-up TTFB {r['first_ttfb_ms']} ms; "
                     f"TTFB runs {r['ttfb_runs_ms']}; {args.steps}-step utterance {r['audio_s']} s audio; load {r['load_s']} s, "
                     f"warm-up {r['warmup_s']} s; 1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}; CPU {cpu}",

@@ -1,9 +1,12 @@
 """The whole GPT decode step on the CPU, candidates side by side in one session.
 
-Each candidate is one runtime with one weight precision running the exported ``gpt`` graph (all
-20 layers, the 4 heads, the in-place KV cache bound by pointer as
-:class:`appliance.engines.onnx_runner.OnnxRunner` binds it) for one new token at B=1 after ``P``
-cached positions. The candidates are timed in turns (``--rounds`` rounds of ``--steps`` steps
+Each candidate is one runtime with one weight precision running the GPT (all 20 layers, the 4
+heads) for one new token per row, B rows (``--batches``), after ``P`` cached positions: ONNX
+Runtime on the exported ``gpt`` graph with the in-place KV cache bound by pointer as
+:class:`appliance.engines.onnx_runner.OnnxRunner` binds it; llama.cpp on ``gpt.gguf`` as
+:class:`appliance.engines.llama_runner.LlamaRunner` runs it (B sequences of one context, the
+embeddings through ``batch.embd``, one ``llama_decode`` per step, logits and hidden states copied
+out; each sequence prefilled to ``P`` positions once, the step's position removed after it). The candidates are timed in turns (``--rounds`` rounds of ``--steps`` steps
 each, per position), so a busy neighbour slows all of them alike; the host's read bandwidth is
 measured in the same session with the same thread count (a numpy reduction over 512 MB split over
 the threads), and each record carries ``weight_bytes_per_step`` (the graph's initializer bytes:
@@ -19,10 +22,13 @@ export of the same checkpoint):
 * ``...-nospin``: the same with ``session.intra_op.allow_spinning`` 0 (idle threads sleep);
 * ``ov-int8`` / ``ov-int4``: OpenVINO's CPU plugin on the same ``MatMulNBits`` files (its ONNX
   front end maps them to compressed-weight fully connected layers with int8 dynamic quantization of
-  the activations), inputs and cache shared with numpy (no copy).
+  the activations), inputs and cache shared with numpy (no copy);
+* ``llama-<type>`` (``llama-q8_0``, ``llama-q4_k_m``, ...): llama.cpp on ``--llama``'s
+  ``<type>/gpt.gguf`` (``chattts-appliance engines export --precision <type>``), F16 KV cache.
 
-Appends one record per candidate and position (``bench: gpt_step``) to ``--out`` (default
-``bench/results/gpt-step-<date>-<machine>.json``).
+Appends one record per candidate, position and batch (``bench: gpt_step``, with the ratio to the
+first candidate's step in the same rounds and the 1-min load average over them) to ``--out``
+(default ``bench/results/gpt-step-<date>-<machine>.json``).
 """
 
 from __future__ import annotations
@@ -90,6 +96,8 @@ class OrtStep:
     def __init__(self, f: Path, threads: int, spin: bool = True):
         import onnxruntime as ort
 
+        self.ort, self.f = ort, f
+
         so = ort.SessionOptions()
         if not spin:  # idle threads sleep instead of spinning (a shared or busy host)
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -99,24 +107,86 @@ class OrtStep:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         self.s = ort.InferenceSession(str(f), sess_options=so, providers=["CPUExecutionProvider"])
-        self.io = self.s.io_binding()
-        self.bufs = {"emb": np.zeros((1, 1, D), np.float32), "pos": np.zeros(1, np.int64), "slots": np.zeros(1, np.int64),
-                     "logits": np.zeros((1, Q, V), np.float32), "hidden": np.zeros((1, D), np.float32),
-                     "k_new": np.zeros((L, 1, 1, H, HD), np.float32), "v_new": np.zeros((L, 1, 1, H, HD), np.float32)}
-        for k in ("emb", "pos", "slots"):
-            self.io.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(self.bufs[k]))
-        for k in ("logits", "hidden", "k_new", "v_new"):
-            self.io.bind_ortvalue_output(k, ort.OrtValue.ortvalue_from_numpy(self.bufs[k]))
+        self.bound: dict[int, tuple] = {}
 
-    def step(self, kc: np.ndarray, vc: np.ndarray, emb: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
-        self.bufs["emb"][:] = emb
-        self.bufs["pos"][:] = p
+    def _bind(self, b: int) -> tuple:
+        ort = self.ort
+        io = self.s.io_binding()
+        bufs = {"emb": np.zeros((b, 1, D), np.float32), "pos": np.zeros(b, np.int64), "slots": np.arange(b, dtype=np.int64),
+                "logits": np.zeros((b, Q, V), np.float32), "hidden": np.zeros((b, D), np.float32),
+                "k_new": np.zeros((L, b, 1, H, HD), np.float32), "v_new": np.zeros((L, b, 1, H, HD), np.float32)}
+        for k in ("emb", "pos", "slots"):
+            io.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(bufs[k]))
+        for k in ("logits", "hidden", "k_new", "v_new"):
+            io.bind_ortvalue_output(k, ort.OrtValue.ortvalue_from_numpy(bufs[k]))
+        return io, bufs
+
+    def step(self, kc: np.ndarray, vc: np.ndarray, emb: np.ndarray, p: int, b: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        if b not in self.bound:
+            self.bound[b] = self._bind(b)
+        io, bufs = self.bound[b]
+        bufs["emb"][:] = emb
+        bufs["pos"][:] = p
         shape = [p, M, H, HD]
         for i in range(L):
-            self.io.bind_input(f"k_cache.{i}", "cpu", 0, np.float32, shape, kc[i].ctypes.data)
-            self.io.bind_input(f"v_cache.{i}", "cpu", 0, np.float32, shape, vc[i].ctypes.data)
-        self.s.run_with_iobinding(self.io)
-        return self.bufs["logits"], self.bufs["hidden"]
+            io.bind_input(f"k_cache.{i}", "cpu", 0, np.float32, shape, kc[i].ctypes.data)
+            io.bind_input(f"v_cache.{i}", "cpu", 0, np.float32, shape, vc[i].ctypes.data)
+        self.s.run_with_iobinding(io)
+        return bufs["logits"], bufs["hidden"]
+
+
+class LlamaStep:
+    """llama.cpp: the production runner's context and batch (:mod:`appliance.engines.llama_lib`)."""
+
+    def __init__(self, f: Path, threads: int, positions: list[int]):
+        from appliance.engines import llama_lib
+
+        lc = self.lc = llama_lib.lib()
+        shapes = {"hidden": D, "n_layers": L, "n_heads": H, "ffn": 3072, "num_vq": Q, "num_audio_tokens": V,
+                  "max_pos": 4096, "rope_theta": 10000.0, "rms_eps": 1e-6}
+        self.model = llama_lib.load_model(lc, f, shapes)
+        S = max(positions) + 1
+        self.ctx = llama_lib.new_context(lc, self.model, seqs=M, seq_len=S + 1, batch=max(positions), threads=threads)
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.rows = max(positions)
+        self.batch = lc.llama_batch_init(self.rows, D, 1)
+        self.embd = np.ctypeslib.as_array(self.batch.embd, shape=(self.rows, D))
+        self.logits = np.zeros((M, Q * V), np.float32)
+        self.hidden = np.zeros((M, D), np.float32)
+        self.filled = -1
+
+    def _decode(self, n: int) -> None:
+        self.batch.n_tokens = n
+        if self.lc.llama_decode(self.ctx, self.batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def step(self, kc, vc, emb: np.ndarray, p: int, b: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        lc, bt = self.lc, self.batch
+        if self.filled != p:  # each sequence prefilled to P positions once per P (random embeddings)
+            rng = np.random.default_rng(p)
+            for s in range(M):
+                lc.llama_memory_seq_rm(self.mem, s, -1, -1)
+                self.embd[:p] = rng.standard_normal((p, D), np.float32) * 0.1
+                for i in range(p):
+                    bt.pos[i], bt.n_seq_id[i], bt.seq_id[i][0], bt.logits[i] = i, 1, s, 1
+                self._decode(p)
+            self.filled = p
+        self.embd[:b] = emb[0]
+        for i in range(b):
+            bt.pos[i], bt.seq_id[i][0] = p, i
+        self._decode(b)
+        np.copyto(self.logits[:b], np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(b, Q * V)))
+        np.copyto(self.hidden[:b], np.ctypeslib.as_array(lc.llama_get_embeddings(self.ctx), shape=(b, D)))
+        for i in range(b):
+            lc.llama_memory_seq_rm(self.mem, i, p, -1)  # the next step runs at P again
+        return self.logits[:b].reshape(b, Q, V), self.hidden[:b]
+
+
+def gguf_step_bytes(f: Path) -> int:
+    """Bytes of the GGUF's tensors a step reads (all but ``token_embd``, which the runner never reads)."""
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(f)).tensors if t.name != "token_embd.weight")
 
 
 class OvStep:
@@ -134,7 +204,9 @@ class OvStep:
         self.pos = np.zeros(1, np.int64)
         self.slots = np.zeros(1, np.int64)
 
-    def step(self, kc: np.ndarray, vc: np.ndarray, emb: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, kc: np.ndarray, vc: np.ndarray, emb: np.ndarray, p: int, b: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        if b != 1:
+            raise ValueError("the OpenVINO candidate runs B=1 only")
         T = self.ov.Tensor
         self.emb[:] = emb
         self.pos[:] = p
@@ -150,9 +222,11 @@ class OvStep:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engines", required=True, help="<engine_dir>/onnx holding int8/ and fp32/ exports of one checkpoint")
+    ap.add_argument("--llama", default=None, help="<engine_dir>/llama holding <type>/gpt.gguf (llama-<type> candidates)")
     ap.add_argument("--work", required=True, help="where the candidate graphs are written (once)")
     ap.add_argument("--candidates", default="ort-int8,ort-int4,ov-int8,ov-int4")
     ap.add_argument("--positions", default="64,512")
+    ap.add_argument("--batches", default="1", help="rows per step, e.g. 1,3")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -161,51 +235,59 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     names = args.candidates.split(",")
-    graphs = make_graphs(Path(args.engines), Path(args.work), names)
+    positions = [int(x) for x in args.positions.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    gguf = {n: Path(args.llama) / n[len("llama-"):] / "gpt.gguf" for n in names if n.startswith("llama-")}
+    graphs = make_graphs(Path(args.engines), Path(args.work), [n for n in names if n not in gguf])
     gbps0 = host_read_gbps(args.threads)
-    runners = {n: OvStep(graphs[n], args.threads) if n.startswith("ov-") else
+    runners = {n: LlamaStep(gguf[n], args.threads, positions) if n in gguf else
+               OvStep(graphs[n], args.threads) if n.startswith("ov-") else
                OrtStep(graphs[n], args.threads, spin=not n.endswith("-nospin")) for n in names}
-    wbytes = {n: weight_bytes(graphs[n]) for n in names}
+    wbytes = {n: gguf_step_bytes(gguf[n]) if n in gguf else weight_bytes(graphs[n]) for n in names}
     rng = np.random.default_rng(0)
-    S = max(int(p) for p in args.positions.split(",")) + 1
+    S = max(positions) + 1
     kc = (rng.standard_normal((L, S, M, H, HD), np.float32) * 0.5)
     vc = (rng.standard_normal((L, S, M, H, HD), np.float32) * 0.5)
     emb = rng.standard_normal((1, 1, D), np.float32) * 0.1
     load0 = os.getloadavg()[0]
-    res: dict[tuple[str, int], list[float]] = {}
-    for p in (int(x) for x in args.positions.split(",")):
-        for r in runners.values():  # warm-up at this shape
-            for _ in range(3):
-                r.step(kc, vc, emb, p)
-        for _ in range(args.rounds):
-            for n, r in runners.items():
-                ts = []
-                for _ in range(args.steps):
-                    t = time.perf_counter()
-                    r.step(kc, vc, emb, p)
-                    ts.append(time.perf_counter() - t)
-                res.setdefault((n, p), []).append(statistics.median(ts))
+    loads: list[float] = []
+    res: dict[tuple[str, int, int], list[float]] = {}
+    for p in positions:
+        for b in batches:
+            live = {n: r for n, r in runners.items() if b == 1 or not n.startswith("ov-")}
+            for r in live.values():  # warm-up at this shape
+                for _ in range(3):
+                    r.step(kc, vc, emb, p, b)
+            for _ in range(args.rounds):  # the candidates in turns: a busy neighbour slows all alike
+                for n, r in live.items():
+                    ts = []
+                    for _ in range(args.steps):
+                        t = time.perf_counter()
+                        r.step(kc, vc, emb, p, b)
+                        ts.append(time.perf_counter() - t)
+                    res.setdefault((n, p, b), []).append(statistics.median(ts))
+                loads.append(os.getloadavg()[0])
     gbps1 = host_read_gbps(args.threads)
     gbps = max(gbps0, gbps1)
-    # agreement with the first candidate's outputs (a sanity check, not the precision study)
-    ref = {p: [x.copy() for x in runners[names[0]].step(kc, vc, emb, p)] for p in (64,)}
     today = dt.date.today().isoformat()
     recs = []
-    for (n, p), meds in res.items():
+    base = {(p, b): 1e3 * statistics.median(res[(names[0], p, b)]) for (n, p, b) in res if n == names[0]}
+    for (n, p, b), meds in res.items():
         ms = 1e3 * statistics.median(meds)
-        lg, hd = runners[n].step(kc, vc, emb, 64)
-        rel = float(np.abs(hd - ref[64][1]).max() / (np.abs(ref[64][1]).max() + 1e-12))
+        prec = n.split("-", 1)[1].replace("-nospin", "").replace("-fused", "")
         recs.append({"bench": "gpt_step", "date": today, "machine": args.machine, "candidate": n,
-                     "backend": "openvino" if n.startswith("ov-") else "onnxruntime",
-                     "precision": "int4" if "int4" in n else "int8", "checkpoint": "full", "batch": 1, "positions": p,
+                     "backend": "llama.cpp" if n in gguf else "openvino" if n.startswith("ov-") else "onnxruntime",
+                     "precision": prec, "checkpoint": "full", "batch": b, "positions": p,
                      "ms_per_step": round(ms, 2), "ms_rounds": [round(1e3 * x, 2) for x in meds],
+                     f"ratio_vs_{names[0]}": round(ms / base[(p, b)], 3) if (p, b) in base else None,
                      "weight_bytes_per_step": wbytes[n], "host_read_gbps": round(gbps, 2),
-                     "bandwidth_frac": round(wbytes[n] / (ms / 1e3) / (gbps * 1e9), 3),
-                     "hidden_rel_err_vs_first": round(rel, 5), "threads": args.threads,
+                     "bandwidth_frac": round(wbytes[n] / (ms / 1e3) / (gbps * 1e9), 3), "threads": args.threads,
+                     "load_avg_1min": [round(min(loads), 2), round(max(loads), 2)],
                      "notes": f"{args.label}; host read {gbps0:.1f} / {gbps1:.1f} GB/s before / after; "
-                              f"1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f}"})
+                              f"1-min load average {load0:.2f} at start, {min(loads):.2f}-{max(loads):.2f} between rounds"})
     for r in recs:
-        print(f"{r['candidate']:16s} P={r['positions']:4d}  {r['ms_per_step']:6.2f} ms  {r['weight_bytes_per_step'] / 1e6:6.1f} MB"
+        print(f"{r['candidate']:16s} P={r['positions']:4d} B={r['batch']}  {r['ms_per_step']:6.2f} ms"
+              f"  x{r[f'ratio_vs_{names[0]}']}  {r['weight_bytes_per_step'] / 1e6:6.1f} MB"
               f"  {r['bandwidth_frac']:.2f} of {r['host_read_gbps']:.1f} GB/s  rounds {r['ms_rounds']}")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"gpt-step-{today}-{args.machine}.json"
     old = json.loads(out.read_text()) if out.exists() else []

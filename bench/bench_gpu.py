@@ -16,6 +16,10 @@ written to ``OUT/bench_gpu.json`` as soon as it is done (a timeout still leaves 
 3. ``copies``: what one decode chunk (8 steps, B=3) and one vocoder window cost in CUDA kernels
    and host<->device copies (torch profiler): the tensors that cross the PCIe bus per call.
 4. ``fidelity``: FP32 (TF32 off) against FP16 / BF16: greedy codes identical for how many steps.
+5. ``parts_<variant>`` (not by default): each runner call (prefill, start, step, vocode, synced)
+   until the first PCM chunk of the first eight requests after the warm-up and of SENTENCE_20 six
+   times; with ``plain`` also what a vocoder pass of a never-seen length costs, cuDNN on and off.
+   With ``APPLIANCE_TREE`` it bisects first audio across commits.
 
 Usage: ``python bench/bench_gpu.py --out DIR [--ckpt DIR] [--size full|tiny] [--device cuda|cpu]
 [--variants plain,compiled] [--sections ours,copies,fidelity] [--budget-s 400]``. Without a GPU,
@@ -31,6 +35,7 @@ tree's own production path (``bench/gpu_side_by_side.sh``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -251,13 +256,14 @@ def _channels(p, n, steps, join_third_at=None):
 def section_ours(rep, args, torch, variant):
     key = f"ours_{variant}"
     cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
-               max_seq=args.compiled_max_seq if variant == "compiled" else 2048,
+               max_seq=args.compiled_max_seq if variant in ("compiled", "auto") else 2048,
                engine_dir=args.engine_dir if not LEGACY else None)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     p, load_s = _pipeline(cfg)
     r = p.runner
     res = {"load_s": load_s, "backend": r.info.backend, "compiled": getattr(r, "compiled", None),
+           "step_source": getattr(r, "step_source", None),
            "max_seq_len": cfg.model.max_seq_len,
            "lookahead_tokens": p.vocoders[0].lookahead_tokens, "first_chunk_tokens": cfg.stream.first_chunk_tokens}
     print(f"[{key}] loaded in {load_s:.1f} s", flush=True)
@@ -303,6 +309,110 @@ def section_ours(rep, args, torch, variant):
     rep.put(key, res)
     p.close()
     return res
+
+
+def _trace(p, torch):
+    """Wrap the runner's prefill / start / step / vocode (instance attributes) to record each call:
+    ``[name, key, ms]`` with a device sync after it (``key``: prompt length, (rows, k), the window)."""
+    r, calls = p.runner, []
+
+    def wrap(name, fn, key):
+        def f(*a, **kw):
+            t = time.perf_counter()
+            out = fn(*a, **kw)
+            _sync(torch)
+            calls.append([name, key(*a), round(1e3 * (time.perf_counter() - t), 3)])
+            return out
+        return f
+
+    r.prefill = wrap("prefill", r.prefill, lambda slot, ids, spk: int(len(ids)))
+    r.start = wrap("start", r.start, lambda slot, params, seed: int(slot))
+    r.step = wrap("step", r.step, lambda slots, k: [int(len(slots)), int(k)])
+    r.vocode = wrap("vocode", r.vocode, lambda slot, w: [int(x) for x in (dataclasses.astuple(w) if dataclasses.is_dataclass(w) else w)])
+    return calls
+
+
+FIRST_TEXTS = ["请注意前方路口右转", "明天早上七点有雨出门记得带伞", "今天天气很好我们一起去公园散步吧你说好吗",
+               "电量不足请尽快充电", "欢迎回家灯已经打开了空调设定为二十六度", "导航已开始全程十二公里",
+               "前方五百米有测速照相", "您有一条新消息"]
+
+
+def section_parts(rep, args, torch, variant):
+    """Where first audio goes: each runner call until the first PCM chunk, for the first eight
+    requests after the warm-up (different texts and lengths, as a box meets them) and then
+    SENTENCE_20 six times; and what a vocoder window of a shape never seen before costs
+    (``shapes``: the stateful Decoder + Vocos passes, cuDNN on and off)."""
+    key = f"parts_{variant}"
+    cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
+               max_seq=args.compiled_max_seq if variant in ("compiled", "auto") else 2048,
+               engine_dir=args.engine_dir if not LEGACY else None)
+    p, load_s = _pipeline(cfg)
+    res = {"load_s": load_s, "compiled": getattr(p.runner, "compiled", None),
+           "step_source": getattr(p.runner, "step_source", None), "lookahead_tokens": p.vocoders[0].lookahead_tokens}
+    t = time.perf_counter()
+    p.warmup()
+    res["warmup_s"] = time.perf_counter() - t
+    mem = lambda: {"reserved_mib": torch.cuda.memory_reserved() / 2**20} if torch.cuda.is_available() else {}
+    res["mem_after_warmup"] = mem()
+    calls = _trace(p, torch)
+    runs = []
+    for i, text in enumerate(FIRST_TEXTS + [SENTENCE_20] * 6):
+        del calls[:]
+        steps = 60 + 15 * (i % 5) if i < len(FIRST_TEXTS) else 60
+        t = time.perf_counter()
+        job = p.prepare(_request(text, f"p{i}", 30 + i, steps))
+        it = p.run(job)
+        next(it)
+        first = 1e3 * (time.perf_counter() - t)
+        n_first = len(calls)
+        for _ in it:
+            pass
+        runs.append({"text_chars": len(text), "steps": steps, "ttfb_ms": round(first, 2),
+                     "calls_to_first": calls[:n_first], "calls_after": calls[n_first:]})
+        print(f"[{key}] request {i}: ttfb {first:.1f} ms; to first: "
+              + ", ".join(f"{c[0]}{c[1] if c[0] != 'vocode' else ''} {c[2]:.1f}" for c in calls[:n_first]), flush=True)
+    res["runs"] = runs
+    res["mem_after_requests"] = mem()
+    rep.put(key, res)
+    if variant == "plain":
+        res["shapes"] = _shape_costs(p, torch)
+        rep.put(key, res)
+    p.close()
+    return res
+
+
+def _shape_costs(p, torch):
+    """ms of one stateful Decoder + Vocos pass per length of new hidden states: the first call of
+    a length never run before, then the same length again; with cuDNN and without it."""
+    from appliance.model import stream as ms
+
+    r = p.runner
+    m = r.model
+    out = {}
+    dev = r.device
+    for label, cudnn in (("cudnn", True), ("no_cudnn", False)):
+        rows = []
+        for t in (5, 7, 9, 11, 13, 17, 19, 23, 29, 31):
+            t = t + (0 if cudnn else 1)   # lengths not seen by the other label either
+            h = torch.randn(1, r.info.hidden_size, t, device=dev, dtype=next(m.decoder.parameters()).dtype)
+            times = []
+            for _ in range(3):
+                with torch.inference_mode(), torch.backends.cudnn.flags(enabled=cudnn):
+                    _sync(torch)
+                    t0 = time.perf_counter()
+                    mel, c = ms.decoder_stream(m.decoder, h, torch.tensor(0, device=dev), None)
+                    try:
+                        mel2, c = ms.decoder_stream(m.decoder, h, torch.tensor(2 * t, device=dev), c, 24)
+                    except TypeError:   # a tree before the Decoder's reach
+                        mel2, c = ms.decoder_stream(m.decoder, h, torch.tensor(2 * t, device=dev), c)
+                    ms.vocos_stream(m.vocos, mel2[:, :, -2 * t:], torch.tensor(2 * t, device=dev),
+                                    torch.tensor(2 * t, device=dev), None)
+                    _sync(torch)
+                    times.append(round(1e3 * (time.perf_counter() - t0), 3))
+            rows.append({"t": t, "ms": times})
+        out[label] = rows
+        print(f"[shapes] {label}: " + ", ".join(f"{x['t']}: {x['ms'][0]:.1f}/{x['ms'][1]:.1f}" for x in rows), flush=True)
+    return out
 
 
 def section_copies(rep, args, torch):
@@ -388,7 +498,7 @@ def records(rep, args, env):
         for b in (1, 3):
             ms = o[f"b{b}"]["ms_per_step"]
             recs.append({"bench": "gpu", "date": date, "machine": machine,
-                         "backend": "torch-cuda" + ("-compiled" if variant == "compiled" else ""),
+                         "backend": "torch-cuda" + ("-compiled" if o.get("compiled") else ""),
                          "precision": "fp16", "checkpoint": args.size, "batch": b, "ms_per_step": ms,
                          "steps_per_s": 1e3 / ms * b, "rtf": o["rtf_1ch"] if b == 1 else o["rtf_3ch"],
                          "ttfb_ms": o["ttfb_ms"] if b == 1 else o["third_join_ttfb_ms"],
@@ -435,6 +545,8 @@ def main(argv=None) -> int:
     env = section_env(rep, args, torch)
     plan = [(f"ours_{v}", lambda v=v: section_ours(rep, args, torch, v)) for v in args.variants.split(",")
             if "ours" in args.sections]
+    plan += [(f"parts_{v}", lambda v=v: section_parts(rep, args, torch, v)) for v in args.variants.split(",")
+             if "parts" in args.sections]
     if "copies" in args.sections:
         plan.append(("copies", lambda: section_copies(rep, args, torch)))
     if "fidelity" in args.sections:

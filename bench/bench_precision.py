@@ -1,6 +1,8 @@
 """The error of each CPU weight precision against FP32, on the same checkpoint (``calibrate``-style).
 
-For each ``--precisions`` export (``<engine_dir>/onnx/<p>``, ONNX Runtime) against ``fp32``:
+For each ``--precisions`` export against ``--reference`` (ONNX Runtime's ``fp32``, or ``llama-f32``): ``<p>`` is ``<engine_dir>/onnx/<p>``
+(ONNX Runtime), ``llama-<type>`` is ``<engine_dir>/llama/<type>`` (the GPT on llama.cpp from
+``gpt.gguf``: ``llama-f32``, ``llama-q8_0``, ``llama-q4_k_m``, ...):
 
 1. the prompt of a fixed sentence is prefilled into both runners; then ``--steps`` decode steps are
    run *teacher-forced*: both runners get the same codes each step (FP32's greedy codes, the
@@ -39,7 +41,15 @@ def db(err: np.ndarray, ref: np.ndarray) -> float:
 
 
 def open_runner(ckpt: str, engine_dir: str, precision: str, threads: int):
+    """ONNX Runtime for ``fp32`` / ``int8`` / ``int4``; llama.cpp for ``llama-<type>``."""
     from appliance.config import config_from_dict
+
+    if precision.startswith("llama-"):
+        from appliance.engines.llama_runner import LlamaRunner
+
+        cfg = config_from_dict({"model": {"path": ckpt, "backend": "llama", "engine_dir": engine_dir, "threads": threads,
+                                          "llama_precision": precision[len("llama-"):]}})
+        return LlamaRunner(cfg, reason="precision bench")
     from appliance.engines.onnx_runner import OnnxRunner
 
     cfg = config_from_dict({"model": {"path": ckpt, "backend": "onnxruntime", "engine_dir": engine_dir,
@@ -59,8 +69,9 @@ def pcm(r, hid: np.ndarray) -> np.ndarray:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--engine-dir", required=True, help="holding onnx/fp32 and onnx/<precision> exports")
+    ap.add_argument("--engine-dir", required=True, help="holding onnx/fp32 and onnx/<precision> (llama/<type>) exports")
     ap.add_argument("--precisions", default="int8,int4")
+    ap.add_argument("--reference", default="fp32", help="fp32 (ONNX Runtime) or llama-f32 (the F32 GGUF on llama.cpp)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--machine", default="cpu-2core")
@@ -70,7 +81,7 @@ def main() -> int:
 
     tok = Tokenizer.from_file(str(Path(args.checkpoint) / "asset" / "tokenizer" / "tokenizer.json"))
     ids = np.asarray(tok.encode(TEXT, add_special_tokens=False).ids, np.int64)
-    ref = open_runner(args.checkpoint, args.engine_dir, "fp32", args.threads)
+    ref = open_runner(args.checkpoint, args.engine_dir, args.reference, args.threads)
     slot = np.zeros(1, np.int64)
     # FP32: teacher codes (greedy), hidden states and logits per step
     lg, hd = ref.forward_prefill(0, ids, None)
@@ -95,8 +106,8 @@ def main() -> int:
             Lg.append(lg[0].copy())
         H, Lg = np.stack(H), np.stack(Lg)
         agree = float(np.mean(Lg.argmax(-1) == L32.argmax(-1)))
-        # free-running greedy: own codes
-        c = Lg[0].argmax(-1)
+        # free-running greedy: own codes, from a fresh prefill (llama.cpp keeps a sequence's positions)
+        c = r.forward_prefill(0, ids, None)[0].argmax(-1)
         first_div = None
         c32 = codes[0]
         for s in range(args.steps):
@@ -108,8 +119,9 @@ def main() -> int:
             c32 = codes[s + 1]
         p_pcm = pcm(ref, H[1:])   # the FP32 vocoder (the same in every export) on this precision's states
         n = min(p_pcm.size, pcm32.size)
-        rec = {"bench": "cpu_precision", "date": today, "machine": args.machine, "backend": "onnxruntime",
-               "precision": p, "reference": "fp32", "checkpoint": "full", "steps": args.steps,
+        backend = "llama.cpp" if p.startswith("llama-") else "onnxruntime"
+        rec = {"bench": "cpu_precision", "date": today, "machine": args.machine, "backend": backend,
+               "precision": p, "reference": args.reference, "checkpoint": "full", "steps": args.steps,
                "hidden_err_db": round(db(H - H32, H32), 1), "hidden_err_db_worst_step": round(max(db(H[i] - H32[i], H32[i]) for i in range(len(H))), 1),
                "logits_err_db": round(db(Lg - L32, L32), 1), "logits_max_abs_diff": round(float(np.abs(Lg - L32).max()), 4),
                "greedy_agreement": round(agree, 4), "first_divergence_free_running": first_div,

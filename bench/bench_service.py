@@ -18,6 +18,16 @@ engine directory holds a matching calibration, and the exact receptive field) it
   then, once both have played for ``--join-after`` s, a third of ``--steps`` on channel ``c``: its
   ``ttfb_ms`` while joining the running batch, and the underruns of the whole scenario.
 
+* ``busy`` (with ``--burners N``): the box falls behind mid-request. One request of
+  ``--busy-sentences`` sentences of ``--steps`` each on channel ``a``; ``--join-after`` s after it
+  starts, N busy-loop processes (as nice as the daemon) start beside it and run until the end of
+  the scenario; then the three-channel scenario again beside them. Recorded: the device's
+  underruns (a voice ran dry mid-sentence) and sentence holds, ``done.pauses`` / ``pause_ms``
+  (where the player paused and why: :mod:`appliance.service.startpolicy`), and the silences the
+  paced device really wrote inside the long request (runs of exact zeros of 50 ms or more in
+  its file): ``busy_gaps_ms``, and ``busy_stalls_over_300ms``: those longer than 300 ms that are
+  not a reported pause at a sentence boundary (a tree without ``done.pauses``: all of them).
+
 Prints a table and appends one JSON record per mode (``bench: service_e2e``) to ``--out``
 (default ``bench/results/service-<date>-<machine>.json``); ``--tree DIR`` runs the daemon from another checkout
 (e.g. the commit before a change) for a side-by-side run. Needs the test extras (pytest, for the
@@ -98,6 +108,95 @@ def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: d
             started.set()
 
 
+def _burners(n: int) -> list:
+    """``n`` busy-loop processes (a neighbour that wants whole cores), as nice as this one."""
+    import subprocess
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(10)
+
+
+def _silences(raw, rate: int, shortest_s: float = 0.05) -> list[tuple[float, float]]:
+    """(audio played before it, s; its length, s) of each run of exact zeros of at least
+    ``shortest_s`` between the first and the last sound in ``raw`` (float32 at ``rate`` Hz: speech
+    is never exactly zero, the callback writes zeros)."""
+    import numpy as np
+
+    nz = np.flatnonzero(raw)
+    if len(nz) == 0:
+        return []
+    z = (raw[nz[0]:nz[-1] + 1] == 0).astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], z, [0]])))
+    out, silent = [], 0
+    for a, b in zip(edges[::2], edges[1::2]):
+        if b - a >= shortest_s * rate:
+            out.append(((a - silent) / rate, (b - a) / rate))
+        silent += b - a
+    return out
+
+
+def _busy(d: DaemonProc, args, alsa) -> dict:
+    """The ``busy`` scenario (module docstring)."""
+    from tests.fixtures_service import DEFAULT_RATE
+
+    off = alsa.size()
+    text = " ".join(SENTENCES[(k % len(SENTENCES))] for k in range(args.busy_sentences))
+    r: dict = {}
+    started = threading.Event()
+    u0 = _underruns(d)
+    holds0 = _holds(d)
+    th = threading.Thread(target=_speak, args=(d, text, "a", args.steps, 4000, r, started))
+    th.start()
+    started.wait(300)
+    time.sleep(args.join_after)
+    burners = _burners(args.burners)
+    try:
+        th.join(600)
+        u1, holds1 = _underruns(d), _holds(d)
+        time.sleep(0.5)
+        gaps = _silences(alsa.read(off - off % 4), DEFAULT_RATE)
+        res: dict[str, dict] = {"a": {}, "b": {}, "c": {}}
+        ev = {k: threading.Event() for k in "ab"}
+        th = [threading.Thread(target=_speak, args=(d, SENTENCES[j], k, 2 * args.steps, 500 + j, res[k], ev[k]))
+              for j, k in enumerate("ab")]
+        for t in th:
+            t.start()
+        for e in ev.values():
+            e.wait(300)
+        time.sleep(args.join_after)
+        _speak(d, SENTENCES[2], "c", args.steps, 600, res["c"])
+        for t in th:
+            t.join(600)
+        u2, holds2 = _underruns(d), _holds(d)
+    finally:
+        _stop(burners)
+    if r.get("type") != "done" or any(res[k].get("type") != "done" for k in "abc"):
+        raise RuntimeError(f"busy scenario failed: {r} {res}")
+    held = [p for p in r.get("pauses") or [] if p["where"] == "sentence_boundary"]
+    stalls = [g for g in gaps if g[1] > 0.3 and not any(abs(g[0] - p["at_s"]) < 0.1 for p in held)]
+    return {"busy_rtf": r["rtf"], "busy_audio_s": r["audio_s"], "busy_ttfb_ms": r["ttfb_ms"],
+            "busy_underruns": u1[0] - u0[0], "busy_sentence_holds": None if holds0 is None else holds1 - holds0,
+            "busy_pauses": r.get("pauses"), "busy_pause_ms": r.get("pause_ms"),
+            "busy_gaps_ms": [round(1000 * g[1]) for g in gaps], "busy_stalls_over_300ms": len(stalls),
+            "busy_stall_ms": [round(1000 * g[1]) for g in stalls],
+            "busy_three_underruns": u2[0] - u1[0], "busy_three_sentence_holds": None if holds0 is None else holds2 - holds1,
+            "busy_three_pauses": {k: res[k].get("pauses") for k in "abc"},
+            "busy_third_ttfb_ms": res["c"]["ttfb_ms"]}
+
+
+def _holds(d: DaemonProc) -> int | None:
+    """The devices' sentence holds (None: a tree before they existed)."""
+    st = d.request({"type": "status"})[-1]
+    devs = {c.get("device"): c for c in st["channels"].values()}
+    got = [c.get("sentence_holds") for c in devs.values()]
+    return None if None in got else sum(got)
+
+
 def _config(args, tmp: Path, lookahead: str) -> dict:
     chans = [{"name": n, "device": None, "queue_len": 16, "on_preempt": "resume", "on_disconnect": "cancel"}
              for n in ("a", "b", "c")]
@@ -151,6 +250,8 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             t.join(300)
         u2 = _underruns(d)
         mem = _memory(d.proc.pid)
+        st = d.request({"type": "status"})[-1]
+        busy = _busy(d, args, alsa) if args.burners else {}
     finally:
         rc = d.stop()
     if any(res[k].get("type") != "done" for k in "abc"):
@@ -170,7 +271,8 @@ def run_mode(args, lookahead: str, tmp: Path) -> dict:
             "start_delay_ms": _med_opt([r.get("start_delay_ms") for r in single]),
             "third_ttfb_ms": res["c"]["ttfb_ms"], "third_synthesis_ttfb_ms": res["c"]["synthesis_ttfb_ms"],
             "third_rtf": res["c"]["rtf"], "underruns_three": u2[0] - u1[0],
-            "underrun_ms_three": _gap(u1, u2), **mem}
+            "underrun_ms_three": _gap(u1, u2), **mem, "threads": st.get("threads"),
+            "threads_source": st.get("threads_source"), **busy}
 
 
 def main() -> int:
@@ -191,6 +293,8 @@ def main() -> int:
     ap.add_argument("--compile", default="auto", help="model.compile on cuda (auto, off, default)")
     ap.add_argument("--max-seq-len", type=int, default=2048, help="model.max_seq_len (fewer compiled graphs at 512)")
     ap.add_argument("--model", default="{}", help='extra model.* settings as JSON, e.g. \'{"spin_wait": true}\'')
+    ap.add_argument("--burners", type=int, default=0, help="busy-loop processes for the busy scenario (0: none)")
+    ap.add_argument("--busy-sentences", type=int, default=4, help="sentences of the busy scenario's long request")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")
@@ -214,7 +318,10 @@ def main() -> int:
                "backend": args.backend if args.device == "cpu" else f"torch-cuda {args.dtype} compile={args.compile}",
                "batch": 1, "stream_lookahead": mode, **r,
                "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
-                        f"on a, b and {args.steps} on c after {args.join_after} s; paced ALSA file device "
+                        f"on a, b and {args.steps} on c after {args.join_after} s"
+                        + (f"; busy: {args.busy_sentences} x {args.steps} steps on a, {args.burners} busy loops from "
+                           f"{args.join_after} s after its start, then a, b, c again beside them" if args.burners else "")
+                        + "; paced ALSA file device "
                         f"44100 Hz, latency_ms {args.latency_ms}, start_slack_ms {args.start_slack_ms or 'default'}; 1-min load {load0:.2f} -> {os.getloadavg()[0]:.2f}"}
         print(json.dumps(rec, ensure_ascii=False), flush=True)
         rows.append(rec)
@@ -230,6 +337,14 @@ def main() -> int:
               f"| {r['underruns_single']} ({r['underrun_ms_single']} ms) | {r['runs_with_underrun']} of {args.runs} "
               f"| {r['start_hold_ms']}, {r['start_hold_max_ms']} ms | {r['predicted_rtf']} | {r['third_ttfb_ms']} ms "
               f"| {r['underruns_three']} ({r['underrun_ms_three']} ms) | {r['ready_s']} s |")
+    if args.burners:
+        print(f"\nbeside {args.burners} busy loops:\n| tree | RTF | underruns (mid-sentence) | sentence holds | pauses (ms) "
+              "| silences >= 50 ms at the device (ms) | stalls > 300 ms | 3 channels: underruns, holds |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['tree']} | {r['busy_rtf']} | {r['busy_underruns']} | {r['busy_sentence_holds']} "
+                  f"| {[p['ms'] for p in r['busy_pauses'] or []]} | {r['busy_gaps_ms']} | {r['busy_stalls_over_300ms']} "
+                  f"| {r['busy_three_underruns']}, {r['busy_three_sentence_holds']} |")
     return 0
 
 

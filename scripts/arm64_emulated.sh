@@ -14,15 +14,21 @@
 #   3. installs the CPU runtime (pyproject.toml's dependencies) into the installed venv from
 #      PyPI's aarch64 wheels (--only-binary: no compiler in the root), then runs the installer
 #      again (it must be idempotent and keep the config);
-#   4. on the host: writes a tiny random checkpoint into the root and exports its ONNX graphs
-#      (int8, needs torch on the host), so the arm64 side runs ONNX Runtime only, no torch;
-#   5. in the root (its /proc/cpuinfo describes the emulated Arm cores: qemu 7.2 passes the host's
+#   4. llama-cpp-python for arm64 (--llama): `build` compiles its sdist inside the root under
+#      emulation as a box would (the field's path; very long on 2 cores: bench/RESULTS.md), `cross`
+#      (the default) builds the same sdist on the host with Debian's aarch64 cross compiler
+#      (armv8.2-a+dotprod+fp16, the Orin's Cortex-A78AE) into a wheel that pip installs in the root,
+#      `off` skips it;
+#   5. on the host: writes a tiny random checkpoint into the root and exports it (needs torch on
+#      the host): the GPT as a q8_0 GGUF beside the FP32 ONNX vocoder for llama.cpp (or, with
+#      --llama off, int8 ONNX graphs), so the arm64 side runs no torch;
+#   6. in the root (its /proc/cpuinfo describes the emulated Arm cores: qemu 7.2 passes the host's
 #      x86 one through, and ONNX Runtime's CPU probe crashes on it at import): `chattts-appliance serve` with the installed config (model.backend auto,
-#      which must pick onnxruntime; audio.output wav), one sentence through `chattts-appliance say`,
-#      checks the done event and the WAV file, stops the daemon with SIGTERM;
-#   6. runs `chattts-appliance health --json` (one fixed sentence, in-process) emulated and, on the
+#      which must pick llama.cpp, or onnxruntime with --llama off; audio.output wav), one sentence
+#      through `chattts-appliance say`, checks the done event and the WAV file, stops the daemon with SIGTERM;
+#   7. runs `chattts-appliance health --json` (one fixed sentence, in-process) emulated and, on the
 #      same graphs, natively on the host: their steps/s ratio is the emulation's slowdown;
-#   7. writes the log (arm64-emulated-<date>-arm64-qemu-<HHMM>Z.log, the start time) and appends a
+#   8. writes the log (arm64-emulated-<date>-arm64-qemu-<HHMM>Z.log, the start time) and appends a
 #      JSON record (bench: arm64_emulated, machine arm64-qemu) to
 #      arm64-emulated-<date>-arm64-qemu.json in --results.
 #
@@ -41,6 +47,7 @@
 #   --qemu-cpu MODEL    the emulated CPU (default neoverse-n1: Armv8.2-A with dot product, no SVE,
 #                       no i8mm, as the Orin's Cortex-A78AE; qemu-aarch64-static -cpu help lists them)
 #   --timeout S         limit of each emulated step, seconds (default 1800)
+#   --llama MODE        cross (default), build (in the root, emulated; give it --timeout 14400) or off
 #   -h, --help          this text
 #
 # Exit status: 0 every step worked; 1 a step failed (the log and the record say which);
@@ -63,6 +70,8 @@ MAX_NEW=300
 RESULTS="$REPO/bench/results"
 LIMIT=1800
 QEMU_CPU_MODEL=neoverse-n1
+LLAMA_MODE=cross
+LLAMA_SPEC=llama-cpp-python==0.3.36
 
 usage() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
 die() { printf 'arm64_emulated.sh: error: %s\n' "$*" >&2; exit 2; }
@@ -79,6 +88,8 @@ while [ $# -gt 0 ]; do
         --results) [ $# -ge 2 ] || die "--results needs a directory"; RESULTS=$2; shift ;;
         --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; LIMIT=$2; shift ;;
         --qemu-cpu) [ $# -ge 2 ] || die "--qemu-cpu needs a model"; QEMU_CPU_MODEL=$2; shift ;;
+        --llama) [ $# -ge 2 ] || die "--llama needs cross, build or off"; LLAMA_MODE=$2; shift
+                 case "$LLAMA_MODE" in cross | build | off) ;; *) die "--llama $LLAMA_MODE: cross, build or off" ;; esac ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; die "unknown option '$1'" ;;
     esac
@@ -296,6 +307,63 @@ EOF
     if in_root "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then DETAIL="$DETAIL; torch present"; else DETAIL="$DETAIL; no torch"; fi
 }
 
+# retag WHEEL: a wheel the host's pip built for aarch64 carries the host's platform tag: rewrite it
+# (file name, WHEEL's Tag, RECORD's hash of WHEEL) to linux_aarch64; prints the new file's path.
+retag_aarch64() {
+    python3 - "$1" <<'EOF'
+import base64, hashlib, os, sys, zipfile
+src = sys.argv[1]
+dst = src.replace("linux_x86_64", "linux_aarch64")
+with zipfile.ZipFile(src) as zi:
+    items = {i.filename: zi.read(i.filename) for i in zi.infolist()}
+wheel = next(n for n in items if n.endswith(".dist-info/WHEEL"))
+items[wheel] = items[wheel].replace(b"linux_x86_64", b"linux_aarch64")
+digest = base64.urlsafe_b64encode(hashlib.sha256(items[wheel]).digest()).rstrip(b"=").decode()
+rec = next(n for n in items if n.endswith(".dist-info/RECORD"))
+lines = [f"{wheel},sha256={digest},{len(items[wheel])}" if ln.startswith(wheel + ",") else ln
+         for ln in items[rec].decode().splitlines()]
+items[rec] = ("\n".join(lines) + "\n").encode()
+with zipfile.ZipFile(dst + ".tmp", "w", zipfile.ZIP_DEFLATED) as zo:
+    for n, data in items.items():
+        zo.writestr(n, data)
+os.replace(dst + ".tmp", dst)
+if dst != src:
+    os.remove(src)
+print(dst)
+EOF
+}
+
+llama_arm64() {
+    local t0 whl=""
+    t0=$(now)
+    case "$LLAMA_MODE" in
+        off) DETAIL="skipped (--llama off)"; return 0 ;;
+        build)
+            in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential cmake >/dev/null || return 1
+            note "compilers in the root after $(since "$t0") s; building $LLAMA_SPEC from its sdist under emulation"
+            t0=$(now)
+            in_root env CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/python" -m pip install --no-binary llama-cpp-python \
+                "$LLAMA_SPEC" || return 1
+            DETAIL="built from its sdist inside the emulated root in $(since "$t0") s" ;;
+        cross)
+            dpkg -s g++-aarch64-linux-gnu >/dev/null 2>&1 ||
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu >/dev/null || return 1
+            rm -rf "$WORK/wheel" && mkdir -p "$WORK/wheel"
+            CMAKE_ARGS="-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc \
+-DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16" \
+                host_py -m pip wheel -q --no-deps --no-binary llama-cpp-python --no-cache-dir -w "$WORK/wheel" \
+                "$LLAMA_SPEC" || return 1
+            whl=$(retag_aarch64 "$(ls "$WORK"/wheel/llama_cpp_python-*.whl)") || return 1
+            cp "$whl" "$ROOT/tmp/" || return 1
+            in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgomp1 >/dev/null || return 1
+            in_root "$VENV/bin/python" -m pip install --only-binary=:all: "/tmp/$(basename "$whl")" || return 1
+            DETAIL="cross-compiled on the host (aarch64-linux-gnu-g++, armv8.2-a+dotprod+fp16) in $(since "$t0") s" ;;
+    esac
+    local ver
+    ver=$(in_root "$VENV/bin/python" -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, llama_cpp.llama_print_system_info().decode().strip())') || return 1
+    DETAIL="$DETAIL; $ver"
+}
+
 run_config() {
     # the installed config with WAV output and a socket inside the prefix; the model and engine
     # paths point at the tiny checkpoint. A twin with host paths drives the export on the host.
@@ -320,9 +388,11 @@ checkpoint_export() {
         host_py -m appliance model random --size tiny "$ROOT$CKPT" || return 1
     fi
     # fresh graphs every run: the export format follows the copied tree
-    rm -rf "$ROOT$ENGINES/onnx"
-    host_py -m appliance engines export --config "$ROOT$RUN_CFG.host" --precision int8 || return 1
-    DETAIL="tiny random checkpoint, int8 ONNX graphs $(du -sh "$ROOT$ENGINES/onnx/int8" | cut -f1) (exported on the host by $HOST_PY)"
+    rm -rf "$ROOT$ENGINES/onnx" "$ROOT$ENGINES/llama"
+    local p=q8_0 kind=llama
+    [ "$LLAMA_MODE" = off ] && p=int8 kind=onnx
+    host_py -m appliance engines export --config "$ROOT$RUN_CFG.host" --precision "$p" || return 1
+    DETAIL="tiny random checkpoint, $kind/$p $(du -sh "$ROOT$ENGINES/$kind/$p" | cut -f1) (exported on the host by $HOST_PY)"
 }
 
 SERVE_LOG=/srv/appliance/var/log-serve.txt
@@ -342,7 +412,9 @@ serve() {
     grep -q "ready: channels" "$log" || { tail -30 "$log"; echo "the daemon was not ready in $LIMIT s" >&2; return 1; }
     READY_S=$(since "$t0")
     grep -E "inference backend|audio output|pipeline loaded|warm-up took|ready:" "$log" | sed 's/^/    /'
-    grep -q "inference backend: onnxruntime" "$log" || { echo "the daemon did not pick onnxruntime" >&2; return 1; }
+    local want=llama.cpp
+    [ "$LLAMA_MODE" = off ] && want=onnxruntime
+    grep -q "inference backend: $want" "$log" || { echo "the daemon did not pick $want" >&2; return 1; }
     DETAIL="ready after $READY_S s; $(grep -o 'inference backend: .*' "$log" | head -1)"
 }
 
@@ -461,15 +533,16 @@ EOF
 say "arm64 under emulation: root $ROOT ($SUITE), this checkout $REPO, host Python $HOST_PY"
 T0=$(now)
 RC=0
-N_STAGES=12
+N_STAGES=13
 stage "host tools: qemu-user-static, binfmt-support, debootstrap; binfmt for aarch64" host_tools &&
     stage "Debian arm64 root" bootstrap &&
     stage "repository into the root (git archive HEAD)" copy_repo &&
     stage "scripts/install_jetson.sh --prefix $PREFIX --pip-no-deps (inside the root)" install_first &&
     stage "CPU runtime from PyPI aarch64 wheels into $VENV" runtime &&
     stage "scripts/install_jetson.sh again (idempotent)" install_again &&
+    stage "llama-cpp-python for arm64 (--llama $LLAMA_MODE)" llama_arm64 &&
     stage "run config (the installed one, WAV output)" run_config &&
-    stage "tiny random checkpoint + int8 ONNX export (on the host)" checkpoint_export &&
+    stage "tiny random checkpoint + its export (on the host)" checkpoint_export &&
     stage "chattts-appliance serve (emulated arm64)" serve &&
     stage "chattts-appliance say (emulated arm64)" speak &&
     stage "stop the daemon (SIGTERM)" stop_daemon &&

@@ -258,6 +258,41 @@ step_pip() {
     fi
 }
 
+# llama.cpp (the [llama] extra, the CPU GPT backend) is built from its sdist with the system's
+# compiler (scripts/llama_build.sh). Its CUDA variant (-DGGML_CUDA=on with JetPack's nvcc) is built
+# only once a CUDA build of this llama-cpp-python version has been seen to load a model with its
+# layers offloaded; until then (bench/RESULTS.md: the sm_90 build segfaulted in
+# llama_model_load_from_file) the CPU build is installed, and the step says so.
+LLAMA_CUDA_LOADS=0
+# shellcheck source=/dev/null  # scripts/llama_build.sh: llama_has_compiler
+. "$SCRIPT_DIR/llama_build.sh"
+
+step_llama() {
+    say "llama.cpp for the CPU GPT backend (the [llama] extra, built from its sdist)"
+    if [ "$PIP_NO_DEPS" -eq 1 ]; then
+        note "skipped (--pip-no-deps: no downloads): the [llama] extra; model.backend auto then uses onnxruntime on a CPU"
+        return
+    fi
+    if "$VENV/bin/python" -c 'import llama_cpp' >/dev/null 2>&1; then
+        note "already installed: llama-cpp-python $("$VENV/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)')"
+        return
+    fi
+    if ! llama_has_compiler; then
+        warn "llama-cpp-python is built from source and needs a C/C++ compiler: install one (apt-get install build-essential) and run this again; until then the CPU backend is onnxruntime"
+        return
+    fi
+    local args="-DGGML_NATIVE=ON"
+    if [ "$IS_JETSON" -eq 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && [ "$LLAMA_CUDA_LOADS" -eq 1 ]; then
+        args="$args -DGGML_CUDA=on"
+        note "CUDA variant (JetPack's nvcc)"
+    elif [ -x /usr/local/cuda/bin/nvcc ]; then
+        note "CPU build: the CUDA build of llama.cpp has not yet been seen to load a model here (bench/RESULTS.md)"
+    fi
+    note "building: about 5 min on two x86 cores, longer on a slow board"
+    run env CMAKE_ARGS="$args" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ \
+        "$VENV/bin/python" -m pip install --disable-pip-version-check "${REPO}[llama]"
+}
+
 # set_key FILE SECTION KEY VALUE: replace '  KEY: ...' inside top-level 'SECTION:' (comments kept).
 set_key() {
     local file=$1 section=$2 key=$3 value=$4 tmp
@@ -382,6 +417,11 @@ step_engines() {
     elif [ -f "$onnx/manifest.json" ]; then
         note "ONNX graphs present in $onnx"
     elif [ "$DRY_RUN" -eq 1 ] || "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+        # the export needs a torch its graphs are tested with (2.8+; JetPack 6.0/6.1's wheels are 2.3-2.5):
+        # say so and what to do before a long export fails (appliance/build/cli.py torch_problem)
+        local why=""
+        [ "$DRY_RUN" -eq 1 ] || why=$("$VENV/bin/python" -c 'from appliance.build.cli import torch_problem as p; print(p() or "")')
+        [ -z "$why" ] || die "$EXIT_FAIL" "$why"
         run "$CLI" engines export --config "$CONFIG" --precision fp16
     else
         die "$EXIT_FAIL" "no ONNX graphs in $onnx and no torch in $VENV to export them: run 'chattts-appliance engines export --precision fp16 --out DIR' on a machine with torch and pass --onnx-dir DIR"
@@ -419,6 +459,19 @@ step_aot() {
         1) warn "the compiled step's packages cannot be loaded by this PyTorch (see above): the daemon runs plain CUDA graphs" ;;
         *) die "$EXIT_FAIL" "command failed ($rc): $CLI engines compile --config $CONFIG" ;;
     esac
+}
+
+# step_calibrate: the vocoder look-ahead of the backend the daemon will open, where none is
+# recorded for it (engines build calibrated the TensorRT plans; this covers the torch CUDA path and
+# a CPU box's ONNX graphs exported elsewhere). The daemon would otherwise measure it at its first
+# start, before it serves (stream.calibrate_at_start).
+step_calibrate() {
+    say "look-ahead calibration of the engines the daemon opens"
+    if [ "$SKIP_ENGINES" -eq 1 ]; then
+        note "skipped (--skip-engines): the daemon calibrates at its first start"
+        return
+    fi
+    run "$CLI" calibrate --config "$CONFIG" --if-missing
 }
 
 step_owner() {
@@ -478,12 +531,14 @@ fi
 step_dirs
 step_venv
 step_pip
+step_llama
 step_config
 step_units
 if [ "$SYSTEM" -eq 1 ]; then
     step_model
     step_engines
     step_aot
+    step_calibrate
     step_owner
     step_health
     step_enable

@@ -2,12 +2,16 @@
 # Command 1 of README.md: set up this machine and run the main job end to end.
 #
 #   1. installs the system packages (PortAudio for sounddevice) when run as root and missing,
-#   2. creates .venv and installs chattts-appliance with the [torch] extra,
+#   2. creates .venv and installs chattts-appliance with the [torch] and [llama] extras (llama.cpp is
+#      built from its sdist with this machine's C/C++ compiler: ~5 min on two cores the first time;
+#      without a compiler it says so once and the CPU backend is ONNX Runtime),
 #   3. uses the real checkpoint in models/chattts if it is there, else writes a RANDOM one
 #      (random weights speak noise: the pipeline is real, the voice is not), and points
 #      models/local (config.local.yaml's model.path) at it,
-#   4. exports the model to ONNX (int8 weight-only) so the daemon runs on ONNX Runtime, the CPU
-#      default (no torch at run time; on a machine with a GPU, backend auto picks the GPU path);
+#   4. exports the model for the CPU: ONNX graphs with the GPT's weights 8-bit (int8), the CPU
+#      default; CPU_PRECISION=q8_0 (or q4_k_m) exports the GPT as a GGUF for llama.cpp instead
+#      (engines/README.md compares them). The daemon needs no torch at run time (on a machine with
+#      a GPU, backend auto picks the GPU path);
 #      engines/build/local (config.local.yaml's model.engine_dir) points at that export,
 #   5. starts the daemon with config.local.yaml (socket out/appliance.sock), sends one sentence
 #      with `chattts-appliance say`, and plays it on the sound device, or writes
@@ -63,8 +67,20 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   step "installing PyTorch (${TORCH_SPEC:=torch==2.13.0}; set TORCH_SPEC to choose another build)"
   quiet "$PY" -m pip install -q "$TORCH_SPEC"
 fi
-step "installing chattts-appliance into .venv"
-quiet "$PY" -m pip install -q -e ".[torch]"
+# shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install, llama_has_compiler
+. scripts/llama_build.sh
+if "$PY" -c "import llama_cpp" 2>/dev/null || llama_has_compiler; then
+  step "installing chattts-appliance into .venv (llama.cpp builds from source the first time: ~5 min on two cores)"
+  t0=$SECONDS
+  quiet llama_install "$PY" -e ".[torch,llama]"
+  step "installed in $((SECONDS - t0)) s"
+  CPU_PRECISION=${CPU_PRECISION:-int8}
+else
+  llama_install "$PY" -e ".[torch,llama]" || true   # prints the one message: no C/C++ compiler
+  step "installing chattts-appliance into .venv without llama.cpp: the CPU backend is ONNX Runtime"
+  quiet "$PY" -m pip install -q -e ".[torch]"
+  CPU_PRECISION=int8
+fi
 CLI=$ROOT/.venv/bin/chattts-appliance
 
 CKPT=models/chattts
@@ -108,10 +124,12 @@ WARN
   echo
 fi
 
-if [ ! -f engines/build/local/onnx/int8/manifest.json ]; then
-  step "exporting ONNX graphs (int8 weight-only) to engines/build/quickstart-$NAME (a minute or two; log: $LOG)"
+KIND=llama
+case "$CPU_PRECISION" in int8 | int4 | fp32) KIND=onnx ;; esac
+if [ ! -f "engines/build/local/$KIND/$CPU_PRECISION/manifest.json" ]; then
+  step "exporting the model ($CPU_PRECISION) to engines/build/quickstart-$NAME (a minute or two; log: $LOG)"
   t0=$SECONDS
-  quiet "$CLI" engines export --config config.local.yaml --precision int8
+  quiet "$CLI" engines export --config config.local.yaml --precision "$CPU_PRECISION"
   step "exported in $((SECONDS - t0)) s"
 fi
 

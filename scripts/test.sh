@@ -26,7 +26,7 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PY=.venv/bin/python
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-# shellcheck source=scripts/llama_build.sh
+# shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install
 . scripts/llama_build.sh
 llama_install "$PY" -e ".[torch,dev,tensorrt-rtx,systemd,llama]"  # llama-cpp-python: built once (~5 min), then pip's cache
 

@@ -72,6 +72,21 @@ class AlsaFile:
                     pids.append(int(d.name))
         return pids
 
+    def unplug(self) -> None:
+        """The "card" goes away as a pulled USB speaker does: its ``.asoundrc`` entry disappears
+        (renamed aside: ALSA and PortAudio no longer list it) and its pacers die (the open stream
+        gets EPIPE). :meth:`replug` brings it back."""
+        os.replace(self.home / ".asoundrc", self.home / ".asoundrc.unplugged")
+        for pid in self.pacers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def replug(self) -> None:
+        """Undo :meth:`unplug`: the device is listed again (a fresh pacer starts when it opens)."""
+        os.replace(self.home / ".asoundrc.unplugged", self.home / ".asoundrc")
+
     def wait_flushed(self, timeout_s: float = 30.0) -> int:
         """Wait until every pacer of this file has exited (its stream was closed, or the daemon
         died, and it wrote what was left in its pipe: the file is final); returns its size."""
@@ -120,6 +135,9 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
         # off in tests (it synthesizes its sentence twice at every start); the tests of the check at
         # start turn it on: test_service_cli (socket activation), test_ops_daemon_notify
         "health": {"at_start": False},
+        # off in tests (a fresh engine dir would calibrate at every start); test_daemon_first_start
+        # turns it on
+        "stream": {"calibrate_at_start": False},
     }
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)

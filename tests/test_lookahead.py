@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from appliance.build.calibrate import _stream, calibrate, error_db
+from appliance.build.calibrate import calibrate
+from appliance.synth.calibration import _stream, error_db
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest, SynthParams
 from appliance.engines.runner import VocodeWindow

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.build.calibrate import _stream
+from appliance.synth.calibration import _stream
 from appliance.config import config_from_dict
 from appliance.engines.runner import VocodeWindow
 from appliance.errors import EngineMismatchError

@@ -4,7 +4,6 @@ request (its pacer process is killed, so ALSA's file plugin gets EPIPE and PortA
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -56,17 +55,6 @@ def test_auto_falls_back_to_wav_without_devices(tmp_path):
     assert "PortAudio lists no output device" in out and "writing one WAV file per request" in out
 
 
-def _pids_with(needle: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if needle in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
 
 def test_device_dying_mid_request_completes_it_to_wav(tiny_ckpt, tmp_path, start_daemon, service_pipeline):
     alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
@@ -78,10 +66,8 @@ def test_device_dying_mid_request_completes_it_to_wav(tiny_ckpt, tmp_path, start
     c.send({"type": "speak", "text": text, "seed": seed, "id": "unplugged"})
     c.events(("started",))
     wait_for(lambda: np.count_nonzero(alsa.read()), 30, "the request is being heard")   # ...
-    pacers = _pids_with(str(alsa.raw))
-    assert pacers
-    for pid in pacers:                      # ... when the "card" goes away
-        os.kill(pid, signal.SIGKILL)
+    assert alsa.pacers()
+    alsa.unplug()                           # ... when the "card" goes away
     (done,) = [e for e in c.events(("done", "error")) if e["type"] in ("done", "error")]
     c.close()
     assert done["type"] == "done" and done["output"] == str(d.wav_dir / "unplugged.wav"), done

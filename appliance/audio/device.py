@@ -5,12 +5,12 @@ one device, opened at start and kept running (silence when idle); its voices and
 are :class:`~appliance.audio.mix.Lanes`. A watcher thread fires "played" callbacks
 (about one output latency after a chunk's last sample was handed to PortAudio), logs
 underruns, and detects a dead device: one that stops calling back or whose stream stops with
-an error. A failed device tells every voice (``on_failure``) and is re-opened by
-:meth:`DeviceOutput.ensure_open`, at most every :data:`REOPEN_INTERVAL_S`.
-
-Device lookup (:func:`find_output_device`) matches a case-insensitive substring of the
-PortAudio name. The ``sounddevice`` import is lazy: without PortAudio every call here raises
-:class:`~appliance.errors.AudioDeviceError` (and :func:`list_output_devices` returns []).
+an error. A failed device tells every voice (``on_failure``) and is opened again by
+:class:`~appliance.audio.output.AudioOutput` (which re-lists the devices first when that can find
+it: :mod:`appliance.audio.devices`); :attr:`DeviceOutput.fault` says what is wrong meanwhile
+(``device_lost`` or ``device_busy``, naming what was looked for and what was found). For a
+re-listing the stream of an idle device is closed and opened again around it
+(:meth:`DeviceOutput.pause`, :meth:`DeviceOutput.resume`): its voices and FIFOs stay.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from typing import Callable, Hashable, Optional
 
 import numpy as np
 
-from ..errors import AudioDeviceError
+from ..errors import AudioDeviceError, DeviceLostError
+from .devices import LOCK, load_sounddevice, find_output_device, open_error
 from .mix import Lanes
 
 log = logging.getLogger(__name__)
 
-REOPEN_INTERVAL_S = 5.0
-"""Seconds between attempts to re-open a failed device."""
+REOPEN_INTERVAL_S = 1.0
+"""Seconds (monotonic) between attempts to open a failed device again."""
 
 MAX_BUFFER_S = 60.0
 """Audio (seconds) a device FIFO may hold before the writer waits (back-pressure)."""
@@ -45,53 +46,6 @@ BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
 
 
-def _sounddevice():
-    """Import sounddevice; AudioDeviceError if PortAudio is missing."""
-    try:
-        import sounddevice
-    except (OSError, ImportError) as e:
-        raise AudioDeviceError(f"sounddevice/PortAudio is not usable ({e}); install libportaudio2 or set audio.output: wav") from e
-    return sounddevice
-
-
-def list_output_devices() -> list[dict]:
-    """PortAudio output devices as dicts (``index``, ``name``, ``default_samplerate``), [] without PortAudio."""
-    try:
-        sd = _sounddevice()
-        devs = sd.query_devices()
-    except Exception as e:  # PortAudio init failure is an OSError/PortAudioError
-        log.debug("cannot list sound devices: %s", e)
-        return []
-    return [dict(d, index=i) for i, d in enumerate(devs) if d.get("max_output_channels", 0) > 0]
-
-
-def find_output_device(query: Optional[str]) -> dict:
-    """The output device whose name contains ``query`` (case-insensitive); None = the default.
-
-    Raises:
-        AudioDeviceError: no PortAudio, no output device, or none matching (the message lists them).
-    """
-    sd = _sounddevice()
-    outs = list_output_devices()
-    if not outs:
-        raise AudioDeviceError("PortAudio lists no output device; set audio.output: wav or connect one")
-    if query is None:
-        try:
-            idx = sd.default.device[1]
-        except Exception:
-            idx = -1
-        for d in outs:
-            if d["index"] == idx:
-                return d
-        return outs[0]
-    q = query.lower()
-    for d in outs:
-        if q in d["name"].lower():
-            return d
-    names = ", ".join(repr(d["name"]) for d in outs)
-    raise AudioDeviceError(f"no output device matches {query!r}; output devices: {names}")
-
-
 class DeviceOutput:
     """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
 
@@ -101,14 +55,20 @@ class DeviceOutput:
         latency_ms: requested output latency (PortAudio buffer), ms.
         mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
             :mod:`appliance.audio.mix`.
+        setting: the config key ``query`` came from (named in error messages).
+        gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
+            (:mod:`appliance.audio.volume`); None: 1.0.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.
     """
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
-                 mode: str = "mix") -> None:
+                 mode: str = "mix", setting: str = "audio.device",
+                 gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.query = query
+        self.setting = setting
+        self._fault: Optional[AudioDeviceError] = DeviceLostError(f"sound device {query or 'default'!r} not opened yet")
         self.mode = mode
         self.want_rate = sample_rate
         self.latency_s = latency_ms / 1000.0
@@ -116,13 +76,14 @@ class DeviceOutput:
         self.rate: int = sample_rate or 0
         self.ok = False
         self.error: Optional[str] = "not opened"
-        self.underruns = 0          # a sounding voice ran dry while its request was mid-stream
-        self.gap_frames = 0         # silence inside streaming voices (dry or re-buffering), frames
+        self.underruns = 0          # a sounding voice ran dry mid-sentence while its request was mid-stream
+        self.sentence_holds = 0     # a voice held at a sentence boundary for its next sentence instead
+        self.gap_frames = 0         # silence inside streaming voices (dry, re-buffering, held), frames
         self.xruns = 0              # PortAudio reported output underflow
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
         self._lock = threading.Condition()
-        self.lanes = Lanes(serialize=mode == "serialize")
+        self.lanes = Lanes(serialize=mode == "serialize", gain=gain)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._burst = 0             # frames asked in the current run of back-to-back callbacks
@@ -139,37 +100,29 @@ class DeviceOutput:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def fault(self) -> Optional[AudioDeviceError]:
+        """Why the device cannot play now (a :class:`~appliance.errors.DeviceLostError` or
+        :class:`~appliance.errors.DeviceBusyError` naming what was looked for and what was found,
+        or another :class:`~appliance.errors.AudioDeviceError`), None while it plays. Read-only;
+        health's ``device_missing`` / ``device_busy``."""
+        return None if self.ok else self._fault
+
     def open(self) -> None:
-        """Find the device, open and start the stream.
+        """Find the device (by name or ALSA card, :func:`~appliance.audio.devices.find_output_device`),
+        open and start the stream.
 
         Raises:
-            AudioDeviceError: no such device, rate refused, PortAudio error (message says which).
+            DeviceLostError: no such device; DeviceBusyError: another process holds it;
+            AudioDeviceError: the rate is refused, other PortAudio errors (the message says which).
         """
         self._last_open_attempt = time.monotonic()
         try:
-            sd = _sounddevice()
-            dev = find_output_device(self.query)
-            rate = self.want_rate or int(dev["default_samplerate"])
-            try:
-                sd.check_output_settings(device=dev["index"], samplerate=rate, channels=1, dtype="float32")
-            except Exception as e:
-                hint = "audio.sample_rate" if self.want_rate else "the device default rate"
-                raise AudioDeviceError(f"device {dev['name']!r} refuses {rate} Hz float32 mono ({e}); change {hint}") from e
-            stream = sd.OutputStream(
-                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
-                latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
-            )
-            with self._lock:
-                self._last_cb = time.monotonic()
-                self._closing = False
-                self._dead = None
-            stream.start()
+            with LOCK:
+                stream, dev, rate = self._start_stream()
         except AudioDeviceError as e:
-            self.ok, self.error = False, str(e)
+            self.ok, self.error, self._fault = False, str(e), e
             raise
-        except Exception as e:  # sounddevice.PortAudioError and friends
-            self.ok, self.error = False, f"{e.__class__.__name__}: {e}"
-            raise AudioDeviceError(f"cannot open sound device {self.query or 'default'!r}: {e}") from e
         self._stream, self.rate, self.name = stream, rate, dev["name"]
         self._out_latency = float(stream.latency)
         self.ok, self.error = True, None
@@ -180,19 +133,65 @@ class DeviceOutput:
             self._watcher = threading.Thread(target=self._watch, name=f"sound-watch-{self.name}", daemon=True)
             self._watcher.start()
 
-    def ensure_open(self) -> bool:
-        """True if the device is usable; re-opens a failed one at most every REOPEN_INTERVAL_S."""
-        with self._open_lock:      # the worker and AudioOutput's re-open thread may both ask
+    def _start_stream(self):
+        """(stream, device dict, rate): the stream open and started (:data:`LOCK` held)."""
+        sd = load_sounddevice()
+        dev = find_output_device(self.query, self.setting)
+        rate = self.want_rate or int(dev["default_samplerate"])
+        try:
+            stream = sd.OutputStream(
+                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
+                latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
+            )
+            with self._lock:
+                self._last_cb = time.monotonic()
+                self._closing = False
+                self._dead = None
+            stream.start()
+        except Exception as e:  # sounddevice.PortAudioError and friends
+            raise open_error(dev, rate, e, f"looked for {self.query or 'the default'!r} in {self.setting}",
+                             "audio.sample_rate" if self.want_rate else "the device's default rate") from e
+        return stream, dev, rate
+
+    def pause(self) -> bool:
+        """Close the stream of an idle device (no voice) for a re-listing of the devices, keeping
+        it usable (:attr:`ok`); False (nothing done) when a voice is on it. :meth:`resume` opens it again."""
+        with self._lock:
+            if not self.ok or self._stream is None or self.lanes.voices:
+                return False
+            self._closing = True
+            stream, self._stream = self._stream, None
+        try:
+            stream.stop()
+            stream.close()
+        except Exception as e:
+            log.debug("pausing sound device %r: %s", self.name, e)
+        return True
+
+    def resume(self) -> None:
+        """Open the stream again after :meth:`pause` (a device that is gone meanwhile fails)."""
+        try:
+            with LOCK:
+                stream, dev, rate = self._start_stream()
+        except AudioDeviceError as e:
+            self._fail(str(e), e)
+            return
+        self._stream, self.name = stream, dev["name"]
+
+    def ensure_open(self, force: bool = False) -> bool:
+        """True if the device is usable; tries a failed one again (at most every
+        :data:`REOPEN_INTERVAL_S` unless ``force``; :attr:`fault` says why not)."""
+        with self._open_lock:      # the worker and AudioOutput's watch thread may both ask
             if self.ok:
                 return True
-            if time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
+            if not force and time.monotonic() - self._last_open_attempt < REOPEN_INTERVAL_S:
                 return False
             try:
                 self.open()
                 log.info("sound device %r is back", self.name)
                 return True
             except AudioDeviceError as e:
-                log.warning("sound device still unusable: %s", e)
+                log.debug("sound device still unusable: %s", e)
                 return False
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
@@ -223,14 +222,14 @@ class DeviceOutput:
     # ------------------------------------------------------------------ feeding
 
     def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
-              on_first: Optional[Callable[[float], None]] = None) -> None:
+              on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None) -> None:
         """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
         mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
         ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
         ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
-        were written to the device."""
+        were written to the device; its silences go to ``pauses`` (:class:`~appliance.audio.mix.Pause`)."""
         with self._lock:
-            self.lanes.begin(owner, lane, on_failure, on_first)
+            self.lanes.begin(owner, lane, on_failure, on_first, pauses)
 
     def end(self, owner: object) -> None:
         """The request wrote its last chunk (it stays registered for failures until played)."""
@@ -265,9 +264,15 @@ class DeviceOutput:
             if beat is not None:
                 beat()
 
+    def voice_do(self, fn: Callable[[Lanes], None]) -> None:
+        """``fn(lanes)`` under the device's lock: one change to a voice (:class:`~appliance.audio.mix.Lanes`)."""
+        with self._lock:
+            fn(self.lanes)
+
     def hold(self, owner: object, seconds: float) -> None:
-        """``owner``'s voice starts only once it holds ``seconds`` of audio beyond one device
-        wake-up (or its request has ended): :meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`."""
+        """``owner``'s voice (re)starts only once it holds ``seconds`` of audio beyond one device
+        wake-up (or its request has ended): at its first start, later at its next sentence
+        boundary (:meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`)."""
         with self._lock:
             self.lanes.hold(owner, round(max(0.0, seconds) * self.rate))
 
@@ -288,11 +293,12 @@ class DeviceOutput:
             return dropped
 
     def status(self) -> dict:
-        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (stalls of a streaming
-        voice), underrun_ms (the silence they left), xruns, buffered_ms."""
+        """Device state for StatusReply: name, rate (Hz), ok, error, underruns (a streaming voice ran dry
+        mid-sentence), sentence_holds (it held at a sentence boundary instead), underrun_ms (the
+        silence both left), xruns, buffered_ms."""
         return {
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
-            "underruns": self.underruns, "xruns": self.xruns, "mode": self.mode,
+            "underruns": self.underruns, "sentence_holds": self.sentence_holds, "xruns": self.xruns, "mode": self.mode,
             "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
             "voices": len(self.lanes.voices),
             "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
@@ -316,10 +322,11 @@ class DeviceOutput:
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, gap, played = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+            sounding, dry, gap, played, held = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
                                                         start_frames=self.burst_frames,
                                                         rebuffer_frames=int(REBUFFER_S * self.rate))
             self.underruns += dry
+            self.sentence_holds += held
             self.gap_frames += gap
             if sounding > 1:
                 self.mixed_blocks += 1
@@ -335,11 +342,13 @@ class DeviceOutput:
             if not self._closing and self._dead is None:
                 self._dead = "the output stream stopped unexpectedly"   # the watcher handles it
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, fault: Optional[AudioDeviceError] = None) -> None:
         with self._lock:
             if not self.ok:
                 return
             self.ok, self.error = False, reason
+            self._fault = fault or DeviceLostError(f"sound device {self.name!r} (looked for {self.query or 'the default'!r} "
+                                                   f"in {self.setting}) failed: {reason}")
             self._last_open_attempt = time.monotonic()    # first re-open REOPEN_INTERVAL_S from now
             self._played.clear()
             listeners = self.lanes.clear()

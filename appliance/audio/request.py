@@ -9,6 +9,8 @@ A :class:`RequestAudio` is on one :class:`Route` at a time::
     DEVICE  --device fails, on_device_error: wav-->  WAV      (everything so far, then the rest)
     DEVICE  --device fails, on_device_error: wait--> WAITING  --replay()--> DEVICE (from the start)
                                                               --to_wav()--> WAV    (shutdown)
+                                                              --give_up()-> LOST   (waited too long)
+    DEVICE  --device fails, on_device_error: fail--> LOST     (ends with the device's error)
     WAV     (no device: from the start)
 
 and, across routes, it may be *finished* (no more PCM) and *aborted* (cancel: nothing more is
@@ -35,8 +37,8 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 
 from ..core import SAMPLE_RATE
-from ..errors import ApplianceError
-from .device import DeviceOutput
+from ..errors import ApplianceError, DeviceLostError
+from .device import REBUFFER_S, DeviceOutput
 from .sink import Outcome
 from .wav import WavRetention, WavWriter
 
@@ -52,6 +54,7 @@ class Route(enum.Enum):
     DEVICE = "device"     # queued on the sound device
     WAITING = "waiting"   # device failed or down, on_device_error: wait: PCM kept for replay()
     WAV = "wav"           # written to the request's WAV file
+    LOST = "lost"         # its device is gone and nothing else takes it: it ends with that error
 
 
 class RequestAudio:
@@ -62,7 +65,8 @@ class RequestAudio:
     (the WAV path), from another thread; :meth:`abort` drops what is unplayed (cancel).
 
     When the device fails: with ``on_device_error="wav"`` everything so far and the rest go to
-    ``wav_file``; with ``"wait"`` the request keeps its PCM, ``on_wait(self)`` registers it with
+    ``wav_file``; with ``"fail"`` it ends with the device's error (``device_lost``/``device_busy``:
+    never reported played); with ``"wait"`` the request keeps its PCM, ``on_wait(self)`` registers it with
     :class:`~appliance.audio.output.AudioOutput`, and :meth:`replay` plays it on the device
     again *from the start* once the device is back (``on_done`` fires after that; :meth:`to_wav`
     completes it to the file instead, e.g. at shutdown). ``wait_from_start=True`` creates it
@@ -102,6 +106,9 @@ class RequestAudio:
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
         self.on_sounding = on_sounding   # once its first sample was written to the device (watcher thread)
+        #: its silences on the device (:class:`~appliance.audio.mix.Pause`, samples at the device's
+        #: rate): held at a sentence boundary or ran dry mid-sentence; appended by the device
+        self.pauses: list = []
         if device is not None:
             self.output = f"device:{device.name}"
             if wait_from_start:
@@ -121,13 +128,25 @@ class RequestAudio:
         """Itself where it has a sound device (:class:`~appliance.audio.sink.AudioSink`), else None."""
         return self if self.device is not None else None
 
+    def rebuffer(self, seconds: float) -> None:
+        """Audio its voice must hold to resume should it run dry mid-sentence (at least the device's
+        :data:`~appliance.audio.device.REBUFFER_S`): :meth:`Lanes.rebuffer <appliance.audio.mix.Lanes.rebuffer>`."""
+        dev = self.device
+        n = round(max(REBUFFER_S, seconds) * dev.rate)
+        dev.voice_do(lambda lanes: lanes.rebuffer(self, n))
+
+    def end_sentence_next(self) -> None:
+        """The next PCM :meth:`write` queues ends a sentence: its voice may hold after it for the
+        next one (:meth:`Lanes.end_sentence_next <appliance.audio.mix.Lanes.end_sentence_next>`)."""
+        self.device.voice_do(lambda lanes: lanes.end_sentence_next(self))
+
     def _bind(self, device: DeviceOutput) -> None:
         """New resampler and a voice on ``device`` (lock held or not yet shared)."""
         self._rs = None
         if device.rate != PIPELINE_RATE:
             import soxr
             self._rs = soxr.ResampleStream(PIPELINE_RATE, device.rate, 1, dtype="float32", quality="HQ")
-        device.begin(self, self._device_failed, self.lane, on_first=self._first_out)
+        device.begin(self, self._device_failed, self.lane, on_first=self._first_out, pauses=self.pauses)
 
     def _first_out(self, t: float) -> None:
         if self.first_out_at is None:
@@ -145,6 +164,8 @@ class RequestAudio:
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         with self._lock:
             if self._aborted:
+                return
+            if self.route is Route.LOST:
                 return
             if self.route is Route.WAV:
                 if self._wav is not None:
@@ -170,9 +191,9 @@ class RequestAudio:
             if self._aborted:
                 return
             self._finished = True
-            written = self.route is Route.WAV
+            written = self.route in (Route.WAV, Route.LOST)
             if written:
-                path = self._close_wav()
+                path = self._close_wav() if self.route is Route.WAV else self._failure
             else:
                 self._on_done = on_done
                 if self.route is Route.WAITING:
@@ -240,6 +261,23 @@ class RequestAudio:
             self._wav = None
         return self._failure if self._failure is not None else self.output
 
+    def give_up(self, error: ApplianceError) -> None:
+        """End a waiting request with ``error`` (it waited too long for its device): nothing is
+        played or written; ``on_done(error)`` fires (now, or at :meth:`finish`)."""
+        with self._lock:
+            if self._aborted or self.route is not Route.WAITING:
+                return
+            fire = self._lose(error)
+        if fire is not None:
+            fire()
+
+    def _lose(self, error: ApplianceError) -> Optional[Callable[[], None]]:
+        """Route to LOST with ``error`` (lock held); returns what fires a pending ``on_done``."""
+        log.warning("request %s: %s", self.request_id, error)
+        self.route, self._failure, self._pcm = Route.LOST, error, []
+        cb, self._on_done = self._on_done, None
+        return None if cb is None else (lambda: cb(error))
+
     def to_wav(self) -> None:
         """Complete a waiting request into its WAV file now (shutdown)."""
         with self._lock:
@@ -259,8 +297,18 @@ class RequestAudio:
 
     def _device_failed(self, reason: str) -> None:
         """The device failed while this request was on it: wait for the device (policy
-        ``wait``) or switch to WAV (everything so far goes into the file; on_done fires now if
-        finished)."""
+        ``wait``), end with the device's error (``fail``) or switch to WAV (everything so far goes
+        into the file; on_done fires now if finished)."""
+        if self.policy == "fail":
+            with self._lock:
+                if self._aborted or self.route is not Route.DEVICE:
+                    return
+                fault = self.device.fault or DeviceLostError(f"sound device {self.device.name!r} failed: {reason}")
+                fire = self._lose(type(fault)(f"request {self.request_id} was not played to its end: {fault}"))
+            self.device.forget(self)
+            if fire is not None:
+                fire()
+            return
         if self.policy == "wait":
             with self._lock:
                 if self._aborted or self.route is not Route.DEVICE:

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..config import Config, load_config
-from ..errors import ConfigError
+from ..errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +73,83 @@ def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[
         L = sorted(set(buckets)) if buckets else runner.buckets
         shapes = [(b, s) for b in (batches or range(1, cfg.model.max_batch + 1)) for s in L]
         root = Path(out) if out else cfg.resolve(cfg.model.engine_dir) / aot_step.SUBDIR
-        return aot_step.build(runner, root, mf.checkpoint_identity(ckpt), shapes, mode=mode, progress=progress)
+        return build(runner, root, mf.checkpoint_identity(ckpt), shapes, mode=mode, progress=progress)
     finally:
         runner.close()
+
+
+def export_step(runner, b: int, L: int):
+    """``torch.export`` (an ``ExportedProgram``) of the step for ``(b, L)`` with
+    :func:`appliance.engines.aot_step.step_tensors` as inputs.
+
+    Raises:
+        EngineError: the export failed, or it would bake a tensor into the package (a tensor
+            the step reads that is not among the inputs).
+    """
+    import torch
+
+    from ..engines import aot_step
+
+    _, tensors, slots = aot_step.step_tensors(runner)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(aot_step.Step(runner, slots, b, L), tuple(tensors), strict=False)
+    except Exception as e:  # export raises many types (UserError, RuntimeError, ...)
+        raise EngineError(f"torch.export of the decode step (b={b}, L={L}) failed: {e}") from e
+    baked = {**ep.constants, **ep.state_dict}
+    if baked:
+        raise EngineError(f"the exported step would carry tensors as constants ({', '.join(sorted(baked)[:5])}): "
+                          "pass them as inputs (appliance.engines.aot_step.RUNNER_STATE)")
+    return ep
+
+
+def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[int, int]], mode: str = "default",
+          progress: Optional[Callable[[str], None]] = None) -> Path:
+    """Compile one package per ``(b, L)`` in ``shapes`` into ``root/<key>/`` and write its manifest.
+
+    ``checkpoint`` is :func:`appliance.engines.manifest.checkpoint_identity` of the checkpoint the
+    runner loaded. The set is written into a temporary directory and renamed into place, so a
+    reader never sees half of it. Returns the directory.
+
+    Raises:
+        EngineError: export or compilation failed (the temporary directory is removed).
+    """
+    import torch
+    import torch._inductor
+
+    from ..engines import aot_step
+    from ..engines import manifest as mf
+
+    ident = aot_step.identity(runner, checkpoint["sha256"], mode)
+    root = Path(root)
+    final = root / aot_step.key_of(ident)
+    tmp = root / f".{final.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    graphs = {}
+    try:
+        for b, L in shapes:
+            name = aot_step.package_name(b, L)
+            if progress:
+                progress(name)
+            t0 = time.perf_counter()
+            ep = export_step(runner, b, L)
+            try:
+                torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp / name), inductor_configs=(
+                    {"max_autotune": True} if mode == "max-autotune-no-cudagraphs" else {}))
+            except Exception as e:  # inductor/compiler errors come in many types
+                raise EngineError(f"AOTInductor compilation of {name} failed: {e}") from e
+            graphs[name] = {"file": name, "batch": b, "span": L, "bytes": (tmp / name).stat().st_size,
+                            "sha256": mf.file_sha256(tmp / name), "compile_s": round(time.perf_counter() - t0, 1)}
+        names, tensors, _ = aot_step.step_tensors(runner)
+        mf.write(tmp, {"kind": aot_step.KIND, "key": final.name, "identity": ident, "checkpoint": checkpoint,
+                       "runtime": {"name": "torch", "version": torch.__version__}, "graphs": graphs,
+                       "inputs": [[n, list(t.shape), str(t.dtype)] for n, t in zip(names, tensors)]})
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def cli_main(args) -> int:

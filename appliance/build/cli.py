@@ -23,6 +23,29 @@ from ..config import Config, load_config
 
 log = logging.getLogger(__name__)
 
+#: The oldest torch whose ONNX export of these graphs is tested (pyproject.toml's floor): the whole
+#: export (fp32, tiny checkpoint) under 2.8.0 and 2.11.0 (CPU wheels, 2026-12-04), 2.11 on the lent
+#: H200, 2.13 in CI. 2.5.1 fails (its exporter cannot translate the Decoder stream's padding by a
+#: symbolic length); 2.11 needed model/stream.py's narrow().
+TORCH_FLOOR = (2, 8)
+
+
+def torch_problem() -> str | None:
+    """Why this torch cannot export the graphs (too old, or none), with what to do; None when it can.
+    ``scripts/install_jetson.sh`` asks this before it exports on a box."""
+    try:
+        import torch
+    except ImportError:
+        return "no torch here: export on a machine with torch >= 2.8 and copy the graphs (install_jetson.sh --onnx-dir DIR)"
+    have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+    if have >= TORCH_FLOOR:
+        return None
+    want = ".".join(map(str, TORCH_FLOOR))
+    return (f"torch {torch.__version__} is older than {want}, the oldest whose ONNX export of these graphs is tested: "
+            f"run 'chattts-appliance engines export --precision fp16 --out DIR' on a machine with torch >= {want} "
+            f"and pass the DIR here (install_jetson.sh --onnx-dir DIR), or install torch >= {want} "
+            f"(JetPack 6.0/6.1's NVIDIA wheels are 2.3-2.5; see README: GPU boxes)")
+
 
 def _bar(total: int, desc: str):
     from tqdm import tqdm
@@ -42,6 +65,11 @@ def cli_export(args) -> int:
     out = Path(args.out) if args.out else cfg.resolve(mc.engine_dir)
     if args.precision in FTYPES:
         return _export_llama(cfg, args, ckpt, out)
+    problem = torch_problem()
+    if problem:
+        from ..errors import ConfigError
+
+        raise ConfigError(problem)
     n_graphs = len(GRAPHS) + (2 if args.precision != "fp16" else 0)  # ONNX Runtime: + the first passes (merged after)
     bar = _bar(n_graphs, f"export {args.precision}")
 

@@ -300,6 +300,8 @@ def status_main(args: Any) -> int:
     print(f"state {ev['state']}, backend {ev['backend']}, throttle {ev.get('throttle')}, "
           f"last RTF {_num(ev.get('last_rtf'), '.3f')}, last TTFB {_num(ev.get('last_ttfb_ms'), '.0f', ' ms')}, "
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
+    if ev.get("threads"):
+        print(f"  CPU threads {ev['threads']} ({ev.get('threads_source') or '?'})")
     print(f"health {ev.get('health', 'n/a')}")
     for c in ev.get("conditions") or ():
         print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")

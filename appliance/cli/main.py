@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--threshold-db", type=float, default=None,
                      help="largest PCM error relative to the signal peak (default: stream.lookahead_threshold_db)")
     cal.add_argument("--json", action="store_true", help="print the whole calibration record as JSON")
+    cal.add_argument("--if-missing", action="store_true", help="only where the daemon would find no calibration for "
+                     "the engines it opens (installers; the daemon itself calibrates at such a start)")
     return p
 
 

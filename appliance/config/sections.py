@@ -45,7 +45,7 @@ class ModelConfig:
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else llama (a GGUF export under model.engine_dir/llama/), else onnxruntime), tensorrt, llama, onnxruntime or torch.", choices=("auto", "tensorrt", "llama", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
-    threads: int = _f(0, "CPU threads for inference (torch intra-op / onnxruntime intra-op); 0 = number of cores.", min=0, max=256)
+    threads: int = _f(0, "CPU threads for inference: one budget for the GPT, the Decoder and Vocos, which run one after another (onnxruntime / torch intra-op). 0 = from the CPU set the process may use: its cgroup CPU quota, rounded down (systemd CPUQuota=, docker --cpus), and its affinity mask (taskset, CPUAffinity=); the log and status say the count and where it came from.", min=0, max=256)
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
@@ -61,7 +61,7 @@ class ModelConfig:
             return self.dtype
         return "float16" if gpu else "float32"
 
-    quant: str = _f("none", "Weight-only quantization of the GPT linears on the torch CUDA path: none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("none", "int8", "fp8"))
+    quant: str = _f("auto", "Weight-only quantization of the GPT linears on the torch CUDA path: auto (FP16/BF16 weights, INT8 where the memory fit needs them: service.memory_budget_mb), none, int8 or fp8 (fp8 needs sm >= 8.9). Saves weight memory; not faster there (bench/RESULTS.md).", choices=("auto", "none", "int8", "fp8"))
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class StreamConfig:
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
     lookahead: Lookahead = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
+    calibrate_at_start: bool = _f(True, "With lookahead auto: a start that finds no calibration for its engines (a fresh box, engines rebuilt, another checkpoint) measures the look-ahead itself before it serves, records it beside the engines with the health check's reference, and streams with it (on the H200 about 10 s; a CPU box's installer calibrates when it exports). false: serve with the exact look-ahead until 'chattts-appliance calibrate' has run.")
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
 
 
@@ -100,12 +101,15 @@ class AudioConfig:
     """Where PCM goes."""
 
     output: str = _f("auto", "auto (sound device if one exists, else wav), device or wav.", choices=("auto", "device", "wav"))
-    device: Optional[str] = _f(None, "Sound device chosen by (sub)string of its name; None = the system default.")
+    device: Optional[str] = _f(None, "Sound device: an ALSA card id or name (found under whatever card index it has now), or part of the PortAudio device name (its (hw:N,M) suffix ignored); None = the system default.")
     sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
     wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
     same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
-    on_device_error: str = _f("wav", "When the sound device fails: wav (finish the request into a WAV file) or wait (hold it until the device returns).", choices=("wav", "wait"))
+    on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
+    max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
+    max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
+    volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,11 @@ class ChannelConfig:
     """One output channel (e.g. driver, passenger, cabin)."""
 
     name: str = _f("main", "Channel name used in requests.")
-    device: Optional[str] = _f(None, "Sound device for this channel (name substring); None = audio.device.")
+    device: Optional[str] = _f(None, "Sound device for this channel (as audio.device: ALSA card id or name, or part of the device name); None = audio.device.")
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
+    volume_db: float = _f(0.0, "This channel's play-out gain on its sound device, dB, added to audio.volume_db; applied by a reload (SIGHUP) without a restart.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class ServiceConfig:
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
-    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")

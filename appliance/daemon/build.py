@@ -6,7 +6,9 @@ milliseconds, not after a model load). :func:`build` then constructs, each part 
 needs when it is made, nothing assigned to a part afterwards::
 
     pipeline        Pipeline.from_config (or the given factory), sized to service.memory_budget_mb
-                    before the load and again after the warm-up (appliance.daemon.memory)
+                    before the load and again after the warm-up (appliance.daemon.memory); its
+                    look-ahead calibrated where none is recorded for its engines
+                    (synth.calibration.calibrate_pipeline, stream.calibrate_at_start)
     integrity       IntegrityWatch over the weight files the backend verified (started)
     checks          CheckRecord: what the last field health check found (the at-start one first)
     audio           AudioOutput (devices opened, WAV directory pruned)
@@ -38,13 +40,14 @@ from ..core import ConditionFlag
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..ops.integrity_watch import IntegrityWatch
 from ..ops.monitor import open_monitor
-from ..ops.verdict import CheckRecord, Health, device_conditions
+from ..ops.verdict import CheckRecord, Health
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal, storage_conditions
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal
 from ..service.request import Request
 from ..service.worker import Worker
+from ..synth.calibration import calibrate_pipeline
 from ..synth.checkpoint_dir import require_checkpoint
 from ..transports.socket_server import check_socket_path
 from .hooks import Hooks, call_hook
@@ -159,8 +162,7 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
     health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
-                     device_conditions(audio.status, [c.name for c in channels]), checks, reload_failed,
-                     storage_conditions(journal)))
+                     audio.conditions, checks, reload_failed, storage_conditions(journal)))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
@@ -199,6 +201,9 @@ def _load(cfg: Config, hooks: Hooks,
         pipeline.warmup()
         log.info("warm-up took %.1f s", time.monotonic() - t1)
     pipeline, fit = fit_pipeline(cfg, pipeline, factory, cfg.service.warmup)
+    if cfg.stream.calibrate_at_start and pipeline.lookahead.missing:   # a fresh box: measured before it serves
+        call_hook(hooks.on_loading, "calibrating the look-ahead (none recorded for these engines)")
+        calibrate_pipeline(cfg, pipeline)
     if before is not None and before.action == "shrink":   # STATUS keeps saying what was lowered before the load
         fit = before if fit.action == "fits" else dataclasses.replace(
             fit, text=f"before the load: {before.text}; after warm-up: {fit.text}")

@@ -15,10 +15,22 @@ Twice:
    load, so the worst case is known then (the host runners allocate their KV buffers lazily
    zeroed: on a CPU the whole KV cache is counted on top of the RSS; an upper bound).
 
-If it does not fit: ``max_seq_len`` is lowered (in steps of 64) to what fits, down to
-``max_prompt_tokens`` + :data:`MIN_DECODE_TOKENS`; then ``max_batch`` (fewer channels synthesize
-at once; the others wait); if one slot at that length does not fit either, the daemon refuses to
-start, naming what to lower. Engines built ahead of time for fixed sizes (exported ONNX graphs,
+**The rule.** What the box holds at ready must stay one hysteresis band below the throttle's
+first memory threshold: ``footprint <= budget x (throttle.mem_reduce_frac -
+throttle.mem_hysteresis_frac)`` (1200 of 1500 MiB by default; the whole budget with the throttle
+off), :func:`ceiling_mib`. Every backend allocates its KV cache for all slots at load and the
+warm-up allocates what requests use, so the footprint hardly moves with use: at the ceiling a box
+starts with every channel (``normal``) and keeps them. Where the configured sizes go over it, in
+this order (each step only while the one before does not fit):
+
+1. ``max_seq_len`` is lowered (in steps of 64) down to :data:`COMFORT_SEQ` (1024 positions, 16 s of
+   audio after a long prompt), all ``max_batch`` channels kept;
+2. with ``model.quant: auto`` on a torch CUDA box, the GPT's block linears become INT8 weight-only
+   (about 190 MiB less at full size), at the longest ``max_seq_len`` that then fits;
+3. ``max_seq_len`` is lowered further, down to ``max_prompt_tokens`` + :data:`MIN_DECODE_TOKENS`;
+4. ``max_batch`` (fewer channels synthesize at once; the others wait);
+
+if one slot at that length does not fit either, the daemon refuses to start, naming what to lower. Engines built ahead of time for fixed sizes (exported ONNX graphs,
 TensorRT plans) cannot be resized, so the daemon starts as built, says in the log and STATUS what
 to rebuild them for, and relies on the run-time throttle.
 
@@ -48,6 +60,9 @@ MIN_DECODE_TOKENS = 256
 """Decode positions a slot must hold beyond the longest prompt to be useful (5.5 s of audio)."""
 SEQ_STEP = 64
 """``max_seq_len`` is lowered in steps of this many positions."""
+COMFORT_SEQ = 1024
+"""KV positions per slot the fit keeps before it turns to smaller weights (a 256-token prompt plus
+768 codes: 16 s of audio in one sentence)."""
 FIXED_SIZE_BACKENDS = ("onnxruntime", "tensorrt")
 """Backends whose engines are built for one ``max_batch`` x ``max_seq_len`` (a rebuild resizes them)."""
 
@@ -62,6 +77,8 @@ class MemoryFit:
         max_seq_len, max_batch: the sizes to run with.
         footprint_mib: the estimated footprint at those sizes, MiB. budget_mib: the budget.
         text: one sentence for the log and STATUS (what was measured, what changed, what to lower).
+        ceiling_mib: what the footprint was held to (:func:`ceiling_mib`), MiB.
+        quant: ``int8`` where the fit chose INT8 weights (``model.quant: auto``), else None (as configured).
     """
 
     action: str
@@ -70,6 +87,8 @@ class MemoryFit:
     footprint_mib: float
     budget_mib: float
     text: str
+    ceiling_mib: float = 0.0
+    quant: Optional[str] = None
 
 
 CUDA_EXTRA_MIB = 384
@@ -125,39 +144,66 @@ def current_mib(pipeline: Optional[Pipeline]) -> Optional[float]:
     return None if fp is None else round(fp.budget_mib, 1)
 
 
+def ceiling_mib(cfg: Config) -> float:
+    """What the footprint at ready is held to, MiB: ``service.memory_budget_mb`` x
+    (``throttle.mem_reduce_frac`` - ``throttle.mem_hysteresis_frac``), one hysteresis band below
+    the throttle's first memory threshold; the whole budget with the throttle off (module doc)."""
+    budget, t = float(cfg.service.memory_budget_mb), cfg.throttle
+    return budget * (t.mem_reduce_frac - t.mem_hysteresis_frac) if t.enabled else budget
+
+
+def _longest(room: float, kvpt: float, b: int, S: int) -> int:
+    """The longest ``max_seq_len`` (a multiple of :data:`SEQ_STEP`, at most ``S``) whose KV cache for
+    ``b`` slots fits in ``room`` MiB (0 when none does)."""
+    return min(S, int(room / (kvpt * b)) // SEQ_STEP * SEQ_STEP) if room > 0 else 0
+
+
 def _fit(fixed: float, kvpt: float, S: int, B: int, budget_mib: float, max_prompt_tokens: int, resizable: bool,
-         backend: str, what: str) -> MemoryFit:
-    """Sizes that fit: ``fixed + kvpt * S * B <= budget`` (MiB), shrinking S then B (module doc)."""
+         backend: str, what: str, ceiling: Optional[float] = None, int8_saving_mib: float = 0.0) -> MemoryFit:
+    """Sizes whose footprint ``fixed + kvpt * S * B`` (MiB) is at most ``ceiling`` (default: the
+    budget), in the order of the module doc; ``int8_saving_mib`` > 0: INT8 weights are an option."""
+    top = budget_mib if ceiling is None else ceiling
+    rule = (f"{top:.0f} MiB (service.memory_budget_mb {budget_mib:g} x (throttle.mem_reduce_frac - "
+            f"mem_hysteresis_frac): one hysteresis band below the throttle's first memory threshold)"
+            if top < budget_mib else f"service.memory_budget_mb {budget_mib:g} MiB")
     footprint = fixed + kvpt * S * B
-    if footprint <= budget_mib:
-        return MemoryFit("fits", S, B, footprint, budget_mib,
-                         f"memory: {footprint:.0f} of {budget_mib:g} MiB (service.memory_budget_mb): {what}")
+    if footprint <= top:
+        return MemoryFit("fits", S, B, footprint, budget_mib, f"memory: {footprint:.0f} of {budget_mib:g} MiB "
+                         f"(service.memory_budget_mb), held to {rule}: {what}", top)
     floor = max_prompt_tokens + MIN_DECODE_TOKENS
-    room = budget_mib - fixed
-    for b in range(B, 0, -1):
-        s = min(S, int(room / (kvpt * b)) // SEQ_STEP * SEQ_STEP) if room > 0 else 0
-        if s >= floor:
-            est = fixed + kvpt * s * b
-            changes = [f"model.max_seq_len {S} -> {s}"] + ([f"model.max_batch {B} -> {b}"] if b != B else [])
-            if not resizable:
-                return MemoryFit("over", S, B, footprint, budget_mib,
-                                 f"memory: at worst {footprint:.0f} MiB, over service.memory_budget_mb {budget_mib:g} "
-                                 f"MiB ({what}); the {backend} engines are built for these sizes: to fit, set "
-                                 f"{' and '.join(changes)} and rebuild them (chattts-appliance engines export / "
-                                 f"build); until then the throttle limits the channels at run time")
-            return MemoryFit("shrink", s, b, est, budget_mib,
-                             f"memory: {', '.join(changes)} to fit service.memory_budget_mb {budget_mib:g} MiB "
-                             f"({what}; now {est:.0f} MiB)")
-    need = fixed + kvpt * floor
+    comfort = max(floor, min(S, COMFORT_SEQ))
+    steps = [(None, fixed, B, comfort)]                         # 1. a shorter KV cache, every channel kept
+    if int8_saving_mib > 0:
+        steps.append(("int8", fixed - int8_saving_mib, B, comfort))   # 2. INT8 weights
+    w = "int8" if int8_saving_mib > 0 else None
+    steps += [(w, fixed - (int8_saving_mib if w else 0.0), b, floor) for b in range(B, 0, -1)]   # 3., 4.
+    for quant, f, b, least in steps:
+        s = _longest(top - f, kvpt, b, S)
+        if s < least:
+            continue
+        est = f + kvpt * s * b
+        changes = ([f"model.quant -> {quant} (weight-only)"] if quant else []) + \
+            ([f"model.max_seq_len {S} -> {s}"] if s != S else []) + ([f"model.max_batch {B} -> {b}"] if b != B else [])
+        if not resizable:
+            return MemoryFit("over", S, B, footprint, budget_mib,
+                             f"memory: at worst {footprint:.0f} MiB, over {rule} ({what}); the {backend} engines are "
+                             f"built for these sizes: to fit, set {' and '.join(changes)} and rebuild them "
+                             f"(chattts-appliance engines export / build); until then the throttle limits the channels "
+                             f"at run time", top)
+        return MemoryFit("shrink", s, b, est, budget_mib, f"memory: {', '.join(changes)} to stay within {rule} "
+                         f"({what}; now {est:.0f} MiB)", top, quant)
+    need = fixed - int8_saving_mib + kvpt * floor
+    least_budget = need * budget_mib / top
     return MemoryFit("refuse", S, B, footprint, budget_mib,
-                     f"service.memory_budget_mb {budget_mib:g} MiB cannot hold this model: {what}; even one slot of "
-                     f"{floor} positions (model.max_prompt_tokens + {MIN_DECODE_TOKENS}) needs {need:.0f} MiB. Raise "
-                     f"service.memory_budget_mb to at least {need:.0f}, lower model.max_prompt_tokens, or use "
-                     f"smaller weights (int8 engines: chattts-appliance engines export --precision int8; "
-                     f"model.quant int8 on a GPU)")
+                     f"service.memory_budget_mb {budget_mib:g} MiB cannot hold this model within {rule}: {what}; even "
+                     f"one slot of {floor} positions (model.max_prompt_tokens + {MIN_DECODE_TOKENS}) needs {need:.0f} "
+                     f"MiB. Raise service.memory_budget_mb to at least {least_budget:.0f}, lower model.max_prompt_tokens, "
+                     f"or use smaller weights (int8 engines: chattts-appliance engines export --precision int8; "
+                     f"model.quant int8 on a GPU)", top)
 
 
-def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, resizable: bool = True) -> MemoryFit:
+def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, resizable: bool = True,
+             ceiling: Optional[float] = None) -> MemoryFit:
     """Decide the sizes (module docstring) from the footprint measured after warm-up.
 
     Args:
@@ -168,6 +214,7 @@ def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, res
         max_prompt_tokens: ``model.max_prompt_tokens``.
         resizable: the backend can be opened again with other sizes (False for built engines:
             ``shrink`` becomes ``over``).
+        ceiling: what the footprint is held to (:func:`ceiling_mib`; default the budget).
     """
     kvpt = float(info.kv_bytes_per_token) / MIB
     S, B = int(info.max_seq_len), int(info.max_batch)
@@ -176,7 +223,7 @@ def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, res
     footprint = fp.budget_mib + (kv if host_kv else 0.0)
     what = (f"measured {fp.describe()} after warm-up (weights {info.weight_bytes / MIB:.0f} MiB, KV cache "
             f"{kv:.0f} MiB for {B} slot(s) x {S} positions{', counted in full on a CPU' if host_kv else ''})")
-    return _fit(footprint - kv, kvpt, S, B, budget_mib, max_prompt_tokens, resizable, info.backend, what)
+    return _fit(footprint - kv, kvpt, S, B, budget_mib, max_prompt_tokens, resizable, info.backend, what, ceiling)
 
 
 def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> MemoryFit:
@@ -202,13 +249,14 @@ def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> Memor
                       f"MiB for the warm-up's work"}[kind]
             + f" + KV {sizes.kv_bytes_per_token * cfg.model.max_seq_len * cfg.model.max_batch / MIB:.0f} MiB")
     return _fit(fixed, sizes.kv_bytes_per_token / MIB, cfg.model.max_seq_len, cfg.model.max_batch,
-                float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens, sizes.resizable, sizes.backend, what)
+                float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens, sizes.resizable, sizes.backend, what,
+                ceiling_mib(cfg), sizes.int8_saving_bytes / MIB)
 
 
 def resized(cfg: Config, fit: MemoryFit) -> Config:
-    """``cfg`` with ``model.max_seq_len`` / ``max_batch`` as ``fit`` decided."""
+    """``cfg`` with ``model.max_seq_len`` / ``max_batch`` (and ``model.quant`` where chosen) as ``fit`` decided."""
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_seq_len=fit.max_seq_len,
-                                                              max_batch=fit.max_batch))
+                                                              max_batch=fit.max_batch, quant=fit.quant or cfg.model.quant))
 
 
 def fit_before_load(cfg: Config, planned: Callable[[Config], Any]) -> tuple[Config, Optional[MemoryFit]]:
@@ -253,7 +301,7 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
     if host:
         log.warning("memory: %s", host)
     fit = plan_fit(fp, info, float(cfg.service.memory_budget_mb), cfg.model.max_prompt_tokens,
-                   resizable=info.backend not in FIXED_SIZE_BACKENDS)
+                   resizable=info.backend not in FIXED_SIZE_BACKENDS, ceiling=ceiling_mib(cfg))
     if fit.action in ("fits", "over"):
         (log.info if fit.action == "fits" else log.warning)("%s", fit.text)
         return pipeline, fit

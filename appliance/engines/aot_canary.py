@@ -54,15 +54,30 @@ _CHILD = ("import json, sys; job = json.loads(sys.argv[1]); sys.path[:0] = job['
 
 
 def load_package(path: str | os.PathLike, device_index: int) -> Callable[[list], list]:
-    """A package's ``run(flat tensors) -> outputs``, through torch's public loader
-    (``torch._inductor.aoti_load_package``), one runner without thread synchronisation
+    """A package's ``run(flat tensors) -> outputs``: one runner without thread synchronisation
     (``run_single_threaded``: what a CUDA-graph capture needs) on device ``device_index`` (-1: the
-    current one). A torch whose loader lacks those parameters gets the path alone.
+    current one).
+
+    Through AOTInductor's own C++ loader (``torch._C._aoti.AOTIModelPackageLoader``, what
+    ``torch._inductor.aoti_load_package`` wraps), so a start imports no inductor: the public
+    wrapper imports inductor (sympy, dynamo; 5-8 s) and, to print a warning when the CPU differs
+    from the one that built the package, finds this CPU's vector ISA by compiling and loading test
+    programs in subprocesses that import torch again. On the H200 (torch 2.11, 2026-12-04) that made
+    loading three packages take 45-54 s. Where the loader's signature differs (another torch), the
+    public wrapper.
 
     Raises:
         RuntimeError (and others): the loader's own errors. A fault in the loader is not raised:
             it kills the process (what :func:`check` is for).
     """
+    native = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    try:
+        loader = native(str(path), "model", True, 1, device_index) if native is not None else None
+    except TypeError:   # another signature
+        loader = None
+    if loader is not None:
+        run = getattr(loader, "boxed_run", None) or loader.run
+        return lambda xs: run(xs)
     from torch._inductor import aoti_load_package
 
     try:

@@ -15,6 +15,8 @@ as the eager step does. So a package holds code and no weights (a few MiB, not 4
 shape), the weights exist once on the device, and all packages and the plain fallback share the
 same buffers. An export that would bake a tensor into the package as a constant is refused.
 
+Built by :func:`appliance.build.aot.build` (``torch.export`` of :class:`Step`, then AOTInductor).
+
 **Where they live and what keys them.** ``<model.engine_dir>/aot/<key>/`` with one
 ``step_b<b>_L<L>.pt2`` per shape and a ``manifest.json`` (:mod:`appliance.engines.manifest`
 format) recording the *identity* the key is the sha256 of (:func:`identity`): checkpoint sha256,
@@ -139,7 +141,7 @@ class _bound:
             container[key] = old
 
 
-class _Step(nn.Module):
+class Step(nn.Module):
     """``forward(*tensors)``: the runner's eager step for ``(b, L)`` on the given tensors (export only)."""
 
     def __init__(self, runner, slots, b: int, L: int):
@@ -208,72 +210,6 @@ def _diff(have: dict, want: dict, prefix: str = "") -> list[str]:
             short = (lambda v: f"{v[:12]}..." if isinstance(v, str) and len(v) == 64 else repr(v))
             out.append(f"{prefix}{k} is {short(a)}, here {short(b)}")
     return out
-
-
-# --------------------------------------------------------------------------- build
-def export_step(runner, b: int, L: int) -> "torch.export.ExportedProgram":
-    """``torch.export`` of the step for ``(b, L)`` with :func:`step_tensors` as inputs.
-
-    Raises:
-        EngineError: the export failed, or it would bake a tensor into the package (a tensor
-            the step reads that is not among the inputs).
-    """
-    _, tensors, slots = step_tensors(runner)
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(_Step(runner, slots, b, L), tuple(tensors), strict=False)
-    except Exception as e:  # export raises many types (UserError, RuntimeError, ...)
-        raise EngineError(f"torch.export of the decode step (b={b}, L={L}) failed: {e}") from e
-    baked = {**ep.constants, **ep.state_dict}
-    if baked:
-        raise EngineError(f"the exported step would carry tensors as constants ({', '.join(sorted(baked)[:5])}): "
-                          "pass them as inputs (appliance.engines.aot_step.RUNNER_STATE)")
-    return ep
-
-
-def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[int, int]], mode: str = "default",
-          progress: Optional[Callable[[str], None]] = None) -> Path:
-    """Compile one package per ``(b, L)`` in ``shapes`` into ``root/<key>/`` and write its manifest.
-
-    ``checkpoint`` is :func:`appliance.engines.manifest.checkpoint_identity` of the checkpoint the
-    runner loaded. The set is written into a temporary directory and renamed into place, so a
-    reader never sees half of it. Returns the directory.
-
-    Raises:
-        EngineError: export or compilation failed (the temporary directory is removed).
-    """
-    import torch._inductor
-
-    ident = identity(runner, checkpoint["sha256"], mode)
-    root = Path(root)
-    final = root / key_of(ident)
-    tmp = root / f".{final.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    graphs = {}
-    try:
-        for b, L in shapes:
-            name = package_name(b, L)
-            if progress:
-                progress(name)
-            t0 = time.perf_counter()
-            ep = export_step(runner, b, L)
-            try:
-                torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp / name), inductor_configs=(
-                    {"max_autotune": True} if mode == "max-autotune-no-cudagraphs" else {}))
-            except Exception as e:  # inductor/compiler errors come in many types
-                raise EngineError(f"AOTInductor compilation of {name} failed: {e}") from e
-            graphs[name] = {"file": name, "batch": b, "span": L, "bytes": (tmp / name).stat().st_size,
-                            "sha256": mf.file_sha256(tmp / name), "compile_s": round(time.perf_counter() - t0, 1)}
-        names, tensors, _ = step_tensors(runner)
-        mf.write(tmp, {"kind": KIND, "key": final.name, "identity": ident, "checkpoint": checkpoint,
-                       "runtime": {"name": "torch", "version": torch.__version__}, "graphs": graphs,
-                       "inputs": [[n, list(t.shape), str(t.dtype)] for n, t in zip(names, tensors)]})
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # --------------------------------------------------------------------------- load
@@ -363,6 +299,13 @@ class AotSteps:
                     self._run[(b, L)] = aot_canary.load_package(p, dev)
                 except Exception as e:  # the loader raises RuntimeError and others
                     raise EngineMismatchError(f"{p} does not load ({e}); rebuild with: {REBUILD}") from e
+
+    def spans(self, batches: list[int], top: int) -> list[int]:
+        """The attention spans loaded for every one of ``batches``, if they include ``top`` (the KV
+        length), else []: a set built for fewer spans (``engines compile --buckets``) then serves
+        every position with the compiled step, over a longer span, instead of the plain one."""
+        have = sorted({L for _, L in self._run if all((b, L) in self._run for b in batches)})
+        return have if top in have else []
 
     def fn(self, b: int, L: int) -> Optional[Callable[[], None]]:
         """The step for ``(b, L)`` as a no-argument callable (None: no package for that shape)."""

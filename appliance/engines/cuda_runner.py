@@ -46,14 +46,13 @@ from ..core import SamplingParams
 from ..errors import CapacityError, ConfigError, EngineError
 from ..model.checkpoint import load_model, release_host_memory
 from ..model.kv import DecodeRows, PrefillSlot
-from ..model.stream import decoder_stream, vocos_stream
 from .aot_step import open_steps
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
+from .cuda_vocoder import DeviceVocoder
 from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
 from .sampler_torch import DeviceSampler
 from .step_modes import COMPILE_MODES, compile_mode, jit_compile  # noqa: F401 (compile_mode: select, tests)
 from .torch_runner import _DTYPES, pick_device
-from .vocoder_state import VocoderCursor
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,8 @@ class CudaRunner(Runner):
         cfg: configuration (``model.*``; ``model.device`` may be ``cpu`` for tests: the graph seam
             then runs eagerly).
         reason: why this backend was chosen.
-        quant: None, ``int8`` or ``fp8`` (weight-only; fp8 needs sm >= 8.9 on CUDA).
+        quant: None, ``int8`` or ``fp8`` (weight-only; fp8 needs sm >= 8.9 on CUDA); ``auto``: as None
+            (the daemon's memory fit resolves ``model.quant: auto`` before the load).
         graphs: capture CUDA graphs (default: on CUDA).
         compile: the step mode (:mod:`appliance.engines.step_modes`): False (plain graphs),
             ``"aot"`` (packages from ``aot_dir``, else plain graphs, the reason in ``step_source``),
@@ -92,7 +92,7 @@ class CudaRunner(Runner):
                  compile: bool | str = False, buckets: Optional[list[int]] = None, step_chunk: int = 8,
                  capture_batches: Optional[list[int]] = None, prefill_buckets: Optional[list[int]] = None,
                  compile_cache: Optional[str] = None, aot_dir: Optional[str] = None):
-        quant = None if quant in (None, "none") else quant
+        quant = None if quant in (None, "none", "auto") else quant   # auto: the daemon's memory fit decided
         mode = COMPILE_MODES.get(compile, compile) if isinstance(compile, (bool, str)) else compile
         if mode not in COMPILE_MODES.values():
             raise ConfigError(f"compile mode {compile!r}: use one of {sorted(set(COMPILE_MODES.values()) - {None})}")
@@ -132,7 +132,6 @@ class CudaRunner(Runner):
         self.last_logits = torch.zeros(S, Q, V, device=dev)
         self.row_slot = torch.arange(S, device=dev)                          # physical row -> logical slot
         self.hid = torch.zeros(S, Lmax, D, dtype=dt, device=dev)            # per logical slot
-        self.mel = torch.zeros(S, s.n_mels, 2 * Lmax, device=dev)             # FP32, as the vocoder
         self.step_chunk = max(1, int(step_chunk))
         self.ring = 2 * self.step_chunk
         self.codes_ring = torch.zeros(self.ring, S, Q, dtype=torch.int64, device=dev)
@@ -147,15 +146,9 @@ class CudaRunner(Runner):
         self.pf_last = torch.zeros(1, dtype=torch.int64, device=dev)
         self.first_codes = torch.zeros(Q, dtype=torch.int64, device=dev)
         # ---- pinned host buffers (the only device -> host traffic: codes and spectra)
-        nf = s.n_fft // 2 + 1
         pin = dict(pin_memory=cuda)
         self._h_codes = torch.zeros(self.ring, S, Q, dtype=torch.int64, **pin)
         self._h_first = torch.zeros(Q, dtype=torch.int64, **pin)
-        self._h_spec = torch.zeros(2, 2 * Lmax, nf, **pin)
-        self._no_spec = np.zeros((0, nf), np.float32)
-        # ---- stateful vocoder passes: per slot, the convolution caches and how far they reach
-        d_rf = receptive_fields(s.dec_layers, s.voc_layers)
-        self._cursor = VocoderCursor(S, d_rf["decoder_rf"], d_rf["vocos_rf"])
         self.row_of = list(range(S))                # logical slot -> physical row
         self.pos_host = np.zeros(S, np.int64)       # next position per logical slot
         self.buckets = sorted(set(buckets or kv_buckets(Lmax)) | {Lmax})
@@ -163,6 +156,8 @@ class CudaRunner(Runner):
         self._body = self._step_body if mode in (None, "aot") else jit_compile(self._step_body, mode, compile_cache)
         self.compiled = mode
         self._event = torch.cuda.Event() if cuda else None
+        rf = receptive_fields(s.dec_layers, s.voc_layers)
+        self.voc = DeviceVocoder(self.model, self.hid, rf["decoder_rf"], rf["vocos_rf"], self._sync)
         weight_bytes = sum(t.numel() * t.element_size() for t in list(self.model.parameters()) + [
             b for n, b in self.model.named_buffers() if "rope" not in n])
         self.info = RunnerInfo(
@@ -171,11 +166,12 @@ class CudaRunner(Runner):
             kv_bytes_per_token=g.kv_bytes_per_token(), reason=reason, num_text_tokens=s.num_text_tokens,
             text_mode=False, step_chunk=self.step_chunk, device=str(dev), context_bytes=context_bytes,
             engine_id=f"torch {torch.__version__} {quant or precision}",  # not the compile mode: windows are not compiled
-            **receptive_fields(s.dec_layers, s.voc_layers))
+            **rf)
         batches = list(capture_batches if capture_batches is not None else range(1, S + 1))
         self._aot, self.step_source = None, "plain CUDA graphs" if mode is None else f"compiled ({mode}) at start"
         if mode == "aot":
             self._aot, self.step_source = open_steps(self, aot_dir, path, [(b, L) for b in batches for L in self.buckets])
+            self.buckets = (self._aot and self._aot.spans(batches, Lmax)) or self.buckets   # the set's spans
             self.compiled = "aot" if self._aot is not None else None
         try:
             self._capture_all(batches)
@@ -313,7 +309,7 @@ class CudaRunner(Runner):
         except RuntimeError as e:
             raise EngineError(f"torch prefill failed: {e}") from e
         self.pos_host[slot] = t
-        self._cursor.reset(slot)
+        self.voc.reset(slot)
 
     def start(self, slot: int, params: SamplingParams, seed: int) -> np.ndarray:
         slot = self.check_slot(slot)
@@ -349,38 +345,14 @@ class CudaRunner(Runner):
         return self._h_codes[:k, :b].numpy()
 
     def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`Runner.vocode`: the stateful passes of :mod:`appliance.model.stream` (FP32,
-        caches on the device per slot, planned by :class:`VocoderCursor`); only the spectrum
-        frames asked for come back (pinned buffer, one sync)."""
+        """See :meth:`Runner.vocode`: the stateful passes on the device
+        (:class:`~appliance.engines.cuda_vocoder.DeviceVocoder`, cuDNN off: its module doc)."""
         slot = self.check_slot(slot)
         self.check_window(slot, w)
         try:
-            with torch.inference_mode():
-                m = self.model
-                d = self._cursor.decoder(slot, w)
-                if d is not None:
-                    cur, dev = self._cursor, self.device
-                    c = cur.dec_cache[slot]  # None: the sentence's first pass
-                    x = self.hid[slot, d.n0:d.n1].T.unsqueeze(0).float()
-                    mel, cur.dec_cache[slot] = decoder_stream(m.decoder, x, torch.tensor(2 * d.n0, device=dev), c, d.reach)
-                    a = max(0, d.first)
-                    self.mel[slot, :, a:2 * d.n1] = mel[0, :, a - d.first:]
-                v = self._cursor.vocos(slot, w)
-                if v is None:
-                    return self._no_spec, self._no_spec
-                cur = self._cursor
-                c = cur.voc_cache[slot]
-                re, im, cur.voc_cache[slot] = vocos_stream(
-                    m.vocos, self.mel[slot, :, v.v0:v.v1].unsqueeze(0), torch.tensor(v.v0, device=self.device),
-                    torch.tensor(v.n_final, device=self.device), c)
-                f = v.hi - v.lo
-                self._h_spec[0, :f].copy_(re[0, v.lo:v.hi], non_blocking=True)
-                self._h_spec[1, :f].copy_(im[0, v.lo:v.hi], non_blocking=True)
-                self._sync()
+            return self.voc(slot, w)
         except RuntimeError as e:
             raise EngineError(f"torch vocoder failed: {e}") from e
-        spec = self._h_spec.numpy()
-        return spec[0, :f], spec[1, :f]
 
     def hidden(self, slot: int, t0: int, t1: int) -> np.ndarray:
         with torch.inference_mode():
@@ -395,6 +367,6 @@ class CudaRunner(Runner):
         self.seam.clear()
         if getattr(self, "model", None) is not None:
             self.model = None
-            self.hid = self.mel = None
+            self.hid = self.voc = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -20,7 +20,8 @@ cache (``llama_memory_seq_rm``) when its sentence ends (:meth:`LlamaRunner.relea
 each prefill. Refine-text runs the same GPT on text embeddings; its logits are the final hidden
 state times the text head (``head_text.npy``, mapped, read only then), on the host.
 
-Threads: ``model.threads`` (0 = all cores), for prompts and steps alike. The KV cache is F16
+Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`), for prompts and steps
+alike and for the vocoder's ONNX Runtime sessions, which run after the decode, never beside it. The KV cache is F16
 (``llama_lib.new_context``). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
 """
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ from .host_runner import HostRunner
 from .onnx_runner import embed_prompt, load_embeddings
 from .ort_vocoder import OrtVocoder, session_options
 from .runner import RunnerInfo, receptive_fields
+from .threads import thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class LlamaRunner(HostRunner):
         self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
         M, S = mc.max_batch, mc.max_seq_len
         max_prompt = int(m["limits"]["max_prompt_tokens"])
-        threads = mc.threads or (os.cpu_count() or 1)
+        budget = thread_budget(mc.threads)
+        threads = budget.threads
 
         self._lc = lc
         self._model = llama_lib.load_model(lc, d / m["graphs"]["gpt"]["file"], s)
@@ -119,7 +121,7 @@ class LlamaRunner(HostRunner):
             self.weight_files.append((d / emb_name, emb_sha))
         self._head_text_file = d / m["head_text"]["file"]
         self._head_text: np.ndarray | None = None
-        self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, mc.threads, mc.spin_wait), D, s["n_mels"],
+        self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, threads, mc.spin_wait), D, s["n_mels"],
                                receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
         kv_el = 2
@@ -127,10 +129,11 @@ class LlamaRunner(HostRunner):
             backend="llama.cpp", precision=qtype, hidden_size=D, num_vq=Q, num_audio_tokens=V, max_batch=M,
             max_seq_len=S, max_prompt_tokens=max_prompt, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=2 * L * D * kv_el, reason=reason, num_text_tokens=self._n_text, text_mode=True,
-            engine_id=mf.file_sha256(d / mf.MANIFEST), **receptive_fields(s["dec_layers"], s["voc_layers"]),
+            engine_id=mf.file_sha256(d / mf.MANIFEST), threads=threads, threads_source=budget.source,
+            **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
-        log.info("llama.cpp runner: %s (%s), %d threads, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB",
-                 d, qtype, threads, M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20)
+        log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 d, qtype, budget.describe(), M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20)
         self.setup_host(s["n_mels"])
 
     # -------------------------------------------------------------- one llama_decode

@@ -52,14 +52,19 @@ class Calibration:
     date: str = ""
     checkpoint: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)   #: the health check's (appliance.synth.reference)
+    threads: int = 0            #: CPU threads the runner computed with (0: not a CPU runner)
+    threads_source: str = ""    #: where that number came from (appliance.engines.threads)
 
 
 @dataclass(frozen=True)
 class LookaheadChoice:
-    """What the daemon uses: ``tokens`` (None = exact) and why (``source``, one line)."""
+    """What the daemon uses: ``tokens`` (None = exact) and why (``source``, one line);
+    ``missing``: ``auto`` found no calibration usable for these engines (the daemon then
+    calibrates at its start, ``stream.calibrate_at_start``)."""
 
     tokens: Optional[int]
     source: str
+    missing: bool = False
 
     def describe(self, exact: int) -> str:
         """``"16 steps (calibrated ...)"`` or ``"exact (53 steps): ..."``."""
@@ -116,13 +121,13 @@ def choose(setting: Union[str, int], engine_dir: str | os.PathLike, ckpt_dir: st
     try:
         entries = [e for e in read(engine_dir) if e.get("backend") == backend and e.get("precision") == precision]
     except EngineError as e:
-        return LookaheadChoice(None, str(e))
+        return LookaheadChoice(None, str(e), True)
     if not entries:
-        return LookaheadChoice(None, f"not calibrated for {backend}/{precision}: run 'chattts-appliance calibrate'")
+        return LookaheadChoice(None, f"not calibrated for {backend}/{precision}: run 'chattts-appliance calibrate'", True)
     entries = [e for e in entries if e.get("engine_id", "") == engine_id]
     if not entries:
         return LookaheadChoice(None, f"the engines were rebuilt since the calibration of {backend}/{precision}: "
-                                     f"run 'chattts-appliance calibrate'")
+                                     f"run 'chattts-appliance calibrate'", True)
     ident = None
     for e in entries:
         known = e.get("checkpoint") or {}
@@ -130,12 +135,12 @@ def choose(setting: Union[str, int], engine_dir: str | os.PathLike, ckpt_dir: st
             try:
                 ident = mf.checkpoint_identity(ckpt_dir, known)
             except OSError as err:
-                return LookaheadChoice(None, f"cannot identify the checkpoint: {err}")
+                return LookaheadChoice(None, f"cannot identify the checkpoint: {err}")   # the load will say more
         if ident["sha256"] != known.get("sha256"):
             continue
         if float(e.get("threshold_db", 0.0)) > threshold_db:
             return LookaheadChoice(None, f"calibrated at {e['threshold_db']} dB, looser than stream.lookahead_threshold_db "
-                                         f"{threshold_db}: run 'chattts-appliance calibrate' again")
+                                         f"{threshold_db}: run 'chattts-appliance calibrate' again", True)
         return LookaheadChoice(int(e["lookahead_tokens"]), f"calibrated {e.get('date', '')[:10]} for {backend}/{precision}, "
                                                            f"worst error <= {e['threshold_db']} dB")
-    return LookaheadChoice(None, "the calibration was made for another checkpoint: run 'chattts-appliance calibrate'")
+    return LookaheadChoice(None, "the calibration was made for another checkpoint: run 'chattts-appliance calibrate'", True)

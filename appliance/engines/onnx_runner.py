@@ -35,10 +35,9 @@ Precision directory: ``int8`` if it was exported (the GPT's MatMuls 8-bit weight
 and Vocos FP32, see :mod:`appliance.build.export`), else ``fp32``; the choice is logged. One
 ``gpt`` graph serves prefill (B=1, T=prompt) and decode (T=1), so the GPT weights are held once;
 the embedding tables live on the host (``embed.safetensors``, 69 MiB fp32 at full size) and the
-runner computes the graph's input embeddings with numpy. Threads: ``model.threads`` (0 = all
-cores) intra-op, 1 inter-op, sequential; idle threads spin unless ``model.spin_wait`` is false (quiet
-2-core host, INT8: 18.5-18.9 ms per step spinning, 27.9-29.9 sleeping, ``bench/bench_cpu.py``; a busy
-shared host the reverse: 62 ms sleeping, 119 spinning, ``bench/bench_gpt_step.py``).
+runner computes the graph's input embeddings with numpy. Threads: one budget for the three
+sessions (:mod:`appliance.engines.threads`: ``model.threads``, else the CPU quota and affinity
+mask), intra-op pools that spin only inside a run, or never (``model.spin_wait``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes of
 :class:`~appliance.engines.ort_vocoder.OrtVocoder` (shared with the llama.cpp runner); an older export
@@ -71,6 +70,7 @@ from . import manifest as mf
 from .host_runner import HostRunner
 from .ort_vocoder import OrtVocoder, ort_call, session_options
 from .runner import RunnerInfo, receptive_fields
+from .threads import thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,8 @@ class OnnxRunner(HostRunner):
         self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
         M, S = mc.max_batch, mc.max_seq_len
 
-        so = session_options(ort, mc.threads, mc.spin_wait)
+        budget = thread_budget(mc.threads)
+        so = session_options(ort, budget.threads, mc.spin_wait)
         self._sess: dict[str, Any] = {"gpt": ort_call("loading gpt", lambda: ort.InferenceSession(
             str(d / m["graphs"]["gpt"]["file"]), sess_options=so, providers=["CPUExecutionProvider"]))}
 
@@ -233,12 +234,13 @@ class OnnxRunner(HostRunner):
             num_audio_tokens=self._V, max_batch=M, max_seq_len=S, max_prompt_tokens=max_prompt,
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
             num_text_tokens=self._n_text,
-            engine_id=mf.file_sha256(d / mf.MANIFEST),
+            engine_id=mf.file_sha256(d / mf.MANIFEST), threads=budget.threads, threads_source=budget.source,
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         self._voc = OrtVocoder(ort, d, m["graphs"], so, D, self._n_mels, self.info.decoder_rf)
-        log.info("onnxruntime runner: %s (%s), %d threads, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
-                 d, precision, so.intra_op_num_threads, M, S, weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
+        log.info("onnxruntime runner: %s (%s), %s, %s, %d slots x %d positions, weights %.1f MiB, KV %.1f MiB",
+                 d, precision, budget.describe(), "spinning inside a run" if mc.spin_wait else "sleeping when idle", M, S,
+                 weight_bytes / 2**20, 2 * self._k.nbytes / 2**20)
         self.setup_host(self._n_mels)
 
     # -------------------------------------------------------------- the passes (HostRunner)

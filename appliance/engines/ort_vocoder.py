@@ -12,7 +12,6 @@ read): the caches go in and out as arrays that
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,16 +21,21 @@ from ..errors import CapacityError, EngineError
 
 
 def session_options(ort: Any, threads: int, spin_wait: bool) -> Any:
-    """``ort.SessionOptions`` of the CPU runners: ``threads`` intra-op threads (0 = all cores),
-    one inter-op thread, sequential execution, all graph optimizations; idle threads sleep unless
-    ``spin_wait``."""
+    """``ort.SessionOptions`` of the CPU runners: ``threads`` intra-op threads (the one budget,
+    :func:`~appliance.engines.threads.thread_budget`), one inter-op thread, sequential execution,
+    all graph optimizations; workers spin between the parallel sections of a run and stop when
+    it returns (``session.force_spinning_stop``) where ``spin_wait``, else never spin: each
+    session has its own pool, and a pool that spins on after its run takes the cores from the
+    next stage's (:mod:`appliance.engines.threads`)."""
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or (os.cpu_count() or 1)
+    so.intra_op_num_threads = max(1, int(threads))
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    if not spin_wait:  # threads sleep when idle (faster only on a busy shared host)
+    if spin_wait:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+    else:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 

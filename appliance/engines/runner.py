@@ -80,6 +80,8 @@ class RunnerInfo:
         context_bytes: device memory the bare CUDA context took before the runner allocated
             anything, bytes (0 on a host): a property of the card and driver (621 MiB on an H200),
             which the memory budget leaves out on a desktop GPU (appliance.ops.footprint).
+        threads: CPU threads the runner computes with (0: not a CPU runner), and
+        threads_source: where that number came from (:mod:`appliance.engines.threads`).
     """
 
     backend: str
@@ -102,6 +104,12 @@ class RunnerInfo:
     window_quantum: int = 1
     engine_id: str = ""
     context_bytes: int = 0
+    threads: int = 0
+    threads_source: str = ""
+
+    def thread_fields(self) -> dict:
+        """``status``'s ``threads`` and ``threads_source`` (None for a runner that is not on a CPU)."""
+        return {"threads": self.threads or None, "threads_source": self.threads_source or None}
 
 
 def receptive_fields(dec_layers: int, voc_layers: int) -> dict[str, int]:

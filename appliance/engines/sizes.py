@@ -36,6 +36,8 @@ class PlannedSizes:
         resizable: the backend can be opened with other ``max_seq_len`` / ``max_batch`` (torch);
             built engines (ONNX, TensorRT) are fixed to the sizes they were built for.
         what: one phrase naming the sizes' source, for logs.
+        int8_saving_bytes: what INT8 weight-only GPT linears would save where the fit may choose
+            them (``model.quant: auto`` on a GPU; 0 otherwise), bytes.
     """
 
     backend: str
@@ -44,6 +46,7 @@ class PlannedSizes:
     kv_bytes_per_token: int
     resizable: bool
     what: str
+    int8_saving_bytes: int = 0
 
 
 def _numel_by_file(asset: Path, files: tuple[str, ...], skip: tuple[str, ...] = ()) -> dict[str, int]:
@@ -76,13 +79,15 @@ def torch_sizes(cfg: Config, gpu: bool) -> PlannedSizes:
     gc = json.loads((asset / layout.GPT_CONFIG).read_text())
     hidden, n_layers, ffn = int(gc["hidden_size"]), int(gc["num_hidden_layers"]), int(gc["intermediate_size"])
     gpt = n[layout.GPT_FILE] * el
-    if gpu and mc.quant in ("int8", "fp8"):          # the block linears become 1 byte per weight
-        gpt -= n_layers * (4 * hidden * hidden + 3 * hidden * ffn) * (el - 1)
+    one_byte = n_layers * (4 * hidden * hidden + 3 * hidden * ffn) * (el - 1)   # block linears at 1 byte per weight
+    if gpu and mc.quant in ("int8", "fp8"):
+        gpt -= one_byte
     vocoder_el = 4 if gpu else el
     weights = gpt + n[layout.EMBED_FILE] * el + sum(n[f] for f in _GPU_FP32_PARTS) * vocoder_el
     kvpt = 2 * n_layers * hidden * el
     return PlannedSizes("torch", "cuda" if gpu else "cpu", int(weights), int(kvpt), True,
-                        f"{dtype} weights from the checkpoint's headers")
+                        f"{dtype} weights from the checkpoint's headers",
+                        int(one_byte) if gpu and mc.quant == "auto" else 0)
 
 
 def built_sizes(cfg: Config, backend: str, d: Path) -> PlannedSizes:

@@ -20,6 +20,7 @@ from ..model.checkpoint import load_model
 from ..model.stream import decoder_stream, vocos_stream
 from .host_runner import HostRunner
 from .runner import RunnerInfo, receptive_fields
+from .threads import thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,10 @@ class TorchRunner(HostRunner):
         mc = cfg.model
         self.device = pick_device(mc.device)
         self.dtype, precision = _DTYPES[mc.torch_dtype(gpu=self.device.type == "cuda")]
-        if self.device.type == "cpu" and mc.threads > 0:
-            torch.set_num_threads(mc.threads)
+        budget = thread_budget(mc.threads) if self.device.type == "cpu" else None
+        if budget is not None:    # torch's one intra-op pool (module appliance.engines.threads)
+            torch.set_num_threads(budget.threads)
+            log.info("torch CPU runner: %s", budget.describe())
         path = cfg.resolve(mc.path)
         try:
             self.model = load_model(path, self.device, self.dtype, verify=cfg.safety.verify_checkpoint)
@@ -78,6 +81,7 @@ class TorchRunner(HostRunner):
             kv_bytes_per_token=self.model.gpt.kv_bytes_per_token(), reason=reason,
             num_text_tokens=s.num_text_tokens, text_mode=True, device=str(self.device),
             engine_id=f"torch {torch.__version__} {precision}",
+            threads=budget.threads if budget is not None else 0, threads_source=budget.source if budget is not None else "",
             **receptive_fields(s.dec_layers, s.voc_layers),
         )
         # host output buffers, allocated once

@@ -115,6 +115,12 @@ class Done:
             before it started (``stream.start_slack_ms``, more where the box could not keep up:
             a later start instead of gaps); start_delay_ms: from its first chunk to its first
             sample at the device, ms (:mod:`appliance.service.startpolicy`; None where unknown).
+        pauses: every silence inside its audio at the sound device after it started, in order:
+            ``{"sentence": k, "at_s": audio played before it, s, "ms": its length, "where":
+            "sentence_boundary" (it held for sentence k because synthesis fell behind) or
+            "mid_sentence" (it ran dry inside sentence k: an underrun), "cause": cpu_busy,
+            channels, slow or late_sentence}`` (:data:`appliance.service.startpolicy.CAUSES`);
+            pause_ms: their sum, ms ([] and 0 where it did not play on a device).
     """
 
     id: str
@@ -135,6 +141,8 @@ class Done:
     predicted_rtf: Optional[float] = None
     start_hold_ms: Optional[float] = None
     start_delay_ms: Optional[float] = None
+    pauses: list = field(default_factory=list)
+    pause_ms: float = 0.0
     type: str = "done"
 
 
@@ -187,7 +195,9 @@ class StatusReply:
     CUDA context left out of the budget (``cuda_context_mib``); and
     ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
     ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
-    makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`)."""
+    makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`);
+    ``threads``: the CPU threads the runner computes with (None on a GPU) and ``threads_source``
+    where that number came from (``model.threads``, the cgroup CPU quota, the affinity mask)."""
 
     state: str
     backend: str
@@ -205,6 +215,8 @@ class StatusReply:
     memory_note: Optional[str] = None
     health: str = "healthy"
     conditions: list = field(default_factory=list)
+    threads: Optional[int] = None
+    threads_source: Optional[str] = None
     type: str = "status"
 
 

@@ -63,8 +63,9 @@ def _conv(conv: nn.Conv1d, x_new: torch.Tensor, cache: torch.Tensor | None, star
     pos = start + torch.arange(x.shape[-1], device=x.device)
     x = x * (pos >= 0).to(x.dtype)
     new = x[0].index_select(1, keep)
-    if not (isinstance(drop, int) and drop == 0):
-        x = x[..., drop:]   # the next layer holds these output frames frozen: not computed again
+    if not (isinstance(drop, int) and drop == 0):   # the next layer holds these output frames frozen: not computed again
+        x = x.narrow(-1, drop, x.shape[-1] - drop)   # not x[..., drop:]: a slice by a symbolic start has a
+        #                                              data-dependent length in torch.export (2.11: no ONNX export)
     y = F.conv1d(F.pad(x, (0, h)), conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups)
     return x[..., h:], y, new
 

@@ -199,31 +199,4 @@ class CheckRecord:
         return self._conds
 
 
-def device_conditions(status: Callable[[str], dict], channels: Sequence[str],
-                      clock: Callable[[], float] = time.monotonic) -> ConditionSource:
-    """The sound devices as a :data:`~appliance.core.ConditionSource`, read from
-    ``AudioOutput.status(channel)``: ``device_busy`` (degraded) when the device's error says it
-    is busy, else ``device_missing`` (unhealthy: the box is mute there; its requests go to a WAV
-    file or wait, as ``audio.on_device_error`` says), one per channel, naming the device and the
-    error; nothing on a ``wav`` box. ``since``: the first read that saw it."""
-    first: dict = {}
-
-    def read() -> tuple:
-        out = []
-        for ch in channels:
-            st = status(ch)
-            if st.get("output") in ("device", "wav"):
-                first.pop(ch, None)
-                continue
-            err = str(st.get("error") or "no output device matches")
-            busy = "busy" in err.lower()
-            since = first.setdefault(ch, clock())
-            out.append(Condition("device_busy" if busy else "device_missing",
-                                 f"channel {ch}: sound device {st.get('device')!r}: {err}; requests: {st.get('output')}",
-                                 since, DEGRADED if busy else UNHEALTHY))
-        return tuple(out)
-
-    return read
-
-
-__all__ = ["Health", "Verdict", "CheckRecord", "device_conditions", "HEALTHY", "WATCH_PERIOD_S"]
+__all__ = ["Health", "Verdict", "CheckRecord", "HEALTHY", "WATCH_PERIOD_S"]

@@ -132,7 +132,7 @@ class Endings:
         """``done``'s start decision fields (its first sample at the device is known by now)."""
         if self.starts is None or item.task is None:
             return {}
-        return self.starts.fields(item.id, item.task.report, item.job.params)
+        return self.starts.fields(item)
 
     def _done_event(self, item: Request) -> Done:
         done = item.done_event()

@@ -1,31 +1,49 @@
-"""When a request starts to sound: slack for one hiccup, and a later start where the box cannot keep up.
+"""When a request sounds: slack for one hiccup, a later start where the box cannot keep up, and a
+pause at a sentence boundary where it falls behind mid-request.
 
-A listener prefers a later start to stutter. At a request's first PCM chunk (the engine has then
-measured its decode step and vocoder window times, this request's prefill and look-ahead steps
-included) :class:`StartPolicy` decides how much audio its sound-device voice must hold before it
-starts, beyond one device wake-up (:meth:`DeviceOutput.hold <appliance.audio.device.DeviceOutput.hold>`):
+A listener prefers a later start to stutter, and a pause between two sentences to gaps inside
+words. :class:`StartPolicy` sees every PCM chunk of a request before it is written
+(:meth:`StartPolicy.on_chunk`; the engine has then measured its decode step and vocoder window
+times, all channels together) and decides how much audio its sound-device voice must hold:
 
-* always ``stream.start_slack_ms``: one scheduling hiccup of the synthesis thread (on a loaded
-  2-core machine: pauses of 14-73 ms right after the first 30-35 ms of speech, in 7 of about
-  250 requests, when the voice started on one wake-up of audio exactly);
-* where the stream cannot keep up with this request (predicted real-time factor above
-  ``stream.realtime_share``), the audio it must queue so that the rest is made before it is due:
-  :func:`~appliance.synth.schedule.start_plan`, from the measured times, the rows decoding now,
-  and the request's expected length.
+* at the request's first chunk, before it starts, beyond one device wake-up
+  (:meth:`DeviceOutput.hold <appliance.audio.device.DeviceOutput.hold>`):
 
-The policy's input is typed: a :class:`StartInput` the worker builds at the first chunk, and at
-the end the request's :class:`~appliance.synth.job.Report` (what it ran, to learn from).
+  * always ``stream.start_slack_ms``: one scheduling hiccup of the synthesis thread (on a loaded
+    2-core machine: pauses of 14-73 ms right after the first 30-35 ms of speech, in 7 of about
+    250 requests, when the voice started on one wake-up of audio exactly);
+  * where the stream cannot keep up with this request (predicted real-time factor above
+    ``stream.realtime_share``), the audio it must queue so that the rest is made before it is due:
+    :func:`~appliance.synth.schedule.start_plan`, from the measured times, the rows decoding now,
+    and the request's expected length;
 
-Expected length: per sentence, its text tokens (``Sentence.text_tokens``) times the decode
-steps per text token seen so far (:data:`STEPS_PER_TOKEN` until a request has finished: about
-what trained ChatTTS speaks at ``[speed_5]``), clipped to the request's ``min_new_tokens`` and
-``max_new_tokens``. A request that ends earlier than expected only started later than needed; one
-that runs longer may still run dry (re-buffering, counted as an underrun).
+* at the first chunk of each later sentence, the same for that sentence alone: the voice plays
+  on from the previous sentence's end only if it holds that much of the next one, else it holds
+  there (:mod:`appliance.audio.mix`, "Sentences"). The start plan assumed the rates it measured
+  at the start; when synthesis falls below real time later (a busy neighbour, a lower clock, a
+  channel joining), this re-hold turns the shortfall into a pause at the next sentence boundary;
+* at every chunk, what the voice must re-buffer should it run dry mid-sentence anyway (a
+  slowdown inside a sentence): the rest of that sentence at the rate measured now
+  (:meth:`RequestAudio.rebuffer <appliance.audio.request.RequestAudio.rebuffer>`), so it pauses
+  once, not at every chunk.
 
-The decision is reported in ``done`` (``predicted_rtf``, ``start_hold_ms``: the audio held beyond
-the device wake-up, 0 for a WAV file or audio that only goes back to the client;
-``start_delay_ms``: its first chunk to its first sample at the device) and,
-per channel, in ``status`` (``start``: the channel's latest request). Thread-safe.
+The policy reads typed objects only: the :class:`~appliance.service.request.Request`, its
+:class:`~appliance.synth.batch.Task` (the sentences known now, its ``chunk_scale``, the decoding
+sentence's steps) and, at the end, the task's :class:`~appliance.synth.job.Report`.
+
+Expected length: per sentence, its text tokens (``Sentence.text_tokens``) times the decode steps
+per text token seen so far
+(:data:`STEPS_PER_TOKEN` until a request has finished: about what trained ChatTTS speaks at
+``[speed_5]``), clipped to the request's ``min_new_tokens`` and ``max_new_tokens``. A request
+that ends earlier than expected only started later than needed; one that runs longer may still
+run dry (re-buffering, counted as an underrun).
+
+The decisions are reported in ``done`` (``predicted_rtf``, ``start_hold_ms``: the audio held
+beyond the device wake-up, 0 for a WAV file or audio that only goes back to the client;
+``start_delay_ms``: its first chunk to its first sample at the device; ``pauses``: every silence
+inside it at the device, where (a sentence boundary or mid-sentence), how long, and its cause,
+:data:`CAUSES`; ``pause_ms``: their sum) and, per channel, in ``status`` (``start``: the
+channel's latest request). Thread-safe.
 """
 
 from __future__ import annotations
@@ -33,16 +51,17 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 from ..synth.schedule import StartPlan, start_plan
 
 if TYPE_CHECKING:
     from ..audio.sink import AudioSink
-    from ..core import SamplingParams
-    from ..synth.batch import BatchEngine
+    from ..core import PcmChunk, SamplingParams
+    from ..synth.batch import BatchEngine, Task
     from ..synth.job import Report
+    from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +70,26 @@ KEPT = 256
 STEPS_PER_TOKEN = 10.0
 """Decode steps per text token before any request has finished (trained ChatTTS at
 ``[speed_5]``: about 4.5 Chinese characters, one token each, per second = 10 steps)."""
+BUSY = 1.25
+"""A decode step this many times slower than the fastest one seen at the same rows: the CPU is
+busy with something else (another process, a lower clock)."""
+CAUSES = {
+    "cpu_busy": "decode steps slower than this box's best at this many channels: another process, or a lower clock",
+    "channels": "several channels decode together and their batch is slower than real time",
+    "slow": "one channel at this box's best speed is slower than real time",
+    "late_sentence": "the next sentence's first audio (its prompt and look-ahead) came after the queued audio ran out",
+}
+"""Why a request paused (``done.pauses[].cause``)."""
 
 
-@dataclass(frozen=True)
-class StartInput:
-    """What the policy reads of a request at its first PCM chunk (the worker builds it).
+@dataclass
+class _Track:
+    """One request's audio as the policy follows it (worker thread)."""
 
-    Attributes:
-        id, channel: the request's.
-        text_tokens: per sentence known now, its text's tokens without the prompt's frame.
-        params: its sampling parameters (``min_new_tokens``, ``max_new_tokens`` per sentence).
-        lookahead_tokens: its vocoder's look-ahead, decode steps. chunk_scale: its schedule's scale.
-        audio: its :class:`~appliance.audio.sink.AudioSink` (``voice`` None: a WAV file or audio
-            only for its client: nothing to hold; ``first_out_at``: when it first sounded).
-        first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
-    """
-
-    id: str
-    channel: str
-    text_tokens: tuple[int, ...]
-    params: SamplingParams
-    lookahead_tokens: int
-    chunk_scale: int
     audio: AudioSink
-    first_pcm_at: float
+    sentence: int = 0
+    causes: dict = field(default_factory=dict)      # sentence -> cause at its first chunk (its boundary hold)
+    latest: dict = field(default_factory=dict)      # sentence -> cause at its latest chunk (a dry-out in it)
 
 
 class StartPolicy:
@@ -82,7 +97,7 @@ class StartPolicy:
 
     Args:
         engine: the :class:`~appliance.synth.batch.BatchEngine` (its measured ``step_s`` and
-            ``window_s``, the rows in ``tasks``, its ``schedule``).
+            ``window_s``, the rows in ``tasks``, its ``schedule``, ``lookahead_of(task)``).
         slack_s: ``stream.start_slack_ms`` / 1000.
     """
 
@@ -91,29 +106,101 @@ class StartPolicy:
         self.slack_s = max(0.0, float(slack_s))
         self.per_token = STEPS_PER_TOKEN
         self._lock = threading.Lock()
-        self._plans: collections.OrderedDict[str, tuple[StartInput, StartPlan, float]] = collections.OrderedDict()
-        # ^ request id -> (input, plan, hold_s) until its done
-        self._latest: dict[str, tuple[StartInput, StartPlan, float]] = {}    # channel -> the same
+        self._plans: collections.OrderedDict[Request, tuple[StartPlan, float]] = collections.OrderedDict()
+        # ^ item -> (plan, hold_s) until its done
+        self._latest: dict[str, tuple[Request, StartPlan, float]] = {}    # channel -> (item, plan, hold_s)
+        self._track: collections.OrderedDict[Request, _Track] = collections.OrderedDict()   # item -> until its done
+        self._best: dict[int, float] = {}        # rows -> the fastest decode step seen, s
 
-    def expected_steps(self, text_tokens: tuple[int, ...], params: SamplingParams) -> int:
-        """Decode steps sentences of ``text_tokens`` are expected to run, all together (module docstring)."""
+    def _sentence_steps(self, task: Task, params: SamplingParams) -> list[int]:
+        """Decode steps each sentence of ``task`` known now is expected to run (module docstring)."""
         lo, hi = int(params.min_new_tokens), int(params.max_new_tokens)
         with self._lock:
             per = self.per_token
-        return sum(min(hi, max(lo, round(per * n))) for n in text_tokens)
+        return [min(hi, max(lo, round(per * s.text_tokens))) for s in task.sentences]
 
-    def apply(self, item: StartInput) -> None:
+    def expected_steps(self, task: Task, params: SamplingParams) -> int:
+        """Decode steps ``task`` is expected to run, all its sentences known now (module docstring)."""
+        return sum(self._sentence_steps(task, params))
+
+    def on_chunk(self, item: Request, chunk: PcmChunk) -> None:
+        """``item``'s :class:`~appliance.core.PcmChunk` ``chunk`` is about to be written (worker
+        thread): its first chunk decides the start (:meth:`apply`), a later sentence's first chunk
+        its hold at the boundary before it, every chunk the re-buffering amount; a chunk that ends
+        a sentence is marked as such on the voice. Never raises."""
+        try:
+            with self._lock:
+                tr = self._track.get(item)
+            if tr is None or tr.audio is not item.audio:        # its first chunk (again after a resume)
+                tr = _Track(item.audio, chunk.sentence)
+                with self._lock:
+                    self._track[item] = tr
+                    while len(self._track) > KEPT:
+                        self._track.popitem(last=False)
+                self.apply(item)
+            elif chunk.sentence != tr.sentence:
+                tr.sentence = chunk.sentence
+                self._rehold(item, tr)
+            self._rebuffer(item, tr)
+            voice = item.audio.voice
+            if chunk.ends_sentence and voice is not None:
+                voice.end_sentence_next()
+        except Exception:  # noqa: BLE001 - a policy bug must not fail the request
+            log.exception("request %s: sentence plan", item.id)
+
+    def _plan(self, item: Request, steps: int) -> tuple[StartPlan, str]:
+        """The start plan for ``steps`` more decode steps of ``item`` at the rates measured now, and
+        what would make it fall behind (:data:`CAUSES`: ``cpu_busy``, ``channels`` or ``slow``)."""
+        eng, task = self.engine, item.task
+        rows = max(1, len(eng.tasks))
+        plan = start_plan(eng.schedule, eng.step_s, eng.window_s, steps, eng.lookahead_of(task),
+                          rows=rows, scale=task.chunk_scale)
+        with self._lock:
+            best = self._best[rows] = min(self._best.get(rows, eng.step_s), eng.step_s)
+        if eng.step_s > BUSY * best:
+            return plan, "cpu_busy"
+        return plan, "channels" if rows > 1 else "slow"
+
+    def _rehold(self, item: Request, tr: _Track) -> None:
+        """The first chunk of sentence ``tr.sentence`` (> 0): the voice holds that much of it at the
+        boundary before it (module docstring)."""
+        k = tr.sentence
+        steps = self._sentence_steps(item.task, item.job.params)
+        plan, cause = self._plan(item, steps[k] if k < len(steps) else max(steps, default=1))
+        tr.causes[k] = cause if plan.hold_s > 0 else "late_sentence"
+        voice = item.audio.voice
+        if voice is None:
+            return
+        voice.device.hold(voice, self.slack_s + plan.hold_s)
+        if plan.hold_s > 0:
+            log.info("request %s: sentence %d: predicted RTF %.2f (%s): it plays on once %.2f s of it are queued "
+                     "(a pause between sentences instead of gaps)", item.id, k, plan.predicted_rtf, cause,
+                     self.slack_s + plan.hold_s, extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf,
+                                                        "sentence": k, "hold_s": self.slack_s + plan.hold_s})
+
+    def _rebuffer(self, item: Request, tr: _Track) -> None:
+        """What the voice re-buffers should it run dry in this sentence: the rest of it at the rate now."""
+        task, k = item.task, tr.sentence
+        steps = self._sentence_steps(item.task, item.job.params)
+        done = task.seq.steps if task.seq is not None and task.k == k else 0
+        plan, cause = self._plan(item, max(1, (steps[k] if k < len(steps) else 1) - done))
+        tr.latest[k] = cause
+        voice = item.audio.voice
+        if voice is not None:
+            voice.rebuffer(plan.hold_s)
+
+    def apply(self, item: Request) -> None:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
-            eng = self.engine
-            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.text_tokens, item.params),
-                              item.lookahead_tokens, rows=max(1, len(eng.tasks)), scale=item.chunk_scale)
+            eng, task = self.engine, item.task
+            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(task, item.job.params),
+                              eng.lookahead_of(task), rows=max(1, len(eng.tasks)), scale=task.chunk_scale)
             voice = item.audio.voice                            # None: a WAV file or the client's audio
             hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
             if voice is not None:
                 voice.device.hold(voice, hold_s)
             with self._lock:
-                self._plans[item.id] = (item, plan, hold_s)
+                self._plans[item] = (plan, hold_s)
                 while len(self._plans) > KEPT:
                     self._plans.popitem(last=False)
                 self._latest[item.channel] = (item, plan, hold_s)
@@ -125,19 +212,38 @@ class StartPolicy:
                      "(a later start instead of gaps)", item.id, plan.predicted_rtf, plan.expected_s, hold_s,
                      extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf, "start_hold_s": hold_s})
 
-    def fields(self, request_id: str, report: Report, params: SamplingParams) -> dict:
-        """``done``'s start fields for ``request_id`` (forgets it, and learns the length from its
-        ``report``, run with ``params``); {} if none."""
+    def fields(self, item: Request) -> dict:
+        """``done``'s start and pause fields for ``item`` (forgets it and learns its length); {} if
+        none."""
         with self._lock:
-            got = self._plans.pop(request_id, None)
-        self._learn(report, params)
+            got = self._plans.pop(item, None)
+            tr = self._track.pop(item, None)
+        if item.task is not None:
+            self._learn(item.task.report, item.job.params)
         if got is None:
             return {}
-        item, plan, hold_s = got
-        out_at = item.audio.first_out_at
-        delay = None if out_at is None else round(1000.0 * (out_at - item.first_pcm_at), 1)
+        plan, hold_s = got
+        out_at = item.audio.first_out_at if item.audio is not None else None
+        delay = None if out_at is None or item.first_pcm_at is None else round(1000.0 * (out_at - item.first_pcm_at), 1)
+        pauses = self._pauses(item, tr)
         return {"predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
-                "start_hold_ms": round(1000.0 * hold_s, 1), "start_delay_ms": delay}
+                "start_hold_ms": round(1000.0 * hold_s, 1), "start_delay_ms": delay, "pauses": pauses,
+                "pause_ms": round(sum(p["ms"] for p in pauses), 1)}
+
+    @staticmethod
+    def _pauses(item: Request, tr: Optional[_Track]) -> list[dict]:
+        """``done.pauses``: the voice's silences at the device with their causes (module docstring)."""
+        voice = item.audio.voice if item.audio is not None else None
+        if voice is None or tr is None:
+            return []
+        rate = max(1, voice.device.rate)
+        out = []
+        for p in list(voice.pauses):
+            causes = tr.causes if p.at_boundary else tr.latest
+            out.append({"sentence": p.sentence, "at_s": round(p.at / rate, 3), "ms": round(1000.0 * p.samples / rate, 1),
+                        "where": "sentence_boundary" if p.at_boundary else "mid_sentence",
+                        "cause": causes.get(p.sentence, "late_sentence" if p.at_boundary else "slow")})
+        return out
 
     def status(self, channel: str) -> dict:
         """``{"start": {...}}`` for ``status``: the channel's latest request's decision, or {}."""
@@ -148,11 +254,12 @@ class StartPolicy:
         item, plan, hold_s = got
         return {"start": {"id": item.id, "predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
                           "expected_audio_s": round(plan.expected_s, 2), "hold_ms": round(1000.0 * hold_s, 1),
-                          "sounding": item.audio.first_out_at is not None}}
+                          "sounding": item.audio is not None and item.audio.first_out_at is not None}}
 
     def _learn(self, report: Report, params: SamplingParams) -> None:
-        """Steps per text token from a finished run: a moving average; a run whose every sentence
-        ran to ``max_new_tokens`` says only that the rate is at least what it saw."""
+        """Steps per text token from a finished run (its ``report``, run with ``params``): a moving
+        average; a run whose every sentence ran to ``max_new_tokens`` says only that the rate is at
+        least what it saw."""
         st = report.stats
         tokens = sum(report.text_tokens)
         if st is None or tokens <= 0 or st.steps <= 0:

@@ -65,7 +65,7 @@ from .journal import mark
 from .request import Request, State
 from .scheduler import Scheduler, ThrottlePolicy
 from .stall import StallWatch
-from .startpolicy import StartInput, StartPolicy
+from .startpolicy import StartPolicy
 
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
@@ -354,8 +354,5 @@ class Worker:
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
-            t = item.task                     # before its first write: how much its player holds
-            self.starts.apply(StartInput(item.id, item.channel, tuple(s.text_tokens for s in t.sentences),
-                                         item.job.params, self.engine.lookahead_of(t), t.chunk_scale, item.audio,
-                                         item.first_pcm_at))
+        self.starts.on_chunk(item, chunk)     # before the write: how much its player holds, sentence ends
         item.audio.write(pcm)

@@ -303,7 +303,7 @@ class BatchEngine:
             t.report.silent.append(t.k)                          # reported in done.silent_sentences
         self._by_seq.pop(seq, None)
         t.seq = None
-        self._out(t, tail)
+        self._out(t, tail, ends_sentence=True)
         t.k += 1
         self._next(t)
 
@@ -330,14 +330,14 @@ class BatchEngine:
         t.report.stats = _stats(t, wall)
         self._end(t, TaskState.DONE, None)
 
-    def _out(self, t: Task, pcm: np.ndarray) -> None:
+    def _out(self, t: Task, pcm: np.ndarray, ends_sentence: bool = False) -> None:
         if pcm.size:
             check_pcm(pcm, t.job.id, self.loop.runner, t.seq)   # NaN/Inf fails the task, never reaches a sink
             if t.ttfb is None:
                 t.first_at = time.perf_counter()
                 t.ttfb = t.first_at - t.t0
             t.samples += pcm.size
-            t.sink(PcmChunk(pcm, SAMPLE_RATE))
+            t.sink(PcmChunk(pcm, SAMPLE_RATE, t.k, ends_sentence))
 
     def _end(self, t: Task, state: TaskState, error: Optional[BaseException]) -> None:
         if t.seq is not None:

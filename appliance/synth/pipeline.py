@@ -31,13 +31,13 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Iterator, Optional
-
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..config import Config, SynthesisConfig
+from ..config import Config, SynthesisConfig, VoiceConfig
 from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..engines.lookahead import LookaheadChoice
 from ..engines.lookahead import choose as choose_lookahead
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
@@ -142,6 +142,17 @@ class Pipeline:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
         self.cfg = dataclasses.replace(self.cfg, synthesis=synthesis)
 
+    def use_voices(self, voices: Sequence[VoiceConfig]) -> None:
+        """Take a new named-voice table (a reload, SIGHUP): every later :meth:`prepare` resolves
+        its names (any thread; one reference swapped).
+
+        Raises:
+            ConfigError: a voice string of ``voices`` does not decode (the running table stays).
+        """
+        book = VoiceBook(voices)
+        book.check(self.runner.info.hidden_size, self.cfg.synthesis.voice)
+        self.voices = book
+
     @property
     def info(self) -> RunnerInfo:
         """The runner's description (backend, precision, memory)."""
@@ -151,6 +162,11 @@ class Pipeline:
         """Right context of every vocoder window, decode steps (None: exact). Worker thread only."""
         for v in self.vocoders:
             v.set_lookahead(tokens)
+
+    def use_lookahead(self, choice: LookaheadChoice) -> None:
+        """Stream with ``choice`` from now on (a calibration made on this pipeline). Worker thread only."""
+        self.lookahead = choice
+        self.set_lookahead(choice.tokens)
 
     def describe_lookahead(self) -> str:
         """One line for logs, STATUS and the health report, e.g. ``16 steps (calibrated ...)``."""
