@@ -200,7 +200,7 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
 
     def submit(rid):
         sp = Speak(text="你好。", id=rid, seed=1, params=SynthParams(max_new_tokens=30))
-        w.submit(Item(speak=sp, job=p.prepare(sp.synthesis_request()), channel="main", sink=sink))
+        w.submit(Item(speak=sp, job=p.prepare(sp), channel="main", sink=sink))
 
     def ended(rid):
         with lock:

@@ -158,12 +158,14 @@ class AudioOutput:
         self.volume = volume
 
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
-             play: bool = True, client: Optional[AudioSink] = None) -> AudioSink:
+             play: bool = True, client: Optional[AudioSink] = None,
+             on_sounding: Optional[Callable[[], None]] = None) -> AudioSink:
         """The :class:`~appliance.audio.sink.AudioSink` of one request on ``channel``: a
         :class:`RequestAudio`; ``beat()`` is called while a write waits for room in the device
         FIFO, or a busy device is tried again (keeps the worker's heartbeat going). ``play`` False
         (``Speak.play``): nothing is played or written here: ``client`` (a transport's sink for its
         client), else a :class:`ClientOnlyAudio`. ``play`` with ``client``: a :class:`TeeAudio` of both.
+        ``on_sounding()``: once its first sample was written to the device (the watcher thread).
 
         Raises:
             DeviceLostError, DeviceBusyError: the device is down and ``audio.on_device_error`` is
@@ -172,10 +174,11 @@ class AudioOutput:
         """
         if not play:
             return client if client is not None else ClientOnlyAudio()
-        box = self._open_box(request_id, channel, beat)
+        box = self._open_box(request_id, channel, beat, on_sounding)
         return box if client is None else TeeAudio(box, client)
 
-    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]]) -> RequestAudio:
+    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]],
+                  on_sounding: Optional[Callable[[], None]] = None) -> RequestAudio:
         """The request's :class:`RequestAudio` (module docstring: device, waiting, WAV or an error)."""
         wav = wav_path(self.wav_dir, request_id)
         policy = self.cfg.audio.on_device_error
@@ -183,7 +186,7 @@ class AudioOutput:
             dev = self.devices.get(self._device_query(channel)[0])
             if dev is not None and (dev.ok or self._try(dev, beat)):
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, retention=self.retention)
+                                    on_wait=self._hold, retention=self.retention, on_sounding=on_sounding)
             fault = dev.fault if dev is not None and dev.fault is not None else DeviceLostError("no sound device")
             if policy == "fail":
                 raise type(fault)(str(fault))
@@ -194,9 +197,10 @@ class AudioOutput:
                     raise type(fault)(f"{fault}; {n} request(s) already wait for it (audio.max_waiting)")
                 log.warning("request %s waits for the device (audio.on_device_error: wait): %s", request_id, fault)
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, wait_from_start=True, retention=self.retention)
+                                    on_wait=self._hold, wait_from_start=True, retention=self.retention,
+                                    on_sounding=on_sounding)
             log.warning("request %s: writing %s: %s", request_id, wav, fault)
-        return RequestAudio(request_id, wav, None, retention=self.retention)
+        return RequestAudio(request_id, wav, None, retention=self.retention, on_sounding=on_sounding)
 
     def _try(self, dev: DeviceOutput, beat: Optional[Callable[[], None]]) -> bool:
         """Open a device that is down now (a request needs it): lists the devices again when that

@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -30,6 +30,11 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # sections
 # --------------------------------------------------------------------------------------------
+
+
+Lookahead = Union[Literal["auto", "exact"], int]
+"""``stream.lookahead``: ``auto``, ``exact``, or a number of decode steps (an int; a YAML string of
+digits is read as one)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class StreamConfig:
     chunk_growth: float = _f(2.0, "Each next chunk is this many times the previous one (capped by chunk_tokens and by what the audio already queued can cover: the device never waits); 1 = fixed chunks.", min=1.0, max=8.0)
     realtime_share: float = _f(0.9, "Share of real time the stream may spend making audio when it sizes chunks (measured step and window times): a first chunk grows until the second one is made before it has played.", min=0.1, max=1.0)
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
-    lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
+    lookahead: Lookahead = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     calibrate_at_start: bool = _f(True, "With lookahead auto: a start that finds no calibration for its engines (a fresh box, engines rebuilt, another checkpoint) measures the look-ahead itself before it serves, records it beside the engines with the health check's reference, and streams with it (on the H200 about 10 s; a CPU box's installer calibrates when it exports). false: serve with the exact look-ahead until 'chattts-appliance calibrate' has run.")
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
@@ -128,6 +133,7 @@ class ServiceConfig:
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
+    max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
     channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
@@ -271,7 +277,7 @@ class WyomingConfig:
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
     max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
-    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (16-bit at 24 kHz: 48 bytes per ms, 1.4 MiB at 30000). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
+    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (float32 at 24 kHz until written: 96 bytes per ms, 2.8 MiB at 30000; appliance.audio.stream). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
-        audio_format=cfg.stream.sample_format, on_preempt={c.name: c.on_preempt for c in channels},
+        on_preempt={c.name: c.on_preempt for c in channels},
         throttle=throttle, journal=journal, stall_s=cfg.safety.stall_s, max_hold_s=cfg.service.max_hold_s,
     )
     worker.start()

@@ -172,7 +172,8 @@ class Daemon:
             await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
                                     p.mqtt.recent.add if p.mqtt else None)
         self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
-                                   on_gone=p.dispatch.client_gone)
+                                   on_gone=p.dispatch.client_gone, max_buffered_ms=self.cfg.service.max_buffered_ms,
+                                   sample_format=self.cfg.stream.sample_format)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
@@ -298,7 +299,7 @@ class Daemon:
                 c.update(p.audio.status(name))
                 c.update(p.worker.starts.status(name) if p.worker.starts else {})
             chans[name] = c
-        w, th = (p.worker if p else None), (p.throttle if p else None)
+        w, th = (p.worker.ends if p else None), (p.throttle if p else None)
         return StatusReply(
             state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
             **(p.pipeline.info.thread_fields() if p is not None else {}),

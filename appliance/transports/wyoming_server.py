@@ -18,7 +18,7 @@ port or socket in use stops the start at once. UNIX sockets get ``service.socket
 Limits: an event header line of at most ``service.max_line_bytes``, data + payload of one event
 at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
 (:mod:`.wyoming_frame`). The audio a connection holds for a client that does not read it is at
-most ``wyoming.max_buffered_ms`` (:mod:`.wyoming_sink`).
+most ``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`).
 
 Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
 (what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
