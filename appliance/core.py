@@ -123,18 +123,20 @@ class SynthParams:
 
 @dataclass(frozen=True)
 class SynthesisRequest:
-    """What the pipeline needs to speak one text (built by the service from its protocol message).
+    """What the pipeline needs to speak one text. The service's ``speak`` message
+    (:class:`~appliance.messages.protocol.Speak`) is one, with its routing added: the pipeline
+    takes it as it is.
 
     Attributes:
-        id: request id (logs, statistics).
         text: what to say (UTF-8; control tokens such as ``[uv_break]`` allowed).
+        id: request id (logs, statistics).
         voice: ``seed:N`` or an upstream speaker string; None = ``synthesis.voice``.
         seed: sampling seed; None = ``synthesis.seed`` or a fresh random one.
         params: per-request overrides of the sampling defaults.
     """
 
-    id: str
     text: str
+    id: str = ""
     voice: Optional[str] = None
     seed: Optional[int] = None
     params: SynthParams = field(default_factory=SynthParams)

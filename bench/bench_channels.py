@@ -103,12 +103,12 @@ def run_channels(pipe: Pipeline, n: int, steps: int) -> dict:
     while not all(t.finished for t in tasks):
         eng.step()
     wall = time.perf_counter() - t0
-    assert all(t.state == "done" for t in tasks), [(t.state, t.error) for t in tasks]
+    assert all(t.state.value == "done" for t in tasks), [(t.state, t.error) for t in tasks]
     audio = [s / 24000 for s in samples]
     return {
         "wall_s": wall, "batched_steps": eng.steps_run - s0,
-        "rtf_per_channel": [round(j.stats.rtf, 4) for j in js],
-        "ttfb_ms_per_channel": [round(j.stats.ttfb_ms, 1) for j in js],
+        "rtf_per_channel": [round(t.report.stats.rtf, 4) for t in tasks],
+        "ttfb_ms_per_channel": [round(t.report.stats.ttfb_ms, 1) for t in tasks],
         "audio_s_per_channel": [round(a, 3) for a in audio],
         "throughput_audio_s_per_s": sum(audio) / wall,
         "steps_per_s": n * steps / wall,

@@ -142,12 +142,11 @@ class StageClock:
                     record.append(a[0])
         setattr(obj, name, timed)
 
-    def breakdown(self, wall: float, audio_s: float, job, Sequence) -> dict:
+    def breakdown(self, wall: float, audio_s: float, job, steps: int, Sequence) -> dict:
         """Stages in and alone, seconds per audio second (module docstring)."""
         import numpy as np
 
         inside = dict(self.t)
-        steps = job.stats.steps
         pipe_stages = {"gpt": inside["gpt"], "sampling": inside["step"] - inside["gpt"], "prefill": inside["prefill"],
                        "vocoder": inside["vocoder"]}
         pipe_stages["glue"] = wall - inside["step"] - inside["prefill"] - inside["vocoder"]
@@ -240,11 +239,12 @@ def run(args, legacy: bool) -> dict:
     if clock is not None:
         clock.reset()
     t = time.perf_counter()
-    samples = sum((c.size if legacy else c.samples.size) for c in pipe.run(job))
+    run = pipe.run(job)
+    samples = sum((c.size if legacy else c.samples.size) for c in run)
     wall = time.perf_counter() - t
-    st = job.stats
+    st = job.stats if legacy else run.report.stats      # an older tree's job kept its stats
     info = pipe.info
-    stages = clock.breakdown(wall, samples / 24000, job, Sequence) if clock is not None else None
+    stages = clock.breakdown(wall, samples / 24000, job, st.steps, Sequence) if clock is not None else None
     three = _three(pipe, Req, SynthParams, args.steps) if args.three and not legacy else {}
     la = "exact (pre-redesign)" if legacy else pipe.describe_lookahead()
     pipe.close()

@@ -157,9 +157,10 @@ def child(a) -> None:
             n = spec["steps"]
             job = pipe.prepare(SynthesisRequest(text=SENTENCE, id=f"m{i}", seed=i,
                                                 params=SynthParams(min_new_tokens=n, max_new_tokens=n)))
-            for _ in pipe.run(job):
+            run = pipe.run(job)
+            for _ in run:
                 pass
-            rtf.append(round(job.stats.rtf, 3))
+            rtf.append(round(run.report.stats.rtf, 3))
         out["rtf"] = rtf
     out.update(_measure(t0, cuda))
     print("RESULT " + json.dumps(out), flush=True)

@@ -224,9 +224,9 @@ def hook_pipeline() -> None:
     cg.GraphSeam.get = get
     orig_init = pl.Pipeline.__init__
 
-    def init(self, cfg, runner, tokenizer):
+    def init(self, cfg, runner, tokenizer, **kw):
         stage("runner ready, tokenizer loaded", "runner")
-        orig_init(self, cfg, runner, tokenizer)
+        orig_init(self, cfg, runner, tokenizer, **kw)
     pl.Pipeline.__init__ = init
     for meth in ("prefill", "start", "step", "vocode"):
         if hasattr(cr.CudaRunner, meth):

@@ -15,7 +15,7 @@
 #      PyPI's aarch64 wheels (--only-binary: no compiler in the root), then runs the installer
 #      again (it must be idempotent and keep the config);
 #   4. llama-cpp-python for arm64 (--llama): `build` compiles its sdist inside the root under
-#      emulation as a box would (the field's path; very long on 2 cores: bench/RESULTS.md), `cross`
+#      emulation as a box would (the field's path; about 50 min on 2 cores: docs/jetson.md), `cross`
 #      (the default) builds the same sdist on the host with Debian's aarch64 cross compiler
 #      (armv8.2-a+dotprod+fp16, the Orin's Cortex-A78AE) into a wheel that pip installs in the root,
 #      `off` skips it;
@@ -488,9 +488,9 @@ EOF
 write_record() {
     python3 - "$STAGES" "$DONE_JSON" "$RECORD" "$DATE" "$READY_S" "$PEAK_RSS" "$(git -C "$REPO" rev-parse --short HEAD)" \
         "$SUITE" "$N_STAGES" "$QEMU_CPU_MODEL" "$(dpkg-query -W -f='${Version}' qemu-user-static 2>/dev/null)" "$(date -u +%FT%TZ)" \
-        "$HEALTH_EMU" "$HEALTH_NATIVE" "$LOG" <<'EOF'
+        "$HEALTH_EMU" "$HEALTH_NATIVE" "$LOG" "$LLAMA_MODE" <<'EOF'
 import json, os, sys
-stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages, qemu_cpu, qemu, time_utc, health_emu, health_native, log_f = sys.argv[1:]
+stages_f, done_f, record_f, date, ready_s, peak, commit, suite, n_stages, qemu_cpu, qemu, time_utc, health_emu, health_native, log_f, llama = sys.argv[1:]
 stages = [dict(zip(("name", "result", "seconds", "detail"), l.rstrip("\n").split("\t"))) for l in open(stages_f) if l.strip()]
 for s in stages:
     s["seconds"] = float(s["seconds"])
@@ -504,7 +504,8 @@ slowdown = (round(health["native"]["steps_per_s"] / health["emulated"]["steps_pe
 ok = len(stages) == int(n_stages) and all(s["result"] == "ok" for s in stages)
 sps = d.get("steps_per_s")
 rec = {
-    "bench": "arm64_emulated", "date": date, "machine": "arm64-qemu", "backend": "onnxruntime", "precision": "int8",
+    "bench": "arm64_emulated", "date": date, "machine": "arm64-qemu", "backend": "onnxruntime" if llama == "off" else "llama.cpp",
+    "precision": "int8" if llama == "off" else "q8_0", "llama_build": llama,
     "checkpoint": "tiny", "batch": 1, "ms_per_step": round(1000 / sps, 2) if sps else None, "steps_per_s": sps,
     "rtf": d.get("rtf"), "ttfb_ms": d.get("ttfb_ms"), "peak_mem_mib": int(peak) if peak else None,
     "baseline_ms_per_step": None, "commit": commit, "all_ok": ok, "ready_s": float(ready_s) if ready_s else None,

@@ -59,10 +59,15 @@ def main() -> None:
     step_ms, hiccup_at, hiccup_ms, slow_from = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     rest = sys.argv[sys.argv.index("--") + 1:]           # [python, -m, appliance, args...]
     sys.path.insert(0, str(ROOT))
-    from appliance.engines import select
+    from appliance.engines import recover
 
-    open_runner = select.open_runner
-    select.open_runner = lambda cfg: _slow(open_runner(cfg), step_ms, hiccup_at, hiccup_ms, slow_from)
+    opens = recover.open_runner_recovering          # what Pipeline.from_config opens the runner with
+
+    def slowed(cfg, rebuild=None):
+        opened = opens(cfg, rebuild)
+        _slow(opened.runner, step_ms, hiccup_at, hiccup_ms, slow_from)
+        return opened
+    recover.open_runner_recovering = slowed
     sys.argv = ["appliance"] + rest[3:]
     runpy.run_module("appliance", run_name="__main__", alter_sys=True)
 

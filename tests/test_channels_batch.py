@@ -12,6 +12,7 @@ import pytest
 from appliance.config import config_from_dict
 from appliance.core import SynthesisRequest, SynthParams
 from appliance.errors import CancelledError
+from appliance.synth.batch import TaskState
 from appliance.synth.pipeline import Pipeline
 
 # Batched vs alone: a batched matmul computes each row with other kernels/blocking than a single
@@ -75,7 +76,7 @@ def test_three_jobs_batched_equal_each_alone(pipe):
     jobs = [pipe.prepare(SynthesisRequest(text=t, id=f"b{s}", seed=s)) for t, s in REQS]
     tasks, outs = _run_batched(pipe, jobs)
     for task, a, o in zip(tasks, alone, outs):
-        assert task.state == "done" and task.max_rows == 3
+        assert task.state is TaskState.DONE and task.report.max_rows == 3
         _close(o, a)
     assert pipe.engine.rows_hist[3] > 0
 
@@ -85,9 +86,9 @@ def test_join_mid_way_and_cancel_mid_way(pipe):
     jobs = [pipe.prepare(SynthesisRequest(text=t, id=f"m{s}", seed=s)) for t, s in REQS]
     # job 1 joins at step 7 while job 0 decodes; job 2 starts with them and is cancelled at step 10
     tasks, outs = _run_batched(pipe, jobs, start_at=[0, 7, 0], cancel_at={2: 10})
-    assert tasks[0].state == "done" and tasks[1].state == "done"
-    assert tasks[1].joined_at_step >= 7 and tasks[1].max_rows >= 2
-    assert tasks[2].state == "cancelled" and isinstance(tasks[2].error, CancelledError)
+    assert tasks[0].state is TaskState.DONE and tasks[1].state is TaskState.DONE
+    assert tasks[1].joined_at_step >= 7 and tasks[1].report.max_rows >= 2
+    assert tasks[2].state is TaskState.CANCELLED and isinstance(tasks[2].error, CancelledError)
     _close(outs[0], alone[0])
     _close(outs[1], alone[1])
     assert len(outs[2]) < len(alone[2])
@@ -100,7 +101,7 @@ def test_multi_sentence_job_batched_keeps_order(pipe):
     want = np.concatenate([c.samples for c in pipe.run(job)])
     jobs = [pipe.prepare(SynthesisRequest(text=text, id="long2", seed=3)), pipe.prepare(SynthesisRequest(text="你好。", id="s", seed=4))]
     tasks, outs = _run_batched(pipe, jobs)
-    assert tasks[0].state == "done" and tasks[0].max_rows == 2
+    assert tasks[0].state is TaskState.DONE and tasks[0].report.max_rows == 2
     _close(outs[0], want)
 
 
@@ -110,24 +111,24 @@ def test_an_open_job_waits_for_its_next_sentences_and_ends_when_closed(pipe):
     order, and ends once closed; its PCM equals the whole text synthesized as one job."""
     whole = pipe.prepare(SynthesisRequest(text="你好。今天天气很好。我们去公园散步吧。", id="whole", seed=21))
     want = np.concatenate([c.samples for c in pipe.run(whole)])
-    job = pipe.prepare(SynthesisRequest(text="你好。", id="open", seed=21))
-    job.open = True
+    job = pipe.prepare(SynthesisRequest(text="你好。", id="open", seed=21)).opened()
     out: list = []
     eng = pipe.engine
     task = eng.add(job, lambda c: out.append(c.samples))
     rest = ["今天天气很好。", "我们去公园散步吧。"]
     steps = 0
     while not task.finished:
-        if task.state == "waiting":
+        if task.state is TaskState.WAITING:
             assert not eng.runnable and not pipe.loop.active        # nothing to do until text comes
             if rest:
-                job.extend(pipe.prepare(SynthesisRequest(text=rest.pop(0), id="open", seed=99)))
+                job.feed.put(pipe.prepare(SynthesisRequest(text=rest.pop(0), id="open", seed=99)))
             else:
-                job.close()
+                job.feed.close()
             assert eng.runnable
         eng.step()
         steps += 1
         assert steps < 10_000
-    assert task.state == "done" and job.sentences == ["你好。", "今天天气很好。", "我们去公园散步吧。"]
+    assert task.state is TaskState.DONE and task.report.spoken == ["你好。", "今天天气很好。", "我们去公园散步吧。"]
+    assert [s.text for s in task.sentences] == task.report.spoken and task.fed == 2
     _close(np.concatenate(out), want)
     assert not eng.tasks and eng.free == eng.capacity

@@ -78,7 +78,7 @@ def _worker(pipe, cfg, **kw) -> Worker:
 def _item(pipe, ev: Events, rid, channel, priority="normal", seed=1, steps=50):
     sp = Speak(text="你好。", id=rid, channel=channel, priority=priority, seed=seed,
                params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
-    return Item(speak=sp, job=pipe.prepare(sp.synthesis_request()), channel=channel, sink=ev.sink)
+    return Item(speak=sp, job=pipe.prepare(sp), channel=channel, sink=ev.sink)
 
 
 def test_memory_is_not_counted_per_channel_all_slots_run_together(pipe, cfg):

@@ -160,3 +160,26 @@ def test_voices_top_level_and_the_old_wyoming_name():
         config_from_dict({"wyoming": {"voices": [calm, calm]}})
     with pytest.raises(ConfigError, match=r"^voices: \['seed:2'\]"):    # a name is never a voice string
         config_from_dict({"voices": [{"name": "seed:2"}]})
+
+
+def test_a_config_error_is_located_by_file_and_line(tmp_path):
+    """``reload failed: <file>:<line>: <reason>``'s location: a bad value, an unknown key, an entry
+    of a list, a YAML syntax error, a key the file does not hold (its section's line)."""
+    from appliance.config.position import key_line, located
+
+    text = "synthesis:\n  seed: 3\n  top_p: 7\nservice:\n  channels:\n    - name: main\n    - name: alert\n      volume_db: 99\n"
+    assert key_line(text, "synthesis.top_p") == 3
+    assert key_line(text, "service.channels[1].volume_db") == 8
+    assert key_line(text, "service.channels[1]") == 7
+    assert key_line(text, "service.max_text_chars") == 4          # not there: its section
+    assert key_line(text, "mqtt.port") is None
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    for message, want in [
+        ("synthesis.top_p: 7.0 is above the maximum 1.0", f"{p}:3: synthesis.top_p: 7.0 is above the maximum 1.0"),
+        ("unknown config key 'service.channels[1].volume_db' (known here: a)", f"{p}:8: unknown config key"),
+        (f"{p} is not valid YAML: while scanning\n  in \"<unicode string>\", line 5, column 2:\n  x\n ^",
+         f"{p}:5: not valid YAML: while scanning"),
+        ("the text holds no key", f"{p}: the text holds no key"),
+    ]:
+        assert located(str(p), message).startswith(want), located(str(p), message)

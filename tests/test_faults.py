@@ -1,9 +1,11 @@
 """Injected faults with real parts, each bounded in time: a corrupted weight file (refused at
-load; with the check off, NaN never reaches the sound device), an engine/manifest mismatch, a
-full disk under the journal and the WAV directory (a real tmpfs filled with ``fallocate``: requests
-keep playing, not crash-safe, and are never replayed twice; WAV output ends ``no_space``), and a synthesis that stalls (the per-request watchdog ends it, the worker
-goes on). The sound device vanishing and coming back: tests/test_channels_service.py; SIGKILL:
-tests/test_faults_crash.py; the broker: tests/test_faults_mqtt.py."""
+load; with the check off, NaN never reaches the sound device), a full disk under the journal and
+the WAV directory (a real tmpfs filled with ``fallocate``: requests keep playing, not crash-safe,
+and are never replayed twice; WAV output ends ``no_space``), and a synthesis that stalls (the
+per-request watchdog ends it, the worker goes on). Elsewhere: sound devices that come and go
+(tests/test_audio_devices.py, tests/test_channels_service.py), SIGKILL (tests/test_faults_crash.py),
+the wall clock (tests/test_faults_clock.py), a bad engine (tests/test_faults_engine.py), the
+broker (tests/test_faults_mqtt.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.fixtures_model import ONNX_LIMITS
 from tests.fixtures_service import alsa_home, launch_daemon, service_config
 from tests.test_integrity import corrupt_behind_header
 from tests.waits import wait_for
@@ -65,14 +66,6 @@ def test_with_the_check_off_nan_weights_end_in_engine_error_and_nothing_is_playe
     played = alsa.read()
     assert np.isfinite(played).all() and not np.any(played)      # only the idle stream's exact zeros
     assert "checkpoint integrity check is off" in d.log()
-
-
-def test_engine_manifest_mismatch_refuses_to_start_naming_the_rebuild(tiny_ckpt, onnx_dir, tmp_path):
-    cfg = service_config(tiny_ckpt, tmp_path, model={"backend": "onnxruntime", "engine_dir": str(onnx_dir),
-                                                     **dict(ONNX_LIMITS, max_seq_len=1024)})
-    log = _fails_to_start(tmp_path / "d", cfg)
-    assert "engine does not match" in log and "limits.max_seq_len is 512, expected 1024" in log
-    assert "rebuild with: chattts-appliance engines export" in log
 
 
 @pytest.fixture
@@ -207,7 +200,7 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
 
     def submit(rid):
         sp = Speak(text="你好。", id=rid, seed=1, params=SynthParams(max_new_tokens=30))
-        w.submit(Item(speak=sp, job=p.prepare(sp.synthesis_request()), channel="main", sink=sink))
+        w.submit(Item(speak=sp, job=p.prepare(sp), channel="main", sink=sink))
 
     def ended(rid):
         with lock:

@@ -358,12 +358,13 @@ def nan_pipeline(tmp_path_factory):
 def test_nan_weights_end_with_engine_error_naming_the_gpt_never_pcm(nan_pipeline):
     got = []
     job = nan_pipeline.prepare(SynthesisRequest(id="nan", text="你好。", seed=1, params=SynthParams(max_new_tokens=100)))
+    run = nan_pipeline.run(job)
     with pytest.raises(EngineError) as e:
-        for chunk in nan_pipeline.run(job):
+        for chunk in run:
             got.append(chunk)
     assert got == []                                                # not one chunk reached the caller
     assert "the GPT" in str(e.value) and "NaN/Inf" in str(e.value)
-    assert job.stats is None                                        # never 'done'
+    assert run.report.stats is None                                 # never 'done'
 
 
 def test_health_check_fails_on_nan_and_on_silence(nan_pipeline, tmp_path):

@@ -99,8 +99,11 @@ def ha(tiny_ckpt, tmp_path_factory, mqtt_broker):
                          mqtt=mqtt_section(mqtt_broker, discovery_prefix=prefix, status_interval_s=1.0))
     base = f"{cfg['mqtt']['topic_prefix']}/{cfg['mqtt']['device_id']}"
     box = Listener(mqtt_broker, base)
+    early = Listener(mqtt_broker, prefix)
     d = launch_daemon(tmp / "d", cfg)
     box.wait(lambda m: m.leaf == "availability" and m.payload == b"online", 60, "online")
+    _configs(early)                   # published after 'online': a later subscriber gets retained copies
+    early.close()
     yield d, cfg, prefix, base, box
     assert d.stop() == 0, d.log()[-3000:]
     box.close()

@@ -79,8 +79,22 @@ class _SlowConsumer:
     def prepare(self, speak):
         return self.p.prepare(speak)
 
-    def run(self, job, cancel):
-        for pcm in self.p.run(job, cancel):
+    def run(self, job, cancel, **kw):
+        return _Slowly(self.p.run(job, cancel, **kw))
+
+
+class _Slowly:
+    """The real run, its chunks taken slowly; its report is the run's."""
+
+    def __init__(self, run):
+        self._run = run
+
+    @property
+    def report(self):
+        return self._run.report
+
+    def __iter__(self):
+        for pcm in self._run:
             time.sleep(0.6)
             yield pcm
 

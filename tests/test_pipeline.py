@@ -40,11 +40,12 @@ def test_streamed_chunks_equal_one_shot_decoding(pipe):
 
     job = pipe.prepare(SynthesisRequest(text="你好，今天天气很好。", id="a", seed=3,
                              params=SynthParams(min_new_tokens=100, max_new_tokens=100)))
-    chunks = list(pipe.run(job))
+    run = pipe.run(job)
+    chunks = list(run)
     assert len(chunks) > 5, "expected several streamed chunks"
     assert all(c.rate == 24000 for c in chunks)
     streamed = np.concatenate([c.samples for c in chunks])
-    assert job.stats.steps == 100
+    assert run.report.stats.steps == 100
     assert streamed.size == 512 * 100 - 256
 
     # replay the same decode (same seed) and collect the hidden states
@@ -68,8 +69,9 @@ def test_same_seed_same_audio_and_fresh_seed_reported(pipe):
 def test_request_cannot_exceed_the_configured_max_new_tokens(pipe):
     job = pipe.prepare(SynthesisRequest(text="你好。", id="x", seed=1, params=SynthParams(max_new_tokens=4000, min_new_tokens=4000)))
     assert job.params.max_new_tokens == 120
-    pcm = np.concatenate([c.samples for c in pipe.run(job)])
-    assert job.stats.steps == 120 and pcm.size == 512 * 120 - 256
+    run = pipe.run(job)
+    pcm = np.concatenate([c.samples for c in run])
+    assert run.report.stats.steps == 120 and pcm.size == 512 * 120 - 256
 
 
 def test_cancel_stops_the_run_and_frees_the_slot(pipe):
@@ -100,8 +102,9 @@ def test_long_text_is_split_and_spoken_as_one_stream(pipe):
     job = pipe.prepare(SynthesisRequest(text=text, id="long", seed=2, params=SynthParams(max_new_tokens=20, min_new_tokens=20)))
     assert len(job.prompts) > 1
     assert all(len(p) <= 128 for p in job.prompts)
-    pcm = np.concatenate([c.samples for c in pipe.run(job)])
-    assert job.stats.sentences == len(job.prompts)
+    run = pipe.run(job)
+    pcm = np.concatenate([c.samples for c in run])
+    assert run.report.stats.sentences == len(job.prompts)
     assert pcm.size == len(job.prompts) * (512 * 20 - 256)
 
 
@@ -125,7 +128,7 @@ def test_out_of_range_seeds_are_bad_requests(pipe, obj):
     from appliance.messages.protocol import parse_request
 
     with pytest.raises(RequestError):
-        pipe.prepare(parse_request(obj).synthesis_request())
+        pipe.prepare(parse_request(obj))
 
 
 def test_missing_checkpoint_names_model_path_and_the_config_file(tmp_path):

@@ -44,14 +44,15 @@ def test_refined_request_is_spoken_and_reproducible(pipe):
     def run(seed):
         job = pipe.prepare(SynthesisRequest(text="你好。今天天气很好。", id=f"r{seed}", seed=seed,
                                  params=SynthParams(min_new_tokens=20, max_new_tokens=20)))
-        assert job.refine_prompts is not None and len(job.refine_prompts) == len(job.prompts)
-        pcm = np.concatenate([c.samples for c in pipe.run(job)])
-        return job, pcm
+        assert job.refine and all(s.refine_ids is not None for s in job.sentences)
+        r = pipe.run(job)
+        pcm = np.concatenate([c.samples for c in r])
+        return job, r.report, pcm
 
-    a, pa = run(4)
-    b, pb = run(4)
-    assert set(a.meta["refined"]) == set(range(len(a.prompts)))
-    assert a.meta["refined"] == b.meta["refined"]
+    a, ra, pa = run(4)
+    b, rb, pb = run(4)
+    assert set(ra.refined) == set(range(len(a.prompts)))
+    assert ra.refined == rb.refined
     # Same codes, same audio up to float rounding: the chunk schedule follows the machine's measured
     # speed, so under load the vocoder runs other window sizes and sums in another order (1.1e-8 seen
     # on a loaded fresh CI clone; docs/latency.md). Bit-exact replays need stream.lookahead: exact
@@ -63,6 +64,7 @@ def test_refined_request_is_spoken_and_reproducible(pipe):
 
 def test_refine_can_be_turned_off_per_request(pipe):
     job = pipe.prepare(SynthesisRequest(text="你好。", id="off", seed=1, params=SynthParams(refine_text=False, max_new_tokens=10)))
-    assert job.refine_prompts is None
-    list(pipe.run(job))
-    assert "refined" not in job.meta
+    assert not job.refine and all(s.refine_ids is None for s in job.sentences)
+    r = pipe.run(job)
+    list(r)
+    assert r.report.refined == {} and r.report.spoken == [s.text for s in job.sentences]

@@ -47,7 +47,7 @@ for i in range(3):
     ev = threading.Event()
     sink = lambda e, payload=None, ev=ev: ev.set() if e.type in ("done", "error") else None
     sp = Speak(text="你好。", id=f"m{i}", seed=i)
-    it = Item(speak=sp, job=p.prepare(sp.synthesis_request()), channel="main", sink=sink)
+    it = Item(speak=sp, job=p.prepare(sp), channel="main", sink=sink)
     items.append(it)
     w.submit(it)
     assert ev.wait(30)

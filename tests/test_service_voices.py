@@ -95,14 +95,14 @@ def _silent_seed(pipeline, text: str, params: SynthParams) -> tuple[int, list[in
     """A seed for which some but not all sentences of ``text`` end at their first step (the
     in-process pipeline makes the same codes as the daemon for the same seed)."""
     for seed in range(130, 330):
-        job = pipeline.prepare(SynthesisRequest(text=text, id="probe", seed=seed, params=params))
+        run = pipeline.run(pipeline.prepare(SynthesisRequest(text=text, id="probe", seed=seed, params=params)))
         try:
-            for _ in pipeline.run(job):
+            for _ in run:
                 pass
         except EmptyResultError:
             continue
-        if job.meta.get("silent"):
-            return seed, sorted(job.meta["silent"])
+        if run.report.silent:
+            return seed, sorted(run.report.silent)
     pytest.fail("no seed in 130..329 makes a sentence end at its first step on the tiny checkpoint")
 
 

@@ -150,3 +150,28 @@ def test_a_held_voice_starts_with_its_hold_queued_or_when_its_request_ends():
     lanes.end("e")
     out, sounding, *_ = _mix(lanes, 512, start_frames=1024)
     assert sounding == 2 and np.count_nonzero(out == 0.75) == 100   # "e" ended: it plays what it has
+
+
+def test_each_channel_plays_at_its_volume_read_at_every_block_and_a_raised_voice_is_clipped():
+    """The gain is looked up per voice and block (a reload's new Volume is heard at the next
+    block, also for audio queued before), per channel also when serializing, and a voice raised
+    above 0 dB never leaves [-1, 1]."""
+    from appliance.audio.volume import Volume, db_to_gain
+
+    vol = {"v": Volume(-6.0, {"main": 0.0, "alert": 6.0})}
+    lanes = Lanes(serialize=True, gain=lambda ch: vol["v"].gain(ch))
+    lanes.begin("a", "main", lambda reason: None)
+    lanes.push("a", np.full(1024, 0.5, np.float32), None)
+    lanes.end("a")
+    out, *_ = _mix(lanes, 512)
+    assert np.allclose(out, 0.5 * db_to_gain(-6.0)) and abs(db_to_gain(-6.0) - 0.501) < 1e-3
+    vol["v"] = Volume(-20.0, {"main": 0.0})                  # a reload: the queued rest is quieter
+    out, *_ = _mix(lanes, 512)
+    assert np.allclose(out, 0.05)
+    lanes.forget("a")
+    vol["v"] = Volume(0.0, {"alert": 12.0})
+    lanes.begin("b", "alert", lambda reason: None)
+    lanes.push("b", np.full(512, 0.5, np.float32), None)
+    lanes.end("b")
+    out, *_ = _mix(lanes, 512)
+    assert np.all(out == 1.0)                                # 0.5 x 3.98, clipped

@@ -1,5 +1,5 @@
 """A Wyoming client that stops reading: its connection's audio is bounded by
-``wyoming.max_buffered_ms`` (:mod:`appliance.transports.wyoming_sink`), the request that goes over
+``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`, the one rule for every client), the request that goes over
 it is cancelled with the reason in the log, and another client on another connection (same
 channel) and a socket request on another channel get their audio. The real daemon, the real
 ``wyoming`` client; the stalled client is a raw socket with a small receive buffer that never reads.
@@ -16,16 +16,9 @@ import numpy as np
 import pytest
 from wyoming.tts import Synthesize
 
+from appliance.audio.stream import AUDIO, EVENT, ClientStream, Outbox, StreamAudio, ms
 from appliance.audio.wav import to_int16
 from appliance.errors import CancelledError
-from appliance.transports.wyoming_sink import (
-    AUDIO,
-    EVENT,
-    Budget,
-    Outbox,
-    WyomingAudio,
-    ms,
-)
 from tests.fixtures_service import expected_pcm, service_config
 from tests.test_wyoming_daemon import (
     ONE_SHOT,
@@ -52,15 +45,16 @@ def _items(box: Outbox) -> list:
 
 
 def test_the_sink_refuses_the_chunk_over_the_bound_and_drops_its_audio():
-    """WyomingAudio's accounting alone: chunks are held up to the bound; the one that would go over
-    it raises CancelledError, the request's waiting audio leaves the outbox (its events stay), and
-    the budget counts what was dropped; a chunk longer than the bound is taken when nothing waits."""
+    """The client stream's accounting alone: chunks are held up to the bound; the one that would go
+    over it raises CancelledError, the request's waiting audio leaves the outbox (its events stay),
+    and the stream counts what was dropped; a chunk longer than the bound is taken when nothing waits."""
     loop = asyncio.new_event_loop()
     try:
-        budget = Budget(1000)                       # 24000 samples
+        budget = ClientStream("wyoming#0", "Wyoming client", 1000, "wyoming.max_buffered_ms")   # 24000 samples
         box = Outbox(loop, budget)
         stalled = []
-        sink = WyomingAudio("wy-t-1", "wyoming#0", box, on_overflow=stalled.append)
+        sink = budget.audio("wy-t-1", box, on_overflow=stalled.append)
+        assert isinstance(sink, StreamAudio)
         box.put((EVENT, "started", None))
         chunk = np.full(9600, 0.5, np.float32)     # 400 ms
         sink.write(chunk)
@@ -74,11 +68,11 @@ def test_the_sink_refuses_the_chunk_over_the_bound_and_drops_its_audio():
         sink.write(chunk)                            # after the overflow: nothing more is taken
         assert budget.buffered == 0 and len(_items(box)) == 1
 
-        other = WyomingAudio("wy-t-2", "wyoming#0", Outbox(loop, budget))
+        other = budget.audio("wy-t-2", Outbox(loop, budget))
         other.write(np.zeros(36000, np.float32))    # 1500 ms, one chunk, nothing waiting: taken
         assert budget.buffered == 36000 and ms(budget.peak) == 1500
         kind, owner, data, n = other.outbox._items[0]
-        assert (kind, owner, len(data), n) == (AUDIO, other, 72000, 36000)   # 16-bit, encoded once
+        assert (kind, owner, data.dtype, data.size, n) == (AUDIO, other, np.float32, 36000, 36000)   # the transport encodes
         other.written(n)                             # the writer wrote it: no longer counted
         assert budget.buffered == 0 and other.first_out_at is not None
         other.abort()

@@ -56,13 +56,16 @@ class DeviceOutput:
         mode: ``mix`` (lanes sound at once, summed) or ``serialize`` (one lane for all), see
             :mod:`appliance.audio.mix`.
         setting: the config key ``query`` came from (named in error messages).
+        gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
+            (:mod:`appliance.audio.volume`); None: 1.0.
 
     Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
     thread; the PortAudio callback and a watcher thread run inside.
     """
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
-                 mode: str = "mix", setting: str = "audio.device") -> None:
+                 mode: str = "mix", setting: str = "audio.device",
+                 gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.query = query
         self.setting = setting
         self._fault: Optional[AudioDeviceError] = DeviceLostError(f"sound device {query or 'default'!r} not opened yet")
@@ -80,7 +83,7 @@ class DeviceOutput:
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
         self._lock = threading.Condition()
-        self.lanes = Lanes(serialize=mode == "serialize")
+        self.lanes = Lanes(serialize=mode == "serialize", gain=gain)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._burst = 0             # frames asked in the current run of back-to-back callbacks

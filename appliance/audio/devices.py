@@ -135,12 +135,16 @@ def fingerprint() -> tuple:
 
 
 _ASOUND = None
+#: alsa-lib's error handler type (its varargs are never read); a no-op one keeps the probe quiet
+_ERROR_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p)
+_QUIET = _ERROR_HANDLER(lambda *args: None)
 
 
 def alsa_probe(pcm: str) -> Optional[int]:
     """ALSA's answer to opening PCM ``pcm`` for playback, non-blocking (the device is closed again
     at once): 0 it opens, else the errno (``EBUSY``: another process holds it; ``ENOENT``: no such
-    PCM). None where ``libasound`` cannot be loaded."""
+    PCM). None where ``libasound`` cannot be loaded. alsa-lib's own messages (``Unknown PCM``) are
+    not printed meanwhile: the probe runs every second while a device is missing."""
     global _ASOUND
     if _ASOUND is None:
         try:
@@ -150,9 +154,14 @@ def alsa_probe(pcm: str) -> Optional[int]:
     if not _ASOUND:
         return None
     handle = ctypes.c_void_p()
-    rc = _ASOUND.snd_pcm_open(ctypes.byref(handle), pcm.encode(), 0, 1)   # SND_PCM_STREAM_PLAYBACK, SND_PCM_NONBLOCK
-    if rc == 0:
-        _ASOUND.snd_pcm_close(handle)
+    with LOCK:
+        _ASOUND.snd_lib_error_set_handler(_QUIET)
+        try:
+            rc = _ASOUND.snd_pcm_open(ctypes.byref(handle), pcm.encode(), 0, 1)   # PLAYBACK, NONBLOCK
+            if rc == 0:
+                _ASOUND.snd_pcm_close(handle)
+        finally:
+            _ASOUND.snd_lib_error_set_handler(None)                              # alsa-lib's default again
     return -rc
 
 

@@ -5,8 +5,9 @@ that request's unplayed audio. Voices belong to a *lane*: the voices of one lane
 after the other, in the order they began (requests of one channel never overlap). In ``mix``
 mode each channel is its own lane and :meth:`Lanes.mix` sums the lanes' current voices
 (hard-clipped to [-1, 1] by the caller when two or more sound at once; a lone voice is copied
-unchanged); in ``serialize`` mode every voice is in one lane, so a second channel's request
-waits until the first one has played out. Samples of two requests are never interleaved.
+unchanged), each scaled by its channel's play-out gain as it is copied (:mod:`.volume`; a voice
+raised above 0 dB is clipped to [-1, 1]); in ``serialize`` mode every voice is in one lane, so a
+second channel's request waits until the first one has played out. Samples of two requests are never interleaved.
 
 Sentences. A request's audio is a run of sentences; the chunk that ends one is marked
 (:meth:`Lanes.end_sentence_next`). A voice that reaches such a mark while its request is still
@@ -77,12 +78,14 @@ class Voice:
         sentence: sentences whose end it has played. played: samples it has played.
     """
 
-    __slots__ = ("lane", "chunks", "buffered", "writing", "started", "need", "hold", "rebuffer", "on_failure",
-                 "on_first", "pauses", "pause", "sentence", "played", "sounded", "end_next", "boundary")
+    __slots__ = ("lane", "channel", "chunks", "buffered", "writing", "started", "need", "hold", "rebuffer",
+                 "on_failure", "on_first", "pauses", "pause", "sentence", "played", "sounded", "end_next", "boundary")
 
     def __init__(self, lane: Optional[Hashable], on_failure: Callable[[str], None],
-                 on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None):
+                 on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None,
+                 channel: Optional[Hashable] = None):
         self.lane = lane
+        self.channel = channel       # whose play-out gain it gets (its lane is None when serializing)
         self.chunks: collections.deque[_Chunk] = collections.deque()
         self.buffered = 0
         self.writing: Optional[bool] = False
@@ -113,14 +116,17 @@ class Lanes:
 
     Args:
         serialize: put every voice in one lane (``audio.same_device: serialize``).
+        gain: ``gain(channel) -> float``, the linear play-out gain of a channel, read for each
+            voice in each block (a reload changes it at once); None: 1.0.
 
     Attributes:
         voices: owner -> :class:`Voice`, in begin order.
         buffered: samples queued over all voices.
     """
 
-    def __init__(self, serialize: bool = False) -> None:
+    def __init__(self, serialize: bool = False, gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
         self.serialize = serialize
+        self.gain = gain if gain is not None else (lambda channel: 1.0)
         self.voices: dict[object, Voice] = {}
         self.buffered = 0
         self._mixbuf = np.zeros(0, np.float32)
@@ -130,7 +136,7 @@ class Lanes:
         """Register ``owner`` as a voice of ``lane`` (ignored when serializing); ``on_first(t)`` is
         queued like a played callback when its first samples are written to the device (``t``:
         the ``written_at`` of that block); its :class:`Pause` records are appended to ``pauses``."""
-        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first, pauses)
+        self.voices[owner] = Voice(None if self.serialize else lane, on_failure, on_first, pauses, channel=lane)
 
     def end(self, owner: object) -> None:
         """``owner`` wrote its last chunk (it stays registered until :meth:`forget`)."""
@@ -282,12 +288,16 @@ class Lanes:
                 continue
             v.started, v.need, v.hold, v.pause, v.sounded = True, 0, 0, None, True
             dst = out if sounding == 0 else self._mixbuf
+            g = self.gain(v.channel)
             n = 0
             held = False
             while n < frames and v.chunks:
                 c = v.chunks[0]
                 take = min(frames - n, len(c.data) - c.pos)
-                dst[n:n + take] = c.data[c.pos:c.pos + take]
+                if g == 1.0:
+                    dst[n:n + take] = c.data[c.pos:c.pos + take]
+                else:                                      # its channel's volume, in place
+                    np.multiply(c.data[c.pos:c.pos + take], g, out=dst[n:n + take])
                 c.pos += take
                 n += take
                 if c.pos == len(c.data):
@@ -301,6 +311,8 @@ class Lanes:
                         if v.writing is True and v.buffered - n < start + c.next_hold and v.boundary is None:
                             v.hold, held = c.next_hold, True   # the next sentence is not far enough along
                             break
+            if g > 1.0 and n:
+                np.clip(dst[:n], -1.0, 1.0, out=dst[:n])
             if n and v.on_first is not None:   # the voice's first samples go out in this block
                 first, v.on_first = v.on_first, None
                 t = played_at if written_at is None else written_at

@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Hashable, Optional
 
 from ..config import Config
 from ..core import DEGRADED, UNHEALTHY, Condition
@@ -62,6 +62,7 @@ from .device import DeviceOutput
 from .devices import LOCK, fingerprint, list_output_devices, rescan
 from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
+from .volume import Volume
 from .wav import MIB, WavRetention, remove_partials, wav_path
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class AudioOutput:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.volume = Volume.from_config(cfg)
         self.wav_dir = cfg.resolve(cfg.audio.wav_dir)
         self.retention = WavRetention(cfg.service.wav_keep_files, int(cfg.service.wav_max_mib * MIB))
         self.mode = "wav"
@@ -133,7 +135,8 @@ class AudioOutput:
             q, setting = self._device_query(ch.name)
             if q in self.devices:
                 continue
-            dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=a.same_device, setting=setting)
+            dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=a.same_device, setting=setting,
+                               gain=self._gain)
             self.devices[q] = dev
             try:
                 dev.open()
@@ -146,13 +149,23 @@ class AudioOutput:
         return {"wav": f"WAV files in {self.wav_dir}", "wait": "held (audio.on_device_error: wait)"}.get(
             self.cfg.audio.on_device_error, "refused (audio.on_device_error: fail)")
 
+    def _gain(self, channel: Optional[Hashable]) -> float:
+        return self.volume.gain(channel)      # the volume in force (use_volume swaps it whole)
+
+    def use_volume(self, volume: Volume) -> None:
+        """Take new play-out gains (a reload, SIGHUP): the next block of every device plays at them,
+        the audio already queued too (any thread: one reference swapped)."""
+        self.volume = volume
+
     def open(self, request_id: str, channel: str, beat: Optional[Callable[[], None]] = None,
-             play: bool = True, client: Optional[AudioSink] = None) -> AudioSink:
+             play: bool = True, client: Optional[AudioSink] = None,
+             on_sounding: Optional[Callable[[], None]] = None) -> AudioSink:
         """The :class:`~appliance.audio.sink.AudioSink` of one request on ``channel``: a
         :class:`RequestAudio`; ``beat()`` is called while a write waits for room in the device
         FIFO, or a busy device is tried again (keeps the worker's heartbeat going). ``play`` False
         (``Speak.play``): nothing is played or written here: ``client`` (a transport's sink for its
         client), else a :class:`ClientOnlyAudio`. ``play`` with ``client``: a :class:`TeeAudio` of both.
+        ``on_sounding()``: once its first sample was written to the device (the watcher thread).
 
         Raises:
             DeviceLostError, DeviceBusyError: the device is down and ``audio.on_device_error`` is
@@ -161,10 +174,11 @@ class AudioOutput:
         """
         if not play:
             return client if client is not None else ClientOnlyAudio()
-        box = self._open_box(request_id, channel, beat)
+        box = self._open_box(request_id, channel, beat, on_sounding)
         return box if client is None else TeeAudio(box, client)
 
-    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]]) -> RequestAudio:
+    def _open_box(self, request_id: str, channel: str, beat: Optional[Callable[[], None]],
+                  on_sounding: Optional[Callable[[], None]] = None) -> RequestAudio:
         """The request's :class:`RequestAudio` (module docstring: device, waiting, WAV or an error)."""
         wav = wav_path(self.wav_dir, request_id)
         policy = self.cfg.audio.on_device_error
@@ -172,7 +186,7 @@ class AudioOutput:
             dev = self.devices.get(self._device_query(channel)[0])
             if dev is not None and (dev.ok or self._try(dev, beat)):
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, retention=self.retention)
+                                    on_wait=self._hold, retention=self.retention, on_sounding=on_sounding)
             fault = dev.fault if dev is not None and dev.fault is not None else DeviceLostError("no sound device")
             if policy == "fail":
                 raise type(fault)(str(fault))
@@ -183,9 +197,10 @@ class AudioOutput:
                     raise type(fault)(f"{fault}; {n} request(s) already wait for it (audio.max_waiting)")
                 log.warning("request %s waits for the device (audio.on_device_error: wait): %s", request_id, fault)
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, wait_from_start=True, retention=self.retention)
+                                    on_wait=self._hold, wait_from_start=True, retention=self.retention,
+                                    on_sounding=on_sounding)
             log.warning("request %s: writing %s: %s", request_id, wav, fault)
-        return RequestAudio(request_id, wav, None, retention=self.retention)
+        return RequestAudio(request_id, wav, None, retention=self.retention, on_sounding=on_sounding)
 
     def _try(self, dev: DeviceOutput, beat: Optional[Callable[[], None]]) -> bool:
         """Open a device that is down now (a request needs it): lists the devices again when that
@@ -222,13 +237,14 @@ class AudioOutput:
 
     def status(self, channel: str) -> dict:
         """Output state of ``channel`` for StatusReply: ``output`` (device/wav, or where its requests
-        go while the device is down) + device fields."""
+        go while the device is down), ``volume_db`` (its play-out gain on the device) + device fields."""
         if self.mode == "wav":
             return {"output": "wav", "wav_dir": str(self.wav_dir)}
         dev = self.devices.get(self._device_query(channel)[0])
         failed = {"wait": "waiting for the device", "fail": "refused (device down)"}.get(
             self.cfg.audio.on_device_error, "wav (device failed)")
-        st = {"output": "device" if dev is not None and dev.ok else failed}
+        st = {"output": "device" if dev is not None and dev.ok else failed,
+              "volume_db": round(self.volume.db(channel), 2)}
         with self._wlock:
             st["waiting_for_device"] = sum(1 for ra, _ in self._waiting if ra.lane == channel)
         if dev is not None:

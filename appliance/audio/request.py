@@ -73,7 +73,8 @@ class RequestAudio:
     already waiting (the device was down when the request began).
 
     A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.audio.wav.WavWriter`),
-    before ``on_done`` fires; ``retention`` is applied to its directory then.
+    before ``on_done`` fires; ``retention`` is applied to its directory then. ``on_sounding()``
+    is called once its first sample was written to the device (the watcher thread).
 
     Raises:
         NoSpaceError, AudioDeviceError: (constructor, no device) the WAV file cannot be created;
@@ -83,7 +84,8 @@ class RequestAudio:
     def __init__(self, request_id: str, wav_file: Path, device: Optional[DeviceOutput],
                  beat: Optional[Callable[[], None]] = None, lane: Optional[Hashable] = None,
                  on_device_error: str = "wav", on_wait: Optional[Callable[[RequestAudio], None]] = None,
-                 wait_from_start: bool = False, retention: Optional[WavRetention] = None) -> None:
+                 wait_from_start: bool = False, retention: Optional[WavRetention] = None,
+                 on_sounding: Optional[Callable[[], None]] = None) -> None:
         self.request_id = request_id
         self.retention = retention
         self.beat = beat
@@ -103,8 +105,7 @@ class RequestAudio:
         self._failure: Optional[ApplianceError] = None   # why its WAV fallback could not be written
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
-        #: ``on_sounding()`` once its first sample was written to the device (watcher thread)
-        self.on_sounding: Optional[Callable[[], None]] = None
+        self.on_sounding = on_sounding   # once its first sample was written to the device (watcher thread)
         #: its silences on the device (:class:`~appliance.audio.mix.Pause`, samples at the device's
         #: rate): held at a sentence boundary or ran dry mid-sentence; appended by the device
         self.pauses: list = []
@@ -348,8 +349,10 @@ class RequestAudio:
 
 
 class ClientOnlyAudio:
-    """The audio of a request whose PCM only goes back to its client (``Speak.play`` false, e.g.
-    a Wyoming request): nothing is played or written; :meth:`finish` completes at once."""
+    """The audio of a request that is neither played nor written (``Speak.play`` false) and has no
+    client stream (every transport that returns audio passes one: :mod:`appliance.audio.stream`;
+    this is the request core used without one): its PCM goes nowhere; :meth:`finish` completes
+    at once."""
 
     output = "client"
     lane = None
@@ -360,7 +363,7 @@ class ClientOnlyAudio:
         self.first_out_at: Optional[float] = None   # the first chunk handed to the client
 
     def write(self, pcm: np.ndarray) -> None:
-        """Nothing to play: the worker sends the PCM to the client as ``audio`` events."""
+        """Nothing to play or write (module docstring of the class)."""
         if self.first_out_at is None and len(pcm):
             self.first_out_at = time.monotonic()
 

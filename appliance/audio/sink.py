@@ -2,12 +2,11 @@
 
 One sink per request, opened when it starts (:meth:`~appliance.audio.output.AudioOutput.open`):
 the sound device (:class:`~appliance.audio.request.RequestAudio`, with its WAV fallback), a WAV
-file (the same class without a device), nothing on the box
-(:class:`~appliance.audio.request.ClientOnlyAudio`: the PCM only goes back to the client, which
-gets it through the request's events as :class:`~appliance.core.PcmChunk`), or a transport's own
-sink for its client (a :data:`ClientAudio` passed down with the request, e.g. a Wyoming
-connection's, bounded: the core never imports transports); with ``play`` the box's and the
-client's together (:class:`TeeAudio`). Threads: ``write`` and ``release`` on the worker thread,
+file (the same class without a device), or a transport's own sink for its client (a
+:data:`ClientAudio` passed down with the request: a socket or Wyoming connection's
+:class:`~appliance.audio.stream.StreamAudio`, bounded: the core never imports transports); with
+``play`` the box's and the client's together (:class:`TeeAudio`).
+(:class:`~appliance.audio.request.ClientOnlyAudio`: neither, for the core used without a transport.) Threads: ``write`` and ``release`` on the worker thread,
 ``abort`` from any thread, ``on_done`` on the sink's own (or the worker's).
 """
 
@@ -101,14 +100,6 @@ class TeeAudio:
         """The earlier of the box's and the client's first sample out."""
         got = [t for t in (self.box.first_out_at, self.client.first_out_at) if t is not None]
         return min(got) if got else None
-
-    @property
-    def on_sounding(self) -> Optional[Callable[[], None]]:
-        return self.box.on_sounding
-
-    @on_sounding.setter
-    def on_sounding(self, fn: Optional[Callable[[], None]]) -> None:
-        self.box.on_sounding = fn            # only the box sounds
 
     def write(self, pcm: np.ndarray) -> None:
         self.client.write(pcm)

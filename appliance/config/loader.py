@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .sections import ChannelConfig, Config, MQTTConfig, VoiceConfig, WyomingConfig
+from .sections import ChannelConfig, Config, Lookahead, MQTTConfig, VoiceConfig, WyomingConfig
 
 # --------------------------------------------------------------------------------------------
 # building and validation
@@ -33,6 +33,10 @@ _VOICE_NAME = re.compile(r"[\w.-]{1,64}", re.A)
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
     """Check ``value`` against annotation ``tp``; return (ok, coerced value)."""
     origin = typing.get_origin(tp)
+    if tp == Lookahead:                 # auto | exact | steps (a string of digits: steps)
+        if isinstance(value, str) and value.isdigit():
+            return True, int(value)
+        return isinstance(value, (str, int)) and not isinstance(value, bool), value     # checked in _check
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -188,7 +192,7 @@ def _cross_check(cfg: Config) -> None:
     if cfg.stream.first_chunk_tokens > cfg.stream.chunk_tokens:
         raise ConfigError("stream.first_chunk_tokens must not exceed stream.chunk_tokens")
     la = cfg.stream.lookahead
-    if la not in ("auto", "exact") and not (la.isdigit() and 1 <= int(la) <= 256):
+    if la not in ("auto", "exact") if isinstance(la, str) else not 1 <= la <= 256:
         raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
     _check_wyoming(cfg.wyoming, names)
     _check_mqtt(cfg.mqtt)

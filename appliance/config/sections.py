@@ -13,7 +13,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -30,6 +30,11 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # sections
 # --------------------------------------------------------------------------------------------
+
+
+Lookahead = Union[Literal["auto", "exact"], int]
+"""``stream.lookahead``: ``auto``, ``exact``, or a number of decode steps (an int; a YAML string of
+digits is read as one)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ModelConfig:
     spin_wait: bool = _f(False, "CPU (ONNX Runtime sessions: the GPT on onnxruntime, the vocoder on both CPU backends): true: worker threads spin between the parallel sections of a run and stop when it returns; false (default): they sleep when idle. Measured in the whole pipeline on the 2-core host (bench/RESULTS.md, four rounds interleaved, quiet to loaded): sleeping gave the lower RTF in every round (0.56 against 0.60 quiet, 0.80-1.39 against 1.32-2.46 loaded): spinning wins a step measured alone on an idle box, and loses as soon as anything else wants the cores.")
     llama_precision: str = _f("auto", "llama.cpp (CPU) GPT weights to load from model.engine_dir/llama/: auto (the first exported of q8_0, q4_k_m, q4_0, f16, f32), or one GGUF type; engines/README.md states each one's error and speed. The Decoder and Vocos run FP32 on ONNX Runtime.", choices=("auto", "q8_0", "q4_k_m", "q4_0", "f16", "f32"))
     onnx_precision: str = _f("auto", "ONNX Runtime (CPU) weights to load from model.engine_dir/onnx/: auto (int8 if exported, else fp32), int8 (the GPT's weights 8-bit), int4 (4-bit, block 32: fewer bytes per step, a larger error; bench/RESULTS.md states both) or fp32. The Decoder and Vocos run FP32 in every one.", choices=("auto", "int8", "int4", "fp32"))
+    rebuild_engines: bool = _f(True, "At start, a built engine (ONNX graphs, GGUF) that fails its sha256 or no longer matches the config or checkpoint is exported again into engine_dir when torch is installed (minutes on a small box); false, or no torch: the next backend that can run is used (health: engine_fallback).")
 
     def torch_dtype(self, gpu: bool) -> str:
         """``dtype`` with ``auto`` resolved: ``float16`` on a GPU, ``float32`` on a CPU."""
@@ -86,7 +92,7 @@ class StreamConfig:
     realtime_share: float = _f(0.9, "Share of real time the stream may spend making audio when it sizes chunks (measured step and window times): a first chunk grows until the second one is made before it has played.", min=0.1, max=1.0)
     start_slack_ms: float = _f(80.0, "One scheduling hiccup that the start of a stream absorbs, ms: a request's first chunk covers the making of the second plus this, and the sound device starts a streaming request only once it holds one device wake-up plus this (a loaded box otherwise pauses right after the first syllable). Where the box cannot keep up with a request at all, the start waits further (done.start_hold_ms).", min=0.0, max=2000.0)
     max_chunk_gap_ms: float = _f(4000.0, "The longest one streamed chunk may take to make at the measured decode step and vocoder window times, ms: a client that receives audio as it is made (Wyoming: Home Assistant gives up after 10 s without any) never waits longer between two chunks, whatever the throttle's chunk_scale or a slow box asks for; 0 = no bound.", min=0.0, max=60000.0)
-    lookahead: str = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
+    lookahead: Lookahead = _f("auto", "Right context (decode steps) a chunk waits for before its audio is committed: auto (the value 'chattts-appliance calibrate' measured for this checkpoint, backend and precision; exact when there is none), exact (the Decoder's and Vocos' theoretical receptive field: 53 steps at full size), or a number of steps.")
     lookahead_threshold_db: float = _f(-60.0, "Calibration: the largest PCM error, relative to the signal peak, that a shorter look-ahead may cause (dB; -60 is inaudible).", min=-160.0, max=-20.0)
     calibrate_at_start: bool = _f(True, "With lookahead auto: a start that finds no calibration for its engines (a fresh box, engines rebuilt, another checkpoint) measures the look-ahead itself before it serves, records it beside the engines with the health check's reference, and streams with it (on the H200 about 10 s; a CPU box's installer calibrates when it exports). false: serve with the exact look-ahead until 'chattts-appliance calibrate' has run.")
     sample_format: str = _f("float32", "PCM sample format of chunks: float32 or int16.", choices=("float32", "int16"))
@@ -105,6 +111,7 @@ class AudioConfig:
     on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
     max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
     max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
+    volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,7 @@ class ChannelConfig:
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
+    volume_db: float = _f(0.0, "This channel's play-out gain on its sound device, dB, added to audio.volume_db; applied by a reload (SIGHUP) without a restart.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,8 @@ class ServiceConfig:
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
-    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt}).")
+    max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")
@@ -269,7 +278,7 @@ class WyomingConfig:
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
     zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.")
     max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
-    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (16-bit at 24 kHz: 48 bytes per ms, 1.4 MiB at 30000). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
+    max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (float32 at 24 kHz until written: 96 bytes per ms, 2.8 MiB at 30000; appliance.audio.stream). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
 
 
 @dataclass(frozen=True)

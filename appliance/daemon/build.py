@@ -8,14 +8,15 @@ needs when it is made, nothing assigned to a part afterwards::
     pipeline        Pipeline.from_config (or the given factory), sized to service.memory_budget_mb
                     before the load and again after the warm-up (appliance.daemon.memory); its
                     look-ahead calibrated where none is recorded for its engines
-                    (synth.calibration.calibrate_pipeline, stream.calibrate_at_start)
+                    (synth.calibration.calibrate_pipeline, stream.calibrate_at_start); a bad engine
+                    rebuilt (appliance.build.rebuild) or replaced (appliance.engines.recover)
     integrity       IntegrityWatch over the weight files the backend verified (started)
     checks          CheckRecord: what the last field health check found (the at-start one first)
     audio           AudioOutput (devices opened, WAV directory pruned)
     journal         Journal + Recovery (journal.enabled)
     throttle        Monitor(cfg, on_change, budget_mib=current_mib(pipeline)) (started), or None
     health          Health: the one verdict from every condition source (throttle, weights,
-                    devices, the last check, a failed reload)
+                    devices, the last check, a failed reload, the journal, an engine fallback)
     worker          Worker(pipeline, audio, throttle, journal, ...) (started)
     dispatch        Dispatcher(pipeline, worker, loop, journal, recovery, ...)
     mqtt            MQTTBridge(cfg, dispatch.handle_request_threadsafe, status) (mqtt.enabled)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -162,11 +164,11 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
     health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
-                     audio.conditions, checks, reload_failed, storage_conditions(journal)))
+                     audio.conditions, checks, reload_failed, storage_conditions(journal), pipeline.conditions))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
-        audio_format=cfg.stream.sample_format, on_preempt={c.name: c.on_preempt for c in channels},
+        on_preempt={c.name: c.on_preempt for c in channels},
         throttle=throttle, journal=journal, stall_s=cfg.safety.stall_s, max_hold_s=cfg.service.max_hold_s,
     )
     worker.start()
@@ -189,8 +191,9 @@ def _load(cfg: Config, hooks: Hooks,
     call_hook(hooks.on_loading, "loading the model")
     before = None
     if factory is None:
+        from ..build.rebuild import rebuild_engine
         from ..synth.pipeline import Pipeline
-        factory = Pipeline.from_config
+        factory = functools.partial(Pipeline.from_config, rebuild=rebuild_engine)   # a bad engine: rebuilt or replaced
         # sized to the budget from the known sizes before anything is compiled or captured
         cfg, before = fit_before_load(cfg, Pipeline.planned_sizes)
     pipeline = factory(cfg)

@@ -43,6 +43,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..audio.volume import Volume
 from ..config import Config, load_config
 from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
@@ -54,7 +55,7 @@ from .build import Parts, Ports, build, check
 from .hooks import Hooks, build_hooks, call_hook
 from .leave import leave
 from .memory import status_fields
-from .reload import plan_reload
+from .reload import Coalescer, plan_reload
 
 if TYPE_CHECKING:
     from ..ops.throttle import Change
@@ -160,7 +161,9 @@ class Daemon:
         self._stop = asyncio.Event()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, self.request_stop, s)
-        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        reloads = Coalescer(loop, lambda: call_hook(self.hooks.on_reload),
+                            lambda: call_hook(self.hooks.on_reloaded, self.reload_config()))
+        loop.add_signal_handler(signal.SIGHUP, reloads.signal)    # a burst of them: one reload
         sock = inherited_socket()
         if sock is None:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
@@ -169,7 +172,8 @@ class Daemon:
             await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
                                     p.mqtt.recent.add if p.mqtt else None)
         self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
-                                   on_gone=p.dispatch.client_gone)
+                                   on_gone=p.dispatch.client_gone, max_buffered_ms=self.cfg.service.max_buffered_ms,
+                                   sample_format=self.cfg.stream.sample_format)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
@@ -210,25 +214,31 @@ class Daemon:
             for i in ids:
                 worker.cancel(request_id=i)
 
-    def _on_sighup(self) -> None:
-        call_hook(self.hooks.on_reload)
-        call_hook(self.hooks.on_reloaded, self.reload_config())
-
     def reload_config(self) -> str:
-        """Re-read the config file (SIGHUP): apply the live sections
-        (:data:`~appliance.daemon.reload.LIVE_SECTIONS`: the daemon's config, and ``synthesis``
-        through :meth:`~appliance.synth.pipeline.Pipeline.use_synthesis`), report the rest.
-        Returns the status line for systemd (``READY=1`` follows)."""
+        """Re-read the config file (SIGHUP, :mod:`appliance.daemon.reload`): apply the live sections
+        to the daemon's config and to the parts that use them (``synthesis`` and ``voices``: the
+        pipeline, Wyoming's offer, the MQTT voice select; the volume: the sound devices), report
+        the rest; a failed reload raises ``reload_failed`` until a good one. Returns the status
+        line for systemd (``READY=1`` follows)."""
         if not self.config_path:
             return "ready (no config file to re-read)"
-        assert self.parts is not None
-        pipeline = self.parts.pipeline
-        r = plan_reload(self.config_path, self.cfg, pipeline.info.text_mode, pipeline.info.backend)
-        self.parts.reload_failed.update(r.failed)
+        p = self.parts
+        assert p is not None
+        info = p.pipeline.info
+        r = plan_reload(self.config_path, self.cfg, info.text_mode, info.backend, info.hidden_size)
+        p.reload_failed.update(r.failed)
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             if "synthesis" in r.live:
-                pipeline.use_synthesis(r.live["synthesis"])
+                p.pipeline.use_synthesis(self.cfg.synthesis)
+            if "voices" in r.live:
+                p.pipeline.use_voices(self.cfg.voices)
+                if p.mqtt is not None:
+                    p.mqtt.use_voices([v.name for v in self.cfg.voices])
+            if self.wyoming is not None and ("voices" in r.live or "synthesis" in r.live):
+                self.wyoming.use_voices(self.cfg)
+            if r.volume:
+                p.audio.use_volume(Volume.from_config(self.cfg))
         return r.status
 
     async def _shutdown(self) -> None:
@@ -289,7 +299,7 @@ class Daemon:
                 c.update(p.audio.status(name))
                 c.update(p.worker.starts.status(name) if p.worker.starts else {})
             chans[name] = c
-        w, th = (p.worker if p else None), (p.throttle if p else None)
+        w, th = (p.worker.ends if p else None), (p.throttle if p else None)
         return StatusReply(
             state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
             **(p.pipeline.info.thread_fields() if p is not None else {}),

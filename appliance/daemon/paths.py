@@ -11,7 +11,11 @@
   like ``/run/chattts-applaince/appliance.sock`` is refused with :class:`~appliance.errors.ConfigError`
   naming the key, instead of silently creating ``/run/chattts-applaince`` as root.
 
-Every path must also be writable by the daemon's user (checked with ``os.access``).
+Every path must also be writable by the daemon's user (checked with ``os.access``). A storage
+directory that is not (a read-only file system, a wrong owner) does not stop the start, it
+degrades the box (:data:`DEGRADED_WITHOUT`, logged as an error): the journal's directory (requests
+play, not crash-safe: health ``storage_degraded``), the WAV directory (a request that needs a WAV
+file ends with an error naming it), the cache directory (the daemon runs without a cache).
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
 """A missing directory is never created directly in one of these (nor in them, for the top ones)."""
 
 SYSTEMD_DIRS = ("RUNTIME_DIRECTORY", "STATE_DIRECTORY", "CACHE_DIRECTORY", "LOGS_DIRECTORY")
+
+DEGRADED_WITHOUT = {
+    "service.spool_dir": "the request journal cannot write there: requests play but are not crash-safe",
+    "audio.wav_dir": "a request that needs a WAV file there ends with an error naming it",
+    "safety.cache_dir": "running without a cache",
+}
+"""Directories the box runs without when they cannot be written (module docstring), and what that costs."""
+
+
+class NotWritable(ConfigError):
+    """A directory exists (or could be made) but this user cannot write it."""
 
 
 def allowed_roots(cfg: Config, environ=None) -> list[Path]:
@@ -58,7 +73,7 @@ def ensure_dir(key: str, d: Path, roots: list[Path]) -> Path:
     d = Path(os.path.abspath(d))
     if d.is_dir():
         if not os.access(d, os.W_OK | os.X_OK):
-            raise ConfigError(f"{key}: directory {d} is not writable by this user (uid {os.getuid()}); "
+            raise NotWritable(f"{key}: directory {d} is not writable by this user (uid {os.getuid()}); "
                               "fix its owner or choose another path")
         return d
     if d.exists():
@@ -79,7 +94,7 @@ def ensure_dir(key: str, d: Path, roots: list[Path]) -> Path:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{key}: cannot create directory {d}: {e.strerror or e}") from e
+        raise NotWritable(f"{key}: cannot create directory {d}: {e.strerror or e}") from e
     log.info("%s: created %s", key, d)
     return d
 
@@ -88,7 +103,8 @@ def prepare_dirs(cfg: Config, socket_inherited: bool = False, environ=None) -> N
     """Check and create every directory the daemon writes to (module docstring).
 
     Raises:
-        ConfigError: see :func:`ensure_dir`.
+        ConfigError: see :func:`ensure_dir` (not for the directories of :data:`DEGRADED_WITHOUT`
+            that only cannot be written: logged).
     """
     roots = allowed_roots(cfg, environ)
     dirs = [("service.spool_dir", cfg.resolve(cfg.service.spool_dir)),
@@ -98,4 +114,9 @@ def prepare_dirs(cfg: Config, socket_inherited: bool = False, environ=None) -> N
     if cfg.safety.verify_checkpoint:
         dirs.append(("safety.cache_dir", cfg.resolve(cfg.safety.cache_dir)))
     for key, d in dirs:
-        ensure_dir(key, d, roots)
+        try:
+            ensure_dir(key, d, roots)
+        except NotWritable as e:
+            if key not in DEGRADED_WITHOUT:
+                raise
+            log.error("%s; the box starts anyway: %s", e, DEGRADED_WITHOUT[key])

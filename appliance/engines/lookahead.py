@@ -25,7 +25,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from ..errors import EngineError
 from . import manifest as mf
@@ -107,7 +107,7 @@ def save(engine_dir: str | os.PathLike, cal: Calibration) -> Path:
     return d / FILE
 
 
-def choose(setting: str, engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, backend: str, precision: str,
+def choose(setting: Union[str, int], engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, backend: str, precision: str,
            threshold_db: float, engine_id: str = "") -> LookaheadChoice:
     """The look-ahead for ``stream.lookahead = setting`` (``auto``, ``exact`` or a number).
 
@@ -116,8 +116,8 @@ def choose(setting: str, engine_dir: str | os.PathLike, ckpt_dir: str | os.PathL
     """
     if setting == "exact":
         return LookaheadChoice(None, "stream.lookahead: exact")
-    if setting != "auto":
-        return LookaheadChoice(int(setting), "stream.lookahead set in config")
+    if isinstance(setting, int):
+        return LookaheadChoice(setting, "stream.lookahead set in config")
     try:
         entries = [e for e in read(engine_dir) if e.get("backend") == backend and e.get("precision") == precision]
     except EngineError as e:

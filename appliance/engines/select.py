@@ -13,8 +13,9 @@
 5. ``torch`` on CPU: nothing exported yet (the reason names the export command).
 
 The choice and its reason (e.g. ``auto: no GPU, exported graphs in ...: onnxruntime``) are
-logged once and stored in ``runner.info.reason``. An explicitly requested backend that cannot
-load raises; ``auto`` never silently falls back after a backend failed to load.
+logged once and stored in ``runner.info.reason``. This module never falls back by itself: a
+built engine that cannot be used is rebuilt, or replaced by the next backend with a loud warning,
+by :mod:`appliance.engines.recover` (the daemon's path).
 """
 
 from __future__ import annotations
@@ -115,6 +116,12 @@ def open_runner(cfg: Config) -> Runner:
     # sha256 of the checkpoint's config and tokenizer; each backend verifies the weight files it maps
     verify_for_config(cfg, cfg.resolve(cfg.model.path))
     backend, reason = choose_backend(cfg)
+    return open_backend(cfg, backend, reason)
+
+
+def open_backend(cfg: Config, backend: str, reason: str) -> Runner:
+    """Load ``backend`` (one :func:`choose_backend` named) and return its runner; ``reason`` goes
+    to ``runner.info.reason``. Raises as :func:`open_runner`."""
     if backend == "torch":
         runner: Runner = _torch_runner(cfg, reason)
     elif backend == "onnxruntime":

@@ -258,13 +258,7 @@ Event = typing.Union[Accepted, Preempted, Replayed, Started, AudioChunk, Done, E
 """An event the daemon sends to a client."""
 
 EventSink = typing.Callable[[Event, Optional[PcmChunk]], None]
-"""``sink(event, payload)``: deliver an event and, with an ``audio`` event, its
-:class:`~appliance.core.PcmChunk` (float32 samples): each transport encodes it once, as its wire
-wants it (the socket: :func:`~appliance.audio.wav.encode_pcm` in the event's ``format``;
-Wyoming: int16). Thread-safe,
-never blocks on the network, never raises; a gone client makes it a no-op."""
-
-
-def pcm_bytes(samples: int, sample_format: str) -> int:
-    """Bytes of ``samples`` mono samples in ``sample_format`` (``int16``: 2, ``float32``: 4)."""
-    return samples * (2 if sample_format == "int16" else 4)
+"""``sink(event, payload)``: deliver an event. Thread-safe, never blocks on the network, never
+raises; a gone client makes it a no-op. ``payload`` is None from the request core: a request's
+PCM reaches its client through its audio sink (:mod:`appliance.audio.stream`), which the
+transport encodes."""

@@ -63,8 +63,9 @@ _PARAM_RANGES: dict[str, tuple[float, float]] = {
 
 
 @dataclass(frozen=True)
-class Speak:
-    """Speak ``text`` on a channel.
+class Speak(SynthesisRequest):
+    """Speak ``text`` on a channel: a :class:`~appliance.core.SynthesisRequest` (what
+    ``Pipeline.prepare`` takes, as it is) with its routing.
 
     Attributes:
         text: what to say (UTF-8; control tokens like ``[uv_break]`` allowed).
@@ -79,20 +80,11 @@ class Speak:
             goes back to the client (needs ``return_audio``; the Wyoming server's requests).
     """
 
-    text: str
-    id: str = ""
     channel: Optional[str] = None
     priority: str = "normal"
-    voice: Optional[str] = None
-    seed: Optional[int] = None
-    params: SynthParams = field(default_factory=SynthParams)
     return_audio: bool = False
     play: bool = True
     type: str = "speak"
-
-    def synthesis_request(self) -> SynthesisRequest:
-        """The pipeline's view of this request (what to say and how; no routing)."""
-        return SynthesisRequest(id=self.id, text=self.text, voice=self.voice, seed=self.seed, params=self.params)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     is not thread-safe).
 
     Args:
-        pipeline: a :class:`~appliance.synth.pipeline.Pipeline` (``prepare``, ``run``, ``job.stats``).
+        pipeline: a :class:`~appliance.synth.pipeline.Pipeline` (``prepare``, ``run``, its report's ``stats``).
         cfg: configuration (``health``, ``service.memory_budget_mb``).
         weights_failure: the background re-verification's first mismatch
             (:class:`~appliance.ops.integrity_watch.IntegrityWatch`), reported as a reason.
@@ -114,11 +114,11 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
     t0 = time.perf_counter()
     try:
         timer.start()
-        pcm, job = reference.render(pipeline, h.sentence, HEALTH_SEED, cancel)
+        pcm, take = reference.render(pipeline, h.sentence, HEALTH_SEED, cancel, beat)
         samples = pcm.size
         nonfinite = int(np.count_nonzero(~np.isfinite(pcm)))
         peak = float(np.max(np.abs(np.nan_to_num(pcm)))) if samples else 0.0
-        other = reference.render(pipeline, h.sentence, HEALTH_SEED + 1, cancel)[0] if not nonfinite and peak >= SILENT_PEAK else None
+        other = reference.render(pipeline, h.sentence, HEALTH_SEED + 1, cancel, beat)[0] if not nonfinite and peak >= SILENT_PEAK else None
     except CancelledError:
         return _reply(_Findings().add("timeout", f"timeout: no result within health.timeout_s = {h.timeout_s:g} s"),
                       limits=limits)
@@ -127,7 +127,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
         return _reply(_Findings().add(e.code, f"{e.code}: {e}"), limits=limits)
     finally:
         timer.cancel()
-    stats = job.stats
+    stats = take.report.stats
     info = pipeline.info
     fp = measure(memory_kind(str(getattr(info, "device", None) or "cpu")), _device_memory_mib(pipeline) or 0.0,
                  getattr(info, "context_bytes", 0) / 2**20)
@@ -147,7 +147,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
             if not r.startswith(("audio: silent", "audio: constant")):
                 found.add("audio", r)
         beat()
-        far, ref_note = reference.check(pipeline, cfg, job, pcm)   # the same render, against calibrate's
+        far, ref_note = reference.check(pipeline, cfg, take, pcm)   # the same render, against calibrate's
         for r in far:
             found.add("audio_reference", r)
         beat()

@@ -10,13 +10,13 @@ Every failure becomes an ``error`` event on that sink; nothing raises back into 
 ``normalize`` (a dry run) runs the same ``Pipeline.prepare`` as ``speak`` and answers with the
 sentences it would say. ``speak``: a client returning after a restart with the id of a replayed
 request is attached to it (:meth:`~appliance.service.recovery.Recovery.attach`: ``replayed``, never
-spoken twice); otherwise limits and channel are checked here, then ``Pipeline.prepare`` runs on
-its own single ``prepare`` thread (so bad text is answered at once, even while a long request
-synthesizes) concurrently with the worker thread, which drives the pipeline's ``BatchEngine``:
-prepare must only read the tokenizer/normalizer, never the runner or decode state. Then the
-request is written to the journal (:mod:`appliance.service.journal`, fsynced, on the same
-thread) and only then queued, which sends ``accepted``: an accepted request survives a crash
-(except ``play: false`` ones, whose audio only goes back to their client: not journaled). The
+spoken twice); otherwise the state and channel are checked here, then ONE hop to the single
+``prepare`` thread (:meth:`Dispatcher._accept`): ``Pipeline.prepare`` (the text's limits, its
+length included, are checked there, once; bad text is answered at once, even while a long request
+synthesizes; prepare only reads the tokenizer/normalizer, never the runner or decode state), the
+journal (:mod:`appliance.service.journal`, fsynced), and the queue, which sends ``accepted`` and
+wakes the worker: an accepted request survives a crash (except ``play: false`` ones, whose audio
+only goes back to their client: not journaled). The
 journal is a safety net, not a gate: a request it cannot write (disk full, read-only) is queued
 all the same, its ``accepted`` saying ``not_crash_safe`` and why.
 
@@ -46,7 +46,6 @@ from ..errors import (
     CancelledError,
     JournalError,
     RequestError,
-    TextError,
     UnknownChannelError,
 )
 from ..messages.protocol import (
@@ -71,7 +70,7 @@ from .peers import Peer, RateLimiter
 from .request import Request
 
 if TYPE_CHECKING:
-    from ..audio.sink import ClientAudio
+    from ..audio.sink import AudioSink, ClientAudio
     from ..synth.pipeline import Pipeline
     from .journal import Journal
     from .recovery import Recovery
@@ -84,7 +83,7 @@ class Dispatcher:
     """Handles parsed requests for the daemon; built complete by :mod:`appliance.daemon.build`.
 
     Args:
-        service: ``cfg.service`` (``max_line_bytes``, ``max_text_chars``, ``channels``).
+        service: ``cfg.service`` (``max_line_bytes``, ``channels``).
         pipeline: the loaded :class:`~appliance.synth.pipeline.Pipeline` (``prepare`` only).
         worker: the started :class:`~appliance.service.worker.Worker`.
         loop: the daemon's event loop (where :meth:`handle_request_threadsafe` schedules).
@@ -100,7 +99,6 @@ class Dispatcher:
                  health: Callable[[], HealthReply], limiter: Optional[RateLimiter] = None,
                  journal: Optional[Journal] = None, recovery: Optional[Recovery] = None) -> None:
         self.max_line_bytes = service.max_line_bytes
-        self.max_text_chars = service.max_text_chars
         self.channels = [c.name for c in service.channels]
         self.cancel_on_disconnect = {c.name for c in service.channels if c.on_disconnect == "cancel"}
         self.limiter = limiter
@@ -118,9 +116,11 @@ class Dispatcher:
         """Stop the prepare thread (a running prepare finishes in the background)."""
         self._prep.shutdown(wait=False)
 
-    async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None) -> None:
+    async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None,
+                          audio_for: Optional[Callable[[str], AudioSink]] = None) -> None:
         """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event.
-        ``speak`` and ``health`` count against ``peer``'s rate limit."""
+        ``speak`` and ``health`` count against ``peer``'s rate limit. ``audio_for(request_id)``:
+        the connection's sink for a ``return_audio`` request's PCM (its client stream)."""
         arrived = time.monotonic()
         try:
             req = parse_line(line, self.max_line_bytes)
@@ -135,7 +135,10 @@ class Dispatcher:
                 log.info("request from %s refused: %s", peer, e)
                 sink(error_event(e, req.id if isinstance(req, Speak) else None), None)
                 return
-        await self.handle_request(req, sink, peer=peer, arrived=arrived)
+        audio = None
+        if isinstance(req, Speak) and req.return_audio and audio_for is not None:
+            audio = lambda rid=req.id: audio_for(rid)   # noqa: E731 - opened by the worker at each start
+        await self.handle_request(req, sink, peer=peer, arrived=arrived, audio=audio)
 
     def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """A socket client closed its connection: cancel its queued, running and playing
@@ -190,21 +193,17 @@ class Dispatcher:
             log.exception("request %s failed", rid or "-")
             sink(error_event(e, rid), None)
 
-    def _check_text(self, text: str) -> None:
+    def _check_ready(self) -> None:
+        """Requests are taken only while the daemon is ready (the text's own limits, its length
+        included, are :meth:`Pipeline.prepare <appliance.synth.pipeline.Pipeline.prepare>`'s)."""
         if self.state() != "ready":
             raise BusyError(f"the daemon is {self.state()}; send the request again later")
-        n = len(text)
-        limit = self.max_text_chars
-        if n > limit:
-            raise TextError(f"text of {n} characters is over the limit of {limit} (service.max_text_chars); split it")
-        if not text.strip():
-            raise TextError("text is empty; send something to speak")   # the normalizer's wording
 
     async def _normalize(self, req: NormalizeRequest, sink: EventSink) -> None:
-        self._check_text(req.text)
+        self._check_ready()
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
-        sink(Normalized(id=req.id, spoken=list(job.sentences), tokens=[int(p.size) for p in job.prompts],
+        sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
              None)
 
@@ -215,10 +214,9 @@ class Dispatcher:
         Raises:
             ApplianceError: the piece is refused (``TextError``: empty, too long, unspeakable).
         """
-        self._check_text(req.text)
-        part = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
-                                                                req.synthesis_request())
-        return self.worker.add_text(req.id, part)
+        self._check_ready()
+        return await asyncio.get_running_loop().run_in_executor(
+            self._prep, lambda: self.worker.add_text(req.id, self.pipeline.prepare(req)))
 
     def close_text(self, request_id: str) -> None:
         """The utterance ``request_id`` has all its text (a no-op once it ended)."""
@@ -228,24 +226,32 @@ class Dispatcher:
                      more: bool = False, audio: Optional[ClientAudio] = None) -> None:
         if not more and self.recovery is not None and self.recovery.attach(req, sink):
             return
-        self._check_text(req.text)
+        self._check_ready()
         channel = req.channel if req.channel is not None else self.channels[0]
         if channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {channel!r}; configured channels: {', '.join(self.channels)}")
-        loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        job.open = more
+        if peer is not None:
+            log.info("request %s from %s", req.id, peer)
+        # one hop: prepared, journaled and queued on the prepare thread (the loop waits on neither
+        # the text's normalization nor the journal's fsync); the worker takes it from the queue
+        await asyncio.get_running_loop().run_in_executor(
+            self._prep, self._accept, req, sink, channel, origin, arrived, more, audio)
+
+    def _accept(self, req: Speak, sink: EventSink, channel: str, origin: str, arrived: float, more: bool,
+                audio: Optional[ClientAudio]) -> None:
+        """Prepare, journal and queue ``req`` (the prepare thread)."""
+        job = self.pipeline.prepare(req)
+        if more:
+            job = job.opened()                      # the rest of its text comes through its feed
         item = Request(speak=req, job=job, channel=channel, sink=sink, arrived_at=arrived, client_audio=audio)
         if self.journal is not None and req.play and not more:   # play: false goes only to its client: not replayed
             self.worker.check(item)                 # refused requests are never journaled
             rec = dict(to_dict(req), channel=channel, seed=job.seed)
             try:
-                item.journal = await loop.run_in_executor(self._prep, self.journal.accept, rec, origin)
+                item.journal = self.journal.accept(rec, origin)
             except JournalError as e:               # a safety net, not a gate: it plays, not crash-safe
                 item.not_crash_safe = str(e)
                 log.warning("request %s is not journaled (not crash-safe), it plays anyway: %s", req.id, e)
-        if peer is not None:
-            log.info("request %s from %s", req.id, peer)
         self._submit(item)
 
     def _submit(self, item: Request) -> None:
@@ -265,9 +271,8 @@ class Dispatcher:
         """
         if channel not in self.channels:
             raise UnknownChannelError(f"channel {channel!r} is no longer configured ({', '.join(self.channels)})")
-        loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._prep, self.pipeline.prepare, req.synthesis_request())
-        self._submit(Request(speak=req, job=job, channel=channel, sink=sink, journal=journal_n))
+        await asyncio.get_running_loop().run_in_executor(self._prep, lambda: self._submit(
+            Request(speak=req, job=self.pipeline.prepare(req), channel=channel, sink=sink, journal=journal_n)))
 
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
         if req.channel is not None and req.channel not in self.channels:

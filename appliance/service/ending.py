@@ -1,65 +1,104 @@
 """How a request ends: play-out, resume after an alert, failure, and its one terminal event.
 
-:class:`Ending` is the half of :class:`~appliance.service.worker.Worker` that decides what
-happens when a request leaves the batch engine (or is cancelled, preempted, stalled), so that
-every way out goes through ONE method, :meth:`Ending._settle`::
+:class:`Endings` owns what happens when a request leaves the batch engine (or is cancelled,
+preempted, stalled), so that every way out goes through ONE method, :meth:`Endings.settle`::
 
-    synthesis done   -> PLAYING -> audio.finish(...) -> _settle(Done)        (played / written)
-    failed           -> _fail -> _settle(ErrorEvent)
-    cancelled        -> _settle(ErrorEvent cancelled)
-    alert            -> _after_preempt -> requeue (resume: Preempted, QUEUED again)
-                                      or _settle(ErrorEvent preempted)     (drop)
+    synthesis done   -> PLAYING -> audio.finish(...) -> settle(Done)          (played / written)
+    failed           -> fail -> settle(ErrorEvent)
+    cancelled        -> settle(ErrorEvent cancelled)
+    alert            -> after_preempt -> requeue (resume: Preempted, QUEUED again)
+                                      or settle(ErrorEvent preempted)       (drop)
 
-:meth:`Ending._settle` is idempotent (:meth:`Request.end <appliance.service.request.Request.end>`):
-it journals the outcome (durable before the client hears it), sends the event, and calls the
-``on_finished`` hook. The attributes it uses are the worker's (``_cv``, ``sched``, ``journal``,
-``throttle``, ``starts``, counters).
+:meth:`Endings.settle` is idempotent (the scheduler removes a request once): it journals the
+outcome (durable before the client hears it), sends the event, counts it (``completed``,
+``failed``, the last RTF and TTFB) and calls the ``on_finished`` hook. The ended request's
+audio is kept for :meth:`take_spent`, so that the worker thread that allocated it frees it.
+
+It is built by the :class:`~appliance.service.worker.Worker` with what it needs, and shares the
+worker's lock (``cv``), which guards the scheduler and every request's state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from ..errors import ApplianceError, CancelledError, PreemptedError
-from ..messages.protocol import Done, ErrorEvent, Preempted, error_event, to_dict
+from ..messages.protocol import Done, ErrorEvent, Event, Preempted, error_event, to_dict
+from ..synth.batch import TaskState
 from .journal import mark
 from .request import Request, State
+
+if TYPE_CHECKING:
+    from ..audio.sink import AudioSink
+    from .journal import Journal
+    from .scheduler import Scheduler, ThrottlePolicy
+    from .startpolicy import StartPolicy
 
 log = logging.getLogger("appliance.service.worker")
 
 
-class Ending:
-    """The ending paths of the worker (module docstring); a base class of the Worker."""
+class Endings:
+    """The ending paths of the worker's requests (module docstring).
 
-    def _complete(self, item: Request) -> None:
+    Args:
+        sched: the worker's :class:`~appliance.service.scheduler.Scheduler`.
+        cv: the worker's condition (its lock guards ``sched`` and the requests' states).
+        journal: the request journal, or None. throttle: told every finished request's RTF, or None.
+        starts: the :class:`~appliance.service.startpolicy.StartPolicy` (``done``'s start fields), or None.
+        on_finished: ``(request, event)`` after each terminal event, or None.
+        stopping: ``() -> bool``: the worker stops (an interrupted request is dropped, not resumed).
+
+    Attributes:
+        completed, failed: requests ended with ``done`` / with ``error``.
+        last_rtf, last_ttfb_ms: of the last ``done``.
+    """
+
+    def __init__(self, sched: Scheduler, cv: threading.Condition, journal: Optional[Journal],
+                 throttle: Optional[ThrottlePolicy], starts: Optional[StartPolicy],
+                 on_finished: Optional[Callable[[Request, Event], None]], stopping: Callable[[], bool]) -> None:
+        self.sched, self._cv, self.journal, self.throttle, self.starts = sched, cv, journal, throttle, starts
+        self.on_finished, self._stopping = on_finished, stopping
+        self.completed = 0
+        self.failed = 0
+        self.last_rtf: Optional[float] = None
+        self.last_ttfb_ms: Optional[float] = None
+        self._spent: list[AudioSink] = []      # ended requests' audio, released on the worker thread
+
+    def take_spent(self) -> list[AudioSink]:
+        """The audio of the requests ended since the last call (caller holds ``cv``)."""
+        spent, self._spent = self._spent, []
+        return spent
+
+    def complete(self, item: Request) -> None:
         """A running item left the engine (or never entered it): play out, resume, or settle."""
         t = item.task
         if item.preempted_by is not None:
             if item.audio is not None:
                 item.audio.abort()
-            self._after_preempt(item)
+            self.after_preempt(item)
             return
         if t is None:
-            return                                    # _start failed and settled it
-        if t.state == "done" and not item.cancel.is_set():
+            return                                    # its start failed and settled it
+        if t.state is TaskState.DONE and not item.cancel.is_set():
             with self._cv:
                 item.move(State.PLAYING)
             mark(self.journal, item.journal, "synthesized")     # waits to sound, unless it already does
             done = self._done_event(item)
-            item.audio.finish(lambda out: self._settle(item, error_event(out, item.id) if isinstance(out, ApplianceError)
-                                                       else dataclasses.replace(done, output=out, ttfb_ms=item.ttfb_ms(),
-                                                                                **self.starts.fields(item))))
+            item.audio.finish(lambda out: self.settle(item, error_event(out, item.id) if isinstance(out, ApplianceError)
+                                                      else dataclasses.replace(done, output=out, ttfb_ms=item.ttfb_ms(),
+                                                                               **self._start_fields(item))))   # once played out
             return
-        if t.state == "failed" and not item.cancel.is_set():
-            self._fail(item, t.error)
+        if t.state is TaskState.FAILED and not item.cancel.is_set():
+            self.fail(item, t.error)
             return
         if item.audio is not None:
             item.audio.abort()
-        self._settle(item, ErrorEvent(code=CancelledError.code, message=f"request {item.id} was cancelled", id=item.id))
+        self.settle(item, ErrorEvent(code=CancelledError.code, message=f"request {item.id} was cancelled", id=item.id))
 
-    def _after_preempt(self, item: Request) -> None:
+    def after_preempt(self, item: Request) -> None:
         """Resume (re-queue from the start) or drop an item an alert interrupted."""
         policy = self.sched.on_preempt.get(item.channel, "resume")
         with self._cv:
@@ -67,7 +106,7 @@ class Ending:
             if by is None or item.state in (State.ENDED, State.QUEUED):
                 return                      # already handled (worker and submit may both get here)
             item.preempted_by = None
-            resume = policy == "resume" and not self._stopping
+            resume = policy == "resume" and not self._stopping()
             if resume:
                 self.sched.requeue(item)
                 self._cv.notify_all()
@@ -79,14 +118,21 @@ class Ending:
         err = PreemptedError(f"request {item.id} was dropped: alert {by} preempted it on channel {item.channel!r} "
                              f"(service.channels[].on_preempt: drop)" if policy == "drop" else
                              f"request {item.id} was preempted by alert {by} while the daemon stops")
-        self._settle(item, error_event(err, item.id))
+        self.settle(item, error_event(err, item.id))
 
-    def _fail(self, item: Request, e: BaseException) -> None:
+    def fail(self, item: Request, e: BaseException) -> None:
+        """End ``item`` with ``e`` (its unplayed audio dropped)."""
         if item.audio is not None:
             item.audio.abort()
         if not isinstance(e, ApplianceError):
             log.error("request %s failed: %s", item.id, e, exc_info=e)
-        self._settle(item, error_event(e, item.id))
+        self.settle(item, error_event(e, item.id))
+
+    def _start_fields(self, item: Request) -> dict:
+        """``done``'s start decision fields (its first sample at the device is known by now)."""
+        if self.starts is None or item.task is None:
+            return {}
+        return self.starts.fields(item)
 
     def _done_event(self, item: Request) -> Done:
         done = item.done_event()
@@ -98,7 +144,7 @@ class Ending:
                 log.exception("throttle observe_rtf")
         return done
 
-    def _settle(self, item: Request, event: Any) -> None:
+    def settle(self, item: Request, event: Union[Done, ErrorEvent]) -> None:
         """Emit the request's one terminal event (idempotent)."""
         with self._cv:
             if not self.sched.remove(item):

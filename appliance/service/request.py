@@ -21,9 +21,10 @@ ENDED is entered exactly once (:meth:`Request.end` is idempotent): the worker se
 terminal event (``done`` or ``error``) only when :meth:`Request.end` returned True.
 
 An *utterance* (a Wyoming stream, a long text sent in pieces) is ONE request whose text is
-still arriving: :attr:`Request.more` is True and its job is open; :meth:`Request.add` appends the
-sentences of the next piece (the engine synthesizes them in order, waiting in between),
-:meth:`Request.close` ends the text. It takes one queue place on its channel, like any request.
+still arriving: :attr:`Request.more` is True while its job's
+:class:`~appliance.synth.job.TextFeed` is open; :meth:`Request.add` hands the engine the next
+prepared piece (it synthesizes the pieces in order, waiting in between), :meth:`Request.close`
+ends the text. It takes one queue place on its channel, like any request.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Request:
     @property
     def more(self) -> bool:
         """True while its text still arrives (an open utterance)."""
-        return self.job is not None and self.job.open
+        return self.job is not None and self.job.feed is not None and self.job.feed.open
 
     def move(self, to: State) -> None:
         """The one place a request changes state (diagram in the module docstring).
@@ -145,14 +146,18 @@ class Request:
         self.restarts += 1
 
     def add(self, part: Job) -> None:
-        """Append the sentences of the next piece of its text (:meth:`Job.extend
-        <appliance.synth.job.Job.extend>`); counts as progress for the watchdog."""
-        self.job.extend(part)
+        """Hand the engine the next piece of its text (:meth:`TextFeed.put
+        <appliance.synth.job.TextFeed.put>`); counts as progress for the watchdog.
+
+        Raises:
+            RequestError: its text was complete already (or ``refine_text`` differs).
+        """
+        self.job.feed.put(part)
         self.progress_at = time.monotonic()
 
     def close(self) -> None:
         """Its text is complete: it ends after its last sentence."""
-        self.job.close()
+        self.job.feed.close()
         self.progress_at = time.monotonic()
 
     def ttfb_ms(self) -> float:
@@ -164,10 +169,12 @@ class Request:
     def done_event(self) -> Done:
         """Its :class:`~appliance.messages.protocol.Done` (``output`` filled in at play-out),
         with ``ttfb_ms`` from the request's arrival to its first sample written out (the device,
-        the WAV file; until play-out is known, its first PCM chunk); the timings are logged."""
-        st = self.job.stats
+        the WAV file; until play-out is known, its first PCM chunk), from its task's
+        :class:`~appliance.synth.job.Report` (synthesis done: set); the timings are logged."""
+        rep = self.task.report
+        st = rep.stats
         ttfb = self.ttfb_ms()
-        rows = self.task.max_rows if self.task is not None else 0
+        rows = rep.max_rows
         log.info("synthesized %s on %s: %.2f s audio, TTFB %.0f ms (synthesis %.0f ms), RTF %.3f, %d steps, "
                  "%.1f steps/s, decode batch up to %d rows, %d sentence(s)",
                  self.id, self.channel, st.audio_s, ttfb, st.ttfb_ms, st.rtf, st.steps, st.steps_per_s, rows,
@@ -178,7 +185,6 @@ class Request:
                     rtf=round(float(st.rtf), 4),
                     audio_s=round(float(st.audio_s), 3), steps=int(st.steps),
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
-                    spoken=[self.job.meta.get("refined", {}).get(k) or t for k, t in enumerate(self.job.sentences)],
-                    unspeakable=list(self.job.unspeakable),
-                    unspeakable_names=[describe(u) for u in self.job.unspeakable],
-                    voice=self.job.voice or None, silent_sentences=sorted(self.job.meta.get("silent", ())))
+                    spoken=list(rep.spoken), unspeakable=list(rep.unspeakable),
+                    unspeakable_names=[describe(u) for u in rep.unspeakable],
+                    voice=self.job.voice or None, silent_sentences=sorted(rep.silent))

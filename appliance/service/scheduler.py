@@ -326,7 +326,7 @@ class Scheduler:
         for ch, it in self.running.items():
             c = chans.setdefault(ch, dict(blank, playing=[]))
             c["active"] = it.id
-            c["batch_rows"] = it.task.max_rows if it.task is not None else 0
+            c["batch_rows"] = it.task.report.max_rows if it.task is not None else 0
         for it in self.active.values():
             if it.state is State.PLAYING:
                 chans.setdefault(it.channel, dict(blank, playing=[]))["playing"].append(it.id)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from ..errors import EngineError
 from ..messages.protocol import Event, error_event
+from ..synth.batch import TaskState
 from .request import State
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class StallWatch:
         with self.lock:
             stalled = [it for it in self.running()
                        if it.state is State.RUNNING and it.progress_at and now - it.progress_at > self.stall_s
-                       and not (it.task is not None and it.task.state == "waiting")]   # for text: not stuck
+                       and not (it.task is not None and it.task.state is TaskState.WAITING)]   # for text: not stuck
         for it in stalled:
             idle = now - it.progress_at
             log.error("request %s on %s made no progress for %.1f s (safety.stall_s %g); ending it",

@@ -27,8 +27,12 @@ times, all channels together) and decides how much audio its sound-device voice 
   (:meth:`RequestAudio.rebuffer <appliance.audio.request.RequestAudio.rebuffer>`), so it pauses
   once, not at every chunk.
 
-Expected length: per sentence, its text tokens (``Job.meta["text_tokens"]``, else its prompt
-length less the 5 control tokens) times the decode steps per text token seen so far
+The policy reads typed objects only: the :class:`~appliance.service.request.Request`, its
+:class:`~appliance.synth.batch.Task` (the sentences known now, its ``chunk_scale``, the decoding
+sentence's steps) and, at the end, the task's :class:`~appliance.synth.job.Report`.
+
+Expected length: per sentence, its text tokens (``Sentence.text_tokens``) times the decode steps
+per text token seen so far
 (:data:`STEPS_PER_TOKEN` until a request has finished: about what trained ChatTTS speaks at
 ``[speed_5]``), clipped to the request's ``min_new_tokens`` and ``max_new_tokens``. A request
 that ends earlier than expected only started later than needed; one that runs longer may still
@@ -48,9 +52,16 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
 from ..synth.schedule import StartPlan, start_plan
+
+if TYPE_CHECKING:
+    from ..audio.sink import AudioSink
+    from ..core import PcmChunk, SamplingParams
+    from ..synth.batch import BatchEngine, Task
+    from ..synth.job import Report
+    from .request import Request
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +86,7 @@ CAUSES = {
 class _Track:
     """One request's audio as the policy follows it (worker thread)."""
 
-    audio: Any
+    audio: AudioSink
     sentence: int = 0
     causes: dict = field(default_factory=dict)      # sentence -> cause at its first chunk (its boundary hold)
     latest: dict = field(default_factory=dict)      # sentence -> cause at its latest chunk (a dry-out in it)
@@ -85,35 +96,34 @@ class StartPolicy:
     """Start decisions for the requests of one engine (module docstring).
 
     Args:
-        engine: the :class:`~appliance.synth.batch.BatchEngine` (``step_s``, ``window_s``,
-            ``tasks``, ``schedule``, ``vocoders``).
+        engine: the :class:`~appliance.synth.batch.BatchEngine` (its measured ``step_s`` and
+            ``window_s``, the rows in ``tasks``, its ``schedule``, ``lookahead_of(task)``).
         slack_s: ``stream.start_slack_ms`` / 1000.
     """
 
-    def __init__(self, engine: Any, slack_s: float) -> None:
+    def __init__(self, engine: BatchEngine, slack_s: float) -> None:
         self.engine = engine
         self.slack_s = max(0.0, float(slack_s))
         self.per_token = STEPS_PER_TOKEN
         self._lock = threading.Lock()
-        self._plans: collections.OrderedDict[Any, tuple[StartPlan, float]] = collections.OrderedDict()
+        self._plans: collections.OrderedDict[Request, tuple[StartPlan, float]] = collections.OrderedDict()
         # ^ item -> (plan, hold_s) until its done
-        self._latest: dict[str, tuple[Any, StartPlan, float]] = {}    # channel -> (item, plan, hold_s)
-        self._track: collections.OrderedDict[Any, _Track] = collections.OrderedDict()   # item -> until its done
+        self._latest: dict[str, tuple[Request, StartPlan, float]] = {}    # channel -> (item, plan, hold_s)
+        self._track: collections.OrderedDict[Request, _Track] = collections.OrderedDict()   # item -> until its done
         self._best: dict[int, float] = {}        # rows -> the fastest decode step seen, s
 
-    def _sentence_steps(self, job: Any) -> list[int]:
-        """Decode steps each sentence of ``job`` is expected to run (module docstring)."""
-        tokens = job.meta.get("text_tokens") or [max(1, len(p) - 5) for p in job.prompts]
-        lo, hi = int(job.params.min_new_tokens), int(job.params.max_new_tokens)
+    def _sentence_steps(self, task: Task, params: SamplingParams) -> list[int]:
+        """Decode steps each sentence of ``task`` known now is expected to run (module docstring)."""
+        lo, hi = int(params.min_new_tokens), int(params.max_new_tokens)
         with self._lock:
             per = self.per_token
-        return [min(hi, max(lo, round(per * n))) for n in tokens]
+        return [min(hi, max(lo, round(per * s.text_tokens))) for s in task.sentences]
 
-    def expected_steps(self, job: Any) -> int:
-        """Decode steps ``job`` is expected to run, all sentences (module docstring)."""
-        return sum(self._sentence_steps(job))
+    def expected_steps(self, task: Task, params: SamplingParams) -> int:
+        """Decode steps ``task`` is expected to run, all its sentences known now (module docstring)."""
+        return sum(self._sentence_steps(task, params))
 
-    def on_chunk(self, item: Any, chunk: Any) -> None:
+    def on_chunk(self, item: Request, chunk: PcmChunk) -> None:
         """``item``'s :class:`~appliance.core.PcmChunk` ``chunk`` is about to be written (worker
         thread): its first chunk decides the start (:meth:`apply`), a later sentence's first chunk
         its hold at the boundary before it, every chunk the re-buffering amount; a chunk that ends
@@ -136,14 +146,14 @@ class StartPolicy:
             if chunk.ends_sentence and voice is not None:
                 voice.end_sentence_next()
         except Exception:  # noqa: BLE001 - a policy bug must not fail the request
-            log.exception("request %s: sentence plan", getattr(item, "id", "?"))
+            log.exception("request %s: sentence plan", item.id)
 
-    def _plan(self, item: Any, steps: int) -> tuple[StartPlan, str]:
+    def _plan(self, item: Request, steps: int) -> tuple[StartPlan, str]:
         """The start plan for ``steps`` more decode steps of ``item`` at the rates measured now, and
         what would make it fall behind (:data:`CAUSES`: ``cpu_busy``, ``channels`` or ``slow``)."""
         eng, task = self.engine, item.task
         rows = max(1, len(eng.tasks))
-        plan = start_plan(eng.schedule, eng.step_s, eng.window_s, steps, eng.vocoders[task.voc].lookahead_tokens,
+        plan = start_plan(eng.schedule, eng.step_s, eng.window_s, steps, eng.lookahead_of(task),
                           rows=rows, scale=task.chunk_scale)
         with self._lock:
             best = self._best[rows] = min(self._best.get(rows, eng.step_s), eng.step_s)
@@ -151,11 +161,11 @@ class StartPolicy:
             return plan, "cpu_busy"
         return plan, "channels" if rows > 1 else "slow"
 
-    def _rehold(self, item: Any, tr: _Track) -> None:
+    def _rehold(self, item: Request, tr: _Track) -> None:
         """The first chunk of sentence ``tr.sentence`` (> 0): the voice holds that much of it at the
         boundary before it (module docstring)."""
         k = tr.sentence
-        steps = self._sentence_steps(item.job)
+        steps = self._sentence_steps(item.task, item.job.params)
         plan, cause = self._plan(item, steps[k] if k < len(steps) else max(steps, default=1))
         tr.causes[k] = cause if plan.hold_s > 0 else "late_sentence"
         voice = item.audio.voice
@@ -168,10 +178,10 @@ class StartPolicy:
                      self.slack_s + plan.hold_s, extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf,
                                                         "sentence": k, "hold_s": self.slack_s + plan.hold_s})
 
-    def _rebuffer(self, item: Any, tr: _Track) -> None:
+    def _rebuffer(self, item: Request, tr: _Track) -> None:
         """What the voice re-buffers should it run dry in this sentence: the rest of it at the rate now."""
         task, k = item.task, tr.sentence
-        steps = self._sentence_steps(item.job)
+        steps = self._sentence_steps(item.task, item.job.params)
         done = task.seq.steps if task.seq is not None and task.k == k else 0
         plan, cause = self._plan(item, max(1, (steps[k] if k < len(steps) else 1) - done))
         tr.latest[k] = cause
@@ -179,13 +189,12 @@ class StartPolicy:
         if voice is not None:
             voice.rebuffer(plan.hold_s)
 
-    def apply(self, item: Any) -> None:
+    def apply(self, item: Request) -> None:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
             eng, task = self.engine, item.task
-            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(item.job),
-                              eng.vocoders[task.voc].lookahead_tokens, rows=max(1, len(eng.tasks)),
-                              scale=task.chunk_scale)
+            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(task, item.job.params),
+                              eng.lookahead_of(task), rows=max(1, len(eng.tasks)), scale=task.chunk_scale)
             voice = item.audio.voice                            # None: a WAV file or the client's audio
             hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
             if voice is not None:
@@ -196,24 +205,25 @@ class StartPolicy:
                     self._plans.popitem(last=False)
                 self._latest[item.channel] = (item, plan, hold_s)
         except Exception:  # noqa: BLE001 - a policy bug must not fail the request
-            log.exception("request %s: start plan", getattr(item, "id", "?"))
+            log.exception("request %s: start plan", item.id)
             return
         if plan.hold_s > 0:
             log.info("request %s: predicted RTF %.2f over %.1f s of audio: it starts once %.2f s are queued "
                      "(a later start instead of gaps)", item.id, plan.predicted_rtf, plan.expected_s, hold_s,
                      extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf, "start_hold_s": hold_s})
 
-    def fields(self, item: Any) -> dict:
+    def fields(self, item: Request) -> dict:
         """``done``'s start and pause fields for ``item`` (forgets it and learns its length); {} if
         none."""
         with self._lock:
             got = self._plans.pop(item, None)
             tr = self._track.pop(item, None)
-        self._learn(item.job)
+        if item.task is not None:
+            self._learn(item.task.report, item.job.params)
         if got is None:
             return {}
         plan, hold_s = got
-        out_at = getattr(item.audio, "first_out_at", None)
+        out_at = item.audio.first_out_at if item.audio is not None else None
         delay = None if out_at is None or item.first_pcm_at is None else round(1000.0 * (out_at - item.first_pcm_at), 1)
         pauses = self._pauses(item, tr)
         return {"predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
@@ -221,7 +231,7 @@ class StartPolicy:
                 "pause_ms": round(sum(p["ms"] for p in pauses), 1)}
 
     @staticmethod
-    def _pauses(item: Any, tr: _Track | None) -> list[dict]:
+    def _pauses(item: Request, tr: Optional[_Track]) -> list[dict]:
         """``done.pauses``: the voice's silences at the device with their causes (module docstring)."""
         voice = item.audio.voice if item.audio is not None else None
         if voice is None or tr is None:
@@ -244,17 +254,18 @@ class StartPolicy:
         item, plan, hold_s = got
         return {"start": {"id": item.id, "predicted_rtf": None if plan.predicted_rtf is None else round(plan.predicted_rtf, 3),
                           "expected_audio_s": round(plan.expected_s, 2), "hold_ms": round(1000.0 * hold_s, 1),
-                          "sounding": getattr(item.audio, "first_out_at", None) is not None}}
+                          "sounding": item.audio is not None and item.audio.first_out_at is not None}}
 
-    def _learn(self, job: Any) -> None:
-        """Steps per text token from a finished job: a moving average; a job whose every sentence
-        ran to ``max_new_tokens`` says only that the rate is at least what it saw."""
-        st = getattr(job, "stats", None)
-        tokens = sum(job.meta.get("text_tokens") or [])
+    def _learn(self, report: Report, params: SamplingParams) -> None:
+        """Steps per text token from a finished run (its ``report``, run with ``params``): a moving
+        average; a run whose every sentence ran to ``max_new_tokens`` says only that the rate is at
+        least what it saw."""
+        st = report.stats
+        tokens = sum(report.text_tokens)
         if st is None or tokens <= 0 or st.steps <= 0:
             return
         seen = st.steps / tokens
-        clipped = st.steps >= len(job.prompts) * int(job.params.max_new_tokens)
+        clipped = st.steps >= st.sentences * int(params.max_new_tokens)
         with self._lock:
             self.per_token = max(self.per_token, seen) if clipped else 0.7 * self.per_token + 0.3 * seen
 

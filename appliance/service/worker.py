@@ -6,13 +6,13 @@ and states are drawn there) holding a prepared pipeline job and an
 Wyoming connection). Events per request::
 
     submit() -> Accepted (before the item is queued, so it always precedes Started)
-    worker   -> Started -> [AudioChunk + PcmChunk]* -> (audio played / WAV written) -> Done
+    worker   -> Started -> (PCM to its AudioSink: device, WAV, its client stream) -> (played / written) -> Done
                         or ErrorEvent (``cancelled``, ``preempted``, ...)
     an alert on its channel -> Preempted(action=resume) -> Started -> ... (from the start again)
                             or Preempted(action=drop) -> ErrorEvent(code=preempted)
 
-Exactly one terminal event (``done`` or ``error``) per accepted request (:meth:`Worker._settle`
-is idempotent). An utterance whose text still arrives (``Request.more``) runs like any request;
+Exactly one terminal event (``done`` or ``error``) per accepted request: how a request ends is
+:class:`~appliance.service.ending.Endings` (its ``settle`` is idempotent), built here. An utterance whose text still arrives (``Request.more``) runs like any request;
 :meth:`Worker.add_text` / :meth:`Worker.close_text` feed it, and the thread sleeps while every
 running request waits for text.
 
@@ -52,17 +52,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ..audio.cancel import abort_all
 from ..core import PcmChunk
 from ..errors import BusyError, CancelledError
-from ..messages.events import pcm_bytes
 from ..messages.protocol import (
     Accepted,
-    AudioChunk,
     ErrorEvent,
     Event,
     EventSink,
     Started,
     error_event,
 )
-from .ending import Ending
+from .ending import Endings
 from .journal import mark
 from .request import Request, State
 from .scheduler import Scheduler, ThrottlePolicy
@@ -71,7 +69,6 @@ from .startpolicy import StartPolicy
 
 if TYPE_CHECKING:
     from ..audio.output import AudioOutput
-    from ..audio.sink import AudioSink
     from ..synth.job import Job
     from ..synth.pipeline import Pipeline
     from .journal import Journal
@@ -79,7 +76,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Worker(Ending):
+class Worker:
     """Queues (:class:`~appliance.service.scheduler.Scheduler`) + one synthesis thread driving a
     batch engine (module docstring).
 
@@ -90,7 +87,6 @@ class Worker(Ending):
         queue_len: channel name -> most queued requests before :class:`BusyError`.
         heartbeat_s: heartbeat period, s.
         on_heartbeat, on_finished: hooks (see module docstring).
-        audio_format: sample format of ``return_audio`` payloads, ``float32`` or ``int16``.
         on_preempt: channel name -> ``resume`` or ``drop`` (default ``resume``).
         throttle: a :class:`~appliance.ops.monitor.Monitor` (``limits()``,
             ``observe_rtf()``), or None.
@@ -105,35 +101,28 @@ class Worker(Ending):
     def __init__(self, pipeline: Optional[Pipeline], audio: Optional[AudioOutput], queue_len: dict[str, int],
                  heartbeat_s: float = 1.0, on_heartbeat: Optional[Callable[[], None]] = None,
                  on_finished: Optional[Callable[[Request, Event], None]] = None,
-                 audio_format: str = "float32", on_preempt: Optional[dict[str, str]] = None,
+                 on_preempt: Optional[dict[str, str]] = None,
                  throttle: Optional[ThrottlePolicy] = None,
                  journal: Optional[Journal] = None, stall_s: Optional[float] = None,
                  max_hold_s: Optional[float] = None) -> None:
         self.pipeline = pipeline
         self.engine = pipeline.engine if pipeline is not None else None
-        self.audio_format = audio_format
         self.audio = audio
         self.heartbeat_s = heartbeat_s
         self.on_heartbeat = on_heartbeat
         self.on_finished = on_finished
         self.throttle = throttle
         self.journal = journal
-        self.last_rtf: Optional[float] = None
-        self.last_ttfb_ms: Optional[float] = None
-        self.completed = 0
-        self.failed = 0
         self._cv = threading.Condition()
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
-        self._spent: list[AudioSink] = []      # ended requests' audio, released on this thread
         self._stopping = False
         self._last_beat = 0.0
         self._thread: Optional[threading.Thread] = None
-        if self.engine is not None:   # heartbeats also while a health check drives the engine
-            self.engine.on_step = self._beat
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt, max_hold_s)
-        self.stall = StallWatch(stall_s, self.sched.running_items, self._settle, self._cv) if stall_s else None
         self.starts = StartPolicy(self.engine, pipeline.cfg.stream.start_slack_ms / 1000.0) if pipeline else None
+        self.ends = Endings(self.sched, self._cv, journal, throttle, self.starts, on_finished, lambda: self._stopping)
+        self.stall = StallWatch(stall_s, self.sched.running_items, self.ends.settle, self._cv) if stall_s else None
 
     # ------------------------------------------------------------------ control side (any thread)
 
@@ -181,7 +170,7 @@ class Worker(Ending):
             with self._cv:
                 playing = v.state is State.PLAYING
             if playing:                     # synthesis already over: decide now
-                self._after_preempt(v)
+                self.ends.after_preempt(v)
         return pos
 
     def add_text(self, request_id: str, part: Job) -> bool:
@@ -235,7 +224,7 @@ class Worker(Ending):
         abort_all(it.audio for it in targets if it.audio is not None)   # unplayed audio dropped now
         for it in targets:
             if states[it] in (State.QUEUED, State.PLAYING):
-                self._settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
+                self.ends.settle(it, ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
             # running: the worker sees the event at the next step and settles it
         if targets:
             log.info("cancelled %s", ", ".join(f"{it.id} ({states[it].value})" for it in targets))
@@ -300,7 +289,7 @@ class Worker(Ending):
         eng = self.engine
         while True:
             with self._cv:
-                spent, self._spent = self._spent, []
+                spent = self.ends.take_spent()
                 if self._stopping and not self.sched.running and not self.sched.queue:
                     return
                 task = self._tasks.pop(0) if self._tasks and not self._stopping and eng.free > 0 else None
@@ -315,7 +304,7 @@ class Worker(Ending):
             for ra in spent:      # freed on the thread that allocated it (sound_request: Memory)
                 ra.release()
             for it, err in expired:
-                self._settle(it, error_event(err, it.id))
+                self.ends.settle(it, error_event(err, it.id))
             self._beat()
             if idle:
                 continue
@@ -330,17 +319,17 @@ class Worker(Ending):
             for it in start:
                 self._start(it)
             if eng.runnable:
-                eng.step()
+                eng.step(self._beat)
                 if self.stall is not None:
                     self.stall.mark(list(self.sched.running.values()))
             with self._cv:
                 ended = self.sched.ended()
             for it in ended:
                 try:
-                    self._complete(it)
+                    self.ends.complete(it)
                 except Exception as e:  # noqa: BLE001 - a bug here must not stop the other channels
                     log.exception("request %s: completion failed", it.id)
-                    self._fail(it, e)
+                    self.ends.fail(it, e)
 
     def _start(self, item: Request) -> None:
         item.progress_at = time.monotonic()
@@ -349,14 +338,14 @@ class Worker(Ending):
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             client = item.client_audio() if item.client_audio is not None else None   # a transport's sink
-            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play, client=client)
-            item.audio.on_sounding = lambda: mark(self.journal, item.journal, "sounding")
+            item.audio = self.audio.open(item.id, item.channel, beat=self._beat, play=item.speak.play, client=client,
+                                         on_sounding=lambda: mark(self.journal, item.journal, "sounding"))
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
                                         lim.chunk_scale if lim is not None else 1)
         except Exception as e:  # noqa: BLE001
             item.task = None
-            self._fail(item, e)
+            self.ends.fail(item, e)
 
     def _on_pcm(self, item: Request, chunk: PcmChunk) -> None:
         pcm = chunk.samples
@@ -367,7 +356,3 @@ class Worker(Ending):
             item.first_pcm_at = item.progress_at
         self.starts.on_chunk(item, chunk)     # before the write: how much its player holds, sentence ends
         item.audio.write(pcm)
-        if item.speak.return_audio:       # the samples as they are: each transport encodes them once
-            item.sink(AudioChunk(id=item.id, bytes=pcm_bytes(len(pcm), self.audio_format), rate=chunk.rate,
-                                 format=self.audio_format), chunk)
-        self._beat()

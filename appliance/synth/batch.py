@@ -16,9 +16,13 @@
    task's sink;
    a sentence that ended is flushed and the task's next sentence joins at the next step (same
    vocoder slot, so multi-sentence jobs stay in order and continuous); a finished task leaves
-   without stalling the others. A job whose text still arrives (``job.open``, sentences added
-   by ``Job.extend``) waits after its last sentence (state ``waiting``: no KV slot, no decode
-   row) until more sentences come or it is closed.
+   without stalling the others. A job whose text still arrives (``job.feed``: later pieces
+   handed over through its :class:`~appliance.synth.job.TextFeed`) waits after its last sentence
+   (:attr:`TaskState.WAITING`: no KV slot, no decode row) until more sentences come or the feed
+   is closed.
+
+Each task's :class:`~appliance.synth.job.Report` (what it spoke, silent sentences, codes kept,
+widest batch, timings) is written here, on the engine's thread, and read once the task ended.
 
 Same seed => same PCM alone or batched: every row has its own KV slot, its own sampler state and
 counter-based random stream (:mod:`appliance.engines.rng`), its own vocoder; the runner's decode
@@ -32,6 +36,7 @@ requests that start together (``GPT.generate`` over a padded batch); joining mid
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import threading
 import time
@@ -44,6 +49,7 @@ from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import BusyError, CancelledError, EmptyResultError
 from .decode_loop import DecodeLoop, Sequence
 from .guard import check_pcm
+from .job import Job, JobStats, Report, Sentence
 from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
@@ -53,28 +59,47 @@ PcmSink = Callable[[PcmChunk], None]
 """``sink(chunk)``: receives one task's :class:`~appliance.core.PcmChunk` (float32 mono), in order."""
 
 
+class TaskState(enum.Enum):
+    """Where a task is in the engine."""
+
+    JOINING = "joining"        # waits for its next sentence's prefill (at the next step)
+    DECODING = "decoding"      # a row of the batched decode step
+    WAITING = "waiting"        # an open job between sentences: its vocoder slot, no KV slot, no row
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def ended(self) -> bool:
+        """Done, failed or cancelled."""
+        return self in (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
+
+
 @dataclass(eq=False)
 class Task:
-    """One job inside the engine.
+    """One job inside the engine; every field is the engine thread's.
 
     Attributes:
         job: the :class:`~appliance.synth.job.Job`. sink: where its PCM goes.
         cancel: set (any thread) to remove the task at the next step.
         chunk_scale: the schedule's largest chunk is multiplied by this (throttle: fewer, larger chunks).
-        state: ``joining`` (waits for its next sentence's prefill) -> ``decoding`` -> ``done``,
-            ``failed`` or ``cancelled``; between sentences of an open job (``job.open``: its
-            text still arrives) ``waiting``, holding its vocoder slot but no KV slot.
+        state: a :class:`TaskState`.
         error: the exception of a failed/cancelled task.
-        max_rows: most rows any decode step of this task had (> 1: it ran batched).
+        sentences: the job's sentences, then those of each later piece taken from its feed
+            (``fed``: the pieces taken so far).
+        report: what this run said and did (:class:`~appliance.synth.job.Report`).
         joined_at_step: the engine's step counter when its first sentence joined.
     """
 
-    job: object
+    job: Job
     sink: PcmSink
     cancel: Optional[threading.Event] = None
     chunk_scale: int = 1
-    state: str = "joining"
+    state: TaskState = TaskState.JOINING
     error: Optional[BaseException] = None
+    sentences: list[Sentence] = field(default_factory=list)
+    fed: int = 0
+    report: Report = field(default_factory=Report)
     voc: int = -1
     k: int = 0
     seq: Optional[Sequence] = None
@@ -85,13 +110,12 @@ class Task:
     t0: float = field(default_factory=time.perf_counter)
     ttfb: Optional[float] = None
     first_at: float = 0.0
-    max_rows: int = 0
     joined_at_step: int = -1
 
     @property
     def finished(self) -> bool:
         """True once done, failed or cancelled."""
-        return self.state in ("done", "failed", "cancelled")
+        return self.state.ended
 
 
 class BatchEngine:
@@ -101,29 +125,23 @@ class BatchEngine:
         loop: the decode loop (owns the runner's KV slots and the per-slot samplers).
         vocoders: one :class:`WindowedVocoder` per task slot (allocated once).
         schedule: streamed chunk sizes (:class:`~appliance.synth.schedule.ChunkSchedule`).
-        job_stats: ``(job, ttfb_s, wall_s, samples, steps) -> None`` fills ``job.stats``
-            (the pipeline's JobStats); None leaves jobs untouched.
-        refiner: ``(job, k) -> None`` runs refine-text for sentence ``k`` of a job whose
-            ``refine_prompts`` is set, just before that sentence joins (the pipeline's).
+        refiner: ``(job, sentence, k) -> (text, ids)`` runs refine-text for sentence ``k`` of a job
+            whose sentences carry ``refine_ids``, just before it joins (the pipeline's): the refined
+            text ("" when it gave none) and the code prompt to decode.
 
     Not thread-safe: one thread calls :meth:`add`, :meth:`step`, :meth:`remove`; only the tasks'
     ``cancel`` events may be set from other threads.
     """
 
     def __init__(self, loop: DecodeLoop, vocoders: list[WindowedVocoder], schedule: ChunkSchedule,
-                 job_stats: Optional[Callable] = None,
-                 refiner: Optional[Callable] = None) -> None:
+                 refiner: Optional[Callable[[Job, Sentence, int], tuple[str, np.ndarray]]] = None) -> None:
         self.loop = loop
         self.refiner = refiner
-        #: called once per :meth:`step` (the service's watchdog heartbeat), whoever drives the
-        #: engine: the scheduler, or a health check running Pipeline.run on the worker thread
-        self.on_step: Optional[Callable[[], None]] = None
         self.vocoders = vocoders
         self.schedule = schedule
         #: wall seconds per engine decode step and per vocoder window (moving averages)
         self.step_s = 0.0
         self.window_s = 0.0
-        self.job_stats = job_stats
         self.capacity = min(loop.max_batch, len(vocoders))
         self.tasks: list[Task] = []
         self._free_voc = list(range(self.capacity - 1, -1, -1))
@@ -135,35 +153,44 @@ class BatchEngine:
     def runnable(self) -> bool:
         """True when :meth:`step` has work: a task that is not waiting for text (or whose text
         came, ended or was cancelled)."""
-        return any(t.state != "waiting" or t.k < len(t.job.prompts) or not getattr(t.job, "open", False)
+        return any(t.state is not TaskState.WAITING or t.job.feed is None or t.job.feed.ready(t.fed)
                    or (t.cancel is not None and t.cancel.is_set()) for t in self.tasks)
+
+    def lookahead_of(self, task: Task) -> int:
+        """The look-ahead of ``task``'s vocoder, decode steps."""
+        return self.vocoders[task.voc].lookahead_tokens
 
     @property
     def free(self) -> int:
         """Tasks that may still be added."""
         return len(self._free_voc)
 
-    def add(self, job, sink: PcmSink, cancel: Optional[threading.Event] = None, chunk_scale: int = 1) -> Task:
+    def add(self, job: Job, sink: PcmSink, cancel: Optional[threading.Event] = None, chunk_scale: int = 1,
+            keep_codes: bool = False) -> Task:
         """Register ``job``; its first sentence joins the batch at the next :meth:`step`.
+        ``keep_codes``: its report keeps every code drawn (the health check's reference).
 
         Raises:
             BusyError: all ``capacity`` task slots are taken.
         """
         if not self._free_voc:
             raise BusyError(f"all {self.capacity} synthesis slots are busy")
-        t = Task(job=job, sink=sink, cancel=cancel, chunk_scale=max(1, int(chunk_scale)))
+        t = Task(job=job, sink=sink, cancel=cancel, chunk_scale=max(1, int(chunk_scale)),
+                 sentences=list(job.sentences),
+                 report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None))
         t.voc = self._free_voc.pop()
         self.tasks.append(t)
         return t
 
-    def remove(self, task: Task, reason: str = "cancelled", error: Optional[BaseException] = None) -> None:
+    def remove(self, task: Task, reason: TaskState = TaskState.CANCELLED, error: Optional[BaseException] = None) -> None:
         """Take ``task`` out now (its KV slot and vocoder are free for the next join)."""
         if task.finished and task not in self.tasks:
             return
         self._end(task, reason, error)
 
-    def step(self) -> list[Task]:
-        """Cancel, join, one batched decode step, stream out (see module docstring).
+    def step(self, on_step: Optional[Callable[[], None]] = None) -> list[Task]:
+        """Cancel, join, one batched decode step, stream out (see module docstring). ``on_step``
+        is called first (the service's watchdog heartbeat).
 
         Returns:
             the tasks that finished (done, failed or cancelled) during this call. Errors of one
@@ -171,22 +198,22 @@ class BatchEngine:
             decode fails every task that was decoding.
         """
         ended: list[Task] = []
-        if self.on_step is not None:
-            self.on_step()
+        if on_step is not None:
+            on_step()
         for t in list(self.tasks):
             if t.cancel is not None and t.cancel.is_set():
-                self._end(t, "cancelled", CancelledError(f"request {t.job.id} cancelled"))
+                self._end(t, TaskState.CANCELLED, CancelledError(f"request {t.job.id} cancelled"))
                 ended.append(t)
         for t in list(self.tasks):
-            if t.state == "waiting":
+            if t.state is TaskState.WAITING:
                 self._next(t)
                 if t.finished:
                     ended.append(t)
-            if t.state == "joining":
+            if t.state is TaskState.JOINING:
                 try:
                     self._join(t)
                 except Exception as e:  # noqa: BLE001 - one task's failure must not stop the others
-                    self._end(t, "failed", e)
+                    self._end(t, TaskState.FAILED, e)
                 if t.finished:
                     ended.append(t)
         if not self.loop.active:
@@ -196,14 +223,14 @@ class BatchEngine:
         self.steps_run += 1
         decoding = [self._by_seq[s] for s in self.loop.active]
         for t in decoding:
-            t.max_rows = max(t.max_rows, b)
+            t.report.max_rows = max(t.report.max_rows, b)
         t_step = time.perf_counter()
         try:
             self.loop.step(self._due(decoding))
         except Exception as e:  # noqa: BLE001
             log.error("batched decode step failed for %s: %s", ", ".join(t.job.id for t in decoding), e)
             for t in decoding:
-                self._end(t, "failed", e)
+                self._end(t, TaskState.FAILED, e)
             return ended + decoding
         dt = time.perf_counter() - t_step
         self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
@@ -211,7 +238,7 @@ class BatchEngine:
             try:
                 self._advance(t)
             except Exception as e:  # noqa: BLE001
-                self._end(t, "failed", e)
+                self._end(t, TaskState.FAILED, e)
             if t.finished:
                 ended.append(t)
         return ended
@@ -219,20 +246,23 @@ class BatchEngine:
     # ------------------------------------------------------------------ internals
 
     def _join(self, t: Task) -> None:
-        job = t.job
+        job, s = t.job, t.sentences[t.k]
         voc = self.vocoders[t.voc]
-        if getattr(job, "refine_prompts", None) is not None and self.refiner is not None:
-            self.refiner(job, t.k)  # refine-text: rewrites job.prompts[t.k] (worker thread, free slot)
-        meta = getattr(job, "meta", None)      # meta["codes"], a list: keep the codes (the health check)
-        seq = Sequence(ids=job.prompts[t.k], spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k,
-                       trace=meta.get("codes") if isinstance(meta, dict) else None)
+        ids, spoken = s.ids, s.text
+        if s.refine_ids is not None and self.refiner is not None:
+            text, ids = self.refiner(job, s, t.k)   # refine-text (engine thread, a free slot)
+            t.report.refined[t.k] = text
+            spoken = text or s.text
+        t.report.spoken.append(spoken)
+        t.report.text_tokens.append(s.text_tokens)
+        seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k, trace=t.report.codes)
         t.seq, t.emitted = seq, 0
         self.loop.join(seq)
         voc.reset(seq.slot)
         if t.joined_at_step < 0:
             t.joined_at_step = self.steps_run
         self._by_seq[seq] = t
-        t.state = "decoding"
+        t.state = TaskState.DECODING
         if seq.finished:
             self._sentence_end(t)
 
@@ -270,7 +300,7 @@ class BatchEngine:
         t.steps += seq.steps
         if seq.steps == 0:
             log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
-            t.job.meta.setdefault("silent", set()).add(t.k)     # reported in done.silent_sentences
+            t.report.silent.append(t.k)                          # reported in done.silent_sentences
         self._by_seq.pop(seq, None)
         t.seq = None
         self._out(t, tail, ends_sentence=True)
@@ -279,21 +309,26 @@ class BatchEngine:
 
     def _next(self, t: Task) -> None:
         """After sentence ``k - 1``: join the next one, wait for its text, or end the task."""
-        more = getattr(t.job, "open", False)      # read before the length: close() follows the last extend()
-        if t.k < len(t.job.prompts):
-            t.state = "joining"
+        more = False
+        if t.job.feed is not None:
+            parts, more = t.job.feed.take(t.fed)
+            t.fed += len(parts)
+            for p in parts:
+                t.sentences.extend(p.sentences)
+                t.report.unspeakable.extend(u for u in p.unspeakable if u not in t.report.unspeakable)
+        if t.k < len(t.sentences):
+            t.state = TaskState.JOINING
             return
         if more:
-            t.state = "waiting"
+            t.state = TaskState.WAITING
             return
         wall = time.perf_counter() - t.t0
         if t.samples == 0:
-            self._end(t, "failed", EmptyResultError(
+            self._end(t, TaskState.FAILED, EmptyResultError(
                 f"request {t.job.id}: the model produced no audio (end of sequence at the first step); try another seed or voice"))
             return
-        if self.job_stats is not None:
-            self.job_stats(t.job, t.ttfb if t.ttfb is not None else wall, wall, t.samples, t.steps)
-        self._end(t, "done", None)
+        t.report.stats = _stats(t, wall)
+        self._end(t, TaskState.DONE, None)
 
     def _out(self, t: Task, pcm: np.ndarray, ends_sentence: bool = False) -> None:
         if pcm.size:
@@ -304,15 +339,24 @@ class BatchEngine:
             t.samples += pcm.size
             t.sink(PcmChunk(pcm, SAMPLE_RATE, t.k, ends_sentence))
 
-    def _end(self, t: Task, state: str, error: Optional[BaseException]) -> None:
+    def _end(self, t: Task, state: TaskState, error: Optional[BaseException]) -> None:
         if t.seq is not None:
             self.loop.leave(t.seq, "left")
             self._by_seq.pop(t.seq, None)
             t.seq = None
         t.state, t.error = state, error
-        meta = getattr(t.job, "meta", None)
-        if isinstance(meta, dict) and "codes" in meta:
-            meta["max_rows"] = t.max_rows      # > 1: its codes were drawn in a batch (rounding may differ)
         if t in self.tasks:
             self.tasks.remove(t)
             self._free_voc.append(t.voc)
+
+
+def _stats(t: Task, wall_s: float) -> JobStats:
+    """The timings of a finished task (logged)."""
+    audio_s = t.samples / SAMPLE_RATE
+    ttfb_s = t.ttfb if t.ttfb is not None else wall_s
+    st = JobStats(ttfb_ms=1000.0 * ttfb_s, rtf=wall_s / audio_s, audio_s=audio_s, steps=t.steps,
+                  steps_per_s=t.steps / wall_s if wall_s > 0 else 0.0, sentences=len(t.sentences))
+    log.info("request %s done: %.2f s audio, TTFB %.0f ms, RTF %.3f, %d steps (%.1f/s)",
+             t.job.id, audio_s, st.ttfb_ms, st.rtf, t.steps, st.steps_per_s,
+             extra={"request_id": t.job.id, "ttfb_ms": st.ttfb_ms, "rtf": st.rtf})
+    return st

@@ -4,9 +4,10 @@ The one object the service layer talks to (no tensors cross it; numpy PCM only):
 
     pipe = Pipeline.from_config(cfg)
     job = pipe.prepare(request)               # a SynthesisRequest; cheap; raises TextError / SpeakerError / RequestError
-    for chunk in pipe.run(job, cancel):       # PcmChunk: float32 samples [n], mono, chunk.rate Hz
+    run = pipe.run(job, cancel)
+    for chunk in run:                         # PcmChunk: float32 samples [n], mono, chunk.rate Hz
         ...
-    job.stats                                 # JobStats once run() finished
+    run.report.stats                          # JobStats once the run finished
 
 Prompt format as upstream ``speaker.py`` ``decorate_code_prompts``:
 ``[Stts][spk_emb]{prompt}{sentence}[Ptts]``; the ``[spk_emb]`` position's embedding is replaced
@@ -16,8 +17,8 @@ sentence is one GPT generation; their PCM is concatenated). Refine-text is off b
 (``synthesis.refine_text`` or a request's ``params.refine_text``): the GPT in text mode rewrites
 each sentence just before it is spoken (torch CPU backend; up to 384 extra decode steps).
 
-Differences from upstream on purpose: no mutable default parameters shared between calls (each
-Job owns its own), no "regenerate until non-empty" loop (an empty result raises
+Differences from upstream on purpose: no mutable default parameters shared between calls (a
+Job is immutable; each run writes its own Report), no "regenerate until non-empty" loop (an empty result raises
 :class:`EmptyResultError`), no deletion of near-silent samples, and streaming is O(n) with exact
 joins (:mod:`appliance.synth.vocoder`).
 """
@@ -30,13 +31,15 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
+import numpy as np
 
-from ..config import Config, SynthesisConfig
-from ..core import SAMPLE_RATE, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
+from ..config import Config, SynthesisConfig, VoiceConfig
+from ..core import DEGRADED, SAMPLE_RATE, Condition, PcmChunk, SamplingParams, SynthesisRequest, SynthParams
 from ..engines.lookahead import LookaheadChoice
 from ..engines.lookahead import choose as choose_lookahead
+from ..engines.recover import Rebuild
 from ..engines.runner import Runner, RunnerInfo
 from ..errors import (
     ConfigError,
@@ -49,10 +52,10 @@ from ..text.speaker import resolve_voice
 from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
 from ..text.voices import VoiceBook
-from .batch import BatchEngine
+from .batch import BatchEngine, Task, TaskState
 from .checkpoint_dir import require_checkpoint
 from .decode_loop import DecodeLoop
-from .job import Job, JobStats
+from .job import Job, Report, Sentence
 from .schedule import ChunkSchedule
 from .vocoder import WindowedVocoder
 
@@ -77,13 +80,15 @@ class Pipeline:
 
     SAMPLE_RATE = SAMPLE_RATE
 
-    def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer):
+    def __init__(self, cfg: Config, runner: Runner, tokenizer: Tokenizer, engine_fallback: Optional[str] = None):
         if cfg.synthesis.refine_text and not runner.info.text_mode:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode (torch on CPU); "
                               f"{runner.info.backend} has none: set it to false")
         self.cfg = cfg
         self.runner = runner
         self.tokenizer = tokenizer
+        self.engine_fallback = engine_fallback
+        self._loaded_at = time.monotonic()
         self.normalizer = Normalizer(tokenizer)
         self.voices = VoiceBook(cfg.voices)
         self.voices.check(runner.info.hidden_size, cfg.synthesis.voice)
@@ -102,17 +107,18 @@ class Pipeline:
                                                                           st.chunk_growth, st.realtime_share,
                                                                           st.start_slack_ms / 1000.0,
                                                                           st.max_chunk_gap_ms / 1000.0),
-                                  job_stats=self._job_stats,
                                   refiner=self._refine)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Pipeline":
-        """Open the configured backend and the checkpoint's tokenizer.
+    def from_config(cls, cfg: Config, rebuild: Optional[Rebuild] = None) -> "Pipeline":
+        """Open the configured backend and the checkpoint's tokenizer; a bad built engine is
+        rebuilt (``rebuild``) or replaced by the next backend that runs, which
+        :meth:`conditions` then reports (:func:`~appliance.engines.recover.open_runner_recovering`).
 
         Raises:
-            ConfigError, CheckpointError, EngineError: see :func:`~appliance.engines.select.open_runner`.
+            ConfigError, CheckpointError, EngineError: see :func:`~appliance.engines.recover.open_runner_recovering`.
         """
-        from ..engines.select import open_runner
+        from ..engines.recover import open_runner_recovering
 
         asset = require_checkpoint(cfg)
         marker = asset.parent / "RANDOM_WEIGHTS"          # written by `model random` beside asset/
@@ -120,8 +126,15 @@ class Pipeline:
             log.warning("the checkpoint in %s has RANDOM weights: the voice is noise (see README: Getting "
                         "the real weights). %s", asset.parent, marker.read_text(encoding="utf-8", errors="replace").strip())
         tokenizer = Tokenizer.from_dir(asset / "tokenizer")
-        runner = open_runner(cfg)
-        return cls(cfg, runner, tokenizer)
+        opened = open_runner_recovering(cfg, rebuild)
+        return cls(cfg, opened.runner, tokenizer, engine_fallback=opened.fallback)
+
+    def conditions(self) -> tuple[Condition, ...]:
+        """Health's view (a :data:`~appliance.core.ConditionSource`): ``engine_fallback``
+        (degraded) while it runs another backend than the one it picked, naming why."""
+        if self.engine_fallback is None:
+            return ()
+        return (Condition("engine_fallback", self.engine_fallback, self._loaded_at, DEGRADED),)
 
     @staticmethod
     def planned_sizes(cfg: Config):
@@ -141,6 +154,17 @@ class Pipeline:
         if synthesis.refine_text and not self.runner.info.text_mode:
             raise ConfigError(f"synthesis.refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
         self.cfg = dataclasses.replace(self.cfg, synthesis=synthesis)
+
+    def use_voices(self, voices: Sequence[VoiceConfig]) -> None:
+        """Take a new named-voice table (a reload, SIGHUP): every later :meth:`prepare` resolves
+        its names (any thread; one reference swapped).
+
+        Raises:
+            ConfigError: a voice string of ``voices`` does not decode (the running table stays).
+        """
+        book = VoiceBook(voices)
+        book.check(self.runner.info.hidden_size, self.cfg.synthesis.voice)
+        self.voices = book
 
     @property
     def info(self) -> RunnerInfo:
@@ -208,85 +232,63 @@ class Pipeline:
         spk_emb = resolve_voice(voice.spec, self.runner.info.hidden_size)
         split = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
                            with_speaker=spk_emb is not None)
-        sentences = [sent.text for sent in split]
-        prompts = [sent.ids for sent in split]   # tokenized once, by split_text
         frame = self.tokenizer.code_prompt("", with_speaker=spk_emb is not None, prompt=prompt).size
-        text_tokens = [max(1, int(ids.size) - int(frame)) for ids in prompts]   # expected length (start plan)
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
         refine = p.refine_text if p.refine_text is not None else s.refine_text
-        refine_prompts = None
-        if refine:
-            if not self.runner.info.text_mode:
-                raise RequestError(f"refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
-            # upstream speaker.py decorate_text_prompts: [Sbreak]{text}[Pbreak]{prompt}
-            refine_prompts = [self.tokenizer.encode(f"[Sbreak]{sent}[Pbreak]{s.refine_prompt}") for sent in sentences]
-        return Job(id=speak.id, text=norm.text, sentences=sentences, prompts=prompts,
-                   unspeakable=list(norm.unspeakable), seed=int(seed), params=params, spk_emb=spk_emb,
-                   prompt=prompt, meta={"text_tokens": text_tokens},
-                   refine_prompts=refine_prompts, voice=voice.label)
+        if refine and not self.runner.info.text_mode:
+            raise RequestError(f"refine_text needs a backend with a text mode; {self.runner.info.backend} has none")
+        # upstream speaker.py decorate_text_prompts: [Sbreak]{text}[Pbreak]{prompt}
+        sentences = tuple(Sentence(text=sent.text, ids=sent.ids,              # tokenized once, by split_text
+                                   text_tokens=max(1, int(sent.ids.size) - int(frame)),   # expected length (start plan)
+                                   refine_ids=self.tokenizer.encode(f"[Sbreak]{sent.text}[Pbreak]{s.refine_prompt}")
+                                   if refine else None) for sent in split)
+        return Job(id=speak.id, text=norm.text, sentences=sentences, unspeakable=tuple(norm.unspeakable),
+                   seed=int(seed), params=params, spk_emb=spk_emb, prompt=prompt, voice=voice.label)
 
-    def _refine(self, job: Job, k: int) -> None:
+    def _refine(self, job: Job, sentence: Sentence, k: int) -> tuple[str, np.ndarray]:
         """Refine-text for sentence ``k`` of ``job`` (called by the engine on the worker thread
-        just before the sentence joins): replaces ``job.prompts[k]`` by the code prompt of the
-        refined text and records it in ``job.meta["refined"]``. Upstream keeps only generated ids
-        below ``[break_0]`` (``core.py`` ``_infer``); a refined text that no longer fits
-        ``model.max_prompt_tokens`` keeps the unrefined prompt (logged)."""
+        just before the sentence joins): returns the refined text ("" when it gave none) and the
+        code prompt to decode (int64 ``[T]``: the refined text's, or the sentence's own where the
+        refined text is empty or no longer fits ``model.max_prompt_tokens``, logged). Upstream
+        keeps only generated ids below ``[break_0]`` (``core.py`` ``_infer``)."""
         tok = self.tokenizer
-        ids = self.loop.refine(job.refine_prompts[k], eos_id=tok.id_of("[Ebreak]"), seed=job.seed + 1000 + k,
+        ids = self.loop.refine(sentence.refine_ids, eos_id=tok.id_of("[Ebreak]"), seed=job.seed + 1000 + k,
                                params=REFINE_PARAMS)
         ids = ids[ids < tok.id_of("[break_0]")]
         text = tok.decode(ids).strip()
-        job.meta.setdefault("refined", {})[k] = text
         if not text:
             log.warning("request %s: refine-text gave no text for sentence %d; keeping it as is", job.id, k)
-            return
+            return text, sentence.ids
         try:
-            job.prompts[k] = tok.code_prompt(text, prompt=job.prompt, with_speaker=job.spk_emb is not None,
-                                             max_tokens=self.cfg.model.max_prompt_tokens)
+            return text, tok.code_prompt(text, prompt=job.prompt, with_speaker=job.spk_emb is not None,
+                                         max_tokens=self.cfg.model.max_prompt_tokens)
         except TextError as e:
             log.warning("request %s: refined sentence %d does not fit (%s); keeping it as is", job.id, k, e)
+            return text, sentence.ids
 
     # ------------------------------------------------------------------ run
 
-    def run(self, job: Job, cancel: Optional[threading.Event] = None) -> Iterator[PcmChunk]:
-        """Synthesize ``job``; yield :class:`~appliance.core.PcmChunk` (float32 mono, 24 kHz) as
-        they become final.
+    def run(self, job: Job, cancel: Optional[threading.Event] = None, keep_codes: bool = False,
+            on_step: Optional[Callable[[], None]] = None) -> Run:
+        """Synthesize ``job`` alone: a :class:`Run`, whose iteration yields
+        :class:`~appliance.core.PcmChunk` (float32 mono, 24 kHz) as they become final and whose
+        ``report`` (:class:`~appliance.synth.job.Report`) holds what it said and its timings.
 
         The first chunk carries ``stream.first_chunk_tokens`` decode steps, later ones grow up to
         ``stream.chunk_tokens`` (:class:`~appliance.synth.schedule.ChunkSchedule`); a chunk's
         audio is committed once the look-ahead (exact or calibrated) exists to its right.
         This is the one-job use of :attr:`engine` (:class:`~appliance.synth.batch.BatchEngine`),
-        the same code path the scheduler drives for several jobs at once.
+        the same code path the scheduler drives for several jobs at once. ``keep_codes``: the
+        report keeps every code (the health check's reference). ``on_step``: called every decode
+        step (the service's watchdog heartbeat while a health check runs on its thread).
 
-        Raises:
+        Iterating raises:
             CancelledError: ``cancel`` was set (checked every decode step).
             EmptyResultError: no sentence produced any audio code.
         """
-        out: list[PcmChunk] = []
-        task = self.engine.add(job, out.append, cancel)
-        try:
-            while not task.finished:
-                self.engine.step()
-                while out:
-                    yield out.pop(0)
-            while out:
-                yield out.pop(0)
-        finally:
-            if not task.finished:
-                self.engine.remove(task, "cancelled")
-        if task.error is not None:
-            raise task.error
-
-    def _job_stats(self, job: Job, ttfb_s: float, wall_s: float, samples: int, steps: int) -> None:
-        """Fill ``job.stats`` when the engine finishes ``job`` (and log the timings)."""
-        audio_s = samples / SAMPLE_RATE
-        job.stats = JobStats(ttfb_ms=1000.0 * ttfb_s, rtf=wall_s / audio_s, audio_s=audio_s, steps=steps,
-                             steps_per_s=steps / wall_s if wall_s > 0 else 0.0, sentences=len(job.prompts))
-        log.info("request %s done: %.2f s audio, TTFB %.0f ms, RTF %.3f, %d steps (%.1f/s)",
-                 job.id, audio_s, job.stats.ttfb_ms, job.stats.rtf, steps, job.stats.steps_per_s,
-                 extra={"request_id": job.id, "ttfb_ms": job.stats.ttfb_ms, "rtf": job.stats.rtf})
+        return Run(self.engine, job, cancel, keep_codes, on_step)
 
     def warmup(self) -> float:
         """Leave nothing cold for the first real request; returns the wall time in seconds.
@@ -330,3 +332,46 @@ class Pipeline:
             voc.push(n)
         voc.finish()
         return time.perf_counter() - t
+
+
+class Run:
+    """One job through the engine alone (:meth:`Pipeline.run`): an iterator of its PCM chunks
+    (nothing runs before the first ``next``); :attr:`report` once it finished (or failed)."""
+
+    def __init__(self, engine: BatchEngine, job: Job, cancel: Optional[threading.Event], keep_codes: bool,
+                 on_step: Optional[Callable[[], None]]) -> None:
+        self._engine, self._job, self._cancel, self._keep, self._on_step = engine, job, cancel, keep_codes, on_step
+        self._task: Optional[Task] = None
+        self._chunks = self._run()
+
+    @property
+    def report(self) -> Report:
+        """What the run said and did (empty before it started)."""
+        return self._task.report if self._task is not None else Report()
+
+    def __iter__(self) -> Run:
+        return self
+
+    def __next__(self) -> PcmChunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop early: the task leaves the engine (its slot is free)."""
+        self._chunks.close()
+
+    def _run(self) -> Iterator[PcmChunk]:
+        out: list[PcmChunk] = []
+        eng = self._engine
+        task = self._task = eng.add(self._job, out.append, self._cancel, keep_codes=self._keep)
+        try:
+            while not task.finished:
+                eng.step(self._on_step)
+                while out:
+                    yield out.pop(0)
+            while out:
+                yield out.pop(0)
+        finally:
+            if not task.finished:
+                eng.remove(task, TaskState.CANCELLED)
+        if task.error is not None:
+            raise task.error

@@ -46,7 +46,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from ..core import SAMPLE_RATE, SynthesisRequest
 from ..engines import manifest as mf
 from ..engines.lookahead import read as read_calibrations
 from ..errors import EngineError
+from .job import Job, Report
 
 HEALTH_SEED = 1234
 """Sampling seed of the health sentence (fixed, so runs are comparable)."""
@@ -64,20 +65,31 @@ REMEDY = ("a weight may have changed since (on disk or in memory): restart the d
           "weight file and names a changed one); if it starts clean, run 'chattts-appliance calibrate' again")
 
 
-def render(pipeline: Any, text: str, seed: int, cancel=None) -> tuple[np.ndarray, Any]:
-    """``text`` under ``seed`` through ``pipeline.prepare`` / ``pipeline.run``, not played.
+@dataclass(frozen=True)
+class Take:
+    """One render: the job (what was asked) and its report (what it drew: ``report.codes``, the
+    kept codes, int64 ``[4]`` each, in order; ``report.max_rows``; ``report.stats``)."""
+
+    job: Job
+    report: Report
+
+
+def render(pipeline: Any, text: str, seed: int, cancel=None,
+           beat: Optional[Callable[[], None]] = None) -> tuple[np.ndarray, Take]:
+    """``text`` under ``seed`` through ``pipeline.prepare`` / ``pipeline.run``, not played
+    (``beat``: called every decode step, the watchdog's heartbeat on the worker thread).
 
     Returns:
-        (float32 PCM ``[n]`` at 24 kHz, the job); ``job.meta["codes"]`` holds the kept codes (int64
-        ``[4]`` each, in order) and ``job.meta["max_rows"]`` the most rows a decode step had.
+        (float32 PCM ``[n]`` at 24 kHz, the :class:`Take`).
 
     Raises:
         whatever ``pipeline.run`` raises (CancelledError, EngineError, ...).
     """
     job = pipeline.prepare(SynthesisRequest(text=text, id=f"health-{seed}", seed=seed))
-    job.meta["codes"] = []
-    parts = [c.samples for c in pipeline.run(job, cancel) if c.samples.size]
-    return (np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)), job
+    run = pipeline.run(job, cancel, keep_codes=True, on_step=beat)
+    parts = [c.samples for c in run if c.samples.size]
+    pcm = np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
+    return pcm, Take(job, run.report)
 
 
 def request_digest(job: Any) -> str:
@@ -131,20 +143,20 @@ def _decode(s: str, frames: int) -> np.ndarray:
     return a.reshape(frames, len(BAND_EDGES_HZ) - 1)
 
 
-def record(first: tuple[np.ndarray, Any], second: tuple[np.ndarray, Any], bar_db: float,
+def record(first: tuple[np.ndarray, Take], second: tuple[np.ndarray, Take], bar_db: float,
            lookahead_tokens: Optional[int], date: str, text: str) -> dict:
     """The ``"reference"`` of a calibration entry from two renders of the health sentence
     (:func:`render`: ``first`` with the calibrated look-ahead, ``second`` with the exact one) and
     calibrate's bar (dB re the peak, < 0). Tolerance and range as in the module doc."""
-    (pa, ja), (pb, jb) = first, second
+    (pa, ta), (pb, tb) = first, second
     fa, fb = fingerprint(pa), fingerprint(pb)
     range_db = -float(bar_db)
-    codes_a, codes_b = codes_digest(ja.meta["codes"]), codes_digest(jb.meta["codes"])
+    codes_a, codes_b = codes_digest(ta.report.codes or []), codes_digest(tb.report.codes or [])
     repeat = band_lsd(fa, fb, range_db)
     peak = float(np.max(np.abs(pa))) if pa.size else 0.0
     noise = np.random.default_rng(0).uniform(-1.0, 1.0, pa.size) * peak * 10 ** (bar_db / 20)
     bar_noise = band_lsd(fa, fingerprint(pa + noise), range_db)
-    return {"request": request_digest(ja), "sentence": text, "seed": int(ja.seed), "steps": len(ja.meta["codes"]),
+    return {"request": request_digest(ta.job), "sentence": text, "seed": int(ta.job.seed), "steps": len(ta.report.codes or []),
             "samples": int(pa.size), "codes_sha256": codes_a if codes_a == codes_b else None,
             "spectrum": _encode(fa), "frames": int(len(fa)), "range_db": round(range_db, 2),
             "tolerance_db": round(max(repeat, bar_noise), 3),
@@ -210,15 +222,15 @@ def lookup(engine_dir: str | os.PathLike, ckpt_dir: str | os.PathLike, info: Any
     return Reference(ref), ""
 
 
-def compare(ref: Reference, job: Any, pcm: np.ndarray) -> tuple[list[str], str]:
-    """(reasons, note) of the health render (``pcm``, ``job`` from :func:`render`) against ``ref``."""
+def compare(ref: Reference, take: Take, pcm: np.ndarray) -> tuple[list[str], str]:
+    """(reasons, note) of the health render (``pcm``, ``take`` from :func:`render`) against ``ref``."""
     r = ref.data
     head = f"audio: far from the reference recorded by {ref.when}"
-    codes = job.meta.get("codes") or []
+    codes = take.report.codes or []
     if r.get("codes_sha256"):
         got = codes_digest(codes)
         if got != r["codes_sha256"]:
-            if job.meta.get("max_rows", 1) > 1:
+            if take.report.max_rows > 1:
                 return [], (f"not compared with the reference recorded by {ref.when}: its decode shared steps with other "
                             f"requests (batched rounding may move a draw)")
             return [f"{head}: the decode drew other codes for the same seed ({len(codes)} steps, sha256 {got[:12]}; "
@@ -232,7 +244,7 @@ def compare(ref: Reference, job: Any, pcm: np.ndarray) -> tuple[list[str], str]:
     return [], f"matches the reference recorded by {ref.when} ({same}log-spectral distance {d:.2f} dB, allowed {tol:.2f})"
 
 
-def check(pipeline: Any, cfg: Any, job: Any, pcm: np.ndarray) -> tuple[list[str], str]:
+def check(pipeline: Any, cfg: Any, take: Take, pcm: np.ndarray) -> tuple[list[str], str]:
     """Find the reference for ``pipeline`` (``cfg.model.engine_dir``, ``cfg.model.path``,
     ``pipeline.info``) and compare the health render with it: (reasons, note)."""
     try:
@@ -240,10 +252,10 @@ def check(pipeline: Any, cfg: Any, job: Any, pcm: np.ndarray) -> tuple[list[str]
         engine_dir, ckpt = cfg.resolve(cfg.model.engine_dir), cfg.resolve(cfg.model.path)
     except AttributeError as e:   # a pipeline without engine information (a test double)
         return [], f"no reference: {e}"
-    ref, why = lookup(engine_dir, ckpt, info, job)
+    ref, why = lookup(engine_dir, ckpt, info, take.job)
     if ref is None:
         return [], why
     try:
-        return compare(ref, job, pcm)
+        return compare(ref, take, pcm)
     except (KeyError, ValueError, TypeError) as e:   # binascii.Error is a ValueError
         return [], f"no reference: the one recorded by {ref.when} is unreadable ({e!r}): run 'chattts-appliance calibrate'"

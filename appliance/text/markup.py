@@ -247,7 +247,8 @@ class Markup:
     built once; a call keeps its state in its own walker, so calls may run on any thread."""
 
     def __init__(self) -> None:
-        self.md = MarkdownIt("commonmark", {"html": True, "linkify": True}).enable(
+        # maxNesting 100 (commonmark's 20 drops the text of a list nested 10 deep, silently)
+        self.md = MarkdownIt("commonmark", {"html": True, "linkify": True, "maxNesting": 100}).enable(
             ["table", "strikethrough", "linkify"]).disable("html_block")
 
     def __call__(self, text: str, ssml: bool = False) -> str:

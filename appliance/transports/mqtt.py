@@ -216,6 +216,12 @@ class MQTTBridge:
         self.client.loop_stop()
         log.info("mqtt: disconnected (%d duplicate say message(s) dropped)", self.duplicates)
 
+    def use_voices(self, names: list) -> None:
+        """The voices after a reload: the Home Assistant voice select lists them (``say`` messages
+        with a ``voice`` name are resolved by the pipeline, which has them already)."""
+        if self.discovery is not None:
+            self.discovery.use_voices(self.client if self.connected.is_set() else None, names)
+
     # ------------------------------------------------------------------ paho callbacks (network thread)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:

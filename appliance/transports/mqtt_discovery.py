@@ -229,6 +229,18 @@ class Discovery:
             return True
         return False
 
+    def use_voices(self, client: Any, names: list) -> None:
+        """New voice names (a reload, SIGHUP): the select's options are published again (when
+        ``client`` is connected; else at the next connect), and a chosen voice that is gone falls
+        back to the first."""
+        self.voices = list(names)
+        if self.voice_name not in self.voices:
+            log.warning("mqtt: the selected voice %r is no longer in voices; using %s", self.voice_name, self.voices[0])
+            self.voice_name = self.voices[0]
+            self._keep_voice()
+        if client is not None:
+            self.publish(client)
+
     @property
     def voice(self) -> str:
         """The selected voice's name (a ``speak`` carries it; the pipeline resolves it)."""

@@ -9,11 +9,18 @@
   ``max_line_bytes``; a longer one is answered with one ``bad_request`` error and skipped up to
   its newline) goes to ``handler(line, sink, peer)`` and is awaited before the next line of the
   same connection, so requests from one client keep their order. ``sink`` is the connection's
-  :meth:`Connection.send`: callable from any thread (it hops to the loop with
-  ``call_soon_threadsafe``), never blocks, and does nothing once the client is gone; a client
-  that stops reading while more than :data:`MAX_PENDING_BYTES` wait is disconnected (its
-  requests go on). ``peer`` is the client's :class:`~appliance.service.peers.Peer`
-  (``SO_PEERCRED``: pid, uid, gid), logged with its requests.
+  :meth:`Connection.send`: callable from any thread, never blocks, does nothing once the client
+  is gone. ``peer`` is the client's :class:`~appliance.service.peers.Peer` (``SO_PEERCRED``: pid,
+  uid, gid), logged with its requests. ``audio`` is :meth:`Connection.audio`: the sink a
+  ``return_audio`` request's PCM goes to its client through.
+* Everything a connection sends goes through ONE :class:`~appliance.audio.stream.Outbox` on its
+  :class:`~appliance.audio.stream.ClientStream` (the events of all its requests and their PCM,
+  in the order they happened); the connection's writer task encodes each item (an event: one JSON
+  line; PCM: an ``audio`` event and its raw bytes in ``stream.sample_format``), writes it and
+  waits for the drain before the next. The audio its client has not read is bounded by
+  ``service.max_buffered_ms`` (the one rule for every client, :mod:`appliance.audio.stream`: the
+  request that goes over it is cancelled); a client that reads nothing while more than
+  :data:`MAX_PENDING_EVENTS` events wait is disconnected (its requests go on).
 * A client that *closes* its connection (both directions: the kernel reports ``POLLHUP`` on our
   end, at EOF or later) is gone: ``on_gone(sink, peer)`` runs once (the dispatcher cancels its
   requests on channels with ``on_disconnect: cancel``). One that only half-closes (shuts down
@@ -32,20 +39,28 @@ import stat
 from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
+from ..audio.stream import AUDIO, EVENT, ClientStream, Outbox, StreamAudio
 from ..audio.wav import encode_pcm
-from ..core import PcmChunk
+from ..core import SAMPLE_RATE, PcmChunk
 from ..errors import ConfigError, RequestError
-from ..messages.protocol import Event, EventSink, error_event, to_json
+from ..messages.protocol import AudioChunk, Event, EventSink, error_event, to_json
 from ..service.peers import Peer, peer_of
 
 log = logging.getLogger(__name__)
 
 SD_LISTEN_FDS_START = 3
-MAX_PENDING_BYTES = 64 * 1024 * 1024
-"""Unsent bytes (events + audio) a connection may hold before it is dropped."""
+MAX_PENDING_EVENTS = 100_000
+"""Events a connection may hold unwritten (its client reads nothing) before it is dropped."""
 
-Handler = Callable[[bytes, EventSink, Peer], Awaitable[None]]
-"""``async handler(line, sink, peer)``: one request line, the connection's event sink, the client."""
+FLUSH = "flush"
+"""An outbox item ``(FLUSH, future)`` of :meth:`Connection.flushed`: resolved once written up to it."""
+
+AudioFor = Callable[[str], StreamAudio]
+"""``audio(request_id)``: a sink for that request's PCM to this connection's client (worker thread)."""
+
+Handler = Callable[[bytes, EventSink, Peer, AudioFor], Awaitable[None]]
+"""``async handler(line, sink, peer, audio)``: one request line, the connection's event sink, the
+client, and how a ``return_audio`` request's PCM reaches the client."""
 
 GoneHook = Callable[[EventSink, Peer], None]
 """``on_gone(sink, peer)``: the client closed its connection (loop thread; must not raise)."""
@@ -143,50 +158,79 @@ def inherited_socket() -> Optional[socket.socket]:
 
 
 class Connection:
-    """One client connection; :meth:`send` is its event sink."""
+    """One client connection: :meth:`send` is its event sink, :meth:`audio` its requests' client
+    audio, one outbox for both, written by its own writer task (module docstring).
 
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop, name: str) -> None:
+    Args:
+        writer: the connection's stream writer. loop: the event loop. name: ``#N``.
+        max_buffered_ms: ``service.max_buffered_ms``. sample_format: ``stream.sample_format``.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop, name: str,
+                 max_buffered_ms: int = 30000, sample_format: str = "float32") -> None:
         self.writer = writer
         self.loop = loop
         self.name = name
         self.peer = peer_of(writer.get_extra_info("socket"), name)
+        self.format = sample_format
+        self.stream = ClientStream(f"socket {name}", "socket client", max_buffered_ms, "service.max_buffered_ms")
+        self.outbox = Outbox(loop, self.stream)
         self.closed = False
         self.eof = False                 # the client sent EOF (half-close or gone)
         self.gone = False                # on_gone ran
         self.pending: set[str] = set()   # accepted request ids without their done/error yet
+        self.writing = loop.create_task(self._write_loop(), name=f"socket {name} writer")
 
     def send(self, msg: Event, payload: Optional[PcmChunk] = None) -> None:
-        """Queue an event (and its PCM, sent as raw bytes after it) for this client; any thread."""
+        """Queue an event for this client (any thread; never blocks)."""
         if self.closed:
             return
-        try:
-            self.loop.call_soon_threadsafe(self._send, msg, payload)
-        except RuntimeError:  # loop closed: the daemon is gone
-            self.closed = True
+        self.outbox.put((EVENT, msg, payload))
+        if len(self.outbox) > MAX_PENDING_EVENTS:
+            log.warning("client %s is not reading (%d events pending); disconnecting it (its requests go on)",
+                        self.name, len(self.outbox))
+            try:
+                self.loop.call_soon_threadsafe(self.close)
+            except RuntimeError:  # loop closed: the daemon is gone
+                self.closed = True
 
-    def _send(self, msg: Event, payload: Optional[PcmChunk]) -> None:
-        if self.closed or self.writer.is_closing():
-            self.closed = True
-            return
-        kind = msg.type
-        if kind == "accepted":
-            self.pending.add(msg.id)
-        elif kind in ("done", "error") and getattr(msg, "id", None) in self.pending:
-            self.pending.discard(msg.id)
+    def audio(self, request_id: str) -> StreamAudio:
+        """The sink of one start of ``request_id``'s PCM for this client (worker thread)."""
+        return self.stream.audio(request_id, self.outbox)
+
+    async def _write_loop(self) -> None:
+        """Encode and write what the outbox holds, in order, each drained before the next."""
+        w = self.writer
         try:
-            self.writer.write(to_json(msg))
-            if payload is not None:          # an audio event's PcmChunk, in the format its header names
-                self.writer.write(encode_pcm(payload.samples, msg.format))
-        except (ConnectionError, RuntimeError):
-            self.closed = True
+            while not self.closed:
+                item = await self.outbox.get()
+                if self.closed or w.is_closing():
+                    break
+                if item[0] == FLUSH:         # flushed(): all before it is written
+                    item[1].done() or item[1].set_result(None)
+                    continue
+                if item[0] == AUDIO:         # a request's PCM: its audio event and raw bytes
+                    _, sink, pcm, n = item
+                    data = encode_pcm(pcm, self.format)
+                    w.write(to_json(AudioChunk(id=sink.request_id, bytes=len(data), rate=SAMPLE_RATE,
+                                               format=self.format)) + data)
+                    await w.drain()
+                    sink.written(n)
+                    continue
+                _, msg, payload = item
+                if msg.type == "accepted":
+                    self.pending.add(msg.id)
+                elif msg.type in ("done", "error") and getattr(msg, "id", None) in self.pending:
+                    self.pending.discard(msg.id)
+                w.write(to_json(msg) + (encode_pcm(payload.samples, self.format) if payload is not None else b""))
+                await w.drain()
+                if self.eof and not self.pending:
+                    break
+        except (ConnectionError, RuntimeError, OSError):
+            pass
+        except asyncio.CancelledError:
             return
-        if self.eof and not self.pending:
-            self.close()
-            return
-        if self.writer.transport.get_write_buffer_size() > MAX_PENDING_BYTES:
-            log.warning("client %s is not reading (%d bytes pending); disconnecting it (its requests go on)",
-                        self.name, self.writer.transport.get_write_buffer_size())
-            self.close()
+        self.close()
 
     def peer_closed(self) -> bool:
         """True when the client closed its end completely (not just its write side)."""
@@ -200,10 +244,20 @@ class Connection:
         except (OSError, ValueError):
             return True
 
+    async def flushed(self) -> None:
+        """Wait until what was queued before this call is written (or the connection closed)."""
+        if not self.closed and not self.writing.done():
+            mark = self.loop.create_future()
+            self.outbox.put((FLUSH, mark))
+            await asyncio.wait([mark, self.writing], return_when=asyncio.FIRST_COMPLETED)
+        await self.writer.drain()
+
     def close(self) -> None:
-        """Close the connection (pending bytes are flushed by the transport)."""
+        """Close the connection (loop thread; bytes written so far are flushed by the transport)."""
         if not self.closed:
             self.closed = True
+            if self.writing is not asyncio.current_task():
+                self.writing.cancel()
             try:
                 self.writer.close()
             except Exception:
@@ -215,13 +269,16 @@ class SocketServer:
 
     Args:
         sock: a listening socket (:func:`listen_socket` or :func:`inherited_socket`).
-        handler: ``async handler(line: bytes, sink, peer)``; must not raise (errors become events).
+        handler: ``async handler(line: bytes, sink, peer, audio)``; must not raise (errors become events).
         max_line_bytes: longest request line (``service.max_line_bytes``).
         on_gone: ``on_gone(sink, peer)`` when a client closed its connection (module docstring).
+        max_buffered_ms: ``service.max_buffered_ms``. sample_format: ``stream.sample_format``.
     """
 
     def __init__(self, sock: socket.socket, handler: Handler, max_line_bytes: int,
-                 on_gone: Optional[GoneHook] = None) -> None:
+                 on_gone: Optional[GoneHook] = None, max_buffered_ms: int = 30000,
+                 sample_format: str = "float32") -> None:
+        self.max_buffered_ms, self.sample_format = max_buffered_ms, sample_format
         self.sock = sock
         self.handler = handler
         self.on_gone = on_gone
@@ -244,7 +301,7 @@ class SocketServer:
         """Flush and close every connection."""
         for c in list(self._conns):
             try:
-                await asyncio.wait_for(c.writer.drain(), flush_timeout_s)
+                await asyncio.wait_for(c.flushed(), flush_timeout_s)
             except Exception:
                 pass
             c.close()
@@ -263,7 +320,7 @@ class SocketServer:
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._n += 1
-        conn = Connection(writer, asyncio.get_running_loop(), f"#{self._n}")
+        conn = Connection(writer, asyncio.get_running_loop(), f"#{self._n}", self.max_buffered_ms, self.sample_format)
         self._conns.add(conn)
         task = asyncio.current_task()
         if task is not None:
@@ -294,13 +351,13 @@ class SocketServer:
                         skipping = False
                         continue
                     if line.strip():
-                        await self.handler(line, conn.send, conn.peer)
+                        await self.handler(line, conn.send, conn.peer, conn.audio)
             if buf.strip() and not skipping:   # last line without newline before EOF / half-close
-                await self.handler(bytes(buf), conn.send, conn.peer)
+                await self.handler(bytes(buf), conn.send, conn.peer, conn.audio)
             # EOF: a half-closed client still reads; keep the connection until its requests end,
             # unless it closes completely (then it is gone: on_gone)
             conn.eof = True
-            await asyncio.sleep(0)               # let already-scheduled events through
+            await conn.flushed()                 # what was queued is written (its accepted ids known)
             gone = conn.peer_closed()
             while conn.pending and not conn.closed and not writer.is_closing() and not gone:
                 await asyncio.sleep(0.05)
@@ -308,7 +365,7 @@ class SocketServer:
             if gone:
                 self._gone(conn)
             try:
-                await writer.drain()
+                await conn.flushed()
             except Exception:
                 pass
         except (ConnectionError, OSError) as e:

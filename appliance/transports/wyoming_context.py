@@ -1,6 +1,8 @@
-"""What every Wyoming connection of one server shares: the dispatcher, the ``info`` event, the
-voices and the limits (built by :class:`~appliance.transports.wyoming_server.WyomingServer`), and
-the one rule for a requested voice."""
+"""What every Wyoming connection of one server shares: the dispatcher, the :class:`Offer` (the
+``info`` event and the voices), the limits (built by
+:class:`~appliance.transports.wyoming_server.WyomingServer`), and the one rule for a requested
+voice. A reload (SIGHUP) that changes the voices hands the context a new offer
+(:meth:`Context.use`): connections already open see it at their next event."""
 
 from __future__ import annotations
 
@@ -15,14 +17,28 @@ from ..service.dispatch import Dispatcher
 
 
 @dataclass(frozen=True)
-class Context:
-    """What every connection of one server shares (built by
-    :class:`~appliance.transports.wyoming_server.WyomingServer`).
+class Offer:
+    """What the server offers now.
 
     Attributes:
-        dispatch: the daemon's dispatcher. info: the ``info`` event (``describe``'s answer).
-        voices: voice name -> the same name (a ``speak`` carries it; the pipeline resolves it); the first
-            is the default. channel, priority, play: of every request. streaming:
+        info: the ``info`` event (``describe``'s answer).
+        voices: voice name -> the same name (a ``speak`` carries it; the pipeline resolves it); the
+            first is the default.
+    """
+
+    info: WyEvent
+    voices: dict
+
+
+@dataclass
+class Context:
+    """What every connection of one server shares (built by
+    :class:`~appliance.transports.wyoming_server.WyomingServer`); only :attr:`offer` ever changes,
+    whole, through :meth:`use` (the event loop's thread, as every reader).
+
+    Attributes:
+        dispatch: the daemon's dispatcher. offer: the :class:`Offer` in force. channel,
+            priority, play: of every request. streaming:
             ``wyoming.streaming``. max_chars: ``service.max_text_chars``. max_line:
             ``service.max_line_bytes`` (longest event header). max_payload:
             ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
@@ -31,8 +47,7 @@ class Context:
     """
 
     dispatch: Dispatcher
-    info: WyEvent
-    voices: dict
+    offer: Offer
     channel: str
     priority: str
     play: bool
@@ -41,6 +56,20 @@ class Context:
     max_line: int = 65536
     max_payload: int = 1 << 20
     max_buffered_ms: int = 30000
+
+    @property
+    def info(self) -> WyEvent:
+        """``describe``'s answer now."""
+        return self.offer.info
+
+    @property
+    def voices(self) -> dict:
+        """The voices offered now (name -> name; the first is the default)."""
+        return self.offer.voices
+
+    def use(self, offer: Offer) -> None:
+        """Offer ``offer`` from now on (a reload)."""
+        self.offer = offer
 
     def voice(self, v: Optional[SynthesizeVoice]) -> str:
         """The voice a ``speak`` carries for a requested voice (None or no name: the default).
@@ -56,4 +85,4 @@ class Context:
         raise SpeakerError(f"unknown voice {name!r}; this box offers: {', '.join(self.voices)}")
 
 
-__all__ = ["Context"]
+__all__ = ["Context", "Offer"]

@@ -10,8 +10,9 @@ for the next), closed at the end of the text. So a channel's queue counts uttera
 scheduler, same worker thread); its events come back through an
 :data:`~appliance.messages.protocol.EventSink` and its PCM through an
 :class:`~appliance.audio.sink.AudioSink` the handler passes down with it
-(:class:`~appliance.transports.wyoming_sink.WyomingAudio`, opened by the worker each time the
-request starts), both into the request's outbox (any thread, never blocking), which this
+(:class:`~appliance.audio.stream.StreamAudio` on the connection's
+:class:`~appliance.audio.stream.ClientStream`, opened by the worker each time the request
+starts), both into the request's outbox (any thread, never blocking), which this
 connection's writer task empties on the loop::
 
     describe                      -> info
@@ -25,7 +26,7 @@ connection's writer task empties on the loop::
 
 Audio: 16-bit signed little-endian mono PCM (width 2, channels 1) at 24000 Hz; every audio-chunk
 says so. The audio a client has not read yet is bounded per connection by
-``wyoming.max_buffered_ms`` (:mod:`.wyoming_sink`): a client that stops reading has the request
+``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`: the one rule for every client): a client that stops reading has the request
 that goes over it cancelled (logged), the rest of its utterance is not spoken, and no other
 request or connection notices. One audio-start / audio-stop pair frames each utterance (also without audio). The
 ``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
@@ -76,6 +77,7 @@ from wyoming.tts import (
     SynthesizeStopped,
 )
 
+from ..audio.stream import EVENT, ClientStream, Outbox, StreamAudio, ms
 from ..core import PcmChunk
 from ..errors import ApplianceError, RequestError, SpeakerError
 from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
@@ -83,7 +85,7 @@ from .text_stream import SentenceBuffer
 from .wyoming_context import Context
 from .wyoming_frame import CheckedHandler, FrameError, check_event
 from .wyoming_replies import Fatal, Segment, Speech, Utterance, write_utterance
-from .wyoming_sink import EVENT, Budget, Outbox, WyomingAudio, limit_send_buffer, ms
+from .wyoming_sink import limit_send_buffer
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ class WyomingHandler(CheckedHandler):
         self._loop = asyncio.get_running_loop()
         self._segments: asyncio.Queue[Segment] = asyncio.Queue()
         self._speeches: dict[str, Speech] = {}   # requests without their done/error yet (pruned)
-        self.budget = Budget(ctx.max_buffered_ms)    # the audio its client has not taken yet
+        self.stream = ClientStream(self.name, "Wyoming client", ctx.max_buffered_ms, "wyoming.max_buffered_ms")
         limit_send_buffer(writer, self.name)
         self._stream: Optional[_Stream] = None
         self._gone = False
@@ -254,7 +256,7 @@ class WyomingHandler(CheckedHandler):
                 return
             utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
-        req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.budget))
+        req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.stream))
         utt.requests.put_nowait(req)          # its place in the reply order is fixed now
         self._pending()                       # forget the ended ones
         self._speeches[req.id] = req
@@ -283,9 +285,9 @@ class WyomingHandler(CheckedHandler):
         blocks, never raises)."""
         req.outbox.put((EVENT, ev, payload), terminal=isinstance(ev, (Done, ErrorEvent)))
 
-    def _audio(self, utt: Utterance, req: Speech) -> WyomingAudio:
+    def _audio(self, utt: Utterance, req: Speech) -> StreamAudio:
         """The request's AudioSink for one start (the worker thread, each time it starts)."""
-        return WyomingAudio(req.id, self.name, req.outbox, on_overflow=lambda _: self._stalled(utt))
+        return self.stream.audio(req.id, req.outbox, on_overflow=lambda _: self._stalled(utt))
 
     def _stalled(self, utt: Utterance) -> None:
         """The client stopped reading (worker thread): the rest of ``utt`` is not spoken."""
@@ -344,7 +346,7 @@ class WyomingHandler(CheckedHandler):
             await self._cancel(left)
         else:
             log.debug("%s disconnected", self.name)
-        b = self.budget
+        b = self.stream
         log.debug("%s: its audio held for the client peaked at %d ms (wyoming.max_buffered_ms %d), %d ms dropped",
                   self.name, ms(b.peak), ms(b.limit), ms(b.dropped))
         if self._writer_task is not asyncio.current_task():

@@ -6,8 +6,8 @@ The handler queues *segments*: a ready Wyoming event (``info``, ``pong``, an ``e
 after which the connection closes). An utterance holds its :class:`Speech` items in order (one
 ``speak`` request, another only after the first ended early) and, between them, the ``error`` of
 an event refused while none of them ran; None ends it. A speech's replies are in its
-:class:`~appliance.transports.wyoming_sink.Outbox`: its events (from the dispatcher's sink) and its
-PCM (from its :class:`~appliance.transports.wyoming_sink.WyomingAudio`, already 16-bit), in the
+:class:`~appliance.audio.stream.Outbox`: its events (from the dispatcher's sink) and its
+PCM (float32, from its :class:`~appliance.audio.stream.StreamAudio`; encoded here, 16-bit), in the
 order they happened; an ``error`` of a refused event or sentence can be put among them, so it is
 written at once, between the audio. :func:`write_utterance` turns one utterance into::
 
@@ -16,7 +16,7 @@ written at once, between the audio. :func:`write_utterance` turns one utterance 
 
 Each audio-chunk is written and drained before the next is taken out of the outbox, so the audio a
 client has not read stays in the outbox, counted against ``wyoming.max_buffered_ms``
-(:mod:`.wyoming_sink`). One audio-start / audio-stop pair frames each utterance (also without
+(:mod:`appliance.audio.stream`). One audio-start / audio-stop pair frames each utterance (also without
 audio). A speech preempted with ``on_preempt: resume`` restarts from its beginning: the bytes the
 client already has are skipped (same seed, same audio). ``cancelled`` or ``preempted`` (dropped)
 ends a stream's audio (its later sentences are cancelled); any other error of a one-shot ends the
@@ -36,10 +36,11 @@ from wyoming.error import Error
 from wyoming.event import Event as WyEvent
 from wyoming.tts import SynthesizeStopped
 
+from ..audio.stream import AUDIO, Outbox
+from ..audio.wav import to_int16
 from ..core import SAMPLE_RATE
 from ..errors import CancelledError, PreemptedError
 from ..messages.protocol import Done, ErrorEvent, Preempted, Speak
-from .wyoming_sink import AUDIO, Outbox
 
 WIDTH, CHANNELS = 2, 1
 """Wyoming audio format sent: 16-bit samples, mono."""
@@ -50,9 +51,9 @@ ENDS_STREAM = (CancelledError.code, PreemptedError.code)
 
 @dataclass(eq=False)
 class Speech:
-    """One ``speak`` request of a connection and its :class:`~appliance.transports.wyoming_sink.Outbox`:
+    """One ``speak`` request of a connection and its :class:`~appliance.audio.stream.Outbox`:
     ``(EVENT, event, payload)`` from the sink (or ``(EVENT, error WyEvent, None)``: a refused event
-    or sentence, not its end) and ``(AUDIO, sink, bytes, samples)``."""
+    or sentence, not its end) and ``(AUDIO, sink, pcm float32 [n], n)``."""
 
     id: str
     outbox: Outbox
@@ -97,9 +98,9 @@ async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Await
         while True:
             item = await req.outbox.get()
             if item[0] == AUDIO:
-                _, sink, data, n = item
+                _, sink, pcm, n = item
                 if not utt.ended:
-                    started = await _write_audio(req, data, started, write_event)
+                    started = await _write_audio(req, to_int16(pcm).tobytes(), started, write_event)
                 sink.written(n)               # after its drain: it no longer counts against the bound
                 continue
             _, ev, _payload = item

@@ -18,7 +18,7 @@ port or socket in use stops the start at once. UNIX sockets get ``service.socket
 Limits: an event header line of at most ``service.max_line_bytes``, data + payload of one event
 at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
 (:mod:`.wyoming_frame`). The audio a connection holds for a client that does not read it is at
-most ``wyoming.max_buffered_ms`` (:mod:`.wyoming_sink`).
+most ``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`).
 
 Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
 (what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
@@ -45,7 +45,7 @@ from ..core import version
 from ..errors import ConfigError
 from ..service.dispatch import Dispatcher
 from .socket_server import check_socket_path
-from .wyoming_context import Context
+from .wyoming_context import Context, Offer
 from .wyoming_handler import WyomingHandler
 
 log = logging.getLogger(__name__)
@@ -115,6 +115,12 @@ def build_info(cfg: Config) -> Any:
     return Info(tts=[prog]).event()
 
 
+def offer(cfg: Config) -> Offer:
+    """What a server with ``cfg`` offers: its ``info`` event and its voices by name (names: the
+    pipeline resolves them)."""
+    return Offer(build_info(cfg), {v.name: v.name for v in cfg.voices})
+
+
 class WyomingServer:
     """Every ``wyoming.uris`` listener of one daemon, and the zeroconf advertisement.
 
@@ -128,8 +134,7 @@ class WyomingServer:
         w = cfg.wyoming
         self.cfg = cfg
         self.ctx = Context(
-            dispatch=dispatch, info=build_info(cfg),
-            voices={v.name: v.name for v in cfg.voices},      # names: the pipeline resolves them
+            dispatch=dispatch, offer=offer(cfg),
             channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
             streaming=w.streaming, max_chars=cfg.service.max_text_chars,
             max_line=cfg.service.max_line_bytes, max_payload=w.max_payload_bytes,
@@ -137,6 +142,12 @@ class WyomingServer:
         self.servers: list[Any] = []
         self._zc: Any = None
         self._zc_info: Any = None
+
+    def use_voices(self, cfg: Config) -> None:
+        """Offer the voices of ``cfg`` from now on (a reload, SIGHUP; the loop's thread): ``describe``
+        lists them and ``synthesize`` takes them, on open connections too."""
+        self.ctx.use(offer(cfg))
+        log.info("wyoming: voices now %s", ", ".join(self.ctx.voices))
 
     async def start(self) -> None:
         """Listen on every URI, then advertise over zeroconf (if configured).
