@@ -61,7 +61,7 @@ def test_a_socket_request_takes_four_shapes_and_crosses_three_threads(pipe, cfg)
     ended = threading.Event()
     worker = Worker(pipe, AudioOutput(cfg), queue_len={"main": 4})
 
-    def sink(ev, payload=None):                       # the connection's event sink
+    def sink(ev):                       # the connection's event sink
         events.append((ev.type, threading.current_thread().name))
         if ev.type in ("done", "error"):
             ended.set()
