@@ -7,7 +7,7 @@
   (``LISTEN_PID`` = our pid, ``LISTEN_FDS`` >= 1, fd 3; ``sd_listen_fds(3)``).
 * :class:`SocketServer` accepts connections on the event loop. Each line (up to
   ``max_line_bytes``; a longer one is answered with one ``bad_request`` error and skipped up to
-  its newline) goes to ``handler(line, sink, peer)`` and is awaited before the next line of the
+  its newline) goes to ``handler(line, sink, peer, audio)`` and is awaited before the next line of the
   same connection, so requests from one client keep their order. ``sink`` is the connection's
   :meth:`Connection.send`: callable from any thread, never blocks, does nothing once the client
   is gone. ``peer`` is the client's :class:`~appliance.service.peers.Peer` (``SO_PEERCRED``: pid,
