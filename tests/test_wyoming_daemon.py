@@ -395,7 +395,8 @@ def test_wyoming_config_errors_name_the_key(tmp_path):
 
 def test_say_does_not_import_wyoming():
     """The clients stay light: the daemon imports the wyoming package only when it is enabled."""
-    code = "import sys, appliance.cli, appliance.cli.client; print('wyoming' in sys.modules)"
+    code = ("import sys, appliance.cli.say, appliance.cli.control, appliance.cli.client; "
+            "print('wyoming' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
 
