@@ -11,8 +11,8 @@ and implements the network passes of a :class:`~appliance.engines.host_runner.Ho
 One context, ``model.max_batch`` sequences of ``model.max_seq_len`` positions each (one KV
 stream per sequence): slot ``s`` is sequence ``s``. Every pass is one ``llama_decode`` of a
 batch made once by ``llama_batch_init(rows, D, 1)`` whose ``embd`` rows are the input
-embeddings, computed on the host from ``embed.safetensors`` (text rows with the L2-normalised
-speaker, or the sum of the Q code rows of the last codes): a decode step is one row per slot,
+embeddings, computed on the host from ``embed.safetensors`` (memory-mapped, :func:`map_embeddings`:
+text rows with the L2-normalised speaker, or the sum of the Q code rows of the last codes): a decode step is one row per slot,
 every channel in the same call. The context outputs the final hidden state (``embeddings``,
 the GPT's output after its last RMSNorm: the Decoder's input) beside the logits of the output
 matrix ``[Q*V, D]`` (every codebook's logits at once). A slot's sequence is removed from the KV
@@ -40,11 +40,11 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..errors import ConfigError, EngineError
+from ..errors import CheckpointError, ConfigError, EngineError
 from . import llama_lib
 from . import manifest as mf
 from .host_runner import HostRunner
-from .onnx_runner import embed_prompt, load_embeddings
+from .onnx_runner import embed_prompt
 from .ort_vocoder import OrtVocoder, session_options
 from .runner import RunnerInfo, receptive_fields
 from .threads import StepThreads, thread_budget
@@ -60,6 +60,30 @@ def find_llama_export(cfg: Config) -> Path | None:
     ``auto`` the first of :data:`TYPES`."""
     want = cfg.model.llama_precision
     return mf.find_built(cfg.resolve(cfg.model.engine_dir), "llama", TYPES if want == "auto" else (want,))
+
+
+def map_embeddings(f: Path, hint: str) -> tuple[np.ndarray, np.ndarray]:
+    """``emb_text [N, D]`` and ``emb_code [Q, V, D]`` float32 of the export's ``embed.safetensors``,
+    memory-mapped read-only (hashed before with the other files): only the rows a prompt or a
+    step reads become resident (the text table is 62 MiB at full size, a few KiB of it per prompt).
+
+    Raises:
+        EngineError: the file is missing, malformed, or not float32 (says how to rebuild).
+    """
+    from ..model.tensorfile import TensorFile
+
+    try:
+        tf = TensorFile(f)
+        ent = {e.name: e for e in tf.entries}
+        out = []
+        for k in ("emb_text", "emb_code"):
+            e = ent[k]
+            if e.dtype != "F32":
+                raise KeyError(f"{k} is {e.dtype}, expected F32")
+            out.append(np.memmap(f, np.float32, "r", offset=tf.data_start + e.begin, shape=e.shape))
+    except (CheckpointError, KeyError) as e:
+        raise EngineError(f"cannot read the embedding tables {f}: {e}; rebuild with: {hint}") from e
+    return out[0], out[1]
 
 
 class LlamaRunner(HostRunner):
@@ -98,9 +122,7 @@ class LlamaRunner(HostRunner):
         mf.check(m, expect, hint)
         self.manifest, self.dir = m, d
         verify = cfg.safety.verify_checkpoint
-        emb_name = m["embed"]["file"]
-        self.weight_files = mf.verify_files(d, m, hint, [n for n in mf.weight_files(d, m) if n != emb_name]) \
-            if verify else []
+        self.weight_files = mf.verify_files(d, m, hint, mf.weight_files(d, m)) if verify else []
         s = m["shapes"]
         D, L, Q, V = s["hidden"], s["n_layers"], s["num_vq"], s["num_audio_tokens"]
         self._D, self._Q, self._V, self._n_text = D, Q, V, s["num_text_tokens"]
@@ -130,9 +152,7 @@ class LlamaRunner(HostRunner):
         self._out_ptr = (0, 0, 0)
         self._logits_view = self._hidden_view = np.zeros((0,), np.float32)
 
-        self._emb_text, self._emb_code, emb_sha = load_embeddings(d, m, hint, verify)
-        if emb_sha is not None:
-            self.weight_files.append((d / emb_name, emb_sha))
+        self._emb_text, self._emb_code = map_embeddings(d / m["embed"]["file"], hint)
         self._head_text_file = d / m["head_text"]["file"]
         self._head_text: np.ndarray | None = None
         self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, threads, mc.spin_wait), D, s["n_mels"],
