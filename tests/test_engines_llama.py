@@ -113,13 +113,13 @@ def test_refine_text_matches_torch(tiny_ckpt, runners):
 
 def test_kv_cache_at_the_configured_length_and_its_planned_size(tiny_ckpt, llama_dir, runners):
     """The context is made at the config's ``max_seq_len`` (not the export's) and its KV bytes per
-    position are what the memory plan counts before the load. The default q8_0 KV cache needs a
-    head width of a multiple of 32 (the full model's 64): the tiny checkpoint's 16 gets f16."""
+    position are what the memory plan counts before the load. A q8_0 KV cache needs a head width
+    of a multiple of 32 (the full model's 64): the tiny checkpoint's 16 gets f16."""
     from appliance.engines import llama_lib
     from appliance.engines.llama_runner import LlamaRunner
     from appliance.engines.sizes import plan_sizes
 
-    cfg = _cfg(tiny_ckpt, llama_dir, max_seq_len=LIMITS["max_seq_len"] // 2)
+    cfg = _cfg(tiny_ckpt, llama_dir, max_seq_len=LIMITS["max_seq_len"] // 2, llama_kv_cache="q8_0")
     planned = plan_sizes(cfg)
     assert planned.backend == "llama.cpp" and planned.resizable
     lr = LlamaRunner(cfg, reason="test")

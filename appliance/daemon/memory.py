@@ -100,13 +100,15 @@ weights + 360 KV + 380 (bench/gpu_memory_probe.py; bench/RESULTS.md)."""
 CUDA_CONTEXT_MIB = 300
 """The bare CUDA context on a Jetson with lazy loading, MiB (published figure, docs/jetson-memory.md):
 counted before the load on unified memory, where the budget holds everything."""
-RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40}
-HOST_WORK_FRACTION = {"torch": 0.3, "onnxruntime": 0.6}
+RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40, "llama.cpp": 40}
+HOST_WORK_FRACTION = {"torch": 0.3, "onnxruntime": 0.6, "llama.cpp": 0.6}
 """Host memory a CPU backend's warm-up adds, as a fraction of its weights (activations, the
 runtime's arenas, the KV pages the warm-up touches). Measured on the 2-core machine with the
 full checkpoint: torch FP32 1584 MiB RSS after warm-up for 1009 MiB of weights and 259 MiB before
 the load (+316, 0.31); ONNX Runtime INT8 768 MiB loaded, 1074 after warm-up (+307 for 515 MiB of
-weights, 0.6) (bench/bench_memory.py, bench/RESULTS.md)."""
+weights, 0.6) (bench/bench_memory.py, bench/RESULTS.md); llama.cpp (its vocoder runs on ONNX Runtime) taken
+as ONNX Runtime's: the daemon on the q4_k_m GGUF export measured 758 MiB RSS after warm-up where the
+estimate without these terms was 574 MiB (bench/bench_service.py, 2026-12-04)."""
 """Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
 in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
 2.13) +208 MiB, ``import onnxruntime`` 1.32 +35 MiB."""
@@ -219,7 +221,8 @@ def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, res
     kvpt = float(info.kv_bytes_per_token) / MIB
     S, B = int(info.max_seq_len), int(info.max_batch)
     kv = kvpt * S * B
-    host_kv = fp.kind == "cpu"                         # host KV pages are not resident yet: count them
+    # host KV pages are not resident yet: count them (llama.cpp clears its cache at load: resident, measured)
+    host_kv = fp.kind == "cpu" and info.backend != "llama.cpp"
     footprint = fp.budget_mib + (kv if host_kv else 0.0)
     what = (f"measured {fp.describe()} after warm-up (weights {info.weight_bytes / MIB:.0f} MiB, KV cache "
             f"{kv:.0f} MiB for {B} slot(s) x {S} positions{', counted in full on a CPU' if host_kv else ''})")

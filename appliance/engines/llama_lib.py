@@ -119,7 +119,7 @@ def _float(v: str | None) -> float | None:
     return float(v) if v is not None else None
 
 
-def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, threads: int, kv_type: str = "q8_0") -> Any:
+def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, threads: int, kv_type: str = "f16") -> Any:
     """A context of ``seqs`` sequences x ``seq_len`` KV positions each (one KV stream per
     sequence), prompts of up to ``batch`` rows per ``llama_decode``, ``threads`` CPU threads, the
     final hidden states output beside the logits (``embeddings``, no pooling), KV cache in

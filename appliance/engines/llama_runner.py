@@ -24,9 +24,9 @@ Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is th
 decode step (and the prompts) run at the count that measures fastest within it, probed while it
 runs (:class:`~appliance.engines.threads.StepThreads`: two threads on a quiet 2-core host, one
 when other processes contend for the cores); the vocoder's ONNX Runtime sessions use the budget
-and run after the decode, never beside it. The KV cache is ``model.llama_kv_cache`` (q8_0 by
-default, with flash attention; or f16), sized from the config's ``max_batch`` x ``max_seq_len``
-at load (the export fixes neither: the daemon's memory fit may open it smaller,
+and run after the decode, never beside it. The KV cache is ``model.llama_kv_cache`` (f16 by
+default; q8_0 with flash attention: half the memory, slower attention), sized from the config's
+``max_batch`` x ``max_seq_len`` at load (the export fixes neither: the daemon's memory fit may open it smaller,
 :mod:`appliance.daemon.memory`). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
 """
 
