@@ -72,6 +72,20 @@ class AlsaFile:
                     pids.append(int(d.name))
         return pids
 
+    def set_speed(self, factor: float) -> None:
+        """Run the card's clock at ``factor`` x real time (1.0: back to real time), from the
+        pacers' next read of 4096 bytes on (tests/asound/pacer.py). The stream keeps being called
+        back, only less often: a test that needs "a request still sounding while others
+        synthesize" slows the clock so that the sounding request outlasts the test's own timeout,
+        instead of racing the synthesis on a loaded machine."""
+        control = self.raw.with_name(self.raw.name + ".speed")
+        if factor == 1.0:
+            control.unlink(missing_ok=True)
+            return
+        tmp = control.with_name(control.name + ".tmp")
+        tmp.write_text(f"{factor:g}\n")
+        os.replace(tmp, control)
+
     def unplug(self) -> None:
         """The "card" goes away as a pulled USB speaker does: its ``.asoundrc`` entry disappears
         (renamed aside: ALSA and PortAudio no longer list it) and its pacers die (the open stream
