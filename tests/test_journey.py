@@ -186,7 +186,7 @@ def test_a_client_stream_takes_the_audio_back_to_the_loop(pipe, cfg):
     ended = threading.Event()
     worker = Worker(pipe, AudioOutput(cfg), queue_len={"main": 4})
 
-    def sink(ev, payload=None):                       # the connection's event sink
+    def sink(ev):                       # the connection's event sink
         events.append((ev.type, threading.current_thread().name))
         if ev.type in ("done", "error"):
             ended.set()

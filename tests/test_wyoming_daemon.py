@@ -413,10 +413,10 @@ def test_audio_only_for_the_client_needs_return_audio_and_is_not_spooled(tmp_pat
         parse_request({"text": "hi", "play": False})
     got = []
     # the dispatcher journals only requests that play (journal number 1 here); see test_journal.py
-    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e, p: got.append(e),
+    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e: got.append(e),
                   journal=1),
              Item(speak=parse_request({"text": "gone", "id": "b", "play": False, "return_audio": True}), job=None,
-                  channel="main", sink=lambda e, p: got.append(e))]
+                  channel="main", sink=lambda e: got.append(e))]
     tell_stopped(items, journal_on=True)
     assert [(e.id, e.code) for e in got] == [("a", "spooled"), ("b", "cancelled")]
     assert "would only go back to this connection" in got[1].message

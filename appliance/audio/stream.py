@@ -13,7 +13,7 @@ writes them, calling :meth:`StreamAudio.written` once a chunk is drained::
     worker thread                              event loop (the connection's writer)
     StreamAudio.write(pcm float32 [n], 24 kHz)
       -> Outbox (AUDIO, sink, pcm, n) ---------> encode -> write + drain -> client -> written(n)
-    sink(Started / Done / error) -> Outbox (EVENT, event, payload)
+    sink(Started / Done / error) -> Outbox (EVENT, event)
 
 **The one back-pressure rule.** Nothing on the worker thread waits for a client: ``write`` only
 appends. What a connection may hold is bounded in audio time: ``max_buffered_ms`` of audio
@@ -50,7 +50,7 @@ from ..errors import CancelledError
 log = logging.getLogger(__name__)
 
 AUDIO, EVENT = "audio", "event"
-"""Kinds of :class:`Outbox` items: ``(AUDIO, sink, pcm float32 [n], n)``, ``(EVENT, event, payload)``."""
+"""Kinds of :class:`Outbox` items: ``(AUDIO, sink, pcm float32 [n], n)``, ``(EVENT, event)``."""
 
 
 def ms(samples: int) -> int:

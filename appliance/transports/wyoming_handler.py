@@ -78,7 +78,6 @@ from wyoming.tts import (
 )
 
 from ..audio.stream import EVENT, ClientStream, Outbox, StreamAudio, ms
-from ..core import PcmChunk
 from ..errors import ApplianceError, RequestError, SpeakerError
 from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
 from .text_stream import SentenceBuffer
@@ -152,7 +151,7 @@ class WyomingHandler(CheckedHandler):
         """``error`` among ``utt``'s replies, in arrival order, before its audio-stop: between the
         audio of its open request while that runs (the writer is inside it), else after its requests."""
         req = utt.current
-        if req is None or not req.outbox.put((EVENT, error, None)):    # not after its done / error
+        if req is None or not req.outbox.put((EVENT, error)):    # not after its done / error
             utt.requests.put_nowait(error)
 
     async def _handle(self, event: WyEvent) -> None:
@@ -266,7 +265,7 @@ class WyomingHandler(CheckedHandler):
                           return_audio=False, play=c.play)
         more = not last
         log.info("%s: speak %s (%d chars%s)", self.name, req.id, len(text), ", more to come" if more else "")
-        await c.dispatch.handle_request(req.speak, lambda ev, payload: self._sink(req, ev, payload), more=more,
+        await c.dispatch.handle_request(req.speak, lambda ev: self._sink(req, ev), more=more,
                                         audio=lambda: self._audio(utt, req))
         if more and not req.outbox.closed:
             utt.current = req
@@ -280,10 +279,10 @@ class WyomingHandler(CheckedHandler):
             utt.current = None
         utt.requests.put_nowait(None)
 
-    def _sink(self, req: Speech, ev: Event, payload: Optional[PcmChunk]) -> None:
+    def _sink(self, req: Speech, ev: Event) -> None:
         """The request's EventSink: any thread -> its outbox, in order with its audio (never
         blocks, never raises)."""
-        req.outbox.put((EVENT, ev, payload), terminal=isinstance(ev, (Done, ErrorEvent)))
+        req.outbox.put((EVENT, ev), terminal=isinstance(ev, (Done, ErrorEvent)))
 
     def _audio(self, utt: Utterance, req: Speech) -> StreamAudio:
         """The request's AudioSink for one start (the worker thread, each time it starts)."""
@@ -329,7 +328,7 @@ class WyomingHandler(CheckedHandler):
         for rid in ids:
             s = self._speeches.get(rid)
             if s is not None and not s.outbox.closed:
-                await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev, payload: None)
+                await self.ctx.dispatch.handle_request(Cancel(id=rid), lambda ev: None)
 
     async def stop_writing(self) -> None:
         """Before the last error of a fatal one: no more replies (:meth:`disconnect` follows)."""

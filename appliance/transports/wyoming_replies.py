@@ -52,7 +52,7 @@ ENDS_STREAM = (CancelledError.code, PreemptedError.code)
 @dataclass(eq=False)
 class Speech:
     """One ``speak`` request of a connection and its :class:`~appliance.audio.stream.Outbox`:
-    ``(EVENT, event, payload)`` from the sink (or ``(EVENT, error WyEvent, None)``: a refused event
+    ``(EVENT, event)`` from the sink (or ``(EVENT, error WyEvent)``: a refused event
     or sentence, not its end) and ``(AUDIO, sink, pcm float32 [n], n)``."""
 
     id: str
@@ -103,7 +103,7 @@ async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Await
                     started = await _write_audio(req, to_int16(pcm).tobytes(), started, write_event)
                 sink.written(n)               # after its drain: it no longer counts against the bound
                 continue
-            _, ev, _payload = item
+            _, ev = item
             if isinstance(ev, WyEvent):       # a refused event or sentence, not the speech's end
                 await write_event(ev)
                 if not utt.streaming:
