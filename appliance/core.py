@@ -227,11 +227,6 @@ class ConditionFlag:
         else:
             self.set(reason)
 
-    @property
-    def raised(self) -> bool:
-        """True while set."""
-        return self._cond is not None
-
     def __call__(self) -> tuple:
         cond = self._cond
         return () if cond is None else (cond,)
