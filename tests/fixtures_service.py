@@ -152,6 +152,10 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
         # off in tests (a fresh engine dir would calibrate at every start); test_daemon_first_start
         # turns it on
         "stream": {"calibrate_at_start": False},
+        # the RTF ladder off (its thresholds at their maximum): a test daemon's RTF is the host's
+        # load (other suites on the same two cores), so a compute throttle would make every status,
+        # health and channel-count assertion depend on it; the ladder's own tests set these
+        "throttle": {"rtf_reduce": 100.0, "rtf_queue": 100.0},
     }
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)
