@@ -138,7 +138,7 @@ class OrtStep:
 class LlamaStep:
     """llama.cpp: the production runner's context and batch (:mod:`appliance.engines.llama_lib`)."""
 
-    def __init__(self, f: Path, threads: int, positions: list[int]):
+    def __init__(self, f: Path, threads: int, positions: list[int], split: bool = False, kv: str = "f16"):
         from appliance.engines import llama_lib
 
         lc = self.lc = llama_lib.lib()
@@ -146,7 +146,9 @@ class LlamaStep:
                   "max_pos": 4096, "rope_theta": 10000.0, "rms_eps": 1e-6}
         self.model = llama_lib.load_model(lc, f, shapes)
         S = max(positions) + 1
-        self.ctx = llama_lib.new_context(lc, self.model, seqs=M, seq_len=S + 1, batch=max(positions), threads=threads)
+        self.ctx = llama_lib.new_context(lc, self.model, seqs=M, seq_len=S + 1, batch=max(positions), threads=threads,
+                                         kv_type=kv)
+        self.split = split
         self.mem = lc.llama_get_memory(self.ctx)
         self.rows = max(positions)
         self.batch = lc.llama_batch_init(self.rows, D, 1)
@@ -171,12 +173,13 @@ class LlamaStep:
                     bt.pos[i], bt.n_seq_id[i], bt.seq_id[i][0], bt.logits[i] = i, 1, s, 1
                 self._decode(p)
             self.filled = p
-        self.embd[:b] = emb[0]
-        for i in range(b):
-            bt.pos[i], bt.seq_id[i][0] = p, i
-        self._decode(b)
-        np.copyto(self.logits[:b], np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(b, Q * V)))
-        np.copyto(self.hidden[:b], np.ctypeslib.as_array(lc.llama_get_embeddings(self.ctx), shape=(b, D)))
+        for r0, n in ([(i, 1) for i in range(b)] if self.split else [(0, b)]):   # split: one decode per row
+            self.embd[:n] = emb[0]
+            for i in range(n):
+                bt.pos[i], bt.seq_id[i][0] = p, r0 + i
+            self._decode(n)
+            np.copyto(self.logits[r0:r0 + n], np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(n, Q * V)))
+            np.copyto(self.hidden[r0:r0 + n], np.ctypeslib.as_array(lc.llama_get_embeddings(self.ctx), shape=(n, D)))
         for i in range(b):
             lc.llama_memory_seq_rm(self.mem, i, p, -1)  # the next step runs at P again
         return self.logits[:b].reshape(b, Q, V), self.hidden[:b]
@@ -237,10 +240,11 @@ def main() -> int:
     names = args.candidates.split(",")
     positions = [int(x) for x in args.positions.split(",")]
     batches = [int(x) for x in args.batches.split(",")]
-    gguf = {n: Path(args.llama) / n[len("llama-"):] / "gpt.gguf" for n in names if n.startswith("llama-")}
+    gguf = {n: Path(args.llama) / n[len("llama-"):].split("-")[0] / "gpt.gguf" for n in names if n.startswith("llama-")}
     graphs = make_graphs(Path(args.engines), Path(args.work), [n for n in names if n not in gguf])
     gbps0 = host_read_gbps(args.threads)
-    runners = {n: LlamaStep(gguf[n], args.threads, positions) if n in gguf else
+    runners = {n: LlamaStep(gguf[n], args.threads, positions, split="-split" in n,
+                            kv="q8_0" if "-kvq8" in n else "f16") if n in gguf else
                OvStep(graphs[n], args.threads) if n.startswith("ov-") else
                OrtStep(graphs[n], args.threads, spin=not n.endswith("-nospin")) for n in names}
     wbytes = {n: gguf_step_bytes(gguf[n]) if n in gguf else weight_bytes(graphs[n]) for n in names}
@@ -252,6 +256,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     loads: list[float] = []
     res: dict[tuple[str, int, int], list[float]] = {}
+    cpu: dict[tuple[str, int, int], list[float]] = {}   # the process's CPU seconds per step (all its threads)
     for p in positions:
         for b in batches:
             live = {n: r for n, r in runners.items() if b == 1 or not n.startswith("ov-")}
@@ -260,26 +265,32 @@ def main() -> int:
                     r.step(kc, vc, emb, p, b)
             for _ in range(args.rounds):  # the candidates in turns: a busy neighbour slows all alike
                 for n, r in live.items():
-                    ts = []
+                    ts, cs = [], []
                     for _ in range(args.steps):
-                        t = time.perf_counter()
+                        t, c = time.perf_counter(), time.process_time()
                         r.step(kc, vc, emb, p, b)
                         ts.append(time.perf_counter() - t)
+                        cs.append(time.process_time() - c)
                     res.setdefault((n, p, b), []).append(statistics.median(ts))
+                    cpu.setdefault((n, p, b), []).append(statistics.median(cs))
                 loads.append(os.getloadavg()[0])
     gbps1 = host_read_gbps(args.threads)
     gbps = max(gbps0, gbps1)
     today = dt.date.today().isoformat()
     recs = []
     base = {(p, b): 1e3 * statistics.median(res[(names[0], p, b)]) for (n, p, b) in res if n == names[0]}
+    cbase = {(p, b): 1e3 * min(cpu[(names[0], p, b)]) for (n, p, b) in cpu if n == names[0]}
     for (n, p, b), meds in res.items():
         ms = 1e3 * statistics.median(meds)
-        prec = n.split("-", 1)[1].replace("-nospin", "").replace("-fused", "")
+        cms = 1e3 * min(cpu[(n, p, b)])
+        prec = n.split("-")[1]
         recs.append({"bench": "gpt_step", "date": today, "machine": args.machine, "candidate": n,
                      "backend": "llama.cpp" if n in gguf else "openvino" if n.startswith("ov-") else "onnxruntime",
                      "precision": prec, "checkpoint": "full", "batch": b, "positions": p,
                      "ms_per_step": round(ms, 2), "ms_rounds": [round(1e3 * x, 2) for x in meds],
                      f"ratio_vs_{names[0]}": round(ms / base[(p, b)], 3) if (p, b) in base else None,
+                     "cpu_ms_per_step": round(cms, 2), "cpu_ms_rounds": [round(1e3 * x, 2) for x in cpu[(n, p, b)]],
+                     f"cpu_ratio_vs_{names[0]}": round(cms / cbase[(p, b)], 3) if (p, b) in cbase else None,
                      "weight_bytes_per_step": wbytes[n], "host_read_gbps": round(gbps, 2),
                      "bandwidth_frac": round(wbytes[n] / (ms / 1e3) / (gbps * 1e9), 3), "threads": args.threads,
                      "load_avg_1min": [round(min(loads), 2), round(max(loads), 2)],
@@ -287,7 +298,8 @@ def main() -> int:
                               f"1-min load average {load0:.2f} at start, {min(loads):.2f}-{max(loads):.2f} between rounds"})
     for r in recs:
         print(f"{r['candidate']:16s} P={r['positions']:4d} B={r['batch']}  {r['ms_per_step']:6.2f} ms"
-              f"  x{r[f'ratio_vs_{names[0]}']}  {r['weight_bytes_per_step'] / 1e6:6.1f} MB"
+              f"  x{r[f'ratio_vs_{names[0]}']}  cpu {r['cpu_ms_per_step']:6.2f} ms x{r[f'cpu_ratio_vs_{names[0]}']}"
+              f"  {r['weight_bytes_per_step'] / 1e6:6.1f} MB"
               f"  {r['bandwidth_frac']:.2f} of {r['host_read_gbps']:.1f} GB/s  rounds {r['ms_rounds']}")
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"gpt-step-{today}-{args.machine}.json"
     old = json.loads(out.read_text()) if out.exists() else []

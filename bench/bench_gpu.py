@@ -26,10 +26,10 @@ Usage: ``python bench/bench_gpu.py --out DIR [--ckpt DIR] [--size full|tiny] [--
 ``--device cpu --size tiny`` dry-runs every code path (eager seam).
 
 Side by side with an older tree: ``APPLIANCE_TREE=DIR`` imports ``appliance`` from DIR instead of
-this checkout. For the tree before the one-generation-path redesign (commit bed065c) a few calls
-map onto its API (``Speak`` instead of ``SynthesisRequest``, ``begin``/``decode_many`` instead of
-``start``/``step``, arrays instead of ``PcmChunk``): the same measurements then run through each
-tree's own production path (``bench/gpu_side_by_side.sh``).
+this checkout (``bench/gpu_side_by_side.sh``). DIR must have this tree's runner API (``start`` /
+``step`` / ``vocode``, ``SynthesisRequest``, ``PcmChunk``, the Decoder's ``reach``): any commit since
+the one-generation-path redesign. The tree before it (``bed065c``) was measured with a mapping of
+its older calls, removed since; its figures stay in ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("APPLIANCE_TREE") or str(ROOT))
 if os.environ.get("APPLIANCE_TREE"):   # an editable install of another tree must not fill in missing modules
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-try:
-    from appliance.core import SynthesisRequest  # noqa: F401
-    LEGACY = False
-except ImportError:   # the tree before the one-generation-path redesign
-    LEGACY = True
 
 SENTENCE_20 = "今天天气很好我们一起去公园散步吧你说好吗"  # 20 characters, no digits
 TEXTS = [SENTENCE_20, "请注意前方路口右转然后直行三百米到达目的地", "明天早上七点有雨出门记得带伞路上注意安全"]
@@ -95,10 +90,7 @@ def _cfg(ckpt, device, dtype="float16", compile="off", max_batch=3, max_seq=2048
 
 def _pipeline(cfg):
     """The production objects: Pipeline.from_config (select -> runner; tokenizer)."""
-    if LEGACY:
-        from appliance.tts.pipeline import Pipeline
-    else:
-        from appliance.synth.pipeline import Pipeline
+    from appliance.synth.pipeline import Pipeline
 
     t = time.perf_counter()
     p = Pipeline.from_config(cfg)
@@ -139,60 +131,36 @@ def section_env(rep, args, torch):
 
 
 def _request(text, rid, seed, steps):
-    if LEGACY:
-        from appliance.messages.protocol import Speak, SynthParams
-
-        return Speak(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
     from appliance.core import SynthesisRequest, SynthParams
 
     return SynthesisRequest(id=rid, text=text, seed=seed, params=SynthParams(min_new_tokens=steps, max_new_tokens=steps))
 
 
-def _samples(chunk) -> int:
-    return chunk.size if LEGACY else chunk.samples.size
-
-
-def _sampling_params(**kw):
-    if LEGACY:
-        from appliance.tts.sampler import SamplingParams
-    else:
-        from appliance.core import SamplingParams
-    return SamplingParams(**kw)
-
-
 def _start(r, slot, ids, params, seed):
     r.prefill(slot, ids, None)
-    return r.begin(slot, params, seed) if LEGACY else r.start(slot, params, seed)
-
-
-def _steps(r, slots, k):
-    return r.decode_many(slots, k)[0] if LEGACY else r.step(slots, k)
-
-
-def _bucket(r, n):
-    if LEGACY:
-        return r._bucket(n)
-    from appliance.engines.cuda_graphs import bucket
-
-    return bucket(r.buckets, n)
+    return r.start(slot, params, seed)
 
 
 def _step_ms(torch, r, b, reps=25):
     """ms per decode step at batch b: runner.step wall (sync + codes copy incl.) and replay alone."""
+    from appliance.core import SamplingParams
+
     rng = np.random.default_rng(0)
     for s in range(b):
-        _start(r, s, rng.integers(0, 400, 24), _sampling_params(min_new_tokens=4000, max_new_tokens=4000), s)
+        _start(r, s, rng.integers(0, 400, 24), SamplingParams(min_new_tokens=4000, max_new_tokens=4000), s)
     slots = np.arange(b)
     k = 8
-    _steps(r, slots, k)
+    r.step(slots, k)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        _steps(r, slots, k)
+        r.step(slots, k)
         ts.append((time.perf_counter() - t) / k)
     out = {"ms_per_step": 1e3 * statistics.median(ts), "k": k}
     if torch.cuda.is_available():
-        run = r._graph(b, _bucket(r, int(r.pos_host[:b].max()) + 50))
+        from appliance.engines.cuda_graphs import bucket
+
+        run = r._graph(b, bucket(r.buckets, int(r.pos_host[:b].max()) + 50))
         ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.inference_mode():
             ev0.record()
@@ -232,7 +200,7 @@ def _channels(p, n, steps, join_third_at=None):
 
     def sink(i):
         def f(chunk):
-            samples[i] += _samples(chunk)
+            samples[i] += chunk.samples.size
             first.setdefault(i, time.perf_counter())
         return f
 
@@ -257,7 +225,7 @@ def section_ours(rep, args, torch, variant):
     key = f"ours_{variant}"
     cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
                max_seq=args.compiled_max_seq if variant in ("compiled", "auto") else 2048,
-               engine_dir=args.engine_dir if not LEGACY else None)
+               engine_dir=args.engine_dir)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     p, load_s = _pipeline(cfg)
@@ -279,7 +247,7 @@ def section_ours(rep, args, torch, variant):
         print(f"[{key}] B={b}: {res[f'b{b}']}", flush=True)
     res.update(_ttfb(p))
     print(f"[{key}] ttfb {res['ttfb_ms']:.1f} ms (internal {res['internal_ttfb_ms']:.1f})", flush=True)
-    if args.calibrate and not LEGACY:
+    if args.calibrate:
         from appliance.build.calibrate import calibrate
 
         t = time.perf_counter()
@@ -302,8 +270,7 @@ def section_ours(rep, args, torch, variant):
     if torch.cuda.is_available():
         res["peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
         res["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
-    if not LEGACY:
-        res["device_memory_mib"] = p.device_memory_bytes() / 2**20
+    res["device_memory_mib"] = p.device_memory_bytes() / 2**20
     print(f"[{key}] rtf 1ch {res['rtf_1ch']:.3f} 3ch {res['rtf_3ch']:.3f}; third channel joining: "
           f"{res['third_join_ttfb_ms']:.1f} ms; peak {res.get('peak_reserved_mib')}", flush=True)
     rep.put(key, res)
@@ -345,7 +312,7 @@ def section_parts(rep, args, torch, variant):
     key = f"parts_{variant}"
     cfg = _cfg(args.ckpt, args.device, compile={"compiled": "default", "auto": "auto"}.get(variant, "off"),
                max_seq=args.compiled_max_seq if variant in ("compiled", "auto") else 2048,
-               engine_dir=args.engine_dir if not LEGACY else None)
+               engine_dir=args.engine_dir)
     p, load_s = _pipeline(cfg)
     res = {"load_s": load_s, "compiled": getattr(p.runner, "compiled", None),
            "step_source": getattr(p.runner, "step_source", None), "lookahead_tokens": p.vocoders[0].lookahead_tokens}
@@ -401,10 +368,7 @@ def _shape_costs(p, torch):
                     _sync(torch)
                     t0 = time.perf_counter()
                     mel, c = ms.decoder_stream(m.decoder, h, torch.tensor(0, device=dev), None)
-                    try:
-                        mel2, c = ms.decoder_stream(m.decoder, h, torch.tensor(2 * t, device=dev), c, 24)
-                    except TypeError:   # a tree before the Decoder's reach
-                        mel2, c = ms.decoder_stream(m.decoder, h, torch.tensor(2 * t, device=dev), c)
+                    mel2, c = ms.decoder_stream(m.decoder, h, torch.tensor(2 * t, device=dev), c, 24)
                     ms.vocos_stream(m.vocos, mel2[:, :, -2 * t:], torch.tensor(2 * t, device=dev),
                                     torch.tensor(2 * t, device=dev), None)
                     _sync(torch)
@@ -419,29 +383,23 @@ def section_copies(rep, args, torch):
     """Kernels and host<->device copies of one decode chunk and one vocoder window (profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from appliance.core import SamplingParams
+    from appliance.engines.runner import VocodeWindow
+
     cfg = _cfg(args.ckpt, args.device)
     p, _ = _pipeline(cfg)
     r = p.runner
     for s in range(3):
-        _start(r, s, np.arange(1, 25), _sampling_params(min_new_tokens=500, max_new_tokens=500), s)
+        _start(r, s, np.arange(1, 25), SamplingParams(min_new_tokens=500, max_new_tokens=500), s)
     for _ in range(10):
-        _steps(r, np.arange(3), 8)
-    if LEGACY:   # what its WindowedVocoder did per window: Decoder on host hidden, Vocos on host mel
-        h = np.random.default_rng(0).standard_normal((40, r.info.hidden_size)).astype(np.float32)
+        r.step(np.arange(3), 8)
+    w = VocodeWindow(20, 60, 60, 80, 40, 80, 54, 80)
 
-        def window():
-            mel = r.decoder(h)
-            r.vocos(np.ascontiguousarray(mel[:, 20:60]))
-    else:
-        from appliance.engines.runner import VocodeWindow
-
-        w = VocodeWindow(20, 60, 60, 80, 40, 80, 54, 80)
-
-        def window():
-            r.vocode(0, w)
+    def window():
+        r.vocode(0, w)
     window()
     out = {}
-    for name, fn in (("decode chunk (8 steps, B=3)", lambda: _steps(r, np.arange(3), 8)),
+    for name, fn in (("decode chunk (8 steps, B=3)", lambda: r.step(np.arange(3), 8)),
                      ("vocoder window (40 tokens in, 26 spectrum frames out)", window)):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=acts) as prof:
@@ -523,7 +481,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--variants", default="plain,compiled")
     ap.add_argument("--sections", default="ours,copies,fidelity")
-    ap.add_argument("--label", default="after the one-generation-path redesign")
+    ap.add_argument("--label", default="this tree", help="what the records' notes call the tree measured")
     ap.add_argument("--calibrate", action="store_true", help="calibrate the look-ahead, then measure with it too")
     ap.add_argument("--load-only", action="store_true", help="measure the start-up only (cold compile cache)")
     ap.add_argument("--engine-dir", default=None, help="engine dir (calibration record, compile cache)")
@@ -535,10 +493,7 @@ def main(argv=None) -> int:
 
     rep = Report(Path(args.out))
     if args.ckpt is None or not (Path(args.ckpt) / "asset").is_dir():
-        if LEGACY:
-            from appliance.model.random_ckpt import write_random_checkpoint
-        else:
-            from appliance.build.random_ckpt import write_random_checkpoint
+        from appliance.build.random_ckpt import write_random_checkpoint
 
         args.ckpt = args.ckpt or str(Path(args.out) / f"ckpt_{args.size}")
         write_random_checkpoint(args.ckpt, args.size, seed=0)

@@ -2,7 +2,8 @@
 
 For each ``--precisions`` export against ``--reference`` (ONNX Runtime's ``fp32``, or ``llama-f32``): ``<p>`` is ``<engine_dir>/onnx/<p>``
 (ONNX Runtime), ``llama-<type>`` is ``<engine_dir>/llama/<type>`` (the GPT on llama.cpp from
-``gpt.gguf``: ``llama-f32``, ``llama-q8_0``, ``llama-q4_k_m``, ...):
+``gpt.gguf``: ``llama-f32``, ``llama-q8_0``, ``llama-q4_k_m``, ...; ``-kvf16`` / ``-kvq8_0`` appended
+picks the KV cache, e.g. ``llama-q8_0-kvq8_0`` against ``--reference llama-q8_0-kvf16``):
 
 1. the prompt of a fixed sentence is prefilled into both runners; then ``--steps`` decode steps are
    run *teacher-forced*: both runners get the same codes each step (FP32's greedy codes, the
@@ -41,14 +42,16 @@ def db(err: np.ndarray, ref: np.ndarray) -> float:
 
 
 def open_runner(ckpt: str, engine_dir: str, precision: str, threads: int):
-    """ONNX Runtime for ``fp32`` / ``int8`` / ``int4``; llama.cpp for ``llama-<type>``."""
+    """ONNX Runtime for ``fp32`` / ``int8`` / ``int4``; llama.cpp for ``llama-<type>`` (KV cache as
+    configured by default) or ``llama-<type>-kv<f16|q8_0>`` (that KV cache)."""
     from appliance.config import config_from_dict
 
     if precision.startswith("llama-"):
         from appliance.engines.llama_runner import LlamaRunner
 
+        qtype, _, kv = precision[len("llama-"):].partition("-kv")
         cfg = config_from_dict({"model": {"path": ckpt, "backend": "llama", "engine_dir": engine_dir, "threads": threads,
-                                          "llama_precision": precision[len("llama-"):]}})
+                                          "llama_precision": qtype, **({"llama_kv_cache": kv} if kv else {})}})
         return LlamaRunner(cfg, reason="precision bench")
     from appliance.engines.onnx_runner import OnnxRunner
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU session for the latency work: CUDA tests, the decode step's kernels before/after the
-# redesign (.old/ = a checkout of the earlier tree, optional), the plain-graph step side by side,
+# One GPU session for the latency work: CUDA tests, the decode step's kernels before/after a change
+# (.old/ = a checkout of an earlier tree since the one-generation-path redesign, optional), the
+# plain-graph step side by side,
 # then the default CUDA path (model.compile: auto) started cold (empty compile cache) and warm,
 # with the look-ahead calibrated on the GPU. Everything lands under $OUT.
 set -uo pipefail
@@ -12,7 +13,7 @@ PYTHONPATH=${PYTHONPATH:-}:$PWD run tests 170 python3 -m pytest -p no:cacheprovi
 tail -2 "$OUT/tests.log"
 if [ -d .old/appliance ]; then
   APPLIANCE_TREE=$PWD/.old run kernels-old 60 python3 bench/step_kernels.py $CKPT
-  APPLIANCE_TREE=$PWD/.old run plain-old 90 python3 bench/bench_gpu.py --out "$OUT/plain-old" --ckpt $CKPT --variants plain --sections ours --label "before the redesign"
+  APPLIANCE_TREE=$PWD/.old run plain-old 90 python3 bench/bench_gpu.py --out "$OUT/plain-old" --ckpt $CKPT --variants plain --sections ours --label "earlier tree (.old)"
 fi
 run kernels-new 60 python3 bench/step_kernels.py $CKPT
 run plain-new 150 python3 bench/bench_gpu.py --out "$OUT/plain-new" --ckpt $CKPT --variants plain --sections ours --calibrate --engine-dir /tmp/eng_plain

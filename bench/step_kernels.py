@@ -1,6 +1,8 @@
 """CUDA kernels of one decode step of the CUDA runner, by name (eager step body, B=3, KV 256):
 the list that tells where two versions of the step differ. ``APPLIANCE_TREE=DIR`` profiles another
-checkout (e.g. the tree before a change). Prints one JSON object: {"total": n, "kernels": {name: count}}.
+checkout (e.g. the tree before a change; it must have this tree's ``CudaRunner.start``, i.e. any
+commit since the one-generation-path redesign). Prints one JSON object:
+{"total": n, "kernels": {name: count}}.
 
 Usage: ``python bench/step_kernels.py CHECKPOINT``
 """
@@ -25,20 +27,14 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from appliance.config import config_from_dict
-    try:
-        from appliance.core import SamplingParams
-        from appliance.engines.cuda_runner import CudaRunner
-        legacy = False
-    except ImportError:
-        from appliance.runtime.torch_cuda import CudaRunner
-        from appliance.tts.sampler import SamplingParams
-        legacy = True
+    from appliance.core import SamplingParams
+    from appliance.engines.cuda_runner import CudaRunner
     cfg = config_from_dict({"model": {"path": sys.argv[1], "backend": "torch", "device": "cuda", "dtype": "float16",
                                       "max_batch": 3, "max_seq_len": 256, "max_prompt_tokens": 64}})
     r = CudaRunner(cfg, buckets=[256], capture_batches=[3])
     for s in range(3):
         r.prefill(s, np.arange(1, 20), None)
-        (r.begin if legacy else r.start)(s, SamplingParams(), s)
+        r.start(s, SamplingParams(), s)
     with torch.inference_mode():
         r._step_body(3, 256)
         torch.cuda.synchronize()
@@ -46,7 +42,7 @@ def main() -> int:
             r._step_body(3, 256)
             torch.cuda.synchronize()
     names = collections.Counter(e.name[:80] for e in p.events() if e.device_type.name == "CUDA")
-    print(json.dumps({"legacy": legacy, "total": sum(names.values()), "kernels": dict(names.most_common())}))
+    print(json.dumps({"total": sum(names.values()), "kernels": dict(names.most_common())}))
     return 0
 
 

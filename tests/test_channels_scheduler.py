@@ -48,7 +48,7 @@ class Events:
         self.lock = threading.Lock()
         self.evs: list = []
 
-    def sink(self, ev, payload=None):
+    def sink(self, ev):
         with self.lock:
             self.evs.append((time.monotonic(), ev))
 

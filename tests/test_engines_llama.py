@@ -34,7 +34,7 @@ def runners(tiny_ckpt, llama_dir, onnx_dir):
     from appliance.engines.llama_runner import LlamaRunner
     from appliance.engines.onnx_runner import OnnxRunner
 
-    lr = LlamaRunner(_cfg(tiny_ckpt, llama_dir), reason="test")
+    lr = LlamaRunner(_cfg(tiny_ckpt, llama_dir, llama_kv_cache="f16"), reason="test")  # exact: F16 KV
     orr = OnnxRunner(_cfg(tiny_ckpt, onnx_dir, backend="onnxruntime"), reason="ref")
     yield lr, orr
     lr.close()
@@ -109,6 +109,30 @@ def test_refine_text_matches_torch(tiny_ckpt, runners):
         assert (lr.refine(0, ids, p, 5, eos_id=7) == tr.refine(0, ids, p, 5, eos_id=7)).all()
     finally:
         tr.close()
+
+
+def test_kv_cache_at_the_configured_length_and_its_planned_size(tiny_ckpt, llama_dir, runners):
+    """The context is made at the config's ``max_seq_len`` (not the export's) and its KV bytes per
+    position are what the memory plan counts before the load. The default q8_0 KV cache needs a
+    head width of a multiple of 32 (the full model's 64): the tiny checkpoint's 16 gets f16."""
+    from appliance.engines import llama_lib
+    from appliance.engines.llama_runner import LlamaRunner
+    from appliance.engines.sizes import plan_sizes
+
+    cfg = _cfg(tiny_ckpt, llama_dir, max_seq_len=LIMITS["max_seq_len"] // 2)
+    planned = plan_sizes(cfg)
+    assert planned.backend == "llama.cpp" and planned.resizable
+    lr = LlamaRunner(cfg, reason="test")
+    try:
+        assert lr.info.max_seq_len == LIMITS["max_seq_len"] // 2
+        assert lr.info.kv_bytes_per_token == planned.kv_bytes_per_token == 2 * 2 * lr.info.hidden_size * 2
+        assert llama_lib.kv_type("q8_0", 64) == "q8_0" and llama_lib.kv_type("q8_0", 16) == "f16"
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(0, 400, n) for n in (20, 31, 11)]
+        p = SamplingParams()
+        assert (_speak(lr, prompts, None, p, 20)[0] == _speak(runners[0], prompts, None, p, 20)[0]).all()
+    finally:
+        lr.close()
 
 
 def test_auto_picks_llama_when_a_gguf_is_exported(tiny_ckpt, llama_dir):

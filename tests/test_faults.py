@@ -194,7 +194,7 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
     evs: dict[str, list] = {}
     lock = threading.Lock()
 
-    def sink(ev, payload=None):
+    def sink(ev):
         with lock:
             evs.setdefault(ev.id, []).append(ev)
 

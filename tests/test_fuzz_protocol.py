@@ -84,7 +84,7 @@ def test_the_mqtt_bridge_never_raises_on_any_payload(tmp_path):
     cfg = config_from_dict({"mqtt": {"enabled": True, "port": 1, "max_payload_bytes": 2048}}, base_dir=str(tmp_path))
     handed, errors = [], []
     bridge = MQTTBridge(cfg, lambda req, sink: handed.append(req), lambda: None)
-    bridge.sink = lambda ev, payload=None: errors.append(ev)          # no broker here: record instead
+    bridge.sink = lambda ev: errors.append(ev)          # no broker here: record instead
 
     @settings(max_examples=300, deadline=None)
     @given(st.sampled_from(["say", "cancel", "health"]), st.one_of(lines(), st.binary(max_size=300)), st.booleans())

@@ -236,11 +236,11 @@ def test_a_finished_id_is_answered_again_only_for_the_same_text(tmp_path):
         assert rec.finished_sha["r0"] and "text" not in str(rec.finished_sha)
         r = Recovery(j, rec, JournalConfig())
         got = []
-        assert r.attach(Speak(id="r0", text="第一句。"), lambda ev, pcm: got.append(ev.type))
+        assert r.attach(Speak(id="r0", text="第一句。"), lambda ev: got.append(ev.type))
         assert len(got) == 2 and got[0] == "replayed"                      # replayed + the old outcome
-        assert not r.attach(Speak(id="r0", text="something new"), lambda ev, pcm: got.append(ev.type))
+        assert not r.attach(Speak(id="r0", text="something new"), lambda ev: got.append(ev.type))
         assert len(got) == 2
-        assert not r.attach(Speak(id="r0", text="第一句。"), lambda ev, pcm: None)   # forgotten once reused
+        assert not r.attach(Speak(id="r0", text="第一句。"), lambda ev: None)   # forgotten once reused
 
 
 def _replaying(tmp_path, i: int, text: str):
@@ -269,10 +269,10 @@ def test_a_request_being_replayed_refuses_its_id_with_another_text(tmp_path):
 
     _, _, r = _replaying(tmp_path, 5, "还在排队。")
     got = []
-    assert r.attach(Speak(id="r5", text="还在排队。"), lambda ev, pcm: got.append(ev.type))
+    assert r.attach(Speak(id="r5", text="还在排队。"), lambda ev: got.append(ev.type))
     assert got == ["replayed"]
     with pytest.raises(RequestError, match="'r5' is being replayed .* another text; give every new request a fresh id"):
-        r.attach(Speak(id="r5", text="different"), lambda ev, pcm: None)
+        r.attach(Speak(id="r5", text="different"), lambda ev: None)
 
 
 def test_a_replay_that_ended_gives_its_id_to_a_new_text(tmp_path):
@@ -282,8 +282,8 @@ def test_a_replay_that_ended_gives_its_id_to_a_new_text(tmp_path):
 
     j, rec, r = _replaying(tmp_path, 6, "重放的。")
     j.end(rec.pending[0].n, {"type": "done", "id": "r6"})
-    r.replays["r6"].sink(Done(id="r6", channel="main", ttfb_ms=1.0, rtf=0.1, audio_s=1.0, steps=47, steps_per_s=470.0), None)
+    r.replays["r6"].sink(Done(id="r6", channel="main", ttfb_ms=1.0, rtf=0.1, audio_s=1.0, steps=47, steps_per_s=470.0))
     got = []
-    assert r.attach(Speak(id="r6", text="重放的。"), lambda ev, pcm: got.append(ev.type))
+    assert r.attach(Speak(id="r6", text="重放的。"), lambda ev: got.append(ev.type))
     assert got == ["replayed", "done"]
-    assert not r.attach(Speak(id="r6", text="a new one"), lambda ev, pcm: None)
+    assert not r.attach(Speak(id="r6", text="a new one"), lambda ev: None)

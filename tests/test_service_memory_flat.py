@@ -45,7 +45,7 @@ w.start()
 items = []
 for i in range(3):
     ev = threading.Event()
-    sink = lambda e, payload=None, ev=ev: ev.set() if e.type in ("done", "error") else None
+    sink = lambda e, ev=ev: ev.set() if e.type in ("done", "error") else None
     sp = Speak(text="你好。", id=f"m{i}", seed=i)
     it = Item(speak=sp, job=p.prepare(sp), channel="main", sink=sink)
     items.append(it)

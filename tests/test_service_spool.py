@@ -54,7 +54,7 @@ def test_the_stop_log_counts_kept_and_dropped_apart(caplog):
 
     def item(rid: str, journal, **kw) -> Request:
         return Request(speak=parse_request({"text": "hi", "id": rid, **kw}), job=None, channel="main",
-                    sink=lambda e, p: got.append(e), journal=journal)
+                    sink=lambda e: got.append(e), journal=journal)
 
     items = [item("a", 1), item("b", 2), item("wy-1", None, play=False, return_audio=True)]
     with caplog.at_level(logging.INFO, logger="appliance.service.recovery"):

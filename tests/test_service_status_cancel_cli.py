@@ -35,7 +35,7 @@ def test_status_and_cancel_commands(tiny_ckpt, tmp_path, start_daemon):
 
 def test_status_prints_a_channels_start_decision_in_words():
     """A channel's ``start`` (a dict) reads as words, not as a Python dict."""
-    from appliance.cli.client import _field
+    from appliance.cli.control import _field
 
     got = _field({"id": "a4b5", "predicted_rtf": 0.098, "start_hold_ms": 80.0, "start_delay_ms": None})
     assert got == "(id a4b5, predicted_rtf 0.098, start_hold_ms 80, start_delay_ms -)", got

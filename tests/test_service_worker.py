@@ -20,7 +20,7 @@ def _worker(limit: int = 8) -> Worker:
 
 def _item(events: list, rid: str, priority: str = "normal", channel: str = "main") -> Item:
     return Item(speak=Speak(text="x", id=rid, priority=priority), job=None, channel=channel,
-                sink=lambda ev, payload=None: events.append(ev))
+                sink=lambda ev: events.append(ev))
 
 
 def test_queue_orders_by_priority_fifo_within_one():
@@ -85,10 +85,10 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
         try:
             assert ready.wait(60)
             fut = d.dispatch.handle_request_threadsafe(Speak(text="from another thread", id="mq-1", seed=1),
-                                                       lambda ev, payload=None: events.append(ev))
+                                                       lambda ev: events.append(ev))
             fut.result(30)
             d.dispatch.handle_request_threadsafe(Cancel(id="nothing-runs"),
-                                                 lambda ev, payload=None: errors.append(ev)).result(30)
+                                                 lambda ev: errors.append(ev)).result(30)
             deadline = time.monotonic() + 30
             while not any(e.type in ("done", "error") for e in events) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -103,4 +103,4 @@ def test_daemon_in_process_threadsafe_entry_for_other_inputs(tiny_ckpt, tmp_path
     assert events[-1].output == str(tmp_path / "wav" / "mq-1.wav")
     assert [(e.type, e.code) for e in errors] == [("error", "bad_request")]
     with pytest.raises(BusyError):       # after the stop: refused, never queued
-        d.dispatch.handle_request_threadsafe(Speak(text="too late"), lambda ev, payload=None: None)
+        d.dispatch.handle_request_threadsafe(Speak(text="too late"), lambda ev: None)

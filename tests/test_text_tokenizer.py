@@ -85,8 +85,6 @@ def test_code_prompt_as_upstream(tok):
     ids = tok.code_prompt("你好", prompt="[speed_5]")
     assert ids.tolist() == [tok.id_of("[Stts]"), tok.spk_emb_id, tok.id_of("[speed_5]"),
                             tok.id_of("你"), tok.id_of("好"), tok.id_of("[Ptts]")]
-    assert tok.prompt_overhead(prompt="[speed_5]") == 4
-    assert tok.prompt_overhead(with_speaker=False) == 3
 
 
 def test_length_limit(tok):

@@ -33,7 +33,7 @@ class Clock:
 
 def _req(rid: str, priority: str = "normal", channel: str = "main") -> Request:
     return Request(speak=Speak(text="hello", id=rid, priority=priority, channel=channel), job=None,
-                   channel=channel, sink=lambda ev, pcm: None)
+                   channel=channel, sink=lambda ev: None)
 
 
 def _hot(c: float, **kw) -> Reading:

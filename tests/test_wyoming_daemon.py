@@ -395,7 +395,8 @@ def test_wyoming_config_errors_name_the_key(tmp_path):
 
 def test_say_does_not_import_wyoming():
     """The clients stay light: the daemon imports the wyoming package only when it is enabled."""
-    code = "import sys, appliance.cli, appliance.cli.client; print('wyoming' in sys.modules)"
+    code = ("import sys, appliance.cli.say, appliance.cli.control, appliance.cli.client; "
+            "print('wyoming' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
 
@@ -412,10 +413,10 @@ def test_audio_only_for_the_client_needs_return_audio_and_is_not_spooled(tmp_pat
         parse_request({"text": "hi", "play": False})
     got = []
     # the dispatcher journals only requests that play (journal number 1 here); see test_journal.py
-    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e, p: got.append(e),
+    items = [Item(speak=parse_request({"text": "kept", "id": "a"}), job=None, channel="main", sink=lambda e: got.append(e),
                   journal=1),
              Item(speak=parse_request({"text": "gone", "id": "b", "play": False, "return_audio": True}), job=None,
-                  channel="main", sink=lambda e, p: got.append(e))]
+                  channel="main", sink=lambda e: got.append(e))]
     tell_stopped(items, journal_on=True)
     assert [(e.id, e.code) for e in got] == [("a", "spooled"), ("b", "cancelled")]
     assert "would only go back to this connection" in got[1].message

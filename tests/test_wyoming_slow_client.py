@@ -55,7 +55,7 @@ def test_the_sink_refuses_the_chunk_over_the_bound_and_drops_its_audio():
         stalled = []
         sink = budget.audio("wy-t-1", box, on_overflow=stalled.append)
         assert isinstance(sink, StreamAudio)
-        box.put((EVENT, "started", None))
+        box.put((EVENT, "started"))
         chunk = np.full(9600, 0.5, np.float32)     # 400 ms
         sink.write(chunk)
         sink.write(chunk)

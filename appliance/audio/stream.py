@@ -3,16 +3,17 @@
 A transport that sends a request's audio back to its client gives each connection one
 :class:`ClientStream` and, for each start of a request, a :class:`StreamAudio` on it: the request's
 :class:`~appliance.audio.sink.AudioSink` (handed down with the request as a
-:data:`~appliance.audio.sink.ClientAudio`). The request's replies go into its :class:`Outbox`, its
-events (from its event sink) and its PCM (from :meth:`StreamAudio.write`, on the worker thread) in
-the order they happened; the transport's writer takes them out on the event loop, encodes them
+:data:`~appliance.audio.sink.ClientAudio`). The request's replies go into an :class:`Outbox` (the
+socket connection's, shared by its requests; a Wyoming request's own), its events (from its event
+sink) and its PCM (from :meth:`StreamAudio.write`, on the worker thread) in the order they happened;
+the transport's writer takes them out on the event loop, encodes them
 (its only part: 16-bit ``audio-chunk`` events for Wyoming, ``audio`` events for the socket) and
 writes them, calling :meth:`StreamAudio.written` once a chunk is drained::
 
     worker thread                              event loop (the connection's writer)
     StreamAudio.write(pcm float32 [n], 24 kHz)
       -> Outbox (AUDIO, sink, pcm, n) ---------> encode -> write + drain -> client -> written(n)
-    sink(Started / Done / error) -> Outbox (EVENT, event, payload)
+    sink(Started / Done / error) -> Outbox (EVENT, event)
 
 **The one back-pressure rule.** Nothing on the worker thread waits for a client: ``write`` only
 appends. What a connection may hold is bounded in audio time: ``max_buffered_ms`` of audio
@@ -49,7 +50,7 @@ from ..errors import CancelledError
 log = logging.getLogger(__name__)
 
 AUDIO, EVENT = "audio", "event"
-"""Kinds of :class:`Outbox` items: ``(AUDIO, sink, pcm float32 [n], n)``, ``(EVENT, event, payload)``."""
+"""Kinds of :class:`Outbox` items: ``(AUDIO, sink, pcm float32 [n], n)``, ``(EVENT, event)``."""
 
 
 def ms(samples: int) -> int:
@@ -115,9 +116,10 @@ class ClientStream:
 
 
 class Outbox:
-    """One request's replies to its client, in order (module docstring): :meth:`put` from any
-    thread, :meth:`get` on ``loop``. The loop is woken with at most one pending callback however
-    many items arrive. :attr:`closed` turns True with its terminal event (``done`` / ``error``)."""
+    """Replies to a client, in order (module docstring): a socket connection's (all its
+    requests), or one Wyoming request's. :meth:`put` from any thread, :meth:`get` on ``loop``.
+    The loop is woken with at most one pending callback however many items arrive.
+    :attr:`closed` turns True with its terminal event (``done`` / ``error``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stream: ClientStream) -> None:
         self.loop = loop

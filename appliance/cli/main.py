@@ -7,8 +7,8 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``model fetch OUT_DIR`` – download ``2Noise/ChatTTS`` and verify sha256 (:mod:`appliance.model.fetch`).
 * ``model sums DIR`` – record a checkpoint's sha256 sums, checked at every start (:mod:`appliance.model.integrity`).
 * ``serve`` – run the daemon (:mod:`appliance.daemon.daemon`).
-* ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.cli.client`).
-* ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (same module).
+* ``say TEXT`` – send a request over the socket, print the timings (:mod:`appliance.cli.say`).
+* ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (:mod:`appliance.cli.control`).
 * ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
   (``--socket`` asks a running one) (same module).
 * ``health`` – field health check, here or by the running daemon (:mod:`appliance.ops.health`).
@@ -56,11 +56,11 @@ _COMMANDS = {
     "model fetch": ("appliance.model.fetch", "cli_main"),
     "model sums": ("appliance.model.integrity", "cli_main"),
     "serve": ("appliance.daemon.daemon", "cli_main"),
-    "say": ("appliance.cli.client", "cli_main"),
+    "say": ("appliance.cli.say", "cli_main"),
     "health": ("appliance.ops.health", "cli_main"),
-    "status": ("appliance.cli.client", "status_main"),
-    "cancel": ("appliance.cli.client", "cancel_main"),
-    "normalize": ("appliance.cli.client", "normalize_main"),
+    "status": ("appliance.cli.control", "status_main"),
+    "cancel": ("appliance.cli.control", "cancel_main"),
+    "normalize": ("appliance.cli.control", "normalize_main"),
     "engines export": ("appliance.build.cli", "cli_export"),
     "engines build": ("appliance.build.cli", "cli_build"),
     "engines compile": ("appliance.build.aot", "cli_main"),

@@ -119,11 +119,13 @@ def _float(v: str | None) -> float | None:
     return float(v) if v is not None else None
 
 
-def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, threads: int, kv_type: str = "f16") -> Any:
+def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, threads: int, kv_type: str = "q8_0") -> Any:
     """A context of ``seqs`` sequences x ``seq_len`` KV positions each (one KV stream per
     sequence), prompts of up to ``batch`` rows per ``llama_decode``, ``threads`` CPU threads, the
     final hidden states output beside the logits (``embeddings``, no pooling), KV cache in
-    ``kv_type`` (``f16`` or ``q8_0``).
+    ``kv_type``: ``f16`` (2 bytes per value) or ``q8_0`` (34 bytes per 32 values: 0.53x; llama.cpp
+    keeps a quantized V cache only with flash attention, which is then switched on; otherwise
+    llama.cpp decides, ``auto``).
 
     Raises:
         EngineMismatchError: llama.cpp could not make the context (quotes its log).
@@ -139,7 +141,21 @@ def new_context(lc: Any, model: Any, *, seqs: int, seq_len: int, batch: int, thr
     cp.no_perf = True
     t = {"f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0}[kv_type]
     cp.type_k = cp.type_v = t
+    if kv_type != "f16":
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
     ctx = lc.llama_init_from_model(model, cp)
     if not ctx:
-        raise EngineMismatchError(f"llama.cpp could not create a context of {seqs} x {seq_len} positions ({recent_log()})")
+        raise EngineMismatchError(f"llama.cpp could not create a context of {seqs} x {seq_len} positions "
+                                  f"(KV cache {kv_type}) ({recent_log()})")
     return ctx
+
+
+#: KV-cache bytes per value of each ``model.llama_kv_cache`` type (q8_0: 32 int8 + an F16 scale per 32).
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+
+
+def kv_type(wanted: str, head_dim: int) -> str:
+    """The KV-cache type a context gets: ``wanted`` (``model.llama_kv_cache``), except ``q8_0`` with
+    a head width that its 32-value blocks do not divide (the tiny test checkpoint's 16), which
+    llama.cpp refuses: ``f16`` then."""
+    return "f16" if wanted == "q8_0" and head_dim % 32 else wanted

@@ -24,8 +24,10 @@ Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is th
 decode step (and the prompts) run at the count that measures fastest within it, probed while it
 runs (:class:`~appliance.engines.threads.StepThreads`: two threads on a quiet 2-core host, one
 when other processes contend for the cores); the vocoder's ONNX Runtime sessions use the budget
-and run after the decode, never beside it. The KV cache is F16
-(``llama_lib.new_context``). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
+and run after the decode, never beside it. The KV cache is ``model.llama_kv_cache`` (q8_0 by
+default, with flash attention; or f16), sized from the config's ``max_batch`` x ``max_seq_len``
+at load (the export fixes neither: the daemon's memory fit may open it smaller,
+:mod:`appliance.daemon.memory`). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
 """
 
 from __future__ import annotations
@@ -91,7 +93,9 @@ class LlamaRunner(HostRunner):
         qtype = d.name
         hint = mf.rebuild_hint(cfg.file_hint, qtype, tensorrt=False)
         m = mf.read(d, hint)
-        mf.check(m, mf.expect_common(cfg, m, "llama"), hint)
+        expect = mf.expect_common(cfg, m, "llama")
+        expect.pop("limits")    # the GGUF holds no cache: the context is sized here, from the config
+        mf.check(m, expect, hint)
         self.manifest, self.dir = m, d
         verify = cfg.safety.verify_checkpoint
         emb_name = m["embed"]["file"]
@@ -102,14 +106,18 @@ class LlamaRunner(HostRunner):
         self._D, self._Q, self._V, self._n_text = D, Q, V, s["num_text_tokens"]
         self._spk_id = int(m.get("special", {}).get("spk_emb_id", -1))
         M, S = mc.max_batch, mc.max_seq_len
-        max_prompt = int(m["limits"]["max_prompt_tokens"])
+        if S > s["max_pos"]:
+            raise ConfigError(f"model.max_seq_len {S} is over the GPT's {s['max_pos']} positions")
+        max_prompt = min(mc.max_prompt_tokens, S - 1)
+        kv = llama_lib.kv_type(mc.llama_kv_cache, D // s["n_heads"])
         budget = thread_budget(mc.threads)
         threads = budget.threads
 
         self._lc = lc
         self._model = llama_lib.load_model(lc, d / m["graphs"]["gpt"]["file"], s)
         self._rows = max(max_prompt, M)
-        self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads)
+        self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads,
+                                          kv_type=kv)
         self._step_threads = StepThreads(threads)     # the step's threads, measured within the budget
         self._n_threads = threads
         self._mem = lc.llama_get_memory(self._ctx)
@@ -130,16 +138,16 @@ class LlamaRunner(HostRunner):
         self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, threads, mc.spin_wait), D, s["n_mels"],
                                receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
-        kv_el = 2
+        kv_el = llama_lib.KV_BYTES[kv]
         self.info = RunnerInfo(
             backend="llama.cpp", precision=qtype, hidden_size=D, num_vq=Q, num_audio_tokens=V, max_batch=M,
             max_seq_len=S, max_prompt_tokens=max_prompt, weight_bytes=int(weight_bytes),
-            kv_bytes_per_token=2 * L * D * kv_el, reason=reason, num_text_tokens=self._n_text, text_mode=True,
+            kv_bytes_per_token=int(2 * L * D * kv_el), reason=reason, num_text_tokens=self._n_text, text_mode=True,
             engine_id=mf.file_sha256(d / mf.MANIFEST), threads=threads, threads_source=budget.source,
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
-        log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB",
-                 d, qtype, budget.describe(), M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20)
+        log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB (%s)",
+                 d, qtype, budget.describe(), M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20, kv)
         self.setup_host(s["n_mels"])
 
     # -------------------------------------------------------------- one llama_decode

@@ -30,10 +30,10 @@ class PlannedSizes:
     """Sizes of the backend ``model.backend`` resolves to, before it loads.
 
     Attributes:
-        backend: ``torch``, ``onnxruntime`` or ``tensorrt``. device: ``cpu`` or ``cuda``.
+        backend: ``torch``, ``onnxruntime``, ``llama.cpp`` or ``tensorrt``. device: ``cpu`` or ``cuda``.
         weight_bytes: bytes of weights the backend will hold (bytes).
         kv_bytes_per_token: KV-cache bytes per position per slot (bytes).
-        resizable: the backend can be opened with other ``max_seq_len`` / ``max_batch`` (torch);
+        resizable: the backend can be opened with other ``max_seq_len`` / ``max_batch`` (torch, llama.cpp);
             built engines (ONNX, TensorRT) are fixed to the sizes they were built for.
         what: one phrase naming the sizes' source, for logs.
         int8_saving_bytes: what INT8 weight-only GPT linears would save where the fit may choose
@@ -100,6 +100,23 @@ def built_sizes(cfg: Config, backend: str, d: Path) -> PlannedSizes:
                         f"the engine files in {d}")
 
 
+def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
+    """Sizes of the llama.cpp export in ``d``: the GGUF, the vocoder graphs and the embedding
+    tables (the text head, mapped only while refine-text runs, is left out), and the KV bytes per
+    position of ``model.llama_kv_cache`` (``2 x layers x width x`` its bytes per value). The
+    context is made at load from the config's sizes: resizable."""
+    from .llama_lib import KV_BYTES, kv_type
+
+    m = mf.read(d)
+    head = (m.get("head_text") or {}).get("file")
+    weights = sum(p.stat().st_size for p in d.iterdir()
+                  if p.is_file() and p.suffix not in (".json", ".txt") and p.name != head)
+    s = m["shapes"]
+    d_model = int(s["hidden"])
+    kv = 2 * int(s["n_layers"]) * d_model * KV_BYTES[kv_type(cfg.model.llama_kv_cache, d_model // int(s["n_heads"]))]
+    return PlannedSizes("llama.cpp", "cpu", weights, int(kv), True, f"the GGUF export in {d}")
+
+
 def _asset(path: Path) -> Path:
     """``path/asset`` where it exists, else ``path`` (the checkpoint's two spellings; the
     loader's :func:`appliance.model.checkpoint.asset_dir` imports torch, this must not)."""
@@ -121,6 +138,13 @@ def plan_sizes(cfg: Config) -> PlannedSizes:
         dev = cfg.model.device
         gpu = dev == "cuda" or (dev == "auto" and mf.device_facts().get("compute_capability") is not None)
         return torch_sizes(cfg, gpu)
+    if backend == "llama":
+        from .llama_runner import find_llama_export
+
+        d = find_llama_export(cfg)
+        if d is None:
+            raise FileNotFoundError(f"no GGUF export under {cfg.resolve(cfg.model.engine_dir) / 'llama'}")
+        return llama_sizes(cfg, d)
     if backend == "onnxruntime":
         from .onnx_runner import find_export
 

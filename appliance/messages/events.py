@@ -12,7 +12,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..core import PcmChunk
 
 
 @dataclass(frozen=True)
@@ -257,8 +256,7 @@ Event = typing.Union[Accepted, Preempted, Replayed, Started, AudioChunk, Done, E
                      Normalized, CancelDone]
 """An event the daemon sends to a client."""
 
-EventSink = typing.Callable[[Event, Optional[PcmChunk]], None]
-"""``sink(event, payload)``: deliver an event. Thread-safe, never blocks on the network, never
-raises; a gone client makes it a no-op. ``payload`` is None from the request core: a request's
-PCM reaches its client through its audio sink (:mod:`appliance.audio.stream`), which the
-transport encodes."""
+EventSink = typing.Callable[[Event], None]
+"""``sink(event)``: deliver an event. Thread-safe, never blocks on the network, never raises; a
+gone client makes it a no-op. A request's PCM reaches its client through its audio sink
+(:mod:`appliance.audio.stream`), which the transport encodes, never through this."""

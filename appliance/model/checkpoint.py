@@ -91,10 +91,6 @@ class CheckpointFiles:
     special_ids: dict[str, int]
     config_sha256: str
 
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.asset / layout.TOKENIZER_DIR
-
 
 def read_shapes(cfg: dict, gpt: Shapes, embed: Shapes, dec: Shapes, voc: Shapes) -> ModelShapes:
     """Shapes from ``config.json`` (GPT) and tensor shapes ``{key: shape}`` (Embed, Decoder, Vocos).

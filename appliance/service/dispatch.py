@@ -126,14 +126,14 @@ class Dispatcher:
             req = parse_line(line, self.max_line_bytes)
         except ApplianceError as e:
             log.info("bad request line%s: %s", f" from {peer}" if peer else "", e)
-            sink(error_event(e), None)
+            sink(error_event(e))
             return
         if self.limiter is not None and peer is not None and isinstance(req, (Speak, HealthRequest)):
             try:
                 self.limiter.check(peer)
             except ApplianceError as e:
                 log.info("request from %s refused: %s", peer, e)
-                sink(error_event(e, req.id if isinstance(req, Speak) else None), None)
+                sink(error_event(e, req.id if isinstance(req, Speak) else None))
                 return
         audio = None
         if isinstance(req, Speak) and req.return_audio and audio_for is not None:
@@ -177,7 +177,7 @@ class Dispatcher:
             elif isinstance(req, NormalizeRequest):
                 await self._normalize(req, sink)
             elif isinstance(req, StatusRequest):
-                sink(self.status(), None)
+                sink(self.status())
             elif isinstance(req, Cancel):
                 self._cancel(req, sink)
             elif isinstance(req, HealthRequest):
@@ -188,10 +188,10 @@ class Dispatcher:
                 raise RequestError(f"unsupported request {type(req).__name__}")
         except ApplianceError as e:
             log.info("request %s refused: %s (%s)", rid or "-", e.code, e)
-            sink(error_event(e, rid), None)
+            sink(error_event(e, rid))
         except Exception as e:
             log.exception("request %s failed", rid or "-")
-            sink(error_event(e, rid), None)
+            sink(error_event(e, rid))
 
     def _check_ready(self) -> None:
         """Requests are taken only while the daemon is ready (the text's own limits, its length
@@ -204,8 +204,7 @@ class Dispatcher:
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
         sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
-                        unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]),
-             None)
+                        unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]))
 
     async def add_text(self, req: Speak) -> bool:
         """Append the next piece of an utterance: ``req`` is its ``speak`` with ``text`` the piece
@@ -283,5 +282,5 @@ class Dispatcher:
             raise RequestError(f"nothing to cancel: no queued, running or playing request {what}")
         for it in items:   # the request's own client got its event; tell a different canceller too
             if it.sink != sink:
-                sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id), None)
-        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel), None)
+                sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
+        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel))

@@ -110,7 +110,7 @@ class Endings:
             if resume:
                 self.sched.requeue(item)
                 self._cv.notify_all()
-        item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"), None)
+        item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"))
         if resume:
             mark(self.journal, item.journal, "requeued")
             log.info("%s resumes on %s after alert %s (from the start)", item.id, item.channel, by)
@@ -158,7 +158,7 @@ class Endings:
             self._cv.notify_all()
         if self.journal is not None and item.journal is not None:
             self.journal.end(item.journal, to_dict(event))    # durable before the client hears it
-        item.sink(event, None)
+        item.sink(event)
         if isinstance(event, Done):
             log.info("done %s -> %s", item.id, event.output)
         else:

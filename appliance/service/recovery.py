@@ -32,7 +32,6 @@ import threading
 from typing import Awaitable, Callable, Optional
 
 from ..config import Config, JournalConfig
-from ..core import PcmChunk
 from ..errors import ApplianceError, CancelledError, RequestError
 from ..messages.protocol import (
     ErrorEvent,
@@ -76,7 +75,7 @@ class Replay:
     def id(self) -> str:
         return self.entry.id
 
-    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
+    def sink(self, event: Event) -> None:
         """The replayed request's :data:`EventSink`: remembers its state, forwards to the origin
         and to every attached client."""
         kind = event.type
@@ -91,7 +90,7 @@ class Replay:
         if kind in ("done", "error"):
             log.info("replayed request %s: %s %s", self.id, kind, getattr(event, "output", "") or getattr(event, "message", ""))
         for s in ([self.origin_sink] if self.origin_sink is not None else []) + sinks:
-            s(event, payload)
+            s(event)
 
     def attach(self, sink: EventSink) -> None:
         """Send ``replayed`` (and the terminal event if it is over) to ``sink``, then every later event."""
@@ -99,9 +98,9 @@ class Replay:
             state, terminal = self.state, self.terminal
             if terminal is None:
                 self._attached.append(sink)
-        sink(Replayed(id=self.id, channel=str(self.entry.req.get("channel") or ""), state=state), None)
+        sink(Replayed(id=self.id, channel=str(self.entry.req.get("channel") or ""), state=state))
         if terminal is not None:
-            sink(terminal, None)
+            sink(terminal)
 
 
 class Recovery:
@@ -174,7 +173,7 @@ class Recovery:
                 log.warning("journaled request %s is not replayed: %s (%s)", e.id, err, err.code)
                 ev = error_event(err, e.id)
                 self.journal.end(e.n, {"type": "error", "id": e.id, "code": ev.code, "message": ev.message})
-                r.sink(ev, None)
+                r.sink(ev)
                 continue
             n += 1
         log.info("replaying %d journaled request(s) from %s (%d not replayed)", n, self.journal.path, len(pending) - n)
@@ -210,12 +209,12 @@ class Recovery:
         if fin is None:
             return False
         log.info("client asked again for request %s, which finished before the restart: %s", speak.id, fin.get("type"))
-        sink(Replayed(id=speak.id, channel=str(fin.get("channel") or ""), state=str(fin.get("type"))), None)
+        sink(Replayed(id=speak.id, channel=str(fin.get("channel") or ""), state=str(fin.get("type"))))
         try:
             ev = parse_event(fin)
         except (ApplianceError, TypeError):
             ev = ErrorEvent(code=str(fin.get("code", "cancelled")), message=str(fin.get("message", "")), id=speak.id)
-        sink(ev, None)
+        sink(ev)
         return True
 
 
@@ -245,15 +244,15 @@ def tell_stopped(items: list[Request], journal_on: bool) -> None:
             kept += 1
             it.sink(ErrorEvent(code="spooled", id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped; it is kept in "
-                                       f"the journal and will be spoken after the restart"), None)
+                                       f"the journal and will be spoken after the restart"))
         elif not it.speak.play:   # its audio goes only to its client, who is gone after the restart
             it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped; its audio "
-                                       f"would only go back to this connection, so it is not kept: send it again"), None)
+                                       f"would only go back to this connection, so it is not kept: send it again"))
         else:
             it.sink(ErrorEvent(code=CancelledError.code, id=it.id,
                                message=f"request {it.id} was not started before the daemon stopped and is dropped "
-                                       f"(journal.enabled: false); send it again"), None)
+                                       f"(journal.enabled: false); send it again"))
     if items:
         log.info("%s", stop_summary(len(items), kept, journal_on))
 

@@ -74,7 +74,7 @@ class StallWatch:
             t = it.task
             if t is None:
                 continue
-            mark = t.steps + t.samples + (t.seq.steps if t.seq is not None else 0)
+            mark = t.progress
             if mark != self._marks.get(it):
                 self._marks[it] = mark
                 it.progress_at = now

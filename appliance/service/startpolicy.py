@@ -28,8 +28,8 @@ times, all channels together) and decides how much audio its sound-device voice 
   once, not at every chunk.
 
 The policy reads typed objects only: the :class:`~appliance.service.request.Request`, its
-:class:`~appliance.synth.batch.Task` (the sentences known now, its ``chunk_scale``, the decoding
-sentence's steps) and, at the end, the task's :class:`~appliance.synth.job.Report`.
+:class:`~appliance.synth.batch.Task` (the sentences known now, its ``chunk_scale``, the steps its
+decoding sentence has run: ``Task.decoded``) and, at the end, the task's :class:`~appliance.synth.job.Report`.
 
 Expected length: per sentence, its text tokens (``Sentence.text_tokens``) times the decode steps
 per text token seen so far
@@ -182,7 +182,7 @@ class StartPolicy:
         """What the voice re-buffers should it run dry in this sentence: the rest of it at the rate now."""
         task, k = item.task, tr.sentence
         steps = self._sentence_steps(item.task, item.job.params)
-        done = task.seq.steps if task.seq is not None and task.k == k else 0
+        done = task.decoded(k)
         plan, cause = self._plan(item, max(1, (steps[k] if k < len(steps) else 1) - done))
         tr.latest[k] = cause
         voice = item.audio.voice

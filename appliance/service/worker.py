@@ -159,7 +159,7 @@ class Worker:
                 raise BusyError("the daemon is stopping; send the request again after it restarts")
             pos, waiting = self.sched.check(item)
             item.sink(Accepted(id=item.id, channel=item.channel, queue_position=pos, waiting=waiting,
-                               not_crash_safe=item.not_crash_safe), None)
+                               not_crash_safe=item.not_crash_safe))
             victims = self.sched.enqueue(item)
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
@@ -252,7 +252,7 @@ class Worker:
             tasks, self._tasks = self._tasks, []
             self._cv.notify_all()
         for _, sink in tasks:
-            sink(error_event(BusyError("the daemon is stopping; ask again after it restarts")), None)
+            sink(error_event(BusyError("the daemon is stopping; ask again after it restarts")))
         if self._thread is not None:
             self._thread.join(timeout_s)
         return left
@@ -311,10 +311,10 @@ class Worker:
             if task is not None:
                 fn, sink = task
                 try:
-                    sink(fn(), None)
+                    sink(fn())
                 except Exception as e:
                     log.exception("worker task failed")
-                    sink(error_event(e), None)
+                    sink(error_event(e))
                 self._beat(force=True)
             for it in start:
                 self._start(it)
@@ -334,7 +334,7 @@ class Worker:
     def _start(self, item: Request) -> None:
         item.progress_at = time.monotonic()
         mark(self.journal, item.journal, "started")
-        item.sink(Started(id=item.id, channel=item.channel), None)
+        item.sink(Started(id=item.id, channel=item.channel))
         log.info("started %s on %s (%d synthesizing)", item.id, item.channel, len(self.sched.running))
         try:
             client = item.client_audio() if item.client_audio is not None else None   # a transport's sink

@@ -117,6 +117,16 @@ class Task:
         """True once done, failed or cancelled."""
         return self.state.ended
 
+    @property
+    def progress(self) -> int:
+        """A count that grows with every decode step or PCM sample it made (the service's
+        watchdog compares two readings; engine thread, or under the service's lock)."""
+        return self.steps + self.samples + (self.seq.steps if self.seq is not None else 0)
+
+    def decoded(self, k: int) -> int:
+        """Decode steps sentence ``k`` has run so far: 0 unless it is the one decoding now."""
+        return self.seq.steps if self.seq is not None and self.k == k else 0
+
 
 class BatchEngine:
     """Continuous batching of whole jobs over one :class:`DecodeLoop` (see module docstring).

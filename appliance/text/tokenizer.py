@@ -183,8 +183,3 @@ class Tokenizer:
                 f"the sentence is {ids.size} tokens with its prompt, over the limit of {max_tokens} "
                 f"(model.max_prompt_tokens); split it with appliance.text.split or raise the limit")
         return ids
-
-    def prompt_overhead(self, *, with_speaker: bool = True, prompt: str = "",
-                        txt_smp: Optional[str] = None) -> int:
-        """Tokens the prompt adds around any text (``[Stts]``, speaker token, prompt, ``[Ptts]``)."""
-        return int(self.code_prompt("", with_speaker=with_speaker, prompt=prompt, txt_smp=txt_smp).size)

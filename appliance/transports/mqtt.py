@@ -77,7 +77,6 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from ..config import Config
-from ..core import PcmChunk
 from ..errors import ApplianceError, ConfigError, RequestError
 from ..messages.protocol import (
     Accepted,
@@ -290,11 +289,11 @@ class MQTTBridge:
             log.warning("mqtt: ignored a retained %s message on %s", kind, topic)
             self.sink(ErrorEvent(code=RequestError.code, id=rid, message=(
                 f"retained {kind} message ignored: the broker replays it at every connect; publish commands "
-                f"with retain=false and clear it with an empty retained message on {topic}")), None)
+                f"with retain=false and clear it with an empty retained message on {topic}")))
             return
         if err is not None:
             log.info("mqtt: bad %s payload (%d bytes): %s", kind, len(payload), err.message)
-            self.sink(err, None)
+            self.sink(err)
             return
         if isinstance(req, Speak):
             if req.voice is None and self.discovery is not None:     # the Home Assistant voice select
@@ -306,10 +305,10 @@ class MQTTBridge:
         try:
             return self.submit(req, self.sink)
         except ApplianceError as e:
-            self.sink(error_event(e, getattr(req, "id", None)), None)
+            self.sink(error_event(e, getattr(req, "id", None)))
         return None
 
-    def sink(self, event: Event, payload: Optional[PcmChunk] = None) -> None:
+    def sink(self, event: Event) -> None:
         """The :data:`EventSink` of every MQTT request: publishes ``event`` on ``event`` (QoS 1).
 
         One sink for all requests, so a cancel sent over MQTT does not add a second ``cancelled``

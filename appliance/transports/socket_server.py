@@ -7,7 +7,7 @@
   (``LISTEN_PID`` = our pid, ``LISTEN_FDS`` >= 1, fd 3; ``sd_listen_fds(3)``).
 * :class:`SocketServer` accepts connections on the event loop. Each line (up to
   ``max_line_bytes``; a longer one is answered with one ``bad_request`` error and skipped up to
-  its newline) goes to ``handler(line, sink, peer)`` and is awaited before the next line of the
+  its newline) goes to ``handler(line, sink, peer, audio)`` and is awaited before the next line of the
   same connection, so requests from one client keep their order. ``sink`` is the connection's
   :meth:`Connection.send`: callable from any thread, never blocks, does nothing once the client
   is gone. ``peer`` is the client's :class:`~appliance.service.peers.Peer` (``SO_PEERCRED``: pid,
@@ -41,7 +41,7 @@ from typing import Awaitable, Callable, Optional
 
 from ..audio.stream import AUDIO, EVENT, ClientStream, Outbox, StreamAudio
 from ..audio.wav import encode_pcm
-from ..core import SAMPLE_RATE, PcmChunk
+from ..core import SAMPLE_RATE
 from ..errors import ConfigError, RequestError
 from ..messages.protocol import AudioChunk, Event, EventSink, error_event, to_json
 from ..service.peers import Peer, peer_of
@@ -181,11 +181,11 @@ class Connection:
         self.pending: set[str] = set()   # accepted request ids without their done/error yet
         self.writing = loop.create_task(self._write_loop(), name=f"socket {name} writer")
 
-    def send(self, msg: Event, payload: Optional[PcmChunk] = None) -> None:
+    def send(self, msg: Event) -> None:
         """Queue an event for this client (any thread; never blocks)."""
         if self.closed:
             return
-        self.outbox.put((EVENT, msg, payload))
+        self.outbox.put((EVENT, msg))
         if len(self.outbox) > MAX_PENDING_EVENTS:
             log.warning("client %s is not reading (%d events pending); disconnecting it (its requests go on)",
                         self.name, len(self.outbox))
@@ -217,12 +217,12 @@ class Connection:
                     await w.drain()
                     sink.written(n)
                     continue
-                _, msg, payload = item
+                _, msg = item
                 if msg.type == "accepted":
                     self.pending.add(msg.id)
                 elif msg.type in ("done", "error") and getattr(msg, "id", None) in self.pending:
                     self.pending.discard(msg.id)
-                w.write(to_json(msg) + (encode_pcm(payload.samples, self.format) if payload is not None else b""))
+                w.write(to_json(msg))
                 await w.drain()
                 if self.eof and not self.pending:
                     break
@@ -341,7 +341,7 @@ class SocketServer:
                             if not skipping:
                                 conn.send(error_event(RequestError(
                                     f"request line is over the limit of {self.max_line_bytes} bytes "
-                                    f"(service.max_line_bytes)")), None)
+                                    f"(service.max_line_bytes)")))
                                 skipping = True
                             buf.clear()
                         break
