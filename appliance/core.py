@@ -27,13 +27,11 @@ NUM_AUDIO_TOKENS = 626
 AUDIO_EOS = 625
 NUM_VQ = 4
 
-#: Output sample rate of Vocos (Hz), hop in samples, and samples per GPT decode step.
+#: Output sample rate of Vocos (Hz) and its hop in samples (two per GPT decode step: 512 samples).
 SAMPLE_RATE = 24000
 HOP_LENGTH = 256
-SAMPLES_PER_TOKEN = 512
 
-#: Mel bins of the Decoder output and FFT size of the Vocos head.
-N_MELS = 100
+#: FFT size of the Vocos head (its mel bins come from the checkpoint: ``ModelShapes.n_mels``).
 N_FFT = 1024
 
 
@@ -228,11 +226,6 @@ class ConditionFlag:
             self.clear()
         else:
             self.set(reason)
-
-    @property
-    def raised(self) -> bool:
-        """True while set."""
-        return self._cond is not None
 
     def __call__(self) -> tuple:
         cond = self._cond

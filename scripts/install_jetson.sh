@@ -417,7 +417,7 @@ step_engines() {
     elif [ -f "$onnx/manifest.json" ]; then
         note "ONNX graphs present in $onnx"
     elif [ "$DRY_RUN" -eq 1 ] || "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
-        # the export needs a torch its graphs are tested with (2.8+; JetPack 6.0/6.1's wheels are 2.3-2.5):
+        # the export needs a torch its graphs are tested with (2.10+; JetPack 6's NVIDIA wheels are 2.3-2.5):
         # say so and what to do before a long export fails (appliance/build/cli.py torch_problem)
         local why=""
         [ "$DRY_RUN" -eq 1 ] || why=$("$VENV/bin/python" -c 'from appliance.build.cli import torch_problem as p; print(p() or "")')

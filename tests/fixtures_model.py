@@ -15,6 +15,9 @@
   see ``tests/golden/make_goldens.py``) as a dict.
 * ``golden_ckpt`` – Path of the golden's tiny checkpoint rebuilt in the official layout.
 * ``golden_model`` – our :class:`~appliance.model.checkpoint.ChatTTSModel` loaded from it (CPU, fp32).
+* ``system_cxx``  – module scope: ``CXX`` and inductor's ``cpp.cxx`` set to the system C++ compiler
+  (``/usr/bin/g++``, where it exists) for the tests that compile with inductor and load what it
+  built (the AOT packages, ``torch.compile`` on the CPU); child processes inherit ``CXX``.
 """
 
 from __future__ import annotations
@@ -132,3 +135,33 @@ def golden_model(golden_ckpt):
     from appliance.model.checkpoint import load_model
 
     return load_model(golden_ckpt)
+
+
+SYSTEM_CXX = "/usr/bin/g++"
+
+
+@pytest.fixture(scope="module")
+def system_cxx():
+    """Inductor compiles C++ with ``$CXX`` (else ``g++`` on the PATH), and this process or a child
+    then loads what it built: it must be the system compiler, whose C++ runtime is the one the
+    process has. The H200 image sets ``CXX`` to another GCC (/opt/gcc), whose AOT packages crash
+    at load (bench/RESULTS.md, 2026-12-02), so the tests set it themselves. Yields the compiler
+    used (None where there is no /usr/bin/g++: left as it is; those tests skip when nothing
+    compiles)."""
+    import os
+
+    if not os.path.exists(SYSTEM_CXX):
+        yield None
+        return
+    import torch._inductor.config as ic
+
+    old = os.environ.get("CXX")
+    os.environ["CXX"] = SYSTEM_CXX
+    try:
+        with ic.patch({"cpp.cxx": (None, SYSTEM_CXX)}):
+            yield SYSTEM_CXX
+    finally:
+        if old is None:
+            os.environ.pop("CXX", None)
+        else:
+            os.environ["CXX"] = old

@@ -72,6 +72,20 @@ class AlsaFile:
                     pids.append(int(d.name))
         return pids
 
+    def set_speed(self, factor: float) -> None:
+        """Run the card's clock at ``factor`` x real time (1.0: back to real time), from the
+        pacers' next read of 4096 bytes on (tests/asound/pacer.py). The stream keeps being called
+        back, only less often: a test that needs "a request still sounding while others
+        synthesize" slows the clock so that the sounding request outlasts the test's own timeout,
+        instead of racing the synthesis on a loaded machine."""
+        control = self.raw.with_name(self.raw.name + ".speed")
+        if factor == 1.0:
+            control.unlink(missing_ok=True)
+            return
+        tmp = control.with_name(control.name + ".tmp")
+        tmp.write_text(f"{factor:g}\n")
+        os.replace(tmp, control)
+
     def unplug(self) -> None:
         """The "card" goes away as a pulled USB speaker does: its ``.asoundrc`` entry disappears
         (renamed aside: ALSA and PortAudio no longer list it) and its pacers die (the open stream
@@ -138,6 +152,10 @@ def service_config(tiny_ckpt: Path, tmp: Path, **sections: dict) -> dict:
         # off in tests (a fresh engine dir would calibrate at every start); test_daemon_first_start
         # turns it on
         "stream": {"calibrate_at_start": False},
+        # the RTF ladder off (its thresholds at their maximum): a test daemon's RTF is the host's
+        # load (other suites on the same two cores), so a compute throttle would make every status,
+        # health and channel-count assertion depend on it; the ladder's own tests set these
+        "throttle": {"rtf_reduce": 100.0, "rtf_queue": 100.0},
     }
     for k, v in sections.items():
         cfg.setdefault(k, {}).update(v)

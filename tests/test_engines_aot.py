@@ -29,6 +29,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+# the packages are compiled (engines compile, a child inheriting CXX) and loaded by the system C++ compiler's runtime
+pytestmark = pytest.mark.usefixtures("system_cxx")
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = {"max_batch": 2, "max_seq_len": 64, "max_prompt_tokens": 32}

@@ -31,6 +31,9 @@ REQS = {
     "r4": ("第四句。", 14, 40),
 }
 RATE = 44100
+SLOW = 0.1
+"""The card's clock while a test holds "one request sounding, the next ones synthesizing or
+waiting" up to a SIGKILL (:meth:`AlsaFile.set_speed <tests.fixtures_service.AlsaFile.set_speed>`)."""
 
 
 def _speak(rid: str) -> dict:
@@ -84,6 +87,7 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
     # run 1: r0 finishes, then r1 plays, r2 synthesizes, r3 and r4 wait: SIGKILL
     d = launch_daemon(tmp / "d", cfg, alsa=alsa)
     assert d.request(_speak("r0"))[-1]["type"] == "done"
+    alsa.set_speed(SLOW)                 # r1 still sounds at the kill, however slow r2's synthesis
     c = d.connect()
     for rid in ("r1", "r2", "r3", "r4"):
         c.send(_speak(rid))
@@ -95,6 +99,7 @@ def test_sigkill_playing_synthesizing_queued_and_during_replay_speaks_each_once(
     finally:
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait(10)
+        alsa.set_speed(1.0)
         c.close()
         s.close()
     off1 = settled_size(alsa)
@@ -138,7 +143,13 @@ def test_crash_loop_guard_counts_only_the_request_that_was_running(tiny_ckpt, tm
     played) wait behind it in the channel's play-out queue: only ``g1`` was running at each crash,
     so only ``g1`` reaches ``journal.max_attempts`` (3) and is not replayed; ``g2`` and ``g3`` are
     spoken after the fourth start. Each kill waits for the journal's own state records (``p``:
-    g1's first sample reached the device; ``w``: g2 and g3 synthesized and waiting), not for a time."""
+    g1's first sample reached the device; ``w``: g2 and g3 synthesized and waiting), not for a time.
+
+    The state must still hold at the kill: g1 must outlast the synthesis of g2 and g3. At real
+    time it did not on a loaded machine (g1's 8 s synthesized at RTF 1.5 played out before g3
+    was synthesized, and the test waited its 60 s for a state that had passed), so the card's
+    clock runs at :data:`SLOW` while the state is built: g1 sounds for 80 s, longer than the
+    test waits for the state, whatever the load."""
     steps = {"g1": 400, "g2": 40, "g3": 40}
     cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device"}, synthesis={"max_new_tokens": 400},
                          service={"channels": [{"name": "main", "on_disconnect": "finish"}]})
@@ -151,6 +162,7 @@ def test_crash_loop_guard_counts_only_the_request_that_was_running(tiny_ckpt, tm
 
     want = {"g1": "p", "g2": "w", "g3": "w"}
     d = None
+    alsa.set_speed(SLOW)
     try:
         for run in range(3):
             d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
@@ -170,6 +182,7 @@ def test_crash_loop_guard_counts_only_the_request_that_was_running(tiny_ckpt, tm
             rec = Journal(spool).open()      # counts the crash: only the running request
             assert {e.id: e.tries for e in rec.pending} == {"g1": run + 1, "g2": 0, "g3": 0}
 
+        alsa.set_speed(1.0)
         d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
         wait_log(d.log, "replaying 2 journaled request(s)")
         assert "journaled request g1 is not replayed: it was synthesizing or playing during 3 crash(es)" in d.log()

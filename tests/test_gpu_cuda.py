@@ -14,34 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# system_cxx (tests/fixtures_model.py): the AOT tests compile with the system C++ compiler, not $CXX of the GPU image
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.usefixtures("system_cxx")]
 
 STEPS = 210
-SYSTEM_CXX = "/usr/bin/g++"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _system_compiler():
-    """The AOT tests build packages whose C++ wrapper inductor compiles with ``$CXX`` and this
-    process then loads: with the system compiler, whose C++ runtime is the one the process has.
-    The GPU image sets ``CXX`` to another GCC (/opt/gcc), whose packages crash at load
-    (bench/RESULTS.md, 2026-12-02); the tests set what they need themselves (the CLI's child
-    processes inherit it)."""
-    if not os.path.exists(SYSTEM_CXX):
-        yield
-        return
-    import torch._inductor.config as ic
-
-    old = os.environ.get("CXX")
-    os.environ["CXX"] = SYSTEM_CXX
-    try:
-        with ic.patch({"cpp.cxx": (None, SYSTEM_CXX)}):
-            yield
-    finally:
-        if old is None:
-            os.environ.pop("CXX", None)
-        else:
-            os.environ["CXX"] = old
 
 
 def _cfg(ckpt, dtype, max_batch=3, max_seq=512):

@@ -171,6 +171,7 @@ def test_compile_mode_and_quant_validation(tiny_config):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("system_cxx")   # inductor's C++ built by the system compiler, loaded here
 def test_compiled_step_equals_eager_cpu(tiny_config):
     """torch.compile of the step (inductor C++ on the CPU) gives the eager step's codes across an
     attention-bucket change."""

@@ -70,6 +70,8 @@ def test_dry_run_on_a_jetpack6_board(tmp_path):
     assert "python3-libnvinfer" in r.stdout
     assert f"pip install --disable-pip-version-check {REPO}\\[jetson\\]" in r.stdout
     assert "engines build --config /etc/chattts-appliance/config.yaml --precision int8" in r.stdout
+    # the look-ahead measured at install where none is recorded, not at the daemon's first start
+    assert "calibrate --config /etc/chattts-appliance/config.yaml --if-missing" in r.stdout
     assert "==> done" in r.stdout
 
 

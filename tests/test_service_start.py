@@ -73,7 +73,9 @@ def test_a_hiccup_right_after_the_first_chunk_is_absorbed_by_the_start_slack(tin
                      argv_prefix=slow_runner.argv(hiccup_at=20, hiccup_ms=120.0))
     for i in range(3):
         done = _speak(d, f"h{i}", f"Hiccup number {i}.", 40 + i)
-        assert done["predicted_rtf"] < 0.9 and done["start_hold_ms"] == 250.0, done   # keeps up: slack only
+        # keeping up, the hold is the slack alone; on a host loaded beyond that (another suite on the
+        # same two cores) the keep-up hold comes on top, and the device must still never run dry
+        assert done["start_hold_ms"] == 250.0 if done["predicted_rtf"] < 0.9 else done["start_hold_ms"] >= 250.0, done
     played, want = wait_played(alsa, _expected(service_pipeline, "Hiccup number 2.", 42))
     assert abs(played - want).max() <= 1e-6
     dev = _device(d)

@@ -18,6 +18,7 @@ from wyoming.client import AsyncClient, AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
+from wyoming.ping import Ping
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from tests.fixtures_service import launch_daemon
@@ -218,6 +219,23 @@ def test_an_error_mid_stream_comes_while_the_stream_is_still_open(wy):
     assert types.count("error") == 1 and types[-2:] == ["audio-stop", "synthesize-stopped"], types
     assert types.count("audio-start") == 1 and "audio-chunk" in types, types
     assert _speaks(wy) == speaks + 1, wy.log()[-2000:]       # one request for the whole stream
+
+
+def test_describe_and_ping_inside_a_stream_are_answered_after_it(wy):
+    """Nothing comes between an utterance's audio-start and its synthesize-stopped but its audio
+    and its errors: a describe and a ping sent inside a stream are answered, in order, right after
+    its synthesize-stopped (the connection's one reply queue holds them until the stream ends)."""
+    _, unix = _uris(wy)
+
+    async def go() -> list[Event]:
+        async with AsyncClient.from_uri(unix) as c:
+            for ev in (SynthesizeStart().event(), SynthesizeChunk(text="今天天气很好。").event(), Describe().event(),
+                       Ping(text="p1").event(), SynthesizeChunk(text="再见。").event(), SynthesizeStop().event()):
+                await c.write_event(ev)
+            return await _read_until(c, ("pong",))
+
+    types = [e.type for e in asyncio.run(go()) if e.type != "audio-chunk"]
+    assert types == ["audio-start", "audio-stop", "synthesize-stopped", "info", "pong"], types
 
 
 def test_a_stream_with_an_unknown_voice_is_answered_read_and_the_connection_goes_on(wy):

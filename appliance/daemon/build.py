@@ -149,7 +149,7 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
         ApplianceError: the load failed (integrity, backend, memory budget, journal, ...).
     """
     cfg, pipeline, fit = _load(cfg, hooks, factory)
-    integrity = IntegrityWatch(getattr(pipeline.runner, "weight_files", ()), cfg.safety.reverify_mib_per_s)
+    integrity = IntegrityWatch(pipeline.runner.weight_files, cfg.safety.reverify_mib_per_s)
     integrity.start()
     checks, reload_failed, start_health = CheckRecord(), ConditionFlag("reload_failed"), None
     if cfg.health.at_start:

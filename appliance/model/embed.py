@@ -4,7 +4,7 @@
 * ``emb_code.N``: Q audio-code tables ``[V, D]``; an audio position's embedding is their sum.
 * ``head_text``, ``head_code.N``: bias-free linear heads. Upstream stores them with weight
   normalisation (``torch.nn.utils.parametrizations.weight_norm``, dim=0: ``W = g * v / ||v||``
-  with the norm over each output row); :func:`fold_weight_norm` turns (g, v) into plain weights
+  with the norm over each output row); :func:`fold_weight_norm_` turns (g, v) into plain weights
   at load (Salimans & Kingma 2016).
 """
 
@@ -17,14 +17,9 @@ from torch import nn
 from .shapes import ModelShapes
 
 
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``g [out, 1]``, ``v [out, in]`` -> ``W = g * v / ||v||_row`` ``[out, in]`` (float32 math)."""
-    return fold_weight_norm_(g.float(), v.float().clone()).to(v.dtype)
-
-
 def fold_weight_norm_(g32: torch.Tensor, v32: torch.Tensor) -> torch.Tensor:
-    """:func:`fold_weight_norm` in place on float32 ``v32`` (no second copy: the loader folds in
-    the destination's rows); returns ``v32``."""
+    """``g32 [out, 1]``, ``v32 [out, in]`` (float32) -> ``W = g * v / ||v||_row`` ``[out, in]``, in
+    place in ``v32`` (no second copy: the loader folds in the destination's rows); returns ``v32``."""
     return v32.div_(v32.norm(dim=1, keepdim=True)).mul_(g32)
 
 

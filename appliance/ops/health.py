@@ -129,8 +129,7 @@ def run_health_check(pipeline: Any, cfg: Config, weights_failure: Optional[str] 
         timer.cancel()
     stats = take.report.stats
     info = pipeline.info
-    fp = measure(memory_kind(str(getattr(info, "device", None) or "cpu")), _device_memory_mib(pipeline) or 0.0,
-                 getattr(info, "context_bytes", 0) / 2**20)
+    fp = measure(memory_kind(info.device or "cpu"), _device_memory_mib(pipeline) or 0.0, info.context_bytes / 2**20)
     memory = round(fp.budget_mib, 1) if fp is not None else None          # counted as the budget counts it
     host = round(fp.host_mib, 1) if fp is not None and fp.host_mib is not None else None
     if host is not None:

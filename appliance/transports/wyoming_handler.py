@@ -26,9 +26,11 @@ connection's writer task empties on the loop::
 
 Audio: 16-bit signed little-endian mono PCM (width 2, channels 1) at 24000 Hz; every audio-chunk
 says so. The audio a client has not read yet is bounded per connection by
-``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`: the one rule for every client): a client that stops reading has the request
-that goes over it cancelled (logged), the rest of its utterance is not spoken, and no other
-request or connection notices. One audio-start / audio-stop pair frames each utterance (also without audio). The
+``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`: the one rule for every client): a
+client that stops reading has the request that goes over it cancelled (logged), the rest of its
+utterance is not spoken, and no other request or connection notices. One audio-start /
+audio-stop pair frames each utterance (also without audio); a ``describe`` or ``ping`` sent
+inside a stream is answered after its ``synthesize-stopped``. The
 ``synthesize`` a client sends inside a stream (Home Assistant does) is ignored. A one-shot text
 over ``service.max_text_chars`` is cut into sentences the same way. With ``wyoming.streaming:
 false`` the text of a stream is collected and spoken at ``synthesize-stop``; so is an SSML stream
@@ -48,11 +50,11 @@ before ``synthesize-stopped``) and the stream goes on; a ``synthesize-start`` wi
 (or malformed) gets its ``error``, the rest of its stream is read and not spoken (no other voice
 speaks in its place: the client asked for that one), ``synthesize-stop`` answers
 ``synthesize-stopped``, and the connection takes the next event (``describe``, another stream).
-``cancelled`` or ``preempted`` (dropped) ends the stream's audio. A request preempted with ``on_preempt: resume``
-restarts from the beginning: the audio the client already has is skipped (same seed, same audio).
-Unknown (well-formed) event types are dropped, as the protocol asks. A client that disconnects has
-its requests cancelled; a long text whose client closed (one-shot, chunk or the rest of a stream)
-stops being prepared at its next sentence. Nothing here can disturb another connection.
+``cancelled`` or ``preempted`` (dropped) ends the stream's audio. A request preempted with
+``on_preempt: resume`` restarts from the beginning: the audio the client already has is skipped
+(same seed, same audio). Unknown (well-formed) event types are dropped, as the protocol asks. A
+client that disconnects has its requests cancelled; a long text whose client closed (one-shot,
+chunk or the rest of a stream) stops being prepared at its next sentence. Nothing here can disturb another connection.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
 from .text_stream import SentenceBuffer
 from .wyoming_context import Context
 from .wyoming_frame import CheckedHandler, FrameError, check_event
-from .wyoming_replies import Fatal, Segment, Speech, Utterance, write_utterance
+from .wyoming_replies import Fatal, ReplyWriter, Segment, Speech, Utterance, UtteranceEnd
 from .wyoming_sink import limit_send_buffer
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,8 @@ class WyomingHandler(CheckedHandler):
         self._tag = uuid.uuid4().hex[:6]
         self._n = 0
         self._loop = asyncio.get_running_loop()
-        self._segments: asyncio.Queue[Segment] = asyncio.Queue()
+        self._segments: asyncio.Queue[Segment] = asyncio.Queue()   # every reply, in order (wyoming_replies)
+        self._held: list[WyEvent] = []           # answers that came inside a stream: after its end
         self._speeches: dict[str, Speech] = {}   # requests without their done/error yet (pruned)
         self.stream = ClientStream(self.name, "Wyoming client", ctx.max_buffered_ms, "wyoming.max_buffered_ms")
         limit_send_buffer(writer, self.name)
@@ -152,14 +155,14 @@ class WyomingHandler(CheckedHandler):
         audio of its open request while that runs (the writer is inside it), else after its requests."""
         req = utt.current
         if req is None or not req.outbox.put((EVENT, error)):    # not after its done / error
-            utt.requests.put_nowait(error)
+            self._segments.put_nowait(error)
 
     async def _handle(self, event: WyEvent) -> None:
         t = event.type
         if Describe.is_type(t):
-            self._segments.put_nowait(self.ctx.info)
+            self._answer(self.ctx.info)
         elif Ping.is_type(t):
-            self._segments.put_nowait(Pong(text=Ping.from_event(event).text).event())
+            self._answer(Pong(text=Ping.from_event(event).text).event())
         elif Synthesize.is_type(t):
             if self._stream is not None:
                 return                      # the whole text again, for servers that do not stream
@@ -206,6 +209,13 @@ class WyomingHandler(CheckedHandler):
             await self._stop_stream()
         else:
             log.debug("%s: ignoring %s event", self.name, t)
+
+    def _answer(self, reply: WyEvent) -> None:
+        """A reply that is no part of an utterance: next, or after the open stream's end."""
+        if self._stream is None:
+            self._segments.put_nowait(reply)
+        else:
+            self._held.append(reply)
 
     async def _start_stream(self, utt: Utterance, voice: Optional[str], ssml: bool = False) -> None:
         if self._stream is not None:         # a new stream without a stop: end the old one first
@@ -256,7 +266,7 @@ class WyomingHandler(CheckedHandler):
             utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
         req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.stream))
-        utt.requests.put_nowait(req)          # its place in the reply order is fixed now
+        self._segments.put_nowait(req)        # its place in the reply order is fixed now
         self._pending()                       # forget the ended ones
         self._speeches[req.id] = req
         c = self.ctx
@@ -273,11 +283,15 @@ class WyomingHandler(CheckedHandler):
             await self._cancel([req.id])
 
     def _end_text(self, utt: Utterance) -> None:
-        """The utterance has all its text: close its open request; no more requests follow."""
+        """The utterance has all its text: close its open request; no more requests follow (then
+        the answers held while it was open)."""
         if utt.current is not None:
             self.ctx.dispatch.close_text(utt.current.id)
             utt.current = None
-        utt.requests.put_nowait(None)
+        self._segments.put_nowait(UtteranceEnd(utt))
+        for reply in self._held:
+            self._segments.put_nowait(reply)
+        self._held.clear()
 
     def _sink(self, req: Speech, ev: Event) -> None:
         """The request's EventSink: any thread -> its outbox, in order with its audio (never
@@ -304,19 +318,12 @@ class WyomingHandler(CheckedHandler):
     # ------------------------------------------------------------------ events out
 
     async def _write_loop(self) -> None:
+        out = ReplyWriter(self.write_event, lambda: self._cancel(self._pending()))
         try:
             while True:
-                seg = await self._segments.get()
-                if isinstance(seg, Fatal):
-                    await self.write_event(seg.event)
+                if not await out.write(await self._segments.get()):
                     await self.stop()
                     return
-                if isinstance(seg, Utterance):
-                    if not await write_utterance(seg, self.write_event, lambda: self._cancel(self._pending())):
-                        await self.stop()
-                        return
-                else:
-                    await self.write_event(seg)
         except (ConnectionError, OSError, RuntimeError) as e:
             log.debug("%s: write failed: %s", self.name, e)
         except asyncio.CancelledError:

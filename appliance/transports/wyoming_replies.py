@@ -1,15 +1,19 @@
 """What one Wyoming connection sends back, in the order the client's events came: the writer's half
 of :mod:`.wyoming_handler`.
 
-The handler queues *segments*: a ready Wyoming event (``info``, ``pong``, an ``error``), an
-:class:`Utterance` (a one-shot ``synthesize`` or a stream), or a :class:`Fatal` (an ``error``
-after which the connection closes). An utterance holds its :class:`Speech` items in order (one
-``speak`` request, another only after the first ended early) and, between them, the ``error`` of
-an event refused while none of them ran; None ends it. A speech's replies are in its
-:class:`~appliance.audio.stream.Outbox`: its events (from the dispatcher's sink) and its
-PCM (float32, from its :class:`~appliance.audio.stream.StreamAudio`; encoded here, 16-bit), in the
-order they happened; an ``error`` of a refused event or sentence can be put among them, so it is
-written at once, between the audio. :func:`write_utterance` turns one utterance into::
+The handler queues *segments* on ONE queue per connection, in the order the client's events
+came: a ready Wyoming event (``info``, ``pong``, an ``error``), a :class:`Fatal` (an ``error``
+after which the connection closes), or an utterance (a one-shot ``synthesize`` or a stream): its
+:class:`Utterance`, then its :class:`Speech` items (one ``speak`` request, another only after the
+first ended early) and, between them, the ``error`` of an event refused while none of them ran,
+then its :class:`UtteranceEnd`. Nothing else comes between an utterance and its end (the handler
+holds a ``describe`` or ``ping`` answer that arrives inside a stream until the stream's end). A
+speech's replies are in its :class:`~appliance.audio.stream.Outbox`: its events (from the
+dispatcher's sink) and its PCM (float32, from its :class:`~appliance.audio.stream.StreamAudio`;
+encoded here, 16-bit), in the order they happened; an ``error`` of a refused event or sentence can
+be put among them, so it is written at once, between the audio. So a reply goes through two
+queues: the connection's, and its request's outbox. :class:`ReplyWriter` turns one utterance
+into::
 
     audio-start, audio-chunk* (16-bit mono PCM at 24000 Hz), [error*],
     audio-stop, [synthesize-stopped: a stream]
@@ -26,8 +30,7 @@ has it).
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Optional, Union
 
 from wyoming.audio import AudioChunk as WyAudioChunk
@@ -64,13 +67,20 @@ class Speech:
 
 @dataclass(eq=False)
 class Utterance:
-    """One one-shot ``synthesize`` or stream: its speeches (and errors between them), None at the end."""
+    """One one-shot ``synthesize`` or stream (its speeches follow it on the connection's queue)."""
 
     streaming: bool
-    requests: asyncio.Queue = field(default_factory=asyncio.Queue)
     ended: bool = False   # cancelled / preempted: the rest is not spoken
     stalled: bool = False   # its client stopped reading (wyoming.max_buffered_ms): no more sentences
     current: Optional[Speech] = None   # the open request its next sentences are added to
+    started: bool = False   # audio-start written (the writer's)
+
+
+@dataclass(frozen=True)
+class UtteranceEnd:
+    """The utterance has all its requests: audio-stop (and synthesize-stopped) once they are written."""
+
+    utt: Utterance
 
 
 @dataclass(frozen=True)
@@ -80,70 +90,86 @@ class Fatal:
     event: WyEvent
 
 
-Segment = Union[WyEvent, Utterance, Fatal]
+Segment = Union[WyEvent, Fatal, Utterance, Speech, UtteranceEnd]
 
 
-async def write_utterance(utt: Utterance, write_event: Callable[[WyEvent], Awaitable[None]],
-                          end_stream: Callable[[], Awaitable[None]]) -> bool:
-    """Forward one utterance (module docstring) with ``write_event``; ``end_stream`` cancels the
-    requests still running when a stream's audio ends. False when the connection must close (a
-    failed one-shot)."""
-    started = False
-    while (req := await utt.requests.get()) is not None:
-        if isinstance(req, WyEvent):          # an error while none of its speeches ran
-            await write_event(req)
-            if not utt.streaming:             # a refused sentence of a one-shot ends it
-                return False
-            continue
+class ReplyWriter:
+    """Writes a connection's segments (module docstring) with ``write_event``, one at a time, in
+    order; ``end_stream`` cancels the requests still running when a stream's audio ends."""
+
+    def __init__(self, write_event: Callable[[WyEvent], Awaitable[None]],
+                 end_stream: Callable[[], Awaitable[None]]) -> None:
+        self.write_event, self.end_stream = write_event, end_stream
+        self.utt: Optional[Utterance] = None    # the utterance being written
+
+    async def write(self, seg: Segment) -> bool:
+        """Write ``seg``; False when the connection must close (a :class:`Fatal`, a failed one-shot)."""
+        if isinstance(seg, Fatal):
+            await self.write_event(seg.event)
+            return False
+        if isinstance(seg, Utterance):
+            self.utt = seg
+            return True
+        utt = self.utt
+        if isinstance(seg, UtteranceEnd):
+            self.utt = None
+            if not seg.utt.started:
+                await self.write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
+            await self.write_event(AudioStop().event())
+            if seg.utt.streaming:
+                await self.write_event(SynthesizeStopped().event())
+            return True
+        if isinstance(seg, Speech):
+            assert utt is not None, "a speech outside its utterance"
+            return await self._speech(utt, seg)
+        await self.write_event(seg)            # a reply, or an error while none of the speeches ran
+        return utt is None or utt.streaming    # a refused sentence of a one-shot ends it
+
+    async def _speech(self, utt: Utterance, req: Speech) -> bool:
+        """Forward one speech's outbox up to its done / error."""
         while True:
             item = await req.outbox.get()
             if item[0] == AUDIO:
                 _, sink, pcm, n = item
                 if not utt.ended:
-                    started = await _write_audio(req, to_int16(pcm).tobytes(), started, write_event)
+                    await _write_audio(utt, req, to_int16(pcm).tobytes(), self.write_event)
                 sink.written(n)               # after its drain: it no longer counts against the bound
                 continue
             _, ev = item
             if isinstance(ev, WyEvent):       # a refused event or sentence, not the speech's end
-                await write_event(ev)
+                await self.write_event(ev)
                 if not utt.streaming:
                     return False
             elif isinstance(ev, Preempted) and ev.action == "resume":
                 req.skip = req.sent           # it starts again from the beginning: same audio
             elif isinstance(ev, Done):
-                break
+                return True
             elif isinstance(ev, ErrorEvent):
                 if utt.ended:
-                    break
+                    return True
                 text = ev.message if ev.code != "internal" else "the server failed to speak this text (its log has the details)"
-                await write_event(Error(text=text, code=ev.code).event())
+                await self.write_event(Error(text=text, code=ev.code).event())
                 if not utt.streaming:
                     return False
                 if ev.code in ENDS_STREAM:
                     utt.ended = True
-                    await end_stream()        # its later sentences
-                break
-    if not started:
-        await write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
-    await write_event(AudioStop().event())
-    if utt.streaming:
-        await write_event(SynthesizeStopped().event())
-    return True
+                    await self.end_stream()   # its later sentences
+                return True
 
 
-async def _write_audio(req: Speech, data: bytes, started: bool,
-                       write_event: Callable[[WyEvent], Awaitable[None]]) -> bool:
-    """Write one chunk of ``req``'s audio (after audio-start, once); returns ``started``."""
+async def _write_audio(utt: Utterance, req: Speech, data: bytes,
+                       write_event: Callable[[WyEvent], Awaitable[None]]) -> None:
+    """Write one chunk of ``req``'s audio (after the utterance's audio-start, once)."""
     if req.skip:
         cut = min(req.skip, len(data))
         data, req.skip = data[cut:], req.skip - cut
     if not data:
-        return started
-    if not started:
+        return
+    if not utt.started:
         await write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS).event())
+        utt.started = True
     await write_event(WyAudioChunk(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS, audio=data).event())
     req.sent += len(data)
-    return True
 
 
-__all__ = ["Speech", "Utterance", "Fatal", "Segment", "write_utterance", "WIDTH", "CHANNELS"]
+__all__ = ["Speech", "Utterance", "UtteranceEnd", "Fatal", "Segment", "ReplyWriter", "WIDTH", "CHANNELS"]
