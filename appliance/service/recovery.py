@@ -166,7 +166,7 @@ class Recovery:
             with self._lock:
                 self.replays[e.id] = r
             if origin is not None:
-                origin(Replayed(id=e.id, channel=str(e.req.get("channel") or ""), state="queued"), None)
+                origin(Replayed(id=e.id, channel=str(e.req.get("channel") or ""), state="queued"))
             try:
                 await resubmit(speak, str(e.req.get("channel") or ""), r.sink, e.n)
             except ApplianceError as err:
