@@ -149,8 +149,10 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
         evs = d.request({"type": "speak", "text": "还是满的", "seed": 3, "id": "full-again", "params": short})
         assert evs[0].get("not_crash_safe") and evs[-1]["type"] == "done", evs
         assert names(d.request({"type": "status"})[0]) == {"storage_degraded", "wav_unwritable"}
-        (small_fs / "filler").unlink()                              # space again: journaled, healthy again
-        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})
+        (small_fs / "filler").unlink()                              # space again: healthy with no request ...
+        wait_for(lambda: d.request({"type": "status"})[0]["health"] == "healthy", 20, "healthy again",
+                 show=lambda: d.request({"type": "status"})[0]["conditions"])
+        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})   # ... journaled
         assert evs[-1]["type"] == "done" and not evs[0].get("not_crash_safe"), evs
         (st,) = d.request({"type": "status"})
         assert st["health"] == "healthy" and st["conditions"] == [], st
