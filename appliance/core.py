@@ -173,8 +173,8 @@ class Condition:
 
     Attributes:
         name: what it is, a stable key for machines (``throttled``, ``device_missing``,
-            ``storage_degraded``, ``reload_failed``, ``integrity``, ``audio_reference``,
-            ``engine_fallback``, ...).
+            ``storage_degraded``, ``wav_unwritable``, ``reload_failed``, ``integrity``,
+            ``audio_reference``, ``engine_fallback``, ...).
         reason: one line for a person, readable alone (what was seen and what the box does).
         since: when it began, ``time.monotonic()`` s (the wire form shows its age, ``for_s``).
         severity: :data:`DEGRADED` or :data:`UNHEALTHY`.

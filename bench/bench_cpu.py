@@ -2,7 +2,7 @@
 ``appliance.engines.select`` picks), its warm-up, decode loop, vocoder windows and chunk schedule.
 
 Measures for one tree (this checkout, or ``--tree DIR``: e.g. a checkout of the commit before a
-change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.py):
+change, for a side-by-side run; trees before the one-generation-path redesign are refused):
 
 * ``load_s`` / ``warmup_s``: ``Pipeline.from_config`` and ``Pipeline.warmup``;
 * ``ms_per_step``: decode steps alone at B=1 (``DecodeLoop.step`` incl. sampling), median of 100;
@@ -15,7 +15,7 @@ change, for a side-by-side run; the pre-redesign API is mapped as in bench_gpu.p
   bytes; ``bandwidth_frac`` = bytes / step / bandwidth; ``baseline_ms_per_step``: ``--baseline-ms``
   (upstream's loop in the same session, ``bench/bench_upstream_cpu.py``).
 * ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
-* ``stages``: where the RTF utterance's time went, seconds per second of audio (this tree only):
+* ``stages``: where the RTF utterance's time went, seconds per second of audio:
   ``in_pipeline`` as timed inside the run (``gpt``: the runner's decode passes; ``sampling``: the
   rest of its step, the numpy sampler and its bookkeeping; ``prefill``; ``vocoder``: the windows,
   Decoder + Vocos + inverse STFT; ``glue``: the wall time outside them: the batch engine, the
@@ -53,15 +53,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = "今天天气很好，我们去公园散步吧。"
 
 
-def _import_tree(tree: str | None):
+def _import_tree(tree: str | None) -> None:
+    """Import ``appliance`` from ``tree`` (default this checkout).
+
+    Raises:
+        SystemExit: the tree predates the one-generation-path redesign (no ``appliance.core``).
+    """
     sys.path.insert(0, tree or str(ROOT))
     if tree:   # an editable install of another tree must not fill in missing modules
         sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
     try:
         from appliance.core import SynthesisRequest  # noqa: F401
-        return False
-    except ImportError:
-        return True
+    except ImportError as e:
+        raise SystemExit(f"{tree or ROOT} has no appliance.core.SynthesisRequest: a tree before the "
+                         f"one-generation-path redesign, which this bench no longer runs ({e})") from e
 
 
 def host_read_gbps(threads: int, mib: int = 512, reps: int = 7) -> float:
@@ -175,20 +180,13 @@ class StageClock:
                 "rtf_over_sum": round(wall / audio_s / total, 3), "windows": len(pushes), "steps": steps}
 
 
-def run(args, legacy: bool) -> dict:
+def run(args) -> dict:
     from appliance.config import config_from_dict
+    from appliance.core import SynthesisRequest as Req
+    from appliance.core import SynthParams
+    from appliance.synth.decode_loop import Sequence
+    from appliance.synth.pipeline import Pipeline
 
-    if legacy:
-        from appliance.tts.generate import Sequence
-        from appliance.tts.pipeline import Pipeline
-
-        from appliance.messages.protocol import Speak as Req
-        from appliance.messages.protocol import SynthParams
-    else:
-        from appliance.core import SynthesisRequest as Req
-        from appliance.core import SynthParams
-        from appliance.synth.decode_loop import Sequence
-        from appliance.synth.pipeline import Pipeline
     model = {"path": args.checkpoint, "backend": args.backend, "device": "cpu", "max_batch": 3, "max_seq_len": 2048,
              "threads": args.threads}
     if args.precision != "auto":
@@ -196,9 +194,7 @@ def run(args, legacy: bool) -> dict:
     if args.engine_dir:
         model["engine_dir"] = args.engine_dir
     model.update(json.loads(args.model))
-    data = {"model": model, "synthesis": {"max_new_tokens": max(args.steps, 200)}}
-    if not legacy:
-        data["stream"] = {"lookahead": args.lookahead}
+    data = {"model": model, "synthesis": {"max_new_tokens": max(args.steps, 200)}, "stream": {"lookahead": args.lookahead}}
     cfg = config_from_dict(data)
     t = time.perf_counter()
     pipe = Pipeline.from_config(cfg)
@@ -207,7 +203,7 @@ def run(args, legacy: bool) -> dict:
     pipe.warmup()
     warmup_s = time.perf_counter() - t
 
-    clock = StageClock(pipe) if not legacy else None
+    clock = StageClock(pipe)
 
     def ttfb_once(i, steps=60):
         t0 = time.perf_counter()
@@ -236,17 +232,16 @@ def run(args, legacy: bool) -> dict:
     loop.leave(seq)
     # a whole utterance: RTF
     job = pipe.prepare(Req(text=SENTENCE, id="rtf", seed=2, params=SynthParams(min_new_tokens=args.steps, max_new_tokens=args.steps)))
-    if clock is not None:
-        clock.reset()
+    clock.reset()
     t = time.perf_counter()
     run = pipe.run(job)
-    samples = sum((c.size if legacy else c.samples.size) for c in run)
+    samples = sum(c.samples.size for c in run)
     wall = time.perf_counter() - t
-    st = job.stats if legacy else run.report.stats      # an older tree's job kept its stats
+    st = run.report.stats
     info = pipe.info
-    stages = clock.breakdown(wall, samples / 24000, job, st.steps, Sequence) if clock is not None else None
-    three = _three(pipe, Req, SynthParams, args.steps) if args.three and not legacy else {}
-    la = "exact (pre-redesign)" if legacy else pipe.describe_lookahead()
+    stages = clock.breakdown(wall, samples / 24000, job, st.steps, Sequence)
+    three = _three(pipe, Req, SynthParams, args.steps) if args.three else {}
+    la = pipe.describe_lookahead()
     pipe.close()
     return {"backend": info.backend, "precision": info.precision, "batch": 1,
             "ms_per_step": round(1e3 * statistics.median(ts), 2), "steps_per_s": round(1 / statistics.median(ts), 2),
@@ -286,8 +281,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200, help="decode steps of the RTF utterance (EOS masked)")
     ap.add_argument("--ttfb-runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--precision", default="auto", help="model.onnx_precision (this tree only): auto, int8, int4, fp32")
-    ap.add_argument("--model", default="{}", help='extra model.* settings as JSON (this tree), e.g. \'{"spin_wait": true}\'')
+    ap.add_argument("--precision", default="auto", help="model.onnx_precision: auto, int8, int4, fp32")
+    ap.add_argument("--model", default="{}", help='extra model.* settings as JSON, e.g. \'{"spin_wait": true}\'')
     ap.add_argument("--three", action="store_true", help="also three requests one after another and at once")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--label", default="")
@@ -295,11 +290,11 @@ def main() -> int:
                     help="upstream's GPT loop, ms per step at B=1, measured in the same session (bench_upstream_cpu.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    legacy = _import_tree(args.tree)
+    _import_tree(args.tree)
     load0 = os.getloadavg()[0]
     threads = args.threads or len(os.sched_getaffinity(0))
     gbps0 = host_read_gbps(threads)
-    r = run(args, legacy)
+    r = run(args)
     gbps = max(gbps0, host_read_gbps(threads))
     wbytes = gpt_weight_bytes(args.engine_dir, r["precision"], r["backend"]) if args.backend != "torch" else None
     today = dt.date.today().isoformat()

@@ -24,10 +24,15 @@ export of the same checkpoint):
   front end maps them to compressed-weight fully connected layers with int8 dynamic quantization of
   the activations), inputs and cache shared with numpy (no copy);
 * ``llama-<type>`` (``llama-q8_0``, ``llama-q4_k_m``, ...): llama.cpp on ``--llama``'s
-  ``<type>/gpt.gguf`` (``chattts-appliance engines export --precision <type>``), F16 KV cache.
+  ``<type>/gpt.gguf`` (``chattts-appliance engines export --precision <type>``), F16 KV cache;
+  ``-kvq8`` appended: a q8_0 KV cache (flash attention); ``-split``: one ``llama_decode`` per row
+  instead of one for all rows (e.g. ``llama-q8_0-split-kvq8``).
 
 Appends one record per candidate, position and batch (``bench: gpt_step``, with the ratio to the
-first candidate's step in the same rounds and the 1-min load average over them) to ``--out``
+first candidate's step in the same rounds, the process's CPU time per step beside the wall time
+(``cpu_ms_per_step``: the least of the rounds' medians, all the process's threads; on a host shared
+with other busy processes it moves far less than the wall time) and the 1-min load average over
+them) to ``--out``
 (default ``bench/results/gpt-step-<date>-<machine>.json``).
 """
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -19,9 +20,9 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.fixtures_service import alsa_home, launch_daemon, service_config
+from tests.fixtures_service import ROOT, alsa_home, launch_daemon, service_config
 from tests.test_integrity import corrupt_behind_header
-from tests.waits import wait_for
+from tests.waits import wait_for, wait_log
 
 
 def _fails_to_start(tmp, cfg, **kw) -> str:
@@ -83,6 +84,16 @@ def small_fs(tmp_path):
     subprocess.run(["umount", "-l", str(d)], check=False)
 
 
+def names(st: dict) -> set:
+    """The names of the health conditions in a ``status`` or ``health`` reply."""
+    return {c["name"] for c in st["conditions"]}
+
+
+def reason(st: dict, name: str) -> str:
+    """The reason of condition ``name`` in a ``status`` or ``health`` reply."""
+    return next(c["reason"] for c in st["conditions"] if c["name"] == name)
+
+
 def fill(fs) -> None:
     """Take every free byte of the file system ``fs`` with ``fallocate`` (one file, ``filler``)."""
     st = os.statvfs(fs)
@@ -116,9 +127,9 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
                 break
         assert unsafe is not None and "No space left on device" in unsafe["not_crash_safe"], unsafe
         assert "service.spool_dir" in unsafe["not_crash_safe"]
-        (st,) = d.request({"type": "status"})                       # health names it
-        assert st["health"] == "degraded" and [c["name"] for c in st["conditions"]] == ["storage_degraded"], st
-        assert "No space left on device" in st["conditions"][0]["reason"]
+        (st,) = d.request({"type": "status"})                       # health names it (and the WAV fallback's disk)
+        assert st["health"] == "degraded" and names(st) == {"storage_degraded", "wav_unwritable"}, st
+        assert "No space left on device" in reason(st, "storage_degraded")
         done = c.events(("done", "error"))[-1]                      # the running one plays to its end
         assert done["type"] == "done" and done["id"] == "keep-1", done
         c.close()
@@ -137,9 +148,11 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
     try:
         evs = d.request({"type": "speak", "text": "还是满的", "seed": 3, "id": "full-again", "params": short})
         assert evs[0].get("not_crash_safe") and evs[-1]["type"] == "done", evs
-        assert [c["name"] for c in d.request({"type": "status"})[0]["conditions"]] == ["storage_degraded"]
-        (small_fs / "filler").unlink()                              # space again: journaled, healthy again
-        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})
+        assert names(d.request({"type": "status"})[0]) == {"storage_degraded", "wav_unwritable"}
+        (small_fs / "filler").unlink()                              # space again: healthy with no request ...
+        wait_for(lambda: d.request({"type": "status"})[0]["health"] == "healthy", 20, "healthy again",
+                 show=lambda: d.request({"type": "status"})[0]["conditions"])
+        evs = d.request({"type": "speak", "text": "又可以了", "seed": 3, "id": "ok-1", "params": short})   # ... journaled
         assert evs[-1]["type"] == "done" and not evs[0].get("not_crash_safe"), evs
         (st,) = d.request({"type": "status"})
         assert st["health"] == "healthy" and st["conditions"] == [], st
@@ -147,20 +160,31 @@ def test_a_full_disk_never_silences_the_box_and_a_request_is_never_replayed_twic
         assert d.stop() == 0, d.log()[-3000:]
 
 
+#: health check thresholds no loaded test machine misses: only the conditions under test show
+LENIENT = {"at_start": False, "max_rtf": 100.0, "max_ttfb_ms": 60000.0, "max_memory_mib": 1e6}
+
+
 def test_a_wav_request_on_a_full_disk_fails_with_no_space_and_leaves_no_file(tiny_ckpt, tmp_path, small_fs):
-    """WAV output to a full tmpfs: the request ends ``no_space`` naming audio.wav_dir (no
-    traceback), no ``<id>.wav`` and no ``.part`` is left; with space again the next one is written."""
+    """WAV output to a full tmpfs: health says ``wav_unwritable`` (unhealthy: WAV is the output)
+    before any request fails; the request ends ``no_space`` naming audio.wav_dir (no traceback),
+    no ``<id>.wav`` and no ``.part`` is left; space again: healthy at once, the next one is written."""
     cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "wav", "wav_dir": str(small_fs / "wav")},
-                         synthesis={"max_new_tokens": 150, "min_new_tokens": 150})
+                         synthesis={"max_new_tokens": 150, "min_new_tokens": 150}, health=LENIENT)
     d = launch_daemon(tmp_path / "d", cfg)
     try:
         (small_fs / "wav").mkdir(exist_ok=True)
+        assert d.request({"type": "status"})[0]["health"] == "healthy"
         fill(small_fs)
+        (h,) = d.request({"type": "health"}, until=("health", "error"))
+        assert h["verdict"] == "unhealthy" and names(h) == {"wav_unwritable"}, h
+        assert "the disk is full" in reason(h, "wav_unwritable") and str(small_fs / "wav") in reason(h, "wav_unwritable")
         evs = d.request({"type": "speak", "text": "写不下了。", "seed": 1, "id": "nospace-1"})
         assert evs[-1]["type"] == "error" and evs[-1]["code"] == "no_space", evs
         assert "No space left on device" in evs[-1]["message"] and "audio.wav_dir" in evs[-1]["message"]
         assert sorted(p.name for p in (small_fs / "wav").iterdir()) == []
         (small_fs / "filler").unlink()
+        (st,) = d.request({"type": "status"})                       # no request needed to see it
+        assert st["health"] == "healthy" and st["conditions"] == [], st
         evs = d.request({"type": "speak", "text": "又可以了。", "seed": 2, "id": "space-1"})
         assert evs[-1]["type"] == "done" and evs[-1]["output"].endswith("space-1.wav"), evs
     finally:
@@ -224,3 +248,37 @@ def test_a_stalled_synthesis_is_ended_and_the_worker_keeps_serving(tiny_config, 
         w.stop(10)
         audio.close()
         p.close()
+
+
+def test_a_read_only_wav_directory_degrades_the_device_fallback_and_clears_when_writable(tiny_ckpt, tmp_path, small_fs):
+    """The sound device plays; its fallback's WAV directory is on a tmpfs remounted read-only
+    while the daemon runs: health says ``wav_unwritable`` (degraded: requests still play), in
+    ``status``, the ``health`` request and the ``health`` command; remounted read-write, it clears
+    with no request in between."""
+    alsa = alsa_home(tmp_path / "home", tmp_path / "played.raw")
+    cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "device", "on_device_error": "wav",
+                                                     "wav_dir": str(small_fs / "wav")}, health=LENIENT)
+    d = launch_daemon(tmp_path / "d", cfg, alsa=alsa)
+    short = {"min_new_tokens": 5, "max_new_tokens": 5}
+    try:
+        assert d.request({"type": "status"})[0]["health"] == "healthy"
+        subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+        (st,) = d.request({"type": "status"})
+        assert st["health"] == "degraded" and names(st) == {"wav_unwritable"}, st
+        assert "read-only file system" in reason(st, "wav_unwritable")
+        assert "audio.on_device_error: wav" in reason(st, "wav_unwritable")
+        evs = d.request({"type": "speak", "text": "还在说话", "seed": 2, "id": "ro-1", "params": short})
+        assert evs[-1]["type"] == "done" and evs[-1]["output"].startswith("device:"), evs
+        (h,) = d.request({"type": "health"}, until=("health", "error"))
+        assert h["verdict"] == "degraded" and names(h) == {"wav_unwritable"}, h
+        cli = subprocess.run([sys.executable, "-m", "appliance", "health", "--socket", str(d.socket)], cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 1 and "wav_unwritable" in cli.stdout, cli.stdout
+        wait_log(d.log, "health: wav_unwritable: ", 20)           # the verdict's watch (STATUS=, MQTT) saw it
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+        (st,) = d.request({"type": "status"})
+        assert st["health"] == "healthy" and st["conditions"] == [], st
+        wait_log(d.log, "health: wav_unwritable cleared", 20)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=False)
+        assert d.stop() == 0, d.log()[-3000:]

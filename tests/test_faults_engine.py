@@ -141,3 +141,34 @@ def test_nothing_can_run_exits_once_with_a_status_systemd_does_not_restart(tmp_p
     if shutil.which("systemd-analyze"):
         r = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True)
         assert "RestartPreventExitStatus" not in r.stderr, r.stderr
+
+
+def unit_setting(key: str) -> str:
+    """The value of ``key=`` in the unit's file (the last one wins, as in systemd)."""
+    return re.findall(rf"^{key}=(.*)$", UNIT.read_text(), re.M)[-1].strip()
+
+
+def test_a_read_only_cache_directory_starts_ready_and_leaves_nothing_to_restart(tiny_ckpt, tmp_path, read_only_fs,
+                                                                                 notify_socket):
+    """Under the unit's settings: systemd hands the daemon its cache directory (``CacheDirectory=``,
+    ``$CACHE_DIRECTORY``), here on a read-only tmpfs; ``Type=notify``: the start succeeded once
+    ``READY=1`` arrives; ``Restart=on-failure``. The daemon logs that it runs without a cache,
+    sends ``READY=1``, is healthy (nothing it needs to speak is missing), speaks, and exits 0 at
+    SIGTERM: no failure for systemd to restart."""
+    assert unit_setting("Type") == "notify" and unit_setting("Restart") == "on-failure"
+    ro, seal = read_only_fs
+    (ro / "cache").mkdir()
+    seal()
+    cfg = service_config(tiny_ckpt, tmp_path, safety={"cache_dir": str(ro / "cache")})
+    d = launch_daemon(tmp_path / "d", cfg, env={"CACHE_DIRECTORY": str(ro / "cache")})
+    try:
+        notify_socket.wait_for("READY", timeout=120)
+        (st,) = d.request({"type": "status"})
+        assert st["health"] == "healthy" and st["conditions"] == [], st
+        _speaks(d)
+    finally:
+        rc = d.stop()
+    assert rc == 0, d.log()[-3000:]
+    log = d.log()
+    assert "safety.cache_dir: directory" in log and "is on a read-only file system" in log
+    assert "the box starts anyway: running without a cache" in log

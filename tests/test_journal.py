@@ -14,7 +14,7 @@ import pytest
 
 from appliance.config import JournalConfig
 from appliance.errors import JournalError
-from appliance.service.journal import FILE, Journal
+from appliance.service.journal import FILE, RETRY_S, Journal
 from appliance.service.records import Stamp, decode, encode
 from appliance.service.recovery import Recovery
 
@@ -142,6 +142,30 @@ def test_a_full_disk_is_reported_ends_are_marked_in_place_and_nothing_is_replaye
     assert j.condition is None
     rec = Journal(small_fs / "spool").open()           # no partial record was left behind
     assert rec.torn == 0 and rec.corrupt == 0 and rec.pending[-1].n == n and set(rec.finished) >= {"r0", "r1"}
+
+
+def test_storage_degraded_clears_when_the_disk_takes_writes_again_without_a_request(small_fs):
+    """Health reads the journal's condition every second: while it is set, a compaction is tried
+    at most every ``RETRY_S`` (the clock here is the test's), so ``storage_degraded`` clears once
+    space returns, not only at the next request; nothing accepted is lost by the attempts."""
+    now = [1000.0]
+    j = Journal(small_fs / "spool", clock=lambda: now[0])
+    j.open()
+    n0 = j.accept(_req(0))
+    fill(small_fs)
+    late = []
+    with pytest.raises(JournalError):
+        for i in range(1, 200):
+            late.append(j.accept(_req(i, "字" * 500)))
+    (c,) = j.conditions()                              # tried at once: still full
+    assert c.name == "storage_degraded" and "No space left on device" in c.reason, c
+    (small_fs / "filler").unlink()
+    assert [x.name for x in j.conditions()] == ["storage_degraded"]      # not again before RETRY_S
+    now[0] += RETRY_S
+    assert j.conditions() == () and j.condition is None                  # compacted: writes again
+    assert not (small_fs / "spool" / (FILE + ".tmp")).exists()
+    j.close()
+    assert [e.n for e in Journal(small_fs / "spool").open().pending] == [n0] + late
 
 
 def test_a_read_only_journal_replays_nothing_and_an_unreadable_one_is_set_aside(tmp_path):

@@ -42,6 +42,18 @@ def test_fits_as_configured():
     assert g.action == "fits" and g.footprint_mib == 1200.0
 
 
+def test_llama_cpp_kv_cache_is_counted_once_and_the_context_resizable():
+    """llama.cpp clears its KV cache at load (resident, in the RSS measured after warm-up): not
+    added again; over the budget the context is opened smaller (the GGUF fixes no length)."""
+    import dataclasses
+
+    info = dataclasses.replace(_info(kvpt=61440), backend="llama.cpp", precision="q8_0")   # 360 MiB at 3 x 2048
+    f = plan_fit(950.0, 0.0, info, 1500.0, 256)
+    assert f.action == "fits" and f.footprint_mib == 950.0
+    g = plan_fit(1600.0, 0.0, info, 1500.0, 256)   # 1600 - 360 MiB + 3 x 1472 positions (259 MiB) fit 1500
+    assert g.action == "shrink" and (g.max_seq_len, g.max_batch) == (1472, 3)
+
+
 def test_shrinks_max_seq_len_first_then_max_batch():
     f = plan_fit(1000.0, 0.0, _info(), 1500.0, 256)         # 1000 + 720 > 1500: 500 MiB left for KV
     assert f.action == "shrink" and f.max_batch == 3 and f.max_seq_len == 1408

@@ -1,13 +1,16 @@
 """WAV output durability and retention, on real files in a real directory: a file appears under
 its name only once complete (``.part`` + fsync + rename), a crash's ``.part`` is removed at the
 next start, and the oldest ``<id>.wav`` files beyond ``service.wav_keep_files`` /
-``service.wav_max_mib`` are deleted, never anything else."""
+``service.wav_max_mib`` are deleted, never anything else. A WAV directory that cannot be written
+(full, read-only, a write that fails) is health's ``wav_unwritable`` until it can be again."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
+import uuid
 import wave
 from pathlib import Path
 
@@ -23,8 +26,10 @@ from appliance.audio.wav import (
     read_wav,
     remove_partials,
 )
+from appliance.audio.wavdir import PROBE_NAME, PROBE_S, WavDirHealth
 from appliance.config import config_from_dict
-from appliance.errors import ConfigError
+from appliance.core import UNHEALTHY
+from appliance.errors import AudioDeviceError, ConfigError, NoSpaceError
 from tests.fixtures_service import service_config
 from tests.waits import wait_for
 
@@ -197,3 +202,82 @@ def test_daemon_cleans_up_at_start_and_keeps_its_wav_dir_bounded(tiny_ckpt, tmp_
     y, rate = read_wav(out)
     assert rate == 24000 and abs(len(y) / 24000 - evs[-1]["audio_s"]) < 1e-3
     assert sorted(os.listdir(wav)) == ["keep me.wav", "old2.wav", "w1.wav"]
+
+
+# ------------------------------------------------------------------ the WAV directory in health
+
+
+@pytest.fixture
+def wav_fs(tmp_path):
+    """``(path, remount)``: a real 1 MiB tmpfs (root only; skipped otherwise); ``remount("ro")``
+    / ``remount("rw")`` flips it read-only and back."""
+    d = tmp_path / "fs"
+    d.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"wv-{uuid.uuid4().hex[:6]}", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield d, lambda how: subprocess.run(["mount", "-o", f"remount,{how}", str(d)], check=True)
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_the_wav_directory_is_a_condition_that_clears_when_it_is_writable_again(wav_fs):
+    """On a real tmpfs: a directory that does not exist yet is judged by where it would be made;
+    a full disk, a read-only remount and a failure only a write meets (the file's name taken by a
+    directory) each hold, and each clears once WAV files can be written again, without a request:
+    a probe write at once after the file system looked wrong, else after ``PROBE_S``."""
+    fs, remount = wav_fs
+    now = [100.0]
+    h = WavDirHealth(fs / "wav", clock=lambda: now[0])
+    assert h.problem() is None and h.condition(UNHEALTHY, "x") is None          # made by the first writer
+    w = WavWriter(fs / "wav" / "a.wav", health=h)
+    w.write(PCM)
+    w.close()
+
+    subprocess.run(["fallocate", "-l", str(os.statvfs(fs).f_bfree * os.statvfs(fs).f_frsize), str(fs / "filler")],
+                   check=True)
+    c = h.condition(UNHEALTHY, "requests end with no_space")
+    assert c.name == "wav_unwritable" and c.severity == UNHEALTHY and "the disk is full (0 KiB free)" in c.reason, c
+    with pytest.raises(NoSpaceError):
+        WavWriter(fs / "wav" / "b.wav", health=h).write(np.tile(PCM, 100))
+    (fs / "filler").unlink()
+    assert h.problem() is None and h.condition(UNHEALTHY, "x") is None           # probed at once: clear
+    assert not (fs / "wav" / PROBE_NAME).exists()
+
+    remount("ro")
+    try:
+        assert "is on a read-only file system" in h.problem()
+    finally:
+        remount("rw")
+    assert h.problem() is None
+
+    (fs / "wav" / ".c.wav.part").mkdir()                                      # only a write meets this one
+    with pytest.raises(AudioDeviceError):
+        WavWriter(fs / "wav" / "c.wav", health=h)
+    assert "cannot write WAV file" in h.problem()
+    now[0] += PROBE_S - 0.1
+    assert "cannot write WAV file" in h.problem()                              # no probe before PROBE_S
+    now[0] += 0.2
+    assert h.problem() is None                                                 # the probe wrote: the directory is fine
+    with pytest.raises(AudioDeviceError):
+        WavWriter(fs / "wav" / "c.wav", health=h)
+    w = WavWriter(fs / "wav" / "d.wav", health=h)
+    w.write(PCM)
+    w.close()
+    assert h.problem() is None                                                 # a file written clears it too
+
+
+def test_audio_output_names_the_wav_directory_where_wav_is_the_output(wav_fs, tmp_path):
+    fs, remount = wav_fs
+    out = AudioOutput(config_from_dict({"audio": {"output": "wav", "wav_dir": str(fs / "wav")}}, base_dir=str(tmp_path)))
+    out.start()
+    assert out.conditions() == ()
+    remount("ro")
+    try:
+        (c,) = out.conditions()
+        assert (c.name, c.severity) == ("wav_unwritable", UNHEALTHY) and str(fs / "wav") in c.reason, c
+    finally:
+        remount("rw")
+    assert out.conditions() == ()

@@ -64,6 +64,7 @@ from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
 from .volume import Volume
 from .wav import MIB, WavRetention, remove_partials, wav_path
+from .wavdir import WavDirHealth
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class AudioOutput:
         self.volume = Volume.from_config(cfg)
         self.wav_dir = cfg.resolve(cfg.audio.wav_dir)
         self.retention = WavRetention(cfg.service.wav_keep_files, int(cfg.service.wav_max_mib * MIB))
+        self.wav_health = WavDirHealth(self.wav_dir)
         self.mode = "wav"
         self.reason = ""
         self.devices: dict[Optional[str], DeviceOutput] = {}
@@ -186,7 +188,8 @@ class AudioOutput:
             dev = self.devices.get(self._device_query(channel)[0])
             if dev is not None and (dev.ok or self._try(dev, beat)):
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
-                                    on_wait=self._hold, retention=self.retention, on_sounding=on_sounding)
+                                    on_wait=self._hold, retention=self.retention, on_sounding=on_sounding,
+                                    wav_health=self.wav_health)
             fault = dev.fault if dev is not None and dev.fault is not None else DeviceLostError("no sound device")
             if policy == "fail":
                 raise type(fault)(str(fault))
@@ -198,9 +201,10 @@ class AudioOutput:
                 log.warning("request %s waits for the device (audio.on_device_error: wait): %s", request_id, fault)
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
                                     on_wait=self._hold, wait_from_start=True, retention=self.retention,
-                                    on_sounding=on_sounding)
+                                    on_sounding=on_sounding, wav_health=self.wav_health)
             log.warning("request %s: writing %s: %s", request_id, wav, fault)
-        return RequestAudio(request_id, wav, None, retention=self.retention, on_sounding=on_sounding)
+        return RequestAudio(request_id, wav, None, retention=self.retention, on_sounding=on_sounding,
+                            wav_health=self.wav_health)
 
     def _try(self, dev: DeviceOutput, beat: Optional[Callable[[], None]]) -> bool:
         """Open a device that is down now (a request needs it): lists the devices again when that
@@ -219,10 +223,13 @@ class AudioOutput:
         return False
 
     def conditions(self) -> tuple[Condition, ...]:
-        """Health's view of the devices (a :data:`~appliance.core.ConditionSource`): per device
-        that is down, ``device_busy`` (degraded) or ``device_missing`` (unhealthy: the box is mute
-        there), naming its channels, what was looked for and found, and where their requests go."""
-        out = []
+        """Health's view of the devices and the WAV directory (a :data:`~appliance.core.ConditionSource`):
+        per device that is down, ``device_busy`` (degraded) or ``device_missing`` (unhealthy: the
+        box is mute there), naming its channels, what was looked for and found, and where their
+        requests go; ``wav_unwritable`` while WAV files cannot be written in ``audio.wav_dir``
+        (:mod:`~appliance.audio.wavdir`) where they are the output (unhealthy: WAV requests fail)
+        or a device's fallback (``audio.on_device_error: wav``, degraded); it clears when they can."""
+        out = list(self._wav_condition())
         for q, dev in list(self.devices.items()):
             fault = dev.fault
             if fault is None:
@@ -234,6 +241,16 @@ class AudioOutput:
                                  f"channel {chans}: {fault}; its requests: {self._fallback()}",
                                  self._since.setdefault(q, time.monotonic()), DEGRADED if busy else UNHEALTHY))
         return tuple(out)
+
+    def _wav_condition(self) -> tuple[Condition, ...]:
+        if self.mode == "wav":
+            sev, then = UNHEALTHY, "requests end with no_space or audio_device instead of being written"
+        elif self.cfg.audio.on_device_error == "wav":
+            sev, then = DEGRADED, "a request whose sound device fails ends with an error (audio.on_device_error: wav)"
+        else:
+            return ()
+        c = self.wav_health.condition(sev, then)
+        return () if c is None else (c,)
 
     def status(self, channel: str) -> dict:
         """Output state of ``channel`` for StatusReply: ``output`` (device/wav, or where its requests

@@ -41,6 +41,7 @@ from ..errors import ApplianceError, DeviceLostError
 from .device import REBUFFER_S, DeviceOutput
 from .sink import Outcome
 from .wav import WavRetention, WavWriter
+from .wavdir import WavDirHealth
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ class RequestAudio:
     already waiting (the device was down when the request began).
 
     A WAV file appears under ``wav_file`` only once complete (:class:`~appliance.audio.wav.WavWriter`),
-    before ``on_done`` fires; ``retention`` is applied to its directory then. ``on_sounding()``
+    before ``on_done`` fires; ``retention`` is applied to its directory then, and ``wav_health``
+    told whether it could be written. ``on_sounding()``
     is called once its first sample was written to the device (the watcher thread).
 
     Raises:
@@ -85,9 +87,10 @@ class RequestAudio:
                  beat: Optional[Callable[[], None]] = None, lane: Optional[Hashable] = None,
                  on_device_error: str = "wav", on_wait: Optional[Callable[[RequestAudio], None]] = None,
                  wait_from_start: bool = False, retention: Optional[WavRetention] = None,
-                 on_sounding: Optional[Callable[[], None]] = None) -> None:
+                 on_sounding: Optional[Callable[[], None]] = None, wav_health: Optional[WavDirHealth] = None) -> None:
         self.request_id = request_id
         self.retention = retention
+        self.wav_health = wav_health
         self.beat = beat
         self.wav_file = wav_file
         self.device = device
@@ -120,7 +123,7 @@ class RequestAudio:
                 self._bind(device)
         else:
             self.route = Route.WAV
-            self._wav = WavWriter(wav_file, PIPELINE_RATE, retention)
+            self._wav = WavWriter(wav_file, PIPELINE_RATE, retention, wav_health)
             self.output = str(wav_file)
 
     @property
@@ -333,7 +336,7 @@ class RequestAudio:
         log.warning("request %s: sound device failed (%s); completing it to %s", self.request_id, reason, self.wav_file)
         self.route = Route.WAV
         try:
-            self._wav = WavWriter(self.wav_file, PIPELINE_RATE, self.retention)
+            self._wav = WavWriter(self.wav_file, PIPELINE_RATE, self.retention, self.wav_health)
             for p in self._pcm:
                 self._wav.write(p)
         except ApplianceError as e:

@@ -34,12 +34,15 @@ import time
 import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ..errors import ApplianceError, AudioDeviceError, NoSpaceError
 from ..files import fsync_dir
+
+if TYPE_CHECKING:
+    from .wavdir import WavDirHealth
 
 log = logging.getLogger(__name__)
 
@@ -164,17 +167,22 @@ class WavWriter:
         path: output file; its parent directory is created.
         rate: sample rate in Hz.
         retention: applied to ``path``'s directory once the file is in place; None = keep all.
+        health: told when the file cannot be created, written or completed
+            (:meth:`WavDirHealth.failed <appliance.audio.wavdir.WavDirHealth.failed>`) and when it
+            is in place (``wrote``); None = nobody.
 
     Raises:
         NoSpaceError: the disk is full (or the quota exhausted); AudioDeviceError: the file cannot
         be created otherwise (the message names the path).
     """
 
-    def __init__(self, path: str | Path, rate: int = 24000, retention: Optional[WavRetention] = None) -> None:
+    def __init__(self, path: str | Path, rate: int = 24000, retention: Optional[WavRetention] = None,
+                 health: Optional[WavDirHealth] = None) -> None:
         self.path = Path(path)
         self.part = part_path(self.path)
         self.rate = rate
         self.retention = retention
+        self.health = health
         self.frames = 0
         self._failed: Optional[ApplianceError] = None
         try:
@@ -183,7 +191,7 @@ class WavWriter:
             # __del__ prints an AttributeError
             self._f = open(self.part, "wb")
         except OSError as e:
-            raise _write_error(f"cannot write WAV file {self.path}", e) from e
+            raise self._report(_write_error(f"cannot write WAV file {self.path}", e)) from e
         self._w = wave.open(self._f, "wb")
         self._w.setnchannels(1)
         self._w.setsampwidth(2)
@@ -202,7 +210,8 @@ class WavWriter:
         try:
             self._w.writeframes(data.tobytes())
         except OSError as e:
-            self._failed = _write_error(f"cannot write WAV file {self.path} ({self.frames / self.rate:.1f} s written)", e)
+            self._failed = self._report(_write_error(f"cannot write WAV file {self.path} "
+                                                     f"({self.frames / self.rate:.1f} s written)", e))
             self.discard()
             raise self._failed from e
         self.frames += len(data)
@@ -229,12 +238,20 @@ class WavWriter:
             fsync_dir(self.path.parent)
         except OSError as e:
             _drop(self._f, self.part)
-            self._failed = _write_error(f"cannot complete WAV file {self.path}", e)
+            self._failed = self._report(_write_error(f"cannot complete WAV file {self.path}", e))
             raise self._failed from e
         log.debug("wrote %s (%d frames, %.2f s)", self.path, self.frames, self.frames / self.rate)
+        if self.health is not None:
+            self.health.wrote()
         if self.retention is not None:
             self.retention.prune(self.path.parent, keep=self.path)
         return self.path
+
+    def _report(self, err: ApplianceError) -> ApplianceError:
+        """Tell :attr:`health` of ``err``; returns it."""
+        if self.health is not None:
+            self.health.failed(err)
+        return err
 
     def discard(self) -> None:
         """Drop an unfinished file (cancel): the ``.part`` file is removed, :attr:`path` never

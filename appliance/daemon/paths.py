@@ -73,6 +73,9 @@ def ensure_dir(key: str, d: Path, roots: list[Path]) -> Path:
     d = Path(os.path.abspath(d))
     if d.is_dir():
         if not os.access(d, os.W_OK | os.X_OK):
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                raise NotWritable(f"{key}: directory {d} is on a read-only file system; remount it read-write "
+                                  "or choose another path")
             raise NotWritable(f"{key}: directory {d} is not writable by this user (uid {os.getuid()}); "
                               "fix its owner or choose another path")
         return d

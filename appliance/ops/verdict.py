@@ -11,10 +11,11 @@ given every source at construction and is the only place that assembles them: on
 
 The verdict is ``healthy`` (no condition), ``degraded`` (the box speaks, worse than it should:
 throttled, storage degraded, engine fallback, a failed reload) or ``unhealthy`` (it does not do
-its job: no sound device, garbled audio, weights that fail their sha256). Nothing is latched: a
-condition is there while its source reports it, so the verdict returns to ``healthy`` when the
-cause clears. :meth:`Health.watch` re-reads the sources every second and calls ``on_change`` when
-the verdict changes, so ``STATUS=`` and MQTT follow without a request.
+its job: no sound device, no writable WAV directory where WAV files are the output, garbled
+audio, weights that fail their sha256). Nothing is latched: a condition is there while its
+source reports it, so the verdict returns to ``healthy`` when the cause clears.
+:meth:`Health.watch` re-reads the sources every second and calls ``on_change`` when the verdict
+changes, so ``STATUS=`` and MQTT follow without a request.
 
 Adding a condition: give the part a ``conditions()`` method (or a ``ConditionFlag``) and pass it
 to ``Health(sources=...)`` where the daemon is assembled; nothing is registered afterwards.

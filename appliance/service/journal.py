@@ -29,7 +29,7 @@ states are advisory (not fsynced).
 When the disk is full or read-only (docs/guarantees.md restates this): :meth:`accept` raises
 :class:`~appliance.errors.JournalError` and the caller plays the request anyway, telling its
 client it is not crash-safe (``accepted.not_crash_safe``); :attr:`Journal.condition` says why
-until a write succeeds again. A request that *ends* while the journal cannot append is marked
+until a write succeeds again (health's reads try a compaction every :data:`RETRY_S` meanwhile). A request that *ends* while the journal cannot append is marked
 ended in place (its accept record's mark: an overwrite needs no free space on a file system that
 does not copy on write), so it is never replayed, clean stop or crash, however long the disk stays
 full; only if that overwrite fails too is it logged as "may be spoken again after a crash". A
@@ -83,9 +83,11 @@ class Journal:
         directory: ``service.spool_dir`` (created if missing).
         max_bytes: ``journal.max_bytes``.
         fsync: ``journal.fsync``.
+        clock: monotonic clock, s (tests).
     """
 
-    def __init__(self, directory: Path, max_bytes: int = 4 << 20, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, max_bytes: int = 4 << 20, fsync: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.dir = Path(directory)
         self.path = self.dir / FILE
         self.max_bytes = int(max_bytes)
@@ -97,7 +99,8 @@ class Journal:
         self._live_bytes = 0
         self._finished: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self._dirty = False          # compact as soon as possible (an end is not in the file yet)
-        self._retry_at = 0.0         # time.monotonic() before which a failed compaction is not retried
+        self._clock = clock
+        self._retry_at = 0.0         # clock() before which a failed compaction is not retried
         self._fault: Optional[str] = None
         self._flag = ConditionFlag("storage_degraded")
         self._dead = False           # unreadable at start: set aside
@@ -111,7 +114,22 @@ class Journal:
 
     def conditions(self) -> tuple[Condition, ...]:
         """Health's view (a :data:`~appliance.core.ConditionSource`): ``storage_degraded`` while
-        :attr:`condition` is set."""
+        :attr:`condition` is set. While it is, and at most every :data:`RETRY_S`, the journal is
+        compacted (rewritten whole, fsynced: the write it needs anyway), so the condition clears
+        once the disk takes writes again, with no request in between; not while a request holds
+        the journal, nor for a journal set aside at start or full of unfinished requests."""
+        if self._fault is not None and not self._dead and self._clock() >= self._retry_at \
+                and self._lock.acquire(blocking=False):
+            try:
+                if self._fault is not None and self._live_bytes <= FULL_FRACTION * self.max_bytes:
+                    dirty = self._dirty
+                    self._compact()
+                    if self._fault is None:
+                        log.info("request journal %s writes again", self.path)
+                    else:
+                        self._dirty = dirty
+            finally:
+                self._lock.release()
         return self._flag()
 
     def _set_fault(self, reason: Optional[str]) -> None:
@@ -325,7 +343,7 @@ class Journal:
         return e.pos >= 0 and self._file.overwrite(e.pos, mark.encode("ascii"), sync)
 
     def _maybe_compact(self) -> None:
-        if (self._dirty or self._file.size > self.max_bytes) and time.monotonic() >= self._retry_at:
+        if (self._dirty or self._file.size > self.max_bytes) and self._clock() >= self._retry_at:
             self._compact()
 
     def _compact(self) -> None:
@@ -349,9 +367,10 @@ class Journal:
             self._file.rewrite(bytes(body))
         except JournalError as e:
             self._dirty = True
-            self._retry_at = time.monotonic() + RETRY_S
+            self._retry_at = self._clock() + RETRY_S
+            if str(e) != self._fault:            # retried every RETRY_S: said once
+                log.error("%s", e)
             self._set_fault(str(e))
-            log.error("%s", self._fault)
             return
         for n, (p, size) in pos.items():
             self._live[n].pos, self._live[n].size = p, size
