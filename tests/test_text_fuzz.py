@@ -244,6 +244,10 @@ def test_fuzz_deep_nesting_loses_no_word(norm, nests, parts):
     ("> - " * 40 + "**last** words[uv_break]", "last words[uv_break]"),
     ("".join("  " * i + "- item\n" for i in range(50)) + "  " * 50 + "- deep words", "deep words"),
     ("".join("   " * i + "1. step\n" for i in range(40)) + "   " * 40 + "2. deep words", "deep words"),
+
+    # an ordered item numbered other than 1 after a line of text (CommonMark: paragraph text)
+    ("> hello[uv_break]\n> 3) * hello[uv_break]", "hello[uv_break]\n3. hello[uv_break]"),
+    ("Steps:\n4) *dry* the dishes", "Steps:\n4. dry the dishes"),
 ])
 def test_markup_nested_deeper_than_the_parser_reads(text, said):
     """markdown-it drops what is nested past its limit (``MAX_NESTING`` levels); the markup stage

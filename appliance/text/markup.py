@@ -255,6 +255,27 @@ class _Speech(HTMLParser):
         return "".join(self.out)
 
 
+#: an ordered list item numbered other than 1 at a line's start (after any quote markers)
+_LATE_ITEM = re.compile(r"(?P<q>(?:[ \t]*>)*)[ \t]*(?!1[.)])\d{1,9}[.)](?:[ \t]|$)")   # one way to match: linear
+_QUOTES = re.compile(r"^(?:[ \t]*>)*")
+
+
+def items_anywhere(text: str) -> str:
+    """``text`` (Markdown) with a blank line (in the same quote) before every ordered list item
+    numbered other than 1 that follows a line of text. CommonMark lets only a list starting at 1
+    interrupt a paragraph, so ``Steps:\n3) * wash`` would be a paragraph whose ``*`` is read
+    aloud; an agent that writes it means a list."""
+    out: list[str] = []
+    after_text = False
+    for line in text.split("\n"):
+        m = _LATE_ITEM.match(line)
+        if m and after_text:
+            out.append(m.group("q").rstrip())
+        out.append(line)
+        after_text = bool(_QUOTES.sub("", line).strip())
+    return "\n".join(out)
+
+
 def flatten(text: str) -> str:
     """``text`` (Markdown) with the quote and list markers at the start of each line removed, so no
     block nests: ``> - > 1. word`` -> ``1\\. word`` (the last ordered item's number stays, escaped:
@@ -289,7 +310,7 @@ class Markup:
         body = CTRL_RE.sub(lambda m: _aside(next(n)), _PUA_RE.sub("", text))
         ssml = ssml or bool(_SSML_DOC.fullmatch(body))
         walker = _Speech(ssml=ssml)
-        walker.feed(body if ssml else self._html(_TIMES_RE.sub(r"\\*", body)))
+        walker.feed(body if ssml else self._html(items_anywhere(_TIMES_RE.sub(r"\\*", body))))
         out = walker.result()
         out = _SET_ASIDE.sub(lambda m: tokens[int("".join(str(ord(c) - 0xE001) for c in m.group(1)))], out)
         return _SPACES.sub(" ", _BLANKS.sub("\n", out)).strip()
@@ -303,4 +324,4 @@ class Markup:
         return md                                    # still too deep: no Markdown, tags still go
 
 
-__all__ = ["Markup", "link_text", "flatten", "DROPPED", "BLOCKS", "INLINE", "MAX_NESTING"]
+__all__ = ["Markup", "link_text", "flatten", "items_anywhere", "DROPPED", "BLOCKS", "INLINE", "MAX_NESTING"]
