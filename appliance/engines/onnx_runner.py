@@ -23,7 +23,7 @@ Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026
   concatenated with the new row): 38 ms at 32, 72 ms at 512, 128 ms at 1024 (B=1); ORT's
   profiler put 59 of ~95 ms of a 1024-position step in Slice/Gather/Concat/Transpose copies.
 * this graph (position-major prefix bound by pointer, scores joined on the score tensor,
-  :class:`appliance.build.export.GptGraph`), min over 30-40 steps in three runs: fp32
+  :class:`appliance.build.graphs.GptGraph`), min over 30-40 steps in three runs: fp32
   24.9-27.8 ms at 32, 31.2-35.3 ms at 512 (B=1), 37.3-38.4 ms at B=3 / 512; **int8
   (MatMulNBits) 12.2-13.9 ms at 32, 15.5-18.9 ms at 512 (B=1), 21.5-22.3 ms at B=3 / 512**,
   i.e. faster than real time (21.3 ms of audio per step) for one channel and about real time
