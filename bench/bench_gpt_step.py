@@ -71,9 +71,11 @@ def weight_bytes(onnx_file: Path) -> int:
 
 def make_graphs(base: Path, work: Path, names: list[str]) -> dict[str, Path]:
     """The candidates' ``gpt`` graphs (made once under ``work``)."""
+    out: dict[str, Path] = {}
+    if not names:
+        return out
     from appliance.build.graph_precision import matmul_nbits
 
-    out = {}
     for n in names:
         bits = 4 if "int4" in n else 8
         fused = "-fused" in n
@@ -143,13 +145,14 @@ class OrtStep:
 class LlamaStep:
     """llama.cpp: the production runner's context and batch (:mod:`appliance.engines.llama_lib`)."""
 
-    def __init__(self, f: Path, threads: int, positions: list[int], split: bool = False, kv: str = "f16"):
+    def __init__(self, f: Path, threads: int, positions: list[int], split: bool = False, kv: str = "f16",
+                 gpu_layers: int = 0):
         from appliance.engines import llama_lib
 
         lc = self.lc = llama_lib.lib()
         shapes = {"hidden": D, "n_layers": L, "n_heads": H, "ffn": 3072, "num_vq": Q, "num_audio_tokens": V,
                   "max_pos": 4096, "rope_theta": 10000.0, "rms_eps": 1e-6}
-        self.model = llama_lib.load_model(lc, f, shapes)
+        self.model = llama_lib.load_model(lc, f, shapes, gpu_layers=gpu_layers)
         S = max(positions) + 1
         self.ctx = llama_lib.new_context(lc, self.model, seqs=M, seq_len=S + 1, batch=max(positions), threads=threads,
                                          kv_type=kv)
