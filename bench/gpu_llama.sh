@@ -7,7 +7,8 @@
 #                docs and unused backends it packs to ~7 MB)
 #   WHL_DIR      wheels the machine lacks (scikit-build-core, gguf, safetensors, ...; default .dev/whl)
 #   CUDA_ARCH    CMAKE_CUDA_ARCHITECTURES (default 90)
-# Writes $OUT/llama-build.log, $OUT/llama-cuda.json and $OUT/llama-cuda.log.
+#   TESTS=0      skips tests/test_llama_canary.py (pytest, on the tiny checkpoint); BENCH=0 the bench
+# Writes $OUT/llama-build.log, $OUT/llama-pytest.log, $OUT/llama-cuda.json and $OUT/llama-cuda.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/out}
@@ -36,6 +37,13 @@ python3 -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "
 CKPT=/tmp/ckpt_full
 [ -d $CKPT/asset ] || python3 -c \
   "from appliance.build.random_ckpt import write_random_checkpoint as w; w('$CKPT','full',seed=0)" || exit 1
+if [ "${TESTS:-1}" -eq 1 ]; then
+  echo "== pytest tests/test_llama_canary.py (the runner offloads through the load check and speaks as the CPU)"
+  python3 -m pytest -q -p no:cacheprovider tests/test_llama_canary.py > "$OUT/llama-pytest.log" 2>&1
+  echo "pytest rc=$?"
+  tail -5 "$OUT/llama-pytest.log"
+fi
+[ "${BENCH:-1}" -eq 1 ] || exit 0
 echo "== bench_llama_cuda"
 python3 bench/bench_llama_cuda.py --checkpoint $CKPT --gguf-dir /tmp/gguf --types "${TYPES:-q8_0,q4_k_m,f16}" \
   --out "$OUT/llama-cuda.json" --label "${LABEL:-CUDA build with the system g++}" > "$OUT/llama-cuda.log" 2>&1

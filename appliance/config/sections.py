@@ -43,7 +43,7 @@ class ModelConfig:
 
     path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else llama (a GGUF export under model.engine_dir/llama/), else onnxruntime), tensorrt, llama, onnxruntime or torch.", choices=("auto", "tensorrt", "llama", "onnxruntime", "torch"))
-    device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda.", choices=("auto", "cpu", "cuda"))
+    device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda (llama backend: a CUDA build of llama.cpp puts the GPT on the GPU unless cpu).", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
     threads: int = _f(0, "CPU threads for inference: one budget for the GPT, the Decoder and Vocos, which run one after another (onnxruntime / torch intra-op). 0 = from the CPU set the process may use: its cgroup CPU quota, rounded down (systemd CPUQuota=, docker --cpus), and its affinity mask (taskset, CPUAffinity=); the log and status say the count and where it came from.", min=0, max=256)
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)

@@ -65,6 +65,17 @@ def lib() -> Any:
         return lc
 
 
+def offloads(device: str) -> bool:
+    """Whether the GPT goes to the GPU: this llama.cpp was built with a GPU backend
+    (``llama_supports_gpu_offload``: the CUDA variant ``scripts/install_jetson.sh`` builds) and
+    ``device`` (``model.device``) is not ``cpu``.
+
+    Raises:
+        ConfigError: llama-cpp-python is not installed.
+    """
+    return device != "cpu" and bool(lib().llama_supports_gpu_offload())
+
+
 def recent_log() -> str:
     """llama.cpp's last log lines, joined (for an error message)."""
     return " | ".join(_recent)

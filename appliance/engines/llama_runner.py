@@ -20,6 +20,13 @@ cache (``llama_memory_seq_rm``) when its sentence ends (:meth:`LlamaRunner.relea
 each prefill. Refine-text runs the same GPT on text embeddings; its logits are the final hidden
 state times the text head (``head_text.npy``, mapped, read only then), on the host.
 
+On a CUDA build of llama.cpp (``llama_supports_gpu_offload``; ``scripts/install_jetson.sh``
+builds one where JetPack's nvcc is present) every layer, the output matrix and the KV cache are
+offloaded to the GPU (``n_gpu_layers`` = layers + 1) unless ``model.device`` is ``cpu``;
+``info.device`` then says ``cuda:0``. The vocoder stays on ONNX Runtime's CPU provider. The
+offloaded load is tried in a child process first (:mod:`appliance.engines.llama_canary`); when
+it fails the GPT runs on the CPU and ``info.fallback`` says why (health: ``engine_fallback``).
+
 Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is the most; the
 decode step (and the prompts) run at the count that measures fastest within it, probed while it
 runs (:class:`~appliance.engines.threads.StepThreads`: two threads on a quiet 2-core host, one
@@ -41,7 +48,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CheckpointError, ConfigError, EngineError
-from . import llama_lib
+from . import llama_canary, llama_lib
 from . import manifest as mf
 from .host_runner import HostRunner
 from .onnx_runner import embed_prompt
@@ -135,8 +142,17 @@ class LlamaRunner(HostRunner):
         budget = thread_budget(mc.threads)
         threads = budget.threads
 
+        # a CUDA build of llama.cpp (scripts/install_jetson.sh) holds every layer and the KV cache on
+        # the GPU unless model.device is cpu; the CPU build ignores the count
+        gguf = d / m["graphs"]["gpt"]["file"]
+        gpu, fallback = llama_lib.offloads(mc.device), ""
+        if gpu:   # tried in a child first: a GPU build that faults at load must not crash-loop the daemon
+            v = llama_canary.check(gguf, str(m.get("files", {}).get(gguf.name, "")), str(lc.__version__))
+            if not v.ok:
+                gpu, fallback = False, f"the GPT runs on the CPU: {v.reason}"
+                log.warning("llama.cpp: %s", fallback)
         self._lc = lc
-        self._model = llama_lib.load_model(lc, d / m["graphs"]["gpt"]["file"], s)
+        self._model = llama_lib.load_model(lc, gguf, s, gpu_layers=L + 1 if gpu else 0)
         self._rows = max(max_prompt, M)
         self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads,
                                           kv_type=kv)
@@ -159,15 +175,18 @@ class LlamaRunner(HostRunner):
                                receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
         weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
         kv_el = llama_lib.KV_BYTES[kv]
+        self._gpu_bytes = gguf.stat().st_size + M * S * int(2 * L * D * kv_el) if gpu else 0
         self.info = RunnerInfo(
             backend="llama.cpp", precision=qtype, hidden_size=D, num_vq=Q, num_audio_tokens=V, max_batch=M,
             max_seq_len=S, max_prompt_tokens=max_prompt, weight_bytes=int(weight_bytes),
             kv_bytes_per_token=int(2 * L * D * kv_el), reason=reason, num_text_tokens=self._n_text, text_mode=True,
             engine_id=mf.file_sha256(d / mf.MANIFEST), threads=threads, threads_source=budget.source,
+            device="cuda:0" if gpu else "cpu", fallback=fallback,
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
-        log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB (%s)",
-                 d, qtype, budget.describe(), M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20, kv)
+        log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB (%s)%s",
+                 d, qtype, budget.describe(), M, S, weight_bytes / 2**20, M * S * self.info.kv_bytes_per_token / 2**20, kv,
+                 f", the GPT's {L} layers and KV cache on the GPU" if gpu else "")
         self.setup_host(s["n_mels"])
 
     # -------------------------------------------------------------- one llama_decode
@@ -238,6 +257,11 @@ class LlamaRunner(HostRunner):
         if moved:
             log.info("llama.cpp: %s", moved)
         return logits.reshape(n, self._Q, self._V), hidden
+
+    def device_memory_bytes(self) -> int:
+        """GPU bytes of a CUDA build's offloaded GPT (the GGUF's weights and the KV cache, as
+        planned at load; llama.cpp's compute buffers not counted); 0 on the CPU."""
+        return self._gpu_bytes if self._ctx is not None else 0
 
     def _set_threads(self, k: int) -> None:
         if k != self._n_threads:

@@ -14,6 +14,10 @@ checkpoint or device, a runtime that is missing or refuses the file):
 3. else :class:`~appliance.errors.EngineError` names every backend tried and why it failed: the
    daemon exits with a status its systemd unit does not restart (``RestartPreventExitStatus=``).
 
+A runner that loaded a slower way than configured (``info.fallback``: llama.cpp's GPU build
+failing its load check in a child, :mod:`appliance.engines.llama_canary`) is reported the same
+way: ``engine_fallback`` naming why.
+
 A backend that is not a built engine (``torch``) failing, and the checkpoint's own files failing,
 are not recovered here: every backend needs the checkpoint.
 """
@@ -83,7 +87,8 @@ def open_runner_recovering(cfg: Config, rebuild: Optional[Rebuild] = None) -> Op
     verify_for_config(cfg, cfg.resolve(cfg.model.path))
     backend, reason = choose_backend(cfg)
     try:
-        return Opened(open_backend(cfg, backend, reason))
+        runner = open_backend(cfg, backend, reason)
+        return Opened(runner, runner.info.fallback or None)   # loaded, but a slower way (llama.cpp on the CPU)
     except Exception as e:  # noqa: BLE001 - any failure of a built engine is recovered below
         if backend not in ENGINES:
             raise

@@ -82,6 +82,9 @@ class RunnerInfo:
             which the memory budget leaves out on a desktop GPU (appliance.ops.footprint).
         threads: CPU threads the runner computes with (0: not a CPU runner), and
         threads_source: where that number came from (:mod:`appliance.engines.threads`).
+        fallback: set when the runner loaded a slower way than configured (llama.cpp's GPU build
+            failed its load check: the GPT on the CPU), saying why; health reports it as
+            ``engine_fallback`` (:mod:`appliance.engines.recover`). Empty otherwise.
     """
 
     backend: str
@@ -106,6 +109,7 @@ class RunnerInfo:
     context_bytes: int = 0
     threads: int = 0
     threads_source: str = ""
+    fallback: str = ""
 
     def thread_fields(self) -> dict:
         """``status``'s ``threads`` and ``threads_source`` (None for a runner that is not on a CPU)."""

@@ -104,8 +104,9 @@ def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
     """Sizes of the llama.cpp export in ``d``: the GGUF, the vocoder graphs and the embedding
     tables (the text head, mapped only while refine-text runs, is left out), and the KV bytes per
     position of ``model.llama_kv_cache`` (``2 x layers x width x`` its bytes per value). The
-    context is made at load from the config's sizes: resizable."""
-    from .llama_lib import KV_BYTES, kv_type
+    context is made at load from the config's sizes: resizable. On ``cuda`` where a CUDA build of
+    llama.cpp will offload the GPT (:func:`~appliance.engines.llama_lib.offloads`)."""
+    from .llama_lib import KV_BYTES, kv_type, offloads
 
     m = mf.read(d)
     head = (m.get("head_text") or {}).get("file")
@@ -114,7 +115,8 @@ def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
     s = m["shapes"]
     d_model = int(s["hidden"])
     kv = 2 * int(s["n_layers"]) * d_model * KV_BYTES[kv_type(cfg.model.llama_kv_cache, d_model // int(s["n_heads"]))]
-    return PlannedSizes("llama.cpp", "cpu", weights, int(kv), True, f"the GGUF export in {d}")
+    dev = "cuda" if offloads(cfg.model.device) else "cpu"
+    return PlannedSizes("llama.cpp", dev, weights, int(kv), True, f"the GGUF export in {d}")
 
 
 def _asset(path: Path) -> Path:
