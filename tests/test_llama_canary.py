@@ -66,9 +66,10 @@ def test_a_failed_verdict_runs_the_gpt_on_the_cpu_and_health_names_it(tiny_ckpt,
         opened.runner.close()
 
 
-@pytest.mark.parametrize("device", ["cpu", "auto", "cuda"])
-def test_the_cpu_build_never_offloads(device):
-    assert llama_lib.offloads(device) is False
+def test_model_device_cpu_never_offloads_and_a_cpu_build_never_does():
+    gpu_build = bool(llama_lib.lib().llama_supports_gpu_offload())
+    assert llama_lib.offloads("cpu") is False
+    assert llama_lib.offloads("auto") is gpu_build and llama_lib.offloads("cuda") is gpu_build
 
 
 @pytest.mark.cuda

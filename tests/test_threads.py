@@ -193,3 +193,18 @@ def test_a_small_difference_does_not_move_it_and_rows_are_compared_alike():
     assert k == 2
     assert StepThreads(1).candidates == [1] and _run(StepThreads(1), {1: 0.01}, 5) == [1] * 5
     assert StepThreads(8).candidates == [8, 4, 1]
+
+
+def test_each_row_count_keeps_its_own_thread_choice():
+    """One row bandwidth-bound beside a busy neighbour (one thread faster), three rows
+    compute-bound (two threads faster): the choice at one row does not move three rows' steps."""
+    st = StepThreads(2, probe_every=10, probe_steps=2, first_probe=3)
+    one = {2: 0.0087, 1: 0.0064}
+    three = {2: 0.011, 1: 0.018}
+    _run(st, one, 20, rows=1)
+    assert st.at(1) == 1 and st.current == 1
+    used = _run(st, three, 40, rows=3)
+    assert st.at(3) == 2 and st.at(1) == 1
+    assert used.count(1) <= 3 * 2                # only probes ran three rows on one thread
+    _run(st, one, 5, rows=1)
+    assert st.current == 1 and st.switches == 1

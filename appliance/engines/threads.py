@@ -210,11 +210,17 @@ class StepThreads:
     runner that can change its threads between two steps (llama.cpp: ``llama_set_n_threads``)
     asks this object before every step and reports how long it took:
 
-    * it runs at its :attr:`current` count and keeps a moving average of the step time per batch
-      size (rows);
+    * it runs at the count chosen for the step's row count (:meth:`at`; every row count starts at
+      ``most``) and keeps a moving average of the step time per thread count and row count;
     * every ``probe_every`` steps (the first time after ``first_probe``) it runs ``probe_steps``
-      steps at the next of the other candidates (``most``, ``most // 2``, 1) and moves to it when
-      their mean is below ``gain`` times the current average at the same rows.
+      steps at the next of the other candidates (``most``, ``most // 2``, 1) and moves that row
+      count to it when their mean is below ``gain`` times the current average at the same rows.
+
+    Each row count has its own choice: one row is bandwidth-bound, where a second thread gains
+    little and loses much to a busy neighbour, while three rows on llama.cpp's q8_0 / q4_K kernels
+    are compute-bound and need both cores (in the daemon on a quiet 2-core host one row measured
+    6.4 ms at 1 thread against 8.7 at 2; one choice for all rows then ran three channels' steps on
+    one thread: ``bench/RESULTS.md``).
 
     The cost is the probes: at most ``probe_steps`` slower steps every ``probe_every``. Not
     thread-safe (the worker thread's runner owns it).
@@ -223,29 +229,41 @@ class StepThreads:
     def __init__(self, most: int, probe_every: int = 256, probe_steps: int = 2, first_probe: int = 16,
                  gain: float = 0.85) -> None:
         self.candidates = sorted({max(1, most), max(1, most // 2), 1}, reverse=True)
-        self.current = self.candidates[0]
         self.probe_every, self.probe_steps, self.gain = probe_every, probe_steps, gain
         self._due = first_probe
+        self._cur: dict[int, int] = {}                   # rows -> threads chosen for them
+        self._rows = 1                                   # the last step's rows
         self._avg: dict[tuple[int, int], float] = {}     # (threads, rows) -> step s
         self._probe: Optional[tuple[int, int, list[float]]] = None   # (threads, rows, times)
         self._turn = 0
         self.switches = 0
 
+    def at(self, rows: int) -> int:
+        """The threads chosen for steps of ``rows`` rows."""
+        return self._cur.get(rows, self.candidates[0])
+
+    @property
+    def current(self) -> int:
+        """The threads chosen for the last step's row count (prompts run at it too)."""
+        return self.at(self._rows)
+
     def next(self, rows: int) -> int:
         """The threads for the next step of ``rows`` rows."""
+        self._rows = rows
         if self._probe is not None:
             return self._probe[0]
-        others = [c for c in self.candidates if c != self.current]
-        if self._due <= 0 and others and (self.current, rows) in self._avg:
+        cur = self.at(rows)
+        others = [c for c in self.candidates if c != cur]
+        if self._due <= 0 and others and (cur, rows) in self._avg:
             t = others[self._turn % len(others)]
             self._turn += 1
             self._probe = (t, rows, [])
             return t
-        return self.current
+        return cur
 
     def observe(self, rows: int, threads: int, seconds: float) -> Optional[str]:
         """The step of ``rows`` rows just run at ``threads`` took ``seconds``. Returns a line for the
-        log when this moved :attr:`current`, else None."""
+        log when this moved the choice for ``rows``, else None."""
         p = self._probe
         if p is not None and p[0] == threads:
             if p[1] != rows:                     # the batch changed under the probe: start over later
@@ -255,10 +273,11 @@ class StepThreads:
             if len(p[2]) < self.probe_steps:
                 return None
             self._probe, self._due = None, self.probe_every
-            mean, cur = sum(p[2]) / len(p[2]), self._avg[(self.current, rows)]
+            old = self.at(rows)
+            mean, cur = sum(p[2]) / len(p[2]), self._avg[(old, rows)]
             if mean >= self.gain * cur:
                 return None
-            old, self.current = self.current, threads
+            self._cur[rows] = threads
             self._avg[(threads, rows)] = mean
             self.switches += 1
             return (f"decode step at {threads} thread{'s' if threads != 1 else ''} now: {1000 * mean:.1f} ms against "
