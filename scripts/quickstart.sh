@@ -8,10 +8,11 @@
 #   3. uses the real checkpoint in models/chattts if it is there, else writes a RANDOM one
 #      (random weights speak noise: the pipeline is real, the voice is not), and points
 #      models/local (config.local.yaml's model.path) at it,
-#   4. exports the model for the CPU: ONNX graphs with the GPT's weights 8-bit (int8), the CPU
-#      default; CPU_PRECISION=q8_0 (or q4_k_m) exports the GPT as a GGUF for llama.cpp instead
-#      (engines/README.md compares them). The daemon needs no torch at run time (on a machine with
-#      a GPU, backend auto picks the GPU path);
+#   4. exports the model for the CPU: the GPT as an 8-bit GGUF for llama.cpp (q8_0) beside the
+#      Decoder and Vocos for ONNX Runtime, the CPU default; without llama.cpp (no compiler) ONNX
+#      graphs with the GPT's weights 8-bit (int8). CPU_PRECISION=q4_k_m (faster, a larger error),
+#      int8 or fp32 exports that instead (engines/README.md compares them). The daemon needs no
+#      torch at run time (on a machine with a GPU, backend auto picks the GPU path);
 #      engines/build/local (config.local.yaml's model.engine_dir) points at that export,
 #   5. starts the daemon with config.local.yaml (socket out/appliance.sock), sends one sentence
 #      with `chattts-appliance say`, and plays it on the sound device, or writes
@@ -74,7 +75,7 @@ if "$PY" -c "import llama_cpp" 2>/dev/null || llama_has_compiler; then
   t0=$SECONDS
   quiet llama_install "$PY" -e ".[torch,llama]"
   step "installed in $((SECONDS - t0)) s"
-  CPU_PRECISION=${CPU_PRECISION:-int8}
+  CPU_PRECISION=${CPU_PRECISION:-q8_0}
 else
   llama_install "$PY" -e ".[torch,llama]" || true   # prints the one message: no C/C++ compiler
   step "installing chattts-appliance into .venv without llama.cpp: the CPU backend is ONNX Runtime"
