@@ -7,9 +7,9 @@ load. The synthesis layer drives it with small host values (slot numbers, token 
 bounds) and gets back only what leaves the device anyway: sampled codes and the spectrum of a
 finished vocoder window. Backends (chosen once at load, :func:`appliance.engines.select.open_runner`):
 
-* ``onnxruntime`` – :class:`~appliance.engines.onnx_runner.OnnxRunner` (CPU default, no torch)
-* ``llama``       – :class:`~appliance.engines.llama_runner.LlamaRunner` (the GPT on llama.cpp
-  from a GGUF, the vocoder on ONNX Runtime)
+* ``onnxruntime`` – :class:`~appliance.engines.onnx_runner.OnnxRunner` (no torch, no compiler)
+* ``llama``       – :class:`~appliance.engines.llama_runner.LlamaRunner` (CPU default: the GPT on
+  llama.cpp from a GGUF, on the GPU with a CUDA build; the vocoder on ONNX Runtime)
 * ``torch-cpu``   – :class:`~appliance.engines.torch_runner.TorchRunner`
 * ``torch-cuda``  – :class:`~appliance.engines.cuda_runner.CudaRunner` (captured graphs)
 * ``tensorrt``    – :class:`~appliance.engines.tensorrt_runner.TensorRTRunner` (Jetson/RTX plans)
