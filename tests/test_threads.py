@@ -208,3 +208,16 @@ def test_each_row_count_keeps_its_own_thread_choice():
     assert used.count(1) <= 3 * 2                # only probes ran three rows on one thread
     _run(st, one, 5, rows=1)
     assert st.current == 1 and st.switches == 1
+
+
+def test_a_collapse_at_two_threads_probes_one_at_the_next_step():
+    """A busy neighbour arrives: the two-thread step jumps from 8 to 89 ms; after two such steps
+    the next probes one thread (26 ms) and moves there, instead of waiting for the next turn;
+    one slow step alone moves nothing."""
+    st = StepThreads(2, probe_every=256, probe_steps=2, first_probe=16)
+    _run(st, {2: 0.008, 1: 0.010}, 40)           # quiet: the first probe found one thread slower
+    assert st.current == 2
+    assert _run(st, {2: 0.089, 1: 0.026}, 1) == [2]
+    assert _run(st, {2: 0.008, 1: 0.010}, 3) == [2, 2, 2]      # a one-off spike: no probe
+    used = _run(st, {2: 0.089, 1: 0.026}, 5)
+    assert used == [2, 2, 1, 1, 1] and st.current == 1 and st.switches == 1

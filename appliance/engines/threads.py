@@ -222,20 +222,27 @@ class StepThreads:
     6.4 ms at 1 thread against 8.7 at 2; one choice for all rows then ran three channels' steps on
     one thread: ``bench/RESULTS.md``).
 
+    Two steps in a row at more than one thread that take over ``collapse`` times their average
+    probe at once (against those two times) instead of at the next turn: with two threads on two cores, a busy neighbour makes every
+    barrier wait for a descheduled thread (89 ms against 26 ms at one thread, measured in the
+    daemon beside two busy loops), and waiting up to ``probe_every`` steps for the next probe
+    was a pause of seconds in the speech.
+
     The cost is the probes: at most ``probe_steps`` slower steps every ``probe_every``. Not
     thread-safe (the worker thread's runner owns it).
     """
 
     def __init__(self, most: int, probe_every: int = 256, probe_steps: int = 2, first_probe: int = 16,
-                 gain: float = 0.85) -> None:
+                 gain: float = 0.85, collapse: float = 2.0) -> None:
         self.candidates = sorted({max(1, most), max(1, most // 2), 1}, reverse=True)
-        self.probe_every, self.probe_steps, self.gain = probe_every, probe_steps, gain
+        self.probe_every, self.probe_steps, self.gain, self.collapse = probe_every, probe_steps, gain, collapse
         self._due = first_probe
         self._cur: dict[int, int] = {}                   # rows -> threads chosen for them
         self._rows = 1                                   # the last step's rows
         self._avg: dict[tuple[int, int], float] = {}     # (threads, rows) -> step s
         self._probe: Optional[tuple[int, int, list[float]]] = None   # (threads, rows, times)
         self._turn = 0
+        self._slow: list[float] = []                    # consecutive steps over collapse x the average
         self.switches = 0
 
     def at(self, rows: int) -> int:
@@ -283,6 +290,13 @@ class StepThreads:
             return (f"decode step at {threads} thread{'s' if threads != 1 else ''} now: {1000 * mean:.1f} ms against "
                     f"{1000 * cur:.1f} ms at {old} ({rows} row{'s' if rows != 1 else ''})")
         a = self._avg.get((threads, rows))
-        self._avg[(threads, rows)] = seconds if a is None else 0.8 * a + 0.2 * seconds
         self._due -= 1
+        if a is not None and seconds > self.collapse * a and threads > 1:
+            self._slow.append(seconds)
+            if len(self._slow) >= 2:         # twice in a row: a neighbour took a core; probe now,
+                self._avg[(threads, rows)] = sum(self._slow) / len(self._slow)   # against these times
+                self._slow, self._due = [], min(self._due, 0)
+            return None
+        self._slow = []
+        self._avg[(threads, rows)] = seconds if a is None else 0.8 * a + 0.2 * seconds
         return None
