@@ -223,10 +223,10 @@ class StepThreads:
     one thread: ``bench/RESULTS.md``).
 
     Two steps in a row at more than one thread that take over ``collapse`` times their average
-    probe at once (against those two times) instead of at the next turn: with two threads on two cores, a busy neighbour makes every
-    barrier wait for a descheduled thread (89 ms against 26 ms at one thread, measured in the
-    daemon beside two busy loops), and waiting up to ``probe_every`` steps for the next probe
-    was a pause of seconds in the speech.
+    probe at once (against those two times) instead of at the next turn: with two threads on two
+    cores, a busy neighbour makes every barrier wait for a descheduled thread (89 ms against 26 ms
+    at one thread, measured in the daemon beside two busy loops), and waiting up to
+    ``probe_every`` steps for the next probe was a pause of seconds in the speech.
 
     The cost is the probes: at most ``probe_steps`` slower steps every ``probe_every``. Not
     thread-safe (the worker thread's runner owns it).
