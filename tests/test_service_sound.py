@@ -87,8 +87,9 @@ import sys, time, threading
 import numpy as np
 from pathlib import Path
 import appliance.audio.device as sound_device
+import appliance.audio.feed as voice_feed
 from appliance.audio.request import RequestAudio
-sound_device.MAX_BUFFER_S = 0.5                # a small FIFO so that the writer must wait
+voice_feed.MAX_BUFFER_S = 0.5                  # a small FIFO so that the writer must wait
 dev = sound_device.DeviceOutput(None, 24000, 50.0)
 dev.open()
 beats = []

@@ -1,9 +1,10 @@
 """One sound device: a long-lived PortAudio output stream fed from the voices' FIFOs.
 
 :class:`DeviceOutput` owns ONE ``sounddevice.OutputStream`` (callback mode, float32 mono) for
-one device, opened at start and kept running (silence when idle); its voices and their mixing
-are :class:`~appliance.audio.mix.Lanes`. A watcher thread fires "played" callbacks
-(about one output latency after a chunk's last sample was handed to PortAudio), logs
+one device, opened at start and kept running (silence when idle); its voices are fed through
+:class:`~appliance.audio.feed.VoiceFeed` (its base) and mixed by :class:`~appliance.audio.mix.Lanes`.
+A watcher thread fires "played" callbacks (about one output latency after a chunk's last
+sample was handed to PortAudio), logs
 underruns, and detects a dead device: one that stops calling back or whose stream stops with
 an error. A failed device tells every voice (``on_failure``) and is opened again by
 :class:`~appliance.audio.output.AudioOutput` (which re-lists the devices first when that can find
@@ -25,15 +26,13 @@ import numpy as np
 
 from ..errors import AudioDeviceError, DeviceLostError
 from .devices import LOCK, load_sounddevice, find_output_device, open_error
+from .feed import VoiceFeed
 from .mix import Lanes
 
 log = logging.getLogger(__name__)
 
 REOPEN_INTERVAL_S = 1.0
 """Seconds (monotonic) between attempts to open a failed device again."""
-
-MAX_BUFFER_S = 60.0
-"""Audio (seconds) a device FIFO may hold before the writer waits (back-pressure)."""
 
 BURST_GAP_S = 0.004
 """Callbacks closer than this (s) belong to one device wake-up (their frames add up to a burst)."""
@@ -46,7 +45,7 @@ BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
 
 
-class DeviceOutput:
+class DeviceOutput(VoiceFeed):
     """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
 
     Args:
@@ -59,8 +58,8 @@ class DeviceOutput:
         gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
             (:mod:`appliance.audio.volume`); None: 1.0.
 
-    Thread-safety: :meth:`enqueue`, :meth:`drop`, :meth:`wait_room` may be called from any
-    thread; the PortAudio callback and a watcher thread run inside.
+    Its voices are fed through :class:`~appliance.audio.feed.VoiceFeed`'s methods (any thread);
+    the PortAudio callback and a watcher thread run inside.
     """
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
@@ -70,11 +69,11 @@ class DeviceOutput:
         self.setting = setting
         self._fault: Optional[AudioDeviceError] = DeviceLostError(f"sound device {query or 'default'!r} not opened yet")
         self.mode = mode
+        super().__init__(Lanes(serialize=mode == "serialize", gain=gain))
         self.want_rate = sample_rate
         self.latency_s = latency_ms / 1000.0
         self.name = query or "default"
-        self.rate: int = sample_rate or 0
-        self.ok = False
+        self.rate = sample_rate or 0
         self.error: Optional[str] = "not opened"
         self.underruns = 0          # a sounding voice ran dry mid-sentence while its request was mid-stream
         self.sentence_holds = 0     # a voice held at a sentence boundary for its next sentence instead
@@ -82,8 +81,6 @@ class DeviceOutput:
         self.xruns = 0              # PortAudio reported output underflow
         self.mixed_blocks = 0       # callbacks that summed two or more voices
         self._logged_underruns = 0
-        self._lock = threading.Condition()
-        self.lanes = Lanes(serialize=mode == "serialize", gain=gain)
         self._played: list[tuple[float, Callable[[], None]]] = []
         self._last_cb = 0.0
         self._burst = 0             # frames asked in the current run of back-to-back callbacks
@@ -220,77 +217,6 @@ class DeviceOutput:
         self.error = "closed"
 
     # ------------------------------------------------------------------ feeding
-
-    def begin(self, owner: object, on_failure: Callable[[str], None], lane: Optional[Hashable] = None,
-              on_first: Optional[Callable[[float], None]] = None, pauses: Optional[list] = None) -> None:
-        """Register a request as a voice of ``lane`` (a channel name; ignored in ``serialize``
-        mode). Underruns count from its first :meth:`enqueue` until :meth:`end`;
-        ``on_failure(reason)`` is called (watcher thread) if the device fails before :meth:`forget`;
-        ``on_first(t)`` (watcher thread) with the ``time.monotonic()`` at which its first samples
-        were written to the device; its silences go to ``pauses`` (:class:`~appliance.audio.mix.Pause`)."""
-        with self._lock:
-            self.lanes.begin(owner, lane, on_failure, on_first, pauses)
-
-    def end(self, owner: object) -> None:
-        """The request wrote its last chunk (it stays registered for failures until played)."""
-        with self._lock:
-            self.lanes.end(owner)
-
-    def forget(self, owner: object) -> None:
-        """The request was played or aborted: no more failure notifications for it."""
-        with self._lock:
-            if self.lanes.forget(owner):
-                self._lock.notify_all()
-
-    def enqueue(self, owner: object, data: np.ndarray, on_played: Optional[Callable[[], None]] = None) -> bool:
-        """Append float32 ``[n]`` samples at :attr:`rate` to ``owner``'s voice; ``on_played``
-        fires (watcher thread) about one latency after its last sample was played. False if the
-        device has failed or ``owner`` is not registered."""
-        with self._lock:
-            return self.ok and self.lanes.push(owner, data, on_played)
-
-    def wait_room(self, aborted: Callable[[], bool], beat: Optional[Callable[[], None]] = None,
-                  owner: object = None) -> None:
-        """Block while ``owner``'s voice is sounding and holds more than MAX_BUFFER_S of audio
-        (returns early on abort/failure); ``beat()`` is called about every 0.1 s meanwhile.
-        A voice that waits behind another in its lane is never held back (holding it would
-        stall the synthesis the sounding voice needs)."""
-        limit = int(MAX_BUFFER_S * max(self.rate, 1))
-        while True:
-            with self._lock:
-                if not (self.ok and self.lanes.over(owner, limit) and not aborted()):
-                    return
-                self._lock.wait(0.1)
-            if beat is not None:
-                beat()
-
-    def voice_do(self, fn: Callable[[Lanes], None]) -> None:
-        """``fn(lanes)`` under the device's lock: one change to a voice (:class:`~appliance.audio.mix.Lanes`)."""
-        with self._lock:
-            fn(self.lanes)
-
-    def hold(self, owner: object, seconds: float) -> None:
-        """``owner``'s voice (re)starts only once it holds ``seconds`` of audio beyond one device
-        wake-up (or its request has ended): at its first start, later at its next sentence
-        boundary (:meth:`Lanes.hold <appliance.audio.mix.Lanes.hold>`)."""
-        with self._lock:
-            self.lanes.hold(owner, round(max(0.0, seconds) * self.rate))
-
-    def position(self, owner: object) -> int:
-        """Where ``owner``'s voice is in the order voices began on this device (0 = first), -1 if
-        it has none (:func:`~appliance.audio.cancel.abort_all`)."""
-        with self._lock:
-            for i, o in enumerate(self.lanes.voices):
-                if o is owner:
-                    return i
-            return -1
-
-    def drop(self, owner: object) -> int:
-        """Remove ``owner``'s unplayed chunks (cancel); returns samples dropped."""
-        with self._lock:
-            dropped = self.lanes.drop(owner)
-            self._lock.notify_all()
-            return dropped
 
     def status(self) -> dict:
         """Device state for StatusReply: name, rate (Hz), ok, error, underruns (a streaming voice ran dry

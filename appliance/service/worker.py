@@ -37,7 +37,7 @@ while the worker is alive and making progress (a hung synthesis stops it: ``WATC
 ``on_finished(item, event)`` after each request's terminal event.
 
 Known limit: the PCM sinks run on the worker thread, so a device FIFO holding more than
-``sound_device.MAX_BUFFER_S`` of a *sounding* request makes the whole batch wait for playback.
+``appliance.audio.feed.MAX_BUFFER_S`` of a *sounding* request makes the whole batch wait for playback.
 A client's sink (``Request.client_audio``, a transport's: Wyoming) never waits: when its client
 does not keep up, its ``write`` raises and that request alone ends with the error.
 """
