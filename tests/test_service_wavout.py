@@ -7,6 +7,7 @@ next start, and the oldest ``<id>.wav`` files beyond ``service.wav_keep_files`` 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -22,11 +23,10 @@ from appliance.audio.wav import (
     MIB,
     WavRetention,
     WavWriter,
-    part_path,
     read_wav,
     remove_partials,
 )
-from appliance.audio.wavdir import PROBE_NAME, PROBE_S, WavDirHealth
+from appliance.audio.wavdir import PROBE_S, WavDirHealth
 from appliance.config import config_from_dict
 from appliance.core import UNHEALTHY
 from appliance.errors import AudioDeviceError, ConfigError, NoSpaceError
@@ -42,9 +42,10 @@ def test_a_wav_appears_only_complete_and_no_part_remains(tmp_path):
     for _ in range(5):
         w.write(PCM)
         assert not path.exists(), "the final name must not exist before the file is complete"
-        assert part_path(path).exists() and part_path(path).name == ".req-1.wav.part"
+        assert w.part.exists() and w.part.parent == path.parent
+        assert re.fullmatch(r"\.req-1\.wav\.[0-9a-f]{8}\.part", w.part.name) and w.part.stat().st_mode & 0o777 == 0o640
     assert w.close() == path
-    assert not part_path(path).exists()
+    assert not w.part.exists() and list(path.parent.iterdir()) == [path]
     y, rate = read_wav(path)
     assert rate == 24000 and len(y) == 5 * len(PCM)
     assert w.close() == path                                  # idempotent
@@ -244,7 +245,7 @@ def test_the_wav_directory_is_a_condition_that_clears_when_it_is_writable_again(
         WavWriter(fs / "wav" / "b.wav", health=h).write(np.tile(PCM, 100))
     (fs / "filler").unlink()
     assert h.problem() is None and h.condition(UNHEALTHY, "x") is None           # probed at once: clear
-    assert not (fs / "wav" / PROBE_NAME).exists()
+    assert list((fs / "wav").iterdir()) == [fs / "wav" / "a.wav"]                  # no probe file left
 
     remount("ro")
     try:
@@ -253,16 +254,21 @@ def test_the_wav_directory_is_a_condition_that_clears_when_it_is_writable_again(
         remount("rw")
     assert h.problem() is None
 
-    (fs / "wav" / ".c.wav.part").mkdir()                                      # only a write meets this one
+    (fs / "wav" / "c.wav").mkdir()                                            # only a write meets this one
+
+    def write_c():
+        w = WavWriter(fs / "wav" / "c.wav", health=h)
+        w.write(PCM)
+        w.close()
     with pytest.raises(AudioDeviceError):
-        WavWriter(fs / "wav" / "c.wav", health=h)
-    assert "cannot write WAV file" in h.problem()
+        write_c()
+    assert "cannot complete WAV file" in h.problem()
     now[0] += PROBE_S - 0.1
-    assert "cannot write WAV file" in h.problem()                              # no probe before PROBE_S
+    assert "cannot complete WAV file" in h.problem()                           # no probe before PROBE_S
     now[0] += 0.2
     assert h.problem() is None                                                 # the probe wrote: the directory is fine
     with pytest.raises(AudioDeviceError):
-        WavWriter(fs / "wav" / "c.wav", health=h)
+        write_c()
     w = WavWriter(fs / "wav" / "d.wav", health=h)
     w.write(PCM)
     w.close()

@@ -5,15 +5,20 @@ because the stdlib :mod:`wave` module writes only integer PCM (format tag 1) and
 reads it; float32 samples are clipped to [-1, 1] and scaled by 32767 with rounding, so a
 round trip through :func:`read_wav` is exact to 1/32767 (≈ 3.1e-5).
 
-Files are named after the request id (``<wav_dir>/<id>.wav``); characters outside
-``[A-Za-z0-9._-]`` in the id are replaced by ``_`` so a client-chosen id cannot leave
-``wav_dir``.
+Files are named after the request id (:func:`wav_path`, one-to-one): an id made only of
+``[A-Za-z0-9._-]`` (not starting with a dot) is the file's stem as it is (``<id>.wav``); any
+other id (``门铃``, ``a/b/c``, ``.x``) has those characters replaced by ``_`` and ``+`` and 12
+hex digits of its SHA-256 appended (``__+3f2a....wav``), a character an unchanged id cannot
+hold: two ids never share a file, and a client-chosen id cannot leave ``wav_dir``.
 
-Durability: a file is written as ``.<name>.part`` beside its final name, flushed and
-``fsync``\\ ed, renamed over the final name (``os.replace``) and the directory ``fsync``\\ ed, all
-in :meth:`WavWriter.close`, before the caller reports the request done (and before the journal
-records it finished). A reader never sees a partial ``<id>.wav``; a crash leaves at most a
-``.part``, which :func:`remove_partials` deletes at the next start.
+Durability: a file is written into a private temporary file beside its final name
+(``.<name>.<8 hex digits>.part``, created ``O_EXCL | O_NOFOLLOW`` by
+:func:`appliance.files.create_temp`: a symlink planted there or at the final name is never
+followed), ``fsync``\\ ed, renamed over the final name and the directory ``fsync``\\ ed
+(:func:`appliance.files.commit`), all in :meth:`WavWriter.close`, before the caller reports the
+request done (and before the journal records it finished). A reader never sees a partial
+``<id>.wav``; a crash leaves at most a ``.part``, which :func:`remove_partials` deletes at the
+next start.
 
 Retention (:class:`WavRetention`, ``service.wav_keep_files`` / ``service.wav_max_mib``): after
 each file is written the oldest ``<id>.wav`` files of the directory beyond those limits are
@@ -27,6 +32,7 @@ hold one file per channel more than the limit until the next prune. Files dated 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -39,7 +45,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from ..errors import ApplianceError, AudioDeviceError, NoSpaceError
-from ..files import fsync_dir
+from ..files import commit, create_temp, discard
 
 if TYPE_CHECKING:
     from .wavdir import WavDirHealth
@@ -47,26 +53,27 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 #: what :func:`wav_path` names (never a dot file), and the partial files of :class:`WavWriter`
-_OURS = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*\.wav")
-_PART = re.compile(r"\.[A-Za-z0-9_-][A-Za-z0-9._-]*\.wav\.part")
+_OURS = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(\+[0-9a-f]{12})?\.wav")
+_PART = re.compile(r"\.[A-Za-z0-9_-][A-Za-z0-9._+-]*\.wav(\.[0-9a-f]{8})?\.part")
+HASH_HEX = 12
+"""Hex digits of the id's SHA-256 in the name of a file whose id had to be changed."""
 MIB = 1 << 20
 #: seconds ahead of the clock beyond which a file's mtime is taken for a stepped-back clock
 FUTURE_S = 60.0
 
 
 def wav_path(wav_dir: str | Path, request_id: str) -> Path:
-    """``<wav_dir>/<sanitized id>.wav`` (the directory is not created here)."""
-    name = _UNSAFE.sub("_", request_id) or "request"
-    if name.startswith("."):
-        name = "_" + name[1:]
-    return Path(wav_dir) / f"{name}.wav"
-
-
-def part_path(path: str | Path) -> Path:
-    """Where :class:`WavWriter` writes ``path`` until it is complete: ``.<name>.part`` beside it."""
-    p = Path(path)
-    return p.with_name(f".{p.name}.part")
+    """``<wav_dir>/<stem>.wav`` for ``request_id``, one file per id (module docstring); the
+    directory is not created here."""
+    if _SAFE_ID.fullmatch(request_id):
+        return Path(wav_dir) / f"{request_id}.wav"
+    stem = _UNSAFE.sub("_", request_id) or "request"
+    if stem.startswith("."):
+        stem = "_" + stem[1:]
+    h = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_HEX]
+    return Path(wav_dir) / f"{stem}+{h}.wav"
 
 
 def remove_partials(wav_dir: str | Path) -> list[Path]:
@@ -179,7 +186,6 @@ class WavWriter:
     def __init__(self, path: str | Path, rate: int = 24000, retention: Optional[WavRetention] = None,
                  health: Optional[WavDirHealth] = None) -> None:
         self.path = Path(path)
-        self.part = part_path(self.path)
         self.rate = rate
         self.retention = retention
         self.health = health
@@ -189,7 +195,8 @@ class WavWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # open the file first: a failing wave.open(path) leaves a half-built Wave_write whose
             # __del__ prints an AttributeError
-            self._f = open(self.part, "wb")
+            self._fd, self.part = create_temp(self.path, 0o640, suffix=".part")
+            self._f = open(self._fd, "wb", closefd=False)
         except OSError as e:
             raise self._report(_write_error(f"cannot write WAV file {self.path}", e)) from e
         self._w = wave.open(self._f, "wb")
@@ -232,12 +239,11 @@ class WavWriter:
         w, self._w = self._w, None
         try:
             w.close()                     # writes the final header and flushes; our file stays open
-            os.fsync(self._f.fileno())
-            self._f.close()
-            os.replace(self.part, self.path)
-            fsync_dir(self.path.parent)
+            self._f.close()               # flushed; the descriptor stays open (closefd=False)
+            fd, self._fd = self._fd, None
+            commit(fd, self.part, self.path)
         except OSError as e:
-            _drop(self._f, self.part)
+            self._drop()
             self._failed = self._report(_write_error(f"cannot complete WAV file {self.path}", e))
             raise self._failed from e
         log.debug("wrote %s (%d frames, %.2f s)", self.path, self.frames, self.frames / self.rate)
@@ -246,6 +252,15 @@ class WavWriter:
         if self.retention is not None:
             self.retention.prune(self.path.parent, keep=self.path)
         return self.path
+
+    def _drop(self) -> None:
+        """Close the file and remove the ``.part`` file, ignoring errors (it is being given up)."""
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        fd, self._fd = self._fd, None
+        discard(fd, self.part)
 
     def _report(self, err: ApplianceError) -> ApplianceError:
         """Tell :attr:`health` of ``err``; returns it."""
@@ -263,7 +278,7 @@ class WavWriter:
             w.close()
         except OSError:
             pass
-        _drop(self._f, self.part)
+        self._drop()
 
 
 def _write_error(what: str, e: OSError) -> ApplianceError:
@@ -272,15 +287,6 @@ def _write_error(what: str, e: OSError) -> ApplianceError:
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return NoSpaceError(f"{what}: {e.strerror}; free space there (audio.wav_dir)")
     return AudioDeviceError(f"{what}: {e.strerror or e} (check that directory: audio.wav_dir)")
-
-
-def _drop(f, part: Path) -> None:
-    """Close ``f`` and remove ``part``, ignoring errors (the file is being given up)."""
-    for fn in (f.close, lambda: part.unlink(missing_ok=True)):
-        try:
-            fn()
-        except OSError:
-            pass
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, rate: int = 24000) -> Path:

@@ -13,7 +13,7 @@ thread (health's watch every second, each ``status``):
   that filled in the middle of a file). That holds until a WAV file is written there again
   (:meth:`~WavDirHealth.wrote`) or a probe succeeds: while it holds, at most every :data:`PROBE_S`
   (monotonic), and at once when the file system looks right again after it did not, a probe file
-  of :data:`MIN_FREE_BYTES` (:data:`PROBE_NAME`, a name
+  of :data:`MIN_FREE_BYTES` (``.write-check.<hex>.wav.part``, a name
   :func:`~appliance.audio.wav.remove_partials` deletes at start should a crash leave it) is
   written, ``fsync``\\ ed and removed. The probe writes only while something already failed, so an
   SD card is not written every second on a healthy box.
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..core import Condition
+from ..files import create_temp, discard, space_problem, write_all
 
 log = logging.getLogger(__name__)
 
@@ -43,55 +44,33 @@ MIN_FREE_BYTES = 64 * 1024
 """Below this much free space (bytes: 1.4 s of 24 kHz int16 audio) the directory counts as full."""
 PROBE_S = 5.0
 """Seconds (monotonic) between two probe writes while a WAV file's failure holds."""
-PROBE_NAME = ".write-check.wav.part"
+PROBE_STEM = "write-check"
+"""The probe file's stem: it is written as ``.write-check.<8 hex digits>.wav.part``."""
 
 
 def fs_problem(wav_dir: Path) -> Optional[str]:
-    """What the file system says about writing into ``wav_dir`` (None: nothing against it).
-    Never raises."""
-    d = Path(wav_dir)
-    p = d
-    while not os.path.lexists(p) and p.parent != p:
-        p = p.parent
-    where = str(d) if p == d else f"{p} (where {d} is to be created)"
-    if not p.is_dir():
-        return f"{where} is not a directory"
-    try:
-        st = os.statvfs(p)
-    except OSError as e:
-        return f"cannot look at {where}: {e.strerror or e}"
-    if st.f_flag & os.ST_RDONLY:
-        return f"{where} is on a read-only file system"
-    if not os.access(p, os.W_OK | os.X_OK):
-        return f"{where} is not writable by this user (uid {os.getuid()})"
-    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-    if free < MIN_FREE_BYTES:
-        return f"{where}: the disk is full ({free // 1024} KiB free)"
-    return None
+    """What the file system says about writing into ``wav_dir`` (None: nothing against it):
+    :func:`appliance.files.space_problem` with :data:`MIN_FREE_BYTES`. Never raises."""
+    return space_problem(wav_dir, MIN_FREE_BYTES)
 
 
 def probe(wav_dir: Path) -> Optional[str]:
-    """Write, ``fsync`` and remove :data:`MIN_FREE_BYTES` in ``wav_dir`` (created if missing);
-    None when that worked, else the OS error. Never raises."""
+    """Write, ``fsync`` and remove :data:`MIN_FREE_BYTES` in ``wav_dir`` (created if missing), in
+    a private file of a fresh name (``.write-check.<hex>.wav.part``: created ``O_EXCL |
+    O_NOFOLLOW``, so a planted link is never written through); None when that worked, else the
+    OS error. Never raises."""
     d = Path(wav_dir)
-    p = d / PROBE_NAME
+    fd, p = None, None
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(bytes(MIN_FREE_BYTES))
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fd, p = create_temp(d / PROBE_STEM, suffix=".wav.part")
+        write_all(fd, bytes(MIN_FREE_BYTES))
+        os.fsync(fd)
     except OSError as e:
         return f"a test write in {d} failed: {e.strerror or e}"
     finally:
-        try:
-            p.unlink()
-        except OSError:
-            pass
+        if p is not None:
+            discard(fd, p)
     return None
 
 

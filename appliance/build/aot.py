@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 from ..config import Config, load_config
 from ..errors import ConfigError, EngineError
+from ..files import commit_dir, temp_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +124,8 @@ def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[
     ident = aot_step.identity(runner, checkpoint["sha256"], mode)
     root = Path(root)
     final = root / aot_step.key_of(ident)
-    tmp = root / f".{final.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir(final)
     graphs = {}
     try:
         for b, L in shapes:
@@ -145,8 +145,7 @@ def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[
         mf.write(tmp, {"kind": aot_step.KIND, "key": final.name, "identity": ident, "checkpoint": checkpoint,
                        "runtime": {"name": "torch", "version": torch.__version__}, "graphs": graphs,
                        "inputs": [[n, list(t.shape), str(t.dtype)] for n, t in zip(names, tensors)]})
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        commit_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import Config
-from ..errors import ApplianceError, ConfigError
+from ..errors import ApplianceError, ConfigError, EngineError
 from ..ops.footprint import Footprint, combine, measure, memory_kind
 from ..ops.telemetry import process_memory_mib
 
@@ -271,7 +271,7 @@ def fit_before_load(cfg: Config, planned: Callable[[Config], Any]) -> tuple[Conf
     """
     try:
         sizes = planned(cfg)
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EngineError) as e:   # a torn manifest: the load rebuilds it
         log.debug("no estimate before the load: %s", e)
         return cfg, None
     fit = plan_before_load(cfg, sizes, memory_kind(sizes.device), process_memory_mib() or 0.0)

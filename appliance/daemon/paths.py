@@ -11,6 +11,11 @@
   like ``/run/chattts-applaince/appliance.sock`` is refused with :class:`~appliance.errors.ConfigError`
   naming the key, instead of silently creating ``/run/chattts-applaince`` as root.
 
+The spool, WAV and cache directories must be the box's own: one that other users can write into
+(group or other write bit) could hold a planted symlink or a forged journal, so its mode is made
+private at start with a warning (:func:`appliance.files.fix_dir_mode`), or, where that is not
+allowed (another owner), the start is refused naming the key.
+
 Every path must also be writable by the daemon's user (checked with ``os.access``). A storage
 directory that is not (a read-only file system, a wrong owner) does not stop the start, it
 degrades the box (:data:`DEGRADED_WITHOUT`, logged as an error): the journal's directory (requests
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import ConfigError
+from ..files import fix_dir_mode
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,9 @@ DEGRADED_WITHOUT = {
     "safety.cache_dir": "running without a cache",
 }
 """Directories the box runs without when they cannot be written (module docstring), and what that costs."""
+
+PRIVATE = ("service.spool_dir", "audio.wav_dir", "safety.cache_dir")
+"""Directories no other user may write into (:func:`appliance.files.fix_dir_mode`)."""
 
 
 class NotWritable(ConfigError):
@@ -123,3 +132,9 @@ def prepare_dirs(cfg: Config, socket_inherited: bool = False, environ=None) -> N
             if key not in DEGRADED_WITHOUT:
                 raise
             log.error("%s; the box starts anyway: %s", e, DEGRADED_WITHOUT[key])
+            continue
+        if key in PRIVATE:
+            try:
+                fix_dir_mode(d, key)
+            except PermissionError as e:
+                raise ConfigError(str(e)) from e

@@ -20,7 +20,6 @@ it says which (log, STATUS, health).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from ..errors import EngineError
+from ..files import read_json, write_json
 from . import manifest as mf
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,17 @@ def read(engine_dir: str | os.PathLike) -> list[dict]:
         EngineError: the file exists but is not valid JSON of that shape.
     """
     p = Path(engine_dir) / FILE
-    if not p.is_file():
-        return []
     try:
-        data = json.loads(p.read_text())
-        entries = data["entries"]
-        if not isinstance(entries, list):
-            raise TypeError("entries is not a list")
-        return entries
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        data = read_json(p, "calibration record")     # empty, NUL-filled, unparsable: absent, one warning
+    except OSError as e:
         raise EngineError(f"{p}: unreadable calibration record ({e}); run 'chattts-appliance calibrate' again") from e
+    if data is None:
+        return []
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise EngineError(f"{p}: unreadable calibration record (entries is not a list); "
+                          f"run 'chattts-appliance calibrate' again")
+    return entries
 
 
 def save(engine_dir: str | os.PathLike, cal: Calibration) -> Path:
@@ -101,9 +102,7 @@ def save(engine_dir: str | os.PathLike, cal: Calibration) -> Path:
     key = (cal.checkpoint.get("sha256"), cal.backend, cal.precision)
     entries = [e for e in entries if (e.get("checkpoint", {}).get("sha256"), e.get("backend"), e.get("precision")) != key]
     entries.append(asdict(cal))
-    tmp = d / (FILE + ".tmp")
-    tmp.write_text(json.dumps({"entries": entries}, indent=1))
-    os.replace(tmp, d / FILE)
+    write_json(d / FILE, {"entries": entries}, 0o644)
     return d / FILE
 
 

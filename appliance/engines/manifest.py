@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import hashlib
-import json
 import logging
 import os
 import re
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError, EngineMismatchError
+from ..files import read_json, write_json
 from ..model.integrity import mismatch
 
 log = logging.getLogger(__name__)
@@ -214,9 +214,7 @@ def write(directory: str | os.PathLike, manifest: dict) -> Path:
     files = {n: file_sha256(d / n) for n in weight_files(d, manifest) if (d / n).is_file()}
     m = {"format": FORMAT, "created": now_iso(), **manifest, "files": files}
     p = d / MANIFEST
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(m, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, p)
+    write_json(p, m, 0o644)
     return p
 
 
@@ -228,11 +226,11 @@ def read(directory: str | os.PathLike, rebuild_hint: str = "") -> dict:
     """
     p = Path(directory) / MANIFEST
     try:
-        m = json.loads(p.read_text())
-    except FileNotFoundError as e:
-        raise EngineMismatchError(f"no engine manifest at {p}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else "")) from e
-    except (OSError, ValueError) as e:
+        m = read_json(p, "engine manifest")     # empty, NUL-filled, unparsable: as missing, one warning
+    except OSError as e:
         raise EngineMismatchError(f"unreadable engine manifest {p}: {e}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else "")) from e
+    if m is None:
+        raise EngineMismatchError(f"no usable engine manifest at {p}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else ""))
     if m.get("format") != FORMAT:
         raise EngineMismatchError(f"{p}: manifest format {m.get('format')!r}, this version reads {FORMAT}" + (f"; rebuild with: {rebuild_hint}" if rebuild_hint else ""))
     return m

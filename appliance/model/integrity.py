@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError, IntegrityError
+from ..files import write_atomic
 from . import layout
 from .fetch import SHA256 as UPSTREAM_SHA256
 from .fetch import sha256_file
@@ -97,9 +97,7 @@ def write_sums(root: str | Path) -> Path:
     sums = {f"asset/{rel}": sha256_file(asset / rel) for rel in VERIFIED_FILES if (asset / rel).is_file()}
     out = root / SUMS_FILE
     try:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, out)
+        write_atomic(out, (json.dumps(sums, indent=1, sort_keys=True) + "\n").encode("utf-8"), 0o644)
     except OSError as e:
         raise CheckpointError(f"cannot write {out}: {e}") from e
     return out

@@ -18,12 +18,13 @@ and file take it and skip the child (a new export or a new llama-cpp-python vers
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from ...files import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ def check(gguf: Path, sha256: str, version: str, timeout_s: float = TIMEOUT_S) -
     failure (it is the verdict); the marker is written where the directory allows."""
     marker = marker_path(gguf, version)
     try:
-        rec = json.loads(marker.read_text())
-        if rec.get("gguf_sha256") == sha256:
+        rec = read_json(marker, "llama.cpp load check record")
+        if rec is not None and rec.get("gguf_sha256") == sha256:
             return Verdict(bool(rec["ok"]), str(rec["reason"]), cached=True)
-    except (OSError, ValueError, KeyError):
+    except (OSError, KeyError):
         pass
     try:
         r = subprocess.run([sys.executable, "-X", "faulthandler", "-m", __name__, str(gguf)], capture_output=True,
@@ -73,8 +74,8 @@ def check(gguf: Path, sha256: str, version: str, timeout_s: float = TIMEOUT_S) -
             v = Verdict(False, f"llama.cpp's GPU build could not load {gguf} offloaded in a test process "
                                f"(exit {r.returncode}: {tail})")
     try:
-        marker.write_text(json.dumps({"gguf_sha256": sha256, "ok": v.ok, "reason": v.reason,
-                                      "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}) + "\n")
+        write_json(marker, {"gguf_sha256": sha256, "ok": v.ok, "reason": v.reason,
+                            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}, 0o644)
     except OSError as e:
         log.debug("cannot keep the llama load check's verdict in %s: %s", marker, e)
     return v

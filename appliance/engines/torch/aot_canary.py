@@ -43,6 +43,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ...files import read_json, write_json
+
 log = logging.getLogger(__name__)
 
 #: The loader the child uses, as ``module:function`` (read at each :func:`check`).
@@ -143,9 +145,7 @@ def _record(mark: Path, ok: bool, reason: str, digests: dict[str, str]) -> Verdi
     data = {"torch": torch.__version__, "ok": ok, "reason": reason, "packages": digests,
             "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     try:
-        tmp = mark.with_name(f".{mark.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, mark)
+        write_json(mark, data, 0o644)
     except OSError as e:
         log.warning("cannot record the load check in %s (%s): the next start checks again", mark, e)
         return Verdict(ok, reason, False, None)
@@ -154,10 +154,9 @@ def _record(mark: Path, ok: bool, reason: str, digests: dict[str, str]) -> Verdi
 
 def _read(p: Path) -> Optional[dict]:
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
+        return read_json(p, "ahead-of-time load check record")
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 # --------------------------------------------------------------------------- the child
