@@ -102,6 +102,15 @@ class InsufficientMemoryError(BusyError):
     code = "insufficient_memory"
 
 
+class SpoolBusyError(ApplianceError):
+    """Another daemon owns ``service.spool_dir`` (its lock) and did not let go in time: this
+    one exits without opening the journal, with :attr:`exit_status` (not 2: systemd may start
+    it again once the other is gone)."""
+
+    code = "spool_busy"
+    exit_status = 75
+
+
 class JournalError(ApplianceError):
     """The request journal cannot record a request durably (disk full, read-only, I/O error,
     or full of unfinished requests): the request is refused, accepted ones keep playing."""

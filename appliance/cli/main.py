@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(fn(args) or 0)
     except ApplianceError as e:
         print(f"chattts-appliance {key}: error: {e}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_status", 2))
     except KeyboardInterrupt:
         return 130
 

@@ -144,6 +144,7 @@ class ServiceConfig:
     wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")
     max_hold_s: float = _f(120.0, "Longest a request waits held by the throttle (a hot box, low memory, power, a slow RTF) before it ends with error 'throttled' naming the level and the resource, s (monotonic clock; time queued behind another request on its channel does not count).", min=1.0, max=86400.0)
     spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).")
+    spool_lock_wait_s: float = _f(60.0, "One daemon owns service.spool_dir (a lock file, spool.lock, taken before the journal is opened, whatever the socket): a second one waits this long for it (e.g. while the first drains after SIGTERM), then exits with status 75 naming the owner's pid. Keep it below the unit's TimeoutStopSec, s.", min=0.0, max=3600.0)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from ..ops.monitor import open_monitor
 from ..ops.verdict import CheckRecord, Health
 from ..service.dispatch import Dispatcher
 from ..service.journal import Journal, storage_conditions
+from ..service.journal_lock import SpoolLock
 from ..service.peers import RateLimiter
 from ..service.recovery import Recovery, open_journal
 from ..service.request import Request
@@ -118,13 +119,16 @@ class Parts:
     mqtt: Optional[MQTTBridge]
 
 
-def check(cfg: Config, own_model: bool) -> None:
+def check(cfg: Config, own_model: bool) -> SpoolLock:
     """What fails fast, before the model loads (``own_model``: the daemon loads ``model.path``
-    itself, not a test's factory).
+    itself, not a test's factory); returns the spool's lock, held
+    (:mod:`appliance.service.journal_lock`: taken after the socket's check, so a second daemon
+    on the same socket still exits at once, and before anything opens the journal).
 
     Raises:
         ApplianceError: no checkpoint at ``model.path``, a directory that cannot be made, the
-            socket or a Wyoming port in use, a missing or unreadable ``mqtt.ca_file``.
+            socket or a Wyoming port in use, a missing or unreadable ``mqtt.ca_file``, the spool
+            owned by another daemon past ``service.spool_lock_wait_s`` (SpoolBusyError).
     """
     if own_model:                                   # a wrong model.path: before any directory is made
         require_checkpoint(cfg)
@@ -138,6 +142,9 @@ def check(cfg: Config, own_model: bool) -> None:
     if cfg.mqtt.enabled:
         from ..transports.mqtt import check_tls
         check_tls(cfg)
+    lock = SpoolLock(cfg.resolve(cfg.service.spool_dir))
+    lock.acquire(cfg.service.spool_lock_wait_s)
+    return lock
 
 
 def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLoop,

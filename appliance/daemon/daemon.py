@@ -48,6 +48,7 @@ from ..config import Config, load_config
 from ..errors import ApplianceError
 from ..messages.protocol import Event, HealthReply, StatusReply
 from ..service.dispatch import Dispatcher
+from ..service.journal_lock import SpoolLock
 from ..service.recovery import tell_stopped
 from ..service.request import Request
 from ..transports.socket_server import SocketServer, inherited_socket, listen_socket
@@ -106,6 +107,7 @@ class Daemon:
         self._signals = 0
         self._pending_signals: list[int] = []
         self._socket_path: Optional[Path] = None
+        self._spool: Optional[SpoolLock] = None
 
     @property
     def dispatch(self) -> Optional[Dispatcher]:
@@ -129,7 +131,7 @@ class Daemon:
         loop = asyncio.new_event_loop()
         try:
             try:
-                check(self.cfg, own_model=self.pipeline_factory is None)
+                self._spool = check(self.cfg, own_model=self.pipeline_factory is None)
                 ports = Ports(lambda: self.state, self.status, self._health_check, self._on_finished, self._on_throttle)
                 self.parts = build(self.cfg, self.hooks, ports, loop, self.pipeline_factory)
             except _StopDuringStart as e:
@@ -146,6 +148,8 @@ class Daemon:
                 loop.close()
             if self.parts is not None:
                 self.parts.dispatch.close()
+            if self._spool is not None:     # after the journal is closed: a waiting daemon may take it now
+                self._spool.release()
         log.info("stopped")
         return 0
 
