@@ -56,13 +56,74 @@ def test_a_torn_last_record_is_dropped_and_a_damaged_one_skipped(tmp_path):
     rec = Journal(tmp_path).open()
     assert rec.torn == 1 and [e.id for e in rec.pending] == ["r0", "r1", "r2"]
     assert (tmp_path / FILE).read_bytes().endswith(b"\n")
-    # a flipped byte in the middle record: skipped (CRC), the others kept
+    # a flipped byte in the middle record (after the header and r0): skipped (CRC), the others kept
     data = bytearray((tmp_path / FILE).read_bytes())
-    second = data.index(b"\n") + 20
+    second = data.index(b"\n", data.index(b"\n") + 1) + 20
     data[second] ^= 0x01
     (tmp_path / FILE).write_bytes(bytes(data))
     rec = Journal(tmp_path).open()
     assert rec.corrupt == 1 and [e.id for e in rec.pending] == ["r0", "r2"]
+
+
+def _damaged(tmp_path, how: str) -> tuple[bytes, int, int, int]:
+    """A journal of 1 finished and 9 unfinished requests, damaged as a power cut leaves it;
+    returns (its bytes, the offset of the damage, records intact, bytes unreadable)."""
+    j = Journal(tmp_path)
+    j.open()
+    ns = [j.accept(_req(i)) for i in range(10)]
+    j.end(ns[0], {"type": "done", "id": "r0"})
+    j.close()
+    data = (tmp_path / FILE).read_bytes()
+    starts = [0] + [i + 1 for i, b in enumerate(data) if b == 0x0A][:-1]   # line starts: header, a x10, e
+    n_rec = len(starts) - 1                                                 # the header is not a record
+    if how == "nul_tail":       # the last 3 lines' blocks never reached the disk: NULs, same size
+        at = starts[-3]
+        return data[:at] + b"\0" * (len(data) - at), at, n_rec - 3, len(data) - at
+    if how == "all_nul":
+        return b"\0" * len(data), 0, 0, len(data)
+    if how == "zero":
+        return b"", 0, 0, 0
+    if how == "cut_last_line":
+        at = starts[-1]
+        return data[:-7], at, n_rec - 1, len(data) - 7 - at
+    if how == "bad_crc_middle":
+        at = starts[5]
+        b = bytearray(data)
+        b[at + 30] ^= 0x01
+        return bytes(b), at, n_rec - 1, starts[6] - at
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["nul_tail", "all_nul", "zero", "cut_last_line", "bad_crc_middle"])
+def test_a_damaged_journal_is_set_aside_counted_and_reported_until_a_clean_compaction(tmp_path, how, caplog):
+    data, at, intact, lost = _damaged(tmp_path, how)
+    (tmp_path / FILE).write_bytes(data)
+    j = Journal(tmp_path)
+    with caplog.at_level("WARNING", "appliance.service.journal"):
+        rec = j.open()
+    (w,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"is damaged at byte {at}:" in w and f"{intact} record(s) recovered, {lost} byte(s) could not be read" in w, w
+    assert (rec.damaged_at, rec.records, rec.lost_bytes) == (at, intact, lost)
+    kept = tmp_path / f"{FILE}.1.corrupt"
+    assert rec.set_aside == str(kept) and kept.read_bytes() == data and str(kept) in w
+    (c,) = j.conditions()
+    assert c.name == "journal_recovered" and c.severity == "degraded" and f"byte {at}" in c.reason, c
+    # every intact unfinished request is handed back once; r0's end record survives only a damage before it
+    assert len(rec.pending) == len({e.id for e in rec.pending})
+    assert ("r0" in [e.id for e in rec.pending]) == (how in ("nul_tail", "cut_last_line"))
+    for e in rec.pending:
+        j.end(e.n, {"type": "done", "id": e.id})
+    assert [x.name for x in j.conditions()] == ["journal_recovered"]      # until a compaction, not an end
+    j.max_bytes = 8192                                         # the next compaction comes after a few requests
+    for i in range(100, 200):
+        j.end(j.accept(_req(i)), {"type": "done", "id": f"r{i}"})
+        if not j.conditions():
+            break
+    assert i > 100 and j.conditions() == ()                    # compacted cleanly: cleared
+    j.close()
+    again = Journal(tmp_path)
+    assert again.open().pending == [] and again.conditions() == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([FILE, kept.name])
 
 
 def test_the_journal_stays_bounded_and_refuses_when_unfinished_requests_fill_it(tmp_path):
@@ -145,9 +206,10 @@ def test_a_full_disk_is_reported_ends_are_marked_in_place_and_nothing_is_replaye
 
 
 def test_storage_degraded_clears_when_the_disk_takes_writes_again_without_a_request(small_fs):
-    """Health reads the journal's condition every second: while it is set, a compaction is tried
-    at most every ``RETRY_S`` (the clock here is the test's), so ``storage_degraded`` clears once
-    space returns, not only at the next request; nothing accepted is lost by the attempts."""
+    """Health reads the journal's condition every second: while the file system has no room it
+    holds (a compaction that would write a small file is not taken for "writes again"); once room
+    returns a compaction is tried at once, so ``storage_degraded`` clears without a request;
+    nothing accepted is lost by the attempts."""
     now = [1000.0]
     j = Journal(small_fs / "spool", clock=lambda: now[0])
     j.open()
@@ -157,13 +219,14 @@ def test_storage_degraded_clears_when_the_disk_takes_writes_again_without_a_requ
     with pytest.raises(JournalError):
         for i in range(1, 200):
             late.append(j.accept(_req(i, "字" * 500)))
-    (c,) = j.conditions()                              # tried at once: still full
+    (c,) = j.conditions()                              # the file system has no room: not even tried
     assert c.name == "storage_degraded" and "No space left on device" in c.reason, c
+    now[0] += 10 * RETRY_S
+    (c,) = j.conditions()                              # still full: holds, whatever a write of nothing would do
+    assert c.name == "storage_degraded", c
     (small_fs / "filler").unlink()
-    assert [x.name for x in j.conditions()] == ["storage_degraded"]      # not again before RETRY_S
-    now[0] += RETRY_S
-    assert j.conditions() == () and j.condition is None                  # compacted: writes again
-    assert not (small_fs / "spool" / (FILE + ".tmp")).exists()
+    assert j.conditions() == () and j.condition is None                  # room again: compacted at once
+    assert sorted(p.name for p in (small_fs / "spool").iterdir()) == [FILE]      # no temporary file left
     j.close()
     assert [e.n for e in Journal(small_fs / "spool").open().pending] == [n0] + late
 

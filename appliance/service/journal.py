@@ -29,7 +29,9 @@ states are advisory (not fsynced).
 When the disk is full or read-only (docs/guarantees.md restates this): :meth:`accept` raises
 :class:`~appliance.errors.JournalError` and the caller plays the request anyway, telling its
 client it is not crash-safe (``accepted.not_crash_safe``); :attr:`Journal.condition` says why
-until a write succeeds again (health's reads try a compaction every :data:`RETRY_S` meanwhile). A request that *ends* while the journal cannot append is marked
+until a write succeeds again (health's reads try a compaction every :data:`RETRY_S` meanwhile),
+and health says ``storage_degraded`` as long as the file system has less than
+:data:`MIN_FREE_BYTES` free, write or not. A request that *ends* while the journal cannot append is marked
 ended in place (its accept record's mark: an overwrite needs no free space on a file system that
 does not copy on write), so it is never replayed, clean stop or crash, however long the disk stays
 full; only if that overwrite fails too is it logged as "may be spoken again after a crash". A
@@ -42,11 +44,18 @@ which it was *running* (mark ``s`` or ``p``: synthesizing, or sounding on the de
 that were only waiting (queued, or synthesized and waiting behind the one that sounded) did not
 take part in the crash. :meth:`Journal.open` adds the attempt.
 
-Reading (:meth:`Journal.open`): a torn last record (power cut mid-write) is dropped, a bad record
-elsewhere skipped and logged; then the file is compacted (unfinished and recently finished
-requests rewritten to ``journal.log.tmp``, fsynced, renamed over the journal), again whenever it
-grows past ``journal.max_bytes`` (retried at most every :data:`RETRY_S` after a failure). When
-unfinished requests alone take 90 % of it, :meth:`accept` raises as for a full disk.
+Reading (:meth:`Journal.open`): a journal that cannot be read whole (a cut last line, a tail or
+a body of NUL bytes, a bad checksum in the middle, a file truncated to zero: what a power cut
+leaves) is set aside (renamed ``journal.log.<k>.corrupt`` and kept, the newest four), one WARNING
+names the file, the byte offset of the damage, the records recovered and the bytes that could not
+be read, and health says ``journal_recovered`` (degraded) until the next clean compaction (when the
+journal next grows past ``journal.max_bytes``; a restart with a clean journal clears it too); every
+intact record is used, under the replay policy.
+Then the file is compacted (a header record, the unfinished and recently finished requests,
+written to a private temporary file, fsynced, renamed over the journal: :mod:`appliance.files`),
+again whenever it grows past ``journal.max_bytes`` (retried at most every :data:`RETRY_S` after a
+failure). When unfinished requests alone take 90 % of it, :meth:`accept` raises as for a full
+disk. Only the daemon that holds the spool's lock opens it (:mod:`.journal_lock`).
 
 No threads of its own; every method is thread-safe (one lock; the fsync happens under it).
 """
@@ -62,8 +71,9 @@ from typing import Callable, Optional
 
 from ..core import Condition, ConditionFlag
 from ..errors import JournalError
+from ..files import space_problem
 from .journal_file import JournalFile
-from .records import ENDED, RUNNING, Entry, Recovered, Stamp, encode, ended_in_place, scan, slim, stamp_of
+from .records import RUNNING, Entry, Recovered, Stamp, apply_record, encode, scan, slim, sort_out
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,11 @@ FULL_FRACTION = 0.9
 """Unfinished requests may take this fraction of ``journal.max_bytes`` before new ones are not journaled."""
 RETRY_S = 5.0
 """Seconds (monotonic) between compactions after one failed (a full disk fails them all)."""
+MIN_FREE_BYTES = 64 * 1024
+"""Below this much free space on the spool's file system the journal counts as unable to take
+the next record (health ``storage_degraded``), as the WAV directory's check does."""
+HEADER = encode({"k": "h", "v": 1})
+"""The first record of every compacted journal (so a written journal is never empty)."""
 
 
 class Journal:
@@ -103,6 +118,7 @@ class Journal:
         self._retry_at = 0.0         # clock() before which a failed compaction is not retried
         self._fault: Optional[str] = None
         self._flag = ConditionFlag("storage_degraded")
+        self._damage = ConditionFlag("journal_recovered")
         self._dead = False           # unreadable at start: set aside
 
     @property
@@ -114,11 +130,16 @@ class Journal:
 
     def conditions(self) -> tuple[Condition, ...]:
         """Health's view (a :data:`~appliance.core.ConditionSource`): ``storage_degraded`` while
-        :attr:`condition` is set. While it is, and at most every :data:`RETRY_S`, the journal is
-        compacted (rewritten whole, fsynced: the write it needs anyway), so the condition clears
-        once the disk takes writes again, with no request in between; not while a request holds
-        the journal, nor for a journal set aside at start or full of unfinished requests."""
-        if self._fault is not None and not self._dead and self._clock() >= self._retry_at \
+        :attr:`condition` is set or the spool's file system cannot take the next record (less
+        than :data:`MIN_FREE_BYTES` free, read-only: :func:`~appliance.files.space_problem`, one
+        ``statvfs``); ``journal_recovered`` after a damaged journal was set aside at start, until
+        the next clean compaction. While :attr:`condition` is set and the file system has room,
+        at most every :data:`RETRY_S`, the journal is compacted (rewritten whole, fsynced: the
+        write it needs anyway), so the condition clears once the disk takes writes again, with no
+        request in between; not while a request holds the journal, nor for a journal set aside
+        at start or full of unfinished requests."""
+        space = None if self._dead else space_problem(self.dir, MIN_FREE_BYTES)
+        if self._fault is not None and space is None and not self._dead and self._clock() >= self._retry_at \
                 and self._lock.acquire(blocking=False):
             try:
                 if self._fault is not None and self._live_bytes <= FULL_FRACTION * self.max_bytes:
@@ -130,7 +151,11 @@ class Journal:
                         self._dirty = dirty
             finally:
                 self._lock.release()
-        return self._flag()
+        if self._fault is None:
+            self._flag.update(None if space is None else
+                              f"{space}: the request journal may not take the next request; requests play but may "
+                              f"not be crash-safe")
+        return self._flag() + self._damage()
 
     def _set_fault(self, reason: Optional[str]) -> None:
         self._fault = reason
@@ -139,8 +164,8 @@ class Journal:
     # ------------------------------------------------------------------ start
 
     def open(self) -> Recovered:
-        """Read the journal left by the last run, drop a torn tail, compact it, and return what
-        was unfinished and what had finished. Never raises: a journal that cannot be read or
+        """Read the journal left by the last run, set a damaged one aside, compact it, and return
+        what was unfinished and what had finished. Never raises: a journal that cannot be read or
         written is reported (:attr:`condition`) and replays nothing (module docstring)."""
         try:
             data = self._file.read()
@@ -149,69 +174,44 @@ class Journal:
             self._set_fault(str(e))
             log.error("%s; running without it: requests play but are not crash-safe", self._fault)
             return Recovered()
-        records, torn, corrupt, good = scan(data)
-        if torn:
-            log.warning("journal %s: dropping a torn last record (written when the daemon died)", self.path)
-        if corrupt:
-            log.error("journal %s: skipped %d damaged record(s)", self.path, corrupt)
-        rec = Recovered(torn=torn, corrupt=corrupt)
+        sc = scan(data or b"")
+        damage = sc.damage(len(data)) if data is not None else None
+        rec = Recovered(torn=sc.torn, corrupt=sc.corrupt, damaged_at=max(sc.damaged_at, 0) if damage else -1,
+                        records=len(sc.records), lost_bytes=sc.lost_bytes)
         entries: dict[int, Entry] = {}
-        for r, pos in records:
-            self._apply(r, pos, entries, rec.last_of_boot)
-        for n in sorted(entries):
-            e = entries[n]
-            if e.ev is None:
-                if e.running:            # running when the last run died: one more attempt
-                    e.tries += 1
-                    e.running = False
-                e.mark = "-"
-                rec.pending.append(e)
+        for r, pos in sc.records:
+            apply_record(r, pos, entries, rec.last_of_boot)
+        self._live, self._finished = sort_out(entries, rec, KEEP_FINISHED)
         self._next = max(entries, default=0) + 1
-        self._live = {e.n: e for e in rec.pending}
         self._live_bytes = sum(e.size for e in rec.pending)
-        done = sorted((e for e in entries.values() if e.ev is not None), key=lambda e: e.n)[-KEEP_FINISHED:]
-        self._finished = collections.OrderedDict((e.n, e) for e in done)
-        rec.finished = {e.id: e.ev for e in done}
-        rec.finished_sha = {e.id: e.text_sha for e in done}
         with self._lock:
-            self._file.size = good
-            self._compact()
-            writable = self._fault is None or self._file.truncate(good)
+            self._file.size = sc.good_len
+            if damage:
+                self._set_aside(rec, damage, len(data or b""))
+            self._compact(at_open=True)
+            writable = self._fault is None or (not damage and self._file.truncate(sc.good_len))
         if rec.pending and not writable:
             log.error("journal %s: %d unfinished request(s) NOT replayed: the journal cannot record that they "
                       "ended (%s), so each would be spoken again at every start", self.path, len(rec.pending), self._fault)
             rec.pending = []
-        if rec.pending or torn or corrupt:
-            log.info("journal %s: %d unfinished request(s), %d finished remembered, %d torn / %d damaged record(s) dropped",
-                     self.path, len(rec.pending), len(rec.finished), torn, corrupt)
+        if rec.pending or damage:
+            log.info("journal %s: %d unfinished request(s), %d finished remembered", self.path, len(rec.pending),
+                     len(rec.finished))
         return rec
 
-    @staticmethod
-    def _apply(r: dict, pos: int, entries: dict[int, Entry], last_of_boot: dict[str, Stamp]) -> None:
-        k, n = r.get("k"), r.get("n")
-        if not isinstance(n, int):
-            return
-        if k in ("a", "e", "f") and ("u" in r or "t" in r):
-            at = stamp_of(r)
-            if at.up >= last_of_boot.get(at.boot, at).up:
-                last_of_boot[at.boot] = at
-        if k in ("a", "f"):
-            req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", ""), "text_sha": str(r.get("ts", ""))}
-            mark = r.get("mark")
-            e = Entry(n=n, at=stamp_of(r), origin=str(r.get("o", "socket")), req=req, tries=int(r.get("tries", 0)),
-                      running=bool(r.get("run")) or mark in RUNNING, pos=pos)
-            if k == "f":
-                e.ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
-            elif mark in ENDED:
-                e.ev = ended_in_place(e, mark)
-            entries[n] = e
-        elif n in entries:
-            if k in RUNNING:
-                entries[n].running = True
-            elif k == "w":
-                entries[n].running = False
-            elif k == "e":
-                entries[n].ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
+    def _set_aside(self, rec: Recovered, damage: str, size: int) -> None:
+        """A damaged journal (lock held): rename it ``.corrupt`` (kept), one WARNING with the
+        figures, health ``journal_recovered`` until the next clean compaction."""
+        try:
+            rec.set_aside = str(self._file.set_aside())
+            kept = f"set aside as {rec.set_aside}"
+        except OSError as e:
+            kept = f"could not be set aside ({e.strerror or e})"
+        what = (f"request journal {self.path} ({size} bytes) is damaged at byte {rec.damaged_at}: {damage}; "
+                f"{rec.records} record(s) recovered, {rec.lost_bytes} byte(s) could not be read")
+        log.warning("%s; %s; %d unfinished request(s) recovered are handled once (a power cut?)", what, kept,
+                    sum(1 for e in self._live.values()))
+        self._damage.set(f"{what}; {kept}; clears at the next clean compaction of the journal")
 
     # ------------------------------------------------------------------ records
 
@@ -346,8 +346,9 @@ class Journal:
         if (self._dirty or self._file.size > self.max_bytes) and self._clock() >= self._retry_at:
             self._compact()
 
-    def _compact(self) -> None:
-        """Rewrite the journal as its live entries plus the remembered finished ones."""
+    def _compact(self, at_open: bool = False) -> None:
+        """Rewrite the journal as a header record, the remembered finished requests and the
+        live entries; a success after the one at :meth:`open` clears ``journal_recovered``."""
         fin = []
         budget = self.max_bytes - sum(e.size for e in self._live.values()) - 4096
         for e in reversed(self._finished.values()):
@@ -357,7 +358,7 @@ class Journal:
                 break
             budget -= len(line)
             fin.append((e.n, line))
-        body = bytearray(b"".join(line for _, line in sorted(fin)))
+        body = bytearray(HEADER + b"".join(line for _, line in sorted(fin)))
         pos = {}
         for e in sorted(self._live.values(), key=lambda e: e.n):
             line = encode(self._accept_record(e), e.mark)
@@ -377,6 +378,9 @@ class Journal:
         self._live_bytes = sum(size for _, size in pos.values())
         self._dirty = False
         self._set_fault(None)
+        if self._damage() and not at_open:
+            log.info("request journal %s compacted cleanly after the damage found at start", self.path)
+            self._damage.clear()
 
 
 def mark(journal: Optional[Journal], n: Optional[int], state: str) -> None:

@@ -4,8 +4,10 @@ saying exactly what failed (:mod:`appliance.service.journal` keeps the entries a
 Writes go through one ``O_RDWR`` descriptor with ``pwrite`` at the known end (an append) or at a
 record's mark byte (an overwrite: no new blocks, so it works on a full disk on file systems that
 do not copy on write); a failed append is cut away again (``ftruncate``), so the next one starts
-on a fresh line. A rewrite (compaction) goes to ``journal.log.tmp``, is fsynced and renamed over
-the file, and the directory fsynced. Not thread-safe: the journal's lock covers every call.
+on a fresh line. A rewrite (compaction) goes to a private temporary file
+(``.journal.log.<hex>.tmp``), is fsynced and renamed over the file, and the directory fsynced
+(:mod:`appliance.files`). The file is never opened through a symlink (``O_NOFOLLOW``): a journal
+that is a symlink is refused. Not thread-safe: the journal's lock covers every call.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
 from ..errors import JournalError
-from ..files import fsync_dir
+from ..files import commit, create_temp, discard, fsync_dir, write_all
 
 log = logging.getLogger("appliance.service.journal")
+
+KEEP_CORRUPT = 4
+"""Damaged journals kept (``journal.log.<k>.corrupt``): the newest this many."""
 
 
 def why(what: str, e: OSError) -> str:
@@ -48,22 +54,32 @@ class JournalFile:
         self.size = 0
         self._fd: Optional[int] = None
 
-    def read(self) -> bytes:
-        """The whole file (b"" when it does not exist yet); creates its directory.
+    def read(self) -> Optional[bytes]:
+        """The whole file (None when it does not exist yet); creates its directory.
 
         Raises:
             JournalError: it cannot be read.
         """
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self.path.read_bytes() if self.path.exists() else b""
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise JournalError(f"the request journal {self.path} is a symlink: refused (someone who can write "
+                                   f"service.spool_dir may have planted it); remove it") from e
+            raise JournalError(why("cannot read the request journal", e)) from e
+        try:
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
         except OSError as e:
             raise JournalError(why("cannot read the request journal", e)) from e
 
     def _open(self) -> int:
         if self._fd is None:
             created = not self.path.exists()
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             self.size = os.fstat(self._fd).st_size
             if created and self.fsync:
                 fsync_dir(self.path.parent)
@@ -121,33 +137,46 @@ class JournalFile:
             self.close()                  # reopened (and re-measured) at the next append
 
     def rewrite(self, body: bytes) -> None:
-        """Replace the file with ``body`` (temp file, fsync, rename, directory fsync).
+        """Replace the file with ``body`` (:func:`appliance.files.create_temp` and
+        :func:`~appliance.files.commit`: a private temporary file, fsync, rename, directory fsync).
 
         Raises:
             JournalError: it could not be written (the old file stays as it was).
         """
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            fd, tmp = create_temp(self.path)
             try:
-                done = 0
-                while done < len(body):
-                    done += os.write(fd, body[done:])
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            if self.fsync:
-                fsync_dir(self.path.parent)
-        except OSError as e:
-            try:
-                tmp.unlink()
+                write_all(fd, body)
             except OSError:
-                pass
+                discard(fd, tmp)
+                raise
+            commit(fd, tmp, self.path, sync=self.fsync)
+        except OSError as e:
             raise JournalError(why(f"cannot compact the request journal {self.path}", e)) from e
         self.close()
         self.size = len(body)
+
+    def set_aside(self) -> Path:
+        """Rename the (damaged) file to ``<name>.<k>.corrupt`` beside it, ``k`` one more than the
+        newest kept, and keep the newest :data:`KEEP_CORRUPT` of them; returns the new name.
+
+        Raises:
+            OSError: it could not be renamed.
+        """
+        self.close()
+        pat = re.compile(re.escape(self.path.name) + r"\.(\d+)\.corrupt")
+        kept = sorted(int(m.group(1)) for p in self.path.parent.iterdir() if (m := pat.fullmatch(p.name)))
+        dest = self.path.with_name(f"{self.path.name}.{(kept[-1] if kept else 0) + 1}.corrupt")
+        os.rename(self.path, dest)
+        for k in kept[:max(0, len(kept) + 1 - KEEP_CORRUPT)]:
+            try:
+                os.unlink(self.path.with_name(f"{self.path.name}.{k}.corrupt"))
+            except OSError:
+                pass
+        if self.fsync:
+            fsync_dir(self.path.parent)
+        self.size = 0
+        return dest
 
     def close(self) -> None:
         if self._fd is not None:

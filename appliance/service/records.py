@@ -23,6 +23,7 @@ import hashlib
 import json
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -132,7 +133,9 @@ class Recovered:
     """What :meth:`~appliance.service.journal.Journal.open` found: the unfinished requests (accept order), the finished
     ones (id -> terminal event; id -> :func:`text_sha` of their text, ``""`` where an older
     journal did not record it), how many records were dropped as torn or corrupt, and the
-    newest record's :class:`Stamp` per boot id (:func:`age_s`)."""
+    newest record's :class:`Stamp` per boot id (:func:`age_s`). A damaged journal: the offset of
+    its first damaged byte (-1: none), the records read intact, the bytes that could not be read,
+    and where the damaged file was set aside (None: not damaged, or it could not be moved)."""
 
     pending: list[Entry] = field(default_factory=list)
     last_of_boot: dict[str, Stamp] = field(default_factory=dict)
@@ -140,6 +143,10 @@ class Recovered:
     finished_sha: dict[str, str] = field(default_factory=dict)
     torn: int = 0
     corrupt: int = 0
+    damaged_at: int = -1
+    records: int = 0
+    lost_bytes: int = 0
+    set_aside: Optional[str] = None
 
 
 def encode(rec: dict, mark: Optional[str] = None) -> bytes:
@@ -165,7 +172,7 @@ def decode(line: bytes) -> Optional[dict]:
         rec = json.loads(body)
     except ValueError:
         return None
-    if not (isinstance(rec, dict) and rec.get("k") in ("a", "s", "w", "p", "e", "f")):
+    if not (isinstance(rec, dict) and rec.get("k") in ("h", "a", "s", "w", "p", "e", "f")):
         return None
     if mark is not None:
         rec["mark"] = mark
@@ -188,12 +195,48 @@ def slim(event: dict) -> dict:
     return out
 
 
-def scan(data: bytes) -> tuple[list[tuple[dict, int]], int, int, int]:
-    """Read a journal file's bytes: ``(records, torn, corrupt, good_len)``, each record with the
-    file offset of its mark byte (-1 where it has none). A last line without its newline is torn
-    (a power cut mid-write; ``good_len`` ends before it); a bad line elsewhere is corrupt (skipped)."""
-    out: list[tuple[dict, int]] = []
-    torn = corrupt = pos = 0
+@dataclass
+class Scan:
+    """What :func:`scan` read from a journal file's bytes.
+
+    Attributes:
+        records: the intact records, each with the file offset of its mark byte (-1: none).
+        good_len: bytes before the torn last piece (the whole file when there is none).
+        torn: 1 when the last piece (no newline: a cut last line, a NUL tail) is damaged.
+        corrupt: damaged lines before it (a bad checksum, NUL bytes in the middle).
+        damaged_at: file offset of the first damaged byte (-1: none).
+        lost_bytes: bytes that could not be read as records (damaged lines and tail).
+    """
+
+    records: list[tuple[dict, int]]
+    good_len: int = 0
+    torn: int = 0
+    corrupt: int = 0
+    damaged_at: int = -1
+    lost_bytes: int = 0
+
+    def damage(self, size: int) -> Optional[str]:
+        """One clause saying what was damaged in a file of ``size`` bytes (None: nothing)."""
+        if size == 0:
+            return "the file is empty (truncated to zero, or left empty by an older version)"
+        if self.damaged_at < 0:
+            return None
+        what = []
+        if self.corrupt:
+            what.append(f"{self.corrupt} damaged line(s)")
+        if self.torn:
+            what.append("a cut or unreadable end")
+        return " and ".join(what)
+
+
+def scan(data: bytes) -> Scan:
+    """Read a journal file's bytes (:class:`Scan`). A last piece without its newline is torn (a
+    power cut mid-write, or a tail of NUL bytes: the blocks a lost page cache leaves; the good
+    length ends before it); a bad line elsewhere is corrupt (skipped). A line of the header kind
+    ``h`` (what a compaction writes first, so that a written journal is never empty) is read and
+    not returned."""
+    out = Scan([])
+    pos = 0
     lines = data.split(b"\n")
     for i, line in enumerate(lines):
         last = i == len(lines) - 1
@@ -201,14 +244,66 @@ def scan(data: bytes) -> tuple[list[tuple[dict, int]], int, int, int]:
             break
         r = decode(line) if not last else None       # the last piece has no newline: torn
         if r is None:
-            if last or i == len(lines) - 2 and not lines[-1]:
-                torn += 1
+            if out.damaged_at < 0:
+                out.damaged_at = pos
+            out.lost_bytes += len(line) + (0 if last else 1)
+            if last:
+                out.torn += 1
                 break
-            corrupt += 1
+            out.corrupt += 1
         else:
-            out.append((r, pos + len(line) - 1 if "mark" in r else -1))
+            if r["k"] != "h":
+                out.records.append((r, pos + len(line) - 1 if "mark" in r else -1))
         pos += len(line) + 1
-    return out, torn, corrupt, pos
+    out.good_len = pos
+    return out
+
+
+def apply_record(r: dict, pos: int, entries: dict[int, "Entry"], last_of_boot: dict[str, "Stamp"]) -> None:
+    """Apply one record read from the journal (``pos``: its mark's offset) to ``entries`` (n -> Entry)
+    and to the newest :class:`Stamp` of each boot."""
+    k, n = r.get("k"), r.get("n")
+    if not isinstance(n, int):
+        return
+    if k in ("a", "e", "f") and ("u" in r or "t" in r):
+        at = stamp_of(r)
+        if at.up >= last_of_boot.get(at.boot, at).up:
+            last_of_boot[at.boot] = at
+    if k in ("a", "f"):
+        req = r.get("req") if isinstance(r.get("req"), dict) else {"id": r.get("id", ""), "text_sha": str(r.get("ts", ""))}
+        mark = r.get("mark")
+        e = Entry(n=n, at=stamp_of(r), origin=str(r.get("o", "socket")), req=req, tries=int(r.get("tries", 0)),
+                  running=bool(r.get("run")) or mark in RUNNING, pos=pos)
+        if k == "f":
+            e.ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
+        elif mark in ENDED:
+            e.ev = ended_in_place(e, mark)
+        entries[n] = e
+    elif n in entries:
+        if k in RUNNING:
+            entries[n].running = True
+        elif k == "w":
+            entries[n].running = False
+        elif k == "e":
+            entries[n].ev = r.get("ev") if isinstance(r.get("ev"), dict) else {"type": "error", "code": "unknown"}
+
+
+def sort_out(entries: dict[int, Entry], rec: Recovered, keep: int) -> tuple[dict[int, Entry], "OrderedDict[int, Entry]"]:
+    """Split the entries read at start (n -> Entry) into ``rec.pending`` (unfinished, accept
+    order: one more attempt for those running at the crash) and the newest ``keep`` finished ones
+    (``rec.finished``, ``rec.finished_sha``); returns ``(live by n, finished by n)``."""
+    for n in sorted(entries):
+        e = entries[n]
+        if e.ev is None:
+            if e.running:            # running when the last run died: one more attempt
+                e.tries += 1
+                e.running = False
+            e.mark = "-"
+            rec.pending.append(e)
+    done = sorted((e for e in entries.values() if e.ev is not None), key=lambda e: e.n)[-keep:]
+    rec.finished = {e.id: e.ev for e in done}
+    rec.finished_sha = {e.id: e.text_sha for e in done}
+    return {e.n: e for e in rec.pending}, OrderedDict((e.n, e) for e in done)
 
 
 def ended_in_place(e: "Entry", mark: str) -> dict:
