@@ -179,6 +179,7 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
         throttle=throttle, journal=journal, stall_s=cfg.safety.stall_s, max_hold_s=cfg.service.max_hold_s,
     )
     worker.start()
+    call_hook(hooks.worker_stage, worker.stage_now)
     dispatch = Dispatcher(cfg.service, pipeline, worker, loop, ports.state, ports.status, ports.health,
                           RateLimiter(cfg.safety.max_requests_per_s, cfg.safety.request_burst),
                           journal=journal, recovery=recovery)

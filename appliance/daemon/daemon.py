@@ -53,7 +53,7 @@ from ..service.recovery import tell_stopped
 from ..service.request import Request
 from ..transports.socket_server import SocketServer, inherited_socket, listen_socket
 from .build import Parts, Ports, build, check
-from .hooks import Hooks, build_hooks, call_hook
+from .hooks import LOOP_BEAT_S, Hooks, build_hooks, call_hook
 from .leave import leave
 from .memory import status_fields
 from .reload import Coalescer, plan_reload
@@ -163,6 +163,11 @@ class Daemon:
         assert p is not None
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        if self.hooks.on_loop_beat is not None:     # the loop's heartbeat (WATCHDOG=1 follows it)
+            def loop_beat() -> None:
+                call_hook(self.hooks.on_loop_beat)
+                loop.call_later(LOOP_BEAT_S, loop_beat)
+            loop_beat()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, self.request_stop, s)
         reloads = Coalescer(loop, lambda: call_hook(self.hooks.on_reload),

@@ -7,7 +7,9 @@ Wiring points (:class:`Hooks`, all optional, none may raise or block):
 * ``on_status(StatusReply)`` – at ready, after every finished request (from the worker or the
   audio watcher thread), at stop (``STATUS=``).
 * ``on_heartbeat()`` – from the worker thread, at least every ``heartbeat_s`` while it is
-  healthy; a hung synthesis stops it (``WATCHDOG=1``).
+  healthy; a hung synthesis stops it. ``on_loop_beat()`` – from the event loop every
+  :data:`LOOP_BEAT_S`. ``WATCHDOG=1`` follows both. ``worker_stage(fn)`` – once the worker is
+  built: ``fn()`` says what it does now (named when it is stuck).
 * ``on_reload()`` – SIGHUP received (``RELOADING=1``); ``on_reloaded(status)`` once the reload is
   over (``READY=1``, with a status line saying what was applied and what needs a restart; see
   :mod:`appliance.daemon.reload`).
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+LOOP_BEAT_S = 0.5
+"""The event loop's heartbeat period, s."""
+
 
 @dataclass
 class Hooks:
@@ -38,6 +43,8 @@ class Hooks:
     on_ready: Optional[Callable[[], None]] = None
     on_status: Optional[Callable[[StatusReply], None]] = None
     on_heartbeat: Optional[Callable[[], None]] = None
+    on_loop_beat: Optional[Callable[[], None]] = None
+    worker_stage: Optional[Callable[[Callable[[], str]], None]] = None
     on_reload: Optional[Callable[[], None]] = None
     on_reloaded: Optional[Callable[[str], None]] = None   # status line after the reload
     on_stopping: Optional[Callable[[], None]] = None
@@ -58,5 +65,5 @@ def build_hooks(cfg: Config) -> Hooks:
     :class:`~appliance.ops.bridge.SystemdBridge` (every call is a no-op outside systemd)."""
     from ..ops.bridge import SystemdBridge
 
-    bridge = SystemdBridge()
+    bridge = SystemdBridge(stall_s=cfg.safety.stall_s)
     return Hooks(**bridge.hooks(), on_reloaded=bridge.reloaded)

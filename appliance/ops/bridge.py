@@ -68,26 +68,31 @@ class SystemdBridge:
       re-sends the extension every ``extend_s / 3`` until ready, so one slow stage (an engine
       build) does not hit ``TimeoutStartSec``; after ``max_start_s`` it stops extending and
       systemd's timeout applies (a hung start-up is still caught).
-    * ``on_ready()``: ``READY=1`` + ``STATUS=``; starts the :class:`Watchdog`.
+    * ``on_ready()``: ``READY=1`` + ``STATUS=``; starts the :class:`Watchdog` (pings follow the
+      heartbeats of the worker and the event loop from then on).
     * ``on_status(reply)``: ``STATUS=`` from a :class:`~appliance.messages.protocol.StatusReply`
       (:func:`format_status`: busy channels, last RTF/TTFB, temperature, throttle level, the
       health verdict with its conditions).
-    * ``on_heartbeat()``: :meth:`Watchdog.beat` (from the worker thread).
+    * ``on_heartbeat()``: :meth:`Watchdog.beat` ``("worker")`` (from the worker thread);
+      ``on_loop_beat()``: ``("loop")`` (from the event loop); ``worker_stage(fn)``: what the
+      worker does now, named when it is stuck.
     * ``on_reload()``: ``RELOADING=1`` + ``MONOTONIC_USEC``; call :meth:`reloaded` when the new
       config is in force (``READY=1``), or systemd waits for the reload until its timeout.
     * ``on_stopping()``: ``STOPPING=1`` (the watchdog keeps pinging while the worker drains).
 
     Args:
         notifier: default ``Notifier()``.
-        watchdog: default ``Watchdog(notifier)`` (interval from ``$WATCHDOG_USEC``).
+        watchdog: default ``Watchdog(notifier, stale_after_s=stall_s, require=("worker", "loop"))``
+            (interval from ``$WATCHDOG_USEC``).
+        stall_s: ``safety.stall_s``: a heartbeat older than this stops the pings.
         extend_s: each start-up extension, s.
         max_start_s: stop extending after this long, s.
     """
 
     def __init__(self, notifier: Optional[Notifier] = None, watchdog: Optional[Watchdog] = None,
-                 extend_s: float = 90.0, max_start_s: float = 1800.0) -> None:
+                 extend_s: float = 90.0, max_start_s: float = 1800.0, stall_s: Optional[float] = None) -> None:
         self.notifier = notifier or Notifier()
-        self.watchdog = watchdog or Watchdog(self.notifier)
+        self.watchdog = watchdog or Watchdog(self.notifier, stale_after_s=stall_s, require=("worker", "loop"))
         self.extend_s = extend_s
         self.max_start_s = max_start_s
         self._starting = threading.Event()
@@ -98,7 +103,8 @@ class SystemdBridge:
     def hooks(self) -> dict:
         """Keyword arguments for ``Hooks(...)``."""
         return {"on_loading": self.on_loading, "on_ready": self.on_ready, "on_status": self.on_status,
-                "on_heartbeat": self.on_heartbeat, "on_reload": self.on_reload, "on_stopping": self.on_stopping}
+                "on_heartbeat": self.on_heartbeat, "on_loop_beat": self.on_loop_beat,
+                "worker_stage": self.worker_stage, "on_reload": self.on_reload, "on_stopping": self.on_stopping}
 
     def on_loading(self, text: str) -> None:
         self.notifier.extend_timeout(self.extend_s, status=text)
@@ -129,6 +135,12 @@ class SystemdBridge:
 
     def on_heartbeat(self) -> None:
         self.watchdog.beat("worker")
+
+    def on_loop_beat(self) -> None:
+        self.watchdog.beat("loop")
+
+    def worker_stage(self, stage) -> None:
+        self.watchdog.watch_stage("worker", stage)
 
     def on_reload(self) -> None:
         self.notifier.reloading()

@@ -19,8 +19,8 @@ Public API used by the daemon (see each docstring):
 
 * :class:`Notifier` – ``ready()``, ``status()``, ``watchdog()``, ``reloading()``, ``stopping()``,
   ``extend_timeout()``, ``send()``.
-* :class:`Watchdog` – pings ``WATCHDOG=1`` at half of ``$WATCHDOG_USEC`` only while the worker's
-  heartbeat (:meth:`Watchdog.beat`) is fresh.
+* :class:`Watchdog` – sends ``WATCHDOG=1`` from the heartbeats of the worker and the event loop
+  (:meth:`Watchdog.beat`), about every second while both make progress.
 
 The daemon's hooks as sd_notify calls, and the ``STATUS=`` text, are in :mod:`appliance.ops.bridge`.
 
@@ -180,20 +180,33 @@ def watchdog_interval_s(environ: Optional[dict] = None) -> Optional[float]:
     return value / 1e6 if value > 0 else None
 
 
-class Watchdog:
-    """Pings ``WATCHDOG=1`` at half the watchdog interval while every required heartbeat is fresh.
+PING_S = 1.0
+"""Seconds between two ``WATCHDOG=1`` while everything makes progress (at most half the interval)."""
+PAUSE_S = 5.0
+"""No heartbeat at all for longer than this: the whole process was paused (SIGSTOP, a paused VM, a
+swap storm), and no heartbeat is blamed for that time."""
 
-    The worker thread calls :meth:`beat` at least every ``stale_after_s`` (every decode step,
-    and every idle wait, e.g. ``queue.get(timeout=interval/4)``). When a required heartbeat is
-    older than ``stale_after_s`` the pings stop, systemd's ``WatchdogSec`` expires and
-    ``Restart=on-failure`` restarts the service: a hung worker restarts the box's speech
-    within about ``stale_after_s + interval``.
+
+class Watchdog:
+    """Sends ``WATCHDOG=1`` from the heartbeats themselves, about every :data:`PING_S` (at most
+    half the watchdog interval), while every required heartbeat is fresh: a ping follows progress,
+    it never comes from a timer of its own.
+
+    The worker thread beats at least every 0.25 s while it works or waits for work (every decode
+    step, every idle wait), the event loop every 0.5 s (``("worker", "loop")``); each :meth:`beat`
+    sends a ping when the last one is :attr:`period_s` old and no required heartbeat is older than
+    ``stale_after_s`` (``safety.stall_s``). So any stall of the whole process shorter than
+    ``WatchdogSec`` minus one period never restarts the box (the first beat after it pings), and
+    a worker stuck past ``stale_after_s`` while the loop runs stops the pings with one ERROR line
+    naming the stage it is stuck in (:meth:`watch_stage`); systemd then restarts the service
+    ``WatchdogSec`` later. A time of more than :data:`PAUSE_S` in which no heartbeat came at all
+    (the whole process was paused) counts against none of them.
 
     Args:
         notifier: where pings go.
         interval_s: watchdog timeout, s; default from :func:`watchdog_interval_s` (None:
-            disabled, :meth:`start` does nothing).
-        stale_after_s: heartbeat age beyond which pings stop; default ``interval_s``.
+            disabled, nothing is sent).
+        stale_after_s: heartbeat age beyond which pings stop, s; default ``interval_s``.
         require: heartbeat names that must all be fresh (e.g. ``("worker", "loop")``).
         clock: monotonic clock in seconds (tests).
     """
@@ -204,12 +217,15 @@ class Watchdog:
         self.notifier = notifier
         self.interval_s = watchdog_interval_s() if interval_s is None else interval_s
         self.stale_after_s = stale_after_s if stale_after_s is not None else (self.interval_s or 0.0)
+        self.period_s = min(PING_S, (self.interval_s or 2 * PING_S) / 2)
         self.require = tuple(require)
         self._clock = clock
         now = clock()
         self._beats = {name: now for name in self.require}
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._stages: dict[str, Callable[[], str]] = {}
+        self._lock = threading.Lock()
+        self._running = False
+        self._last_ping = float("-inf")
         self._stale_logged = False
         self.pings = 0
 
@@ -218,9 +234,23 @@ class Watchdog:
         """True when systemd asked for a watchdog (``WatchdogSec=`` set on the unit)."""
         return bool(self.interval_s)
 
+    def watch_stage(self, name: str, stage: Callable[[], str]) -> None:
+        """``stage()`` says what heartbeat ``name``'s thread is doing (named when it is stuck)."""
+        self._stages[name] = stage
+
     def beat(self, name: str = "worker") -> None:
-        """Record that thread ``name`` is alive (cheap; call it from the thread itself)."""
-        self._beats[name] = self._clock()
+        """Record that thread ``name`` made progress (cheap; from the thread itself); pings when
+        due (class docstring)."""
+        now = self._clock()
+        with self._lock:
+            quiet = now - max(self._beats.values(), default=now)
+            if quiet > PAUSE_S:          # nobody beat: the whole process stood still, nobody is to blame for it
+                for n, t in self._beats.items():
+                    self._beats[n] = min(now, t + quiet)
+            self._beats[name] = now
+            due = self._running and now - self._last_ping >= self.period_s
+        if due:
+            self.tick()
 
     def stale(self) -> list[str]:
         """Names of required heartbeats older than ``stale_after_s`` (empty: all fresh)."""
@@ -230,40 +260,45 @@ class Watchdog:
     def tick(self) -> bool:
         """One watchdog decision: ping if every required heartbeat is fresh. Returns True
         when ``WATCHDOG=1`` was sent."""
-        stale = self.stale()
-        if stale:
-            if not self._stale_logged:
-                log.error("watchdog: heartbeat of %s is older than %.1f s; withholding WATCHDOG=1 "
-                          "so systemd restarts the service", ", ".join(stale), self.stale_after_s)
-                self._stale_logged = True
-            return False
-        if self._stale_logged:
-            log.warning("watchdog: heartbeats fresh again; pinging resumes")
-            self._stale_logged = False
+        with self._lock:
+            stale = self.stale()
+            if stale:
+                if not self._stale_logged:
+                    now = self._clock()
+                    log.error("watchdog: %s; withholding WATCHDOG=1 so systemd restarts the service",
+                              "; ".join(f"the {n} made no progress for {now - self._beats[n]:.1f} s (over "
+                                        f"{self.stale_after_s:g} s, safety.stall_s)" + self._stage(n) for n in stale))
+                    self._stale_logged = True
+                return False
+            if self._stale_logged:
+                log.warning("watchdog: heartbeats fresh again; pinging resumes")
+                self._stale_logged = False
+            self._last_ping = self._clock()
         sent = self.notifier.watchdog()
         if sent:
             self.pings += 1
         return sent
 
+    def _stage(self, name: str) -> str:
+        fn = self._stages.get(name)
+        if fn is None:
+            return ""
+        try:
+            return f": stuck in {fn()}"
+        except Exception:  # noqa: BLE001 - a log line must not fail
+            return ""
+
     def start(self) -> None:
-        """Start the ping thread (daemon thread ``sd-watchdog``); no-op when disabled."""
-        if not self.enabled or self._thread is not None:
+        """Begin pinging from the heartbeats (one ping now); no-op when disabled."""
+        if not self.enabled or self._running:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="sd-watchdog", daemon=True)
-        self._thread.start()
-        log.info("watchdog: interval %.1f s, pinging every %.1f s while %s beat within %.1f s",
-                 self.interval_s, self.interval_s / 2, "/".join(self.require), self.stale_after_s)
+        with self._lock:
+            self._running = True
+        log.info("watchdog: interval %.1f s, WATCHDOG=1 about every %.1f s while %s make progress "
+                 "(stuck after %.1f s)", self.interval_s, self.period_s, "/".join(self.require), self.stale_after_s)
+        self.tick()
 
     def stop(self) -> None:
-        """Stop the ping thread and wait for it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def _run(self) -> None:
-        period = self.interval_s / 2
-        self.tick()
-        while not self._stop.wait(period):
-            self.tick()
+        """Stop pinging."""
+        with self._lock:
+            self._running = False

@@ -117,6 +117,7 @@ class Worker:
         self._tasks: list[tuple[Callable[[], Any], EventSink]] = []   # run_task(), before queued speech
         self._stopping = False
         self._last_beat = 0.0
+        self._stage: tuple[str, str] = ("idle", "")    # what the worker thread does now (stage_now)
         self._thread: Optional[threading.Thread] = None
         self.sched = Scheduler(queue_len, self.engine.capacity if self.engine is not None else len(queue_len),
                                throttle, on_preempt, max_hold_s)
@@ -284,6 +285,17 @@ class Worker:
             except Exception:
                 log.exception("heartbeat hook")
 
+    def stage_now(self) -> str:
+        """What the worker thread does now, for a person (any thread; named by the systemd
+        watchdog when the worker is stuck): waiting for work, a worker task, starting a request
+        (opening its output), a decode step (with the requests in it), completing a request."""
+        kind, arg = self._stage
+        if kind == "step":
+            return "a decode step of " + (", ".join(it.id for it in list(self.sched.running.values())) or "nothing")
+        return {"idle": "waiting for work", "task": "a worker task (a health check or a calibration)",
+                "start": f"starting request {arg} (opening its output)",
+                "end": f"completing request {arg}"}.get(kind, kind)
+
     def _loop(self) -> None:
         self._beat(force=True)
         eng = self.engine
@@ -297,6 +309,7 @@ class Worker:
                 expired = self.sched.expired()         # held by the throttle for service.max_hold_s
                 # idle: nothing to start, to step (every task waits for text, or none) or to end
                 if task is None and not start and not eng.runnable and not self.sched.over():
+                    self._stage = ("idle", "")
                     self._cv.wait(self.heartbeat_s)
                     idle = True
                 else:
@@ -309,6 +322,7 @@ class Worker:
             if idle:
                 continue
             if task is not None:
+                self._stage = ("task", "")
                 fn, sink = task
                 try:
                     sink(fn())
@@ -319,12 +333,14 @@ class Worker:
             for it in start:
                 self._start(it)
             if eng.runnable:
+                self._stage = ("step", "")
                 eng.step(self._beat)
                 if self.stall is not None:
                     self.stall.mark(list(self.sched.running.values()))
             with self._cv:
                 ended = self.sched.ended()
             for it in ended:
+                self._stage = ("end", it.id)
                 try:
                     self.ends.complete(it)
                 except Exception as e:  # noqa: BLE001 - a bug here must not stop the other channels
@@ -332,6 +348,7 @@ class Worker:
                     self.ends.fail(it, e)
 
     def _start(self, item: Request) -> None:
+        self._stage = ("start", item.id)
         item.progress_at = time.monotonic()
         mark(self.journal, item.journal, "started")
         item.sink(Started(id=item.id, channel=item.channel))
