@@ -4,7 +4,8 @@ of the package.
 Writing (:func:`write_atomic`, or :func:`create_temp` + :func:`commit` for a file written in
 pieces, e.g. a WAV file or a journal compaction): a private temporary file beside the final name
 (``.<name>.<8 random hex digits><suffix>``) is created with ``O_CREAT | O_EXCL | O_NOFOLLOW |
-O_CLOEXEC`` and mode 0600 (or what the caller asks, e.g. 0640), written, ``fsync``\\ ed, renamed
+O_CLOEXEC`` and mode 0600 (or what the caller asks, e.g. 0640; the process's umask still
+applies: the unit's ``UMask=0077`` keeps everything 0600), written, ``fsync``\\ ed, renamed
 over the final name and the directory ``fsync``\\ ed. So a reader or a power cut sees the old
 content or the new, never a part; and a symlink planted under the temporary or the final name by
 someone who can write the directory is never followed (``O_EXCL`` refuses an existing name,
@@ -74,8 +75,6 @@ def create_temp(final: str | Path, mode: int = 0o600, suffix: str = ".tmp") -> t
             if i == 2:
                 raise
             continue
-        if mode & 0o077:                 # the umask may have taken bits the caller asked for
-            os.fchmod(fd, mode)
         return fd, tmp
     raise AssertionError("unreachable")
 
