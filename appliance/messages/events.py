@@ -193,6 +193,11 @@ class StatusReply:
     ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
     CUDA context left out of the budget (``cuda_context_mib``); and
     ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
+    ``memory_all_in_mib``: host RSS + device memory with the CUDA context (RSS + NvMap on a Jetson,
+    RSS on a CPU), the one figure comparable across backends and boxes, MiB; ``torch_loaded``:
+    whether torch is in the daemon's process (never on the llama.cpp, ONNX Runtime and TensorRT
+    paths); ``networks``: which runtime runs each network (``gpt``, ``decoder``, ``vocos``) where,
+    and why; ``backend_reason``: why the backend was chosen;
     ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
     makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`);
     ``threads``: the CPU threads the runner computes with (None on a GPU) and ``threads_source``
@@ -212,6 +217,10 @@ class StatusReply:
     host_rss_limit_mib: Optional[float] = None
     cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
+    memory_all_in_mib: Optional[float] = None
+    torch_loaded: Optional[bool] = None
+    networks: dict = field(default_factory=dict)
+    backend_reason: Optional[str] = None
     health: str = "healthy"
     conditions: list = field(default_factory=list)
     threads: Optional[int] = None
