@@ -93,7 +93,8 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
             return "llama", (f"auto: GPU sm {cc}, no TensorRT plans, llama.cpp's CUDA build and a GGUF export in {gguf}: "
                              f"the GPT on llama.cpp (offloaded), the vocoder on ONNX Runtime, no torch")
         if importlib.util.find_spec("torch") is not None:
-            lack = ("llama.cpp is a CPU build (scripts/install_jetson.sh builds the CUDA one)" if has_llama
+            lack = ("model.device is cpu" if cfg.model.device == "cpu" else
+                    "llama.cpp is a CPU build (scripts/install_jetson.sh builds the CUDA one)" if has_llama
                     else "no GGUF export (chattts-appliance engines export --precision q8_0)" if gguf is None
                     else "llama-cpp-python or onnxruntime not installed")
             return "torch", f"auto: GPU sm {cc}, no TensorRT plans, {lack}: torch on CUDA"
