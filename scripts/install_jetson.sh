@@ -244,7 +244,7 @@ step_pip() {
     [ "$IS_JETSON" -eq 1 ] && extras="[jetson]"
     spec="$REPO$extras"
     say "python package from $spec"
-    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (pycuda, jetson-stats)"
+    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (cuda-python, jetson-stats)"
     stamp=$(repo_stamp)
     if [ -n "$stamp" ] && [ -x "$CLI" ] && [ "$(cat "$APP_DIR/.installed-from" 2>/dev/null)" = "$stamp" ]; then
         note "already installed from this source tree"
