@@ -167,6 +167,18 @@ def test_auto_on_a_gpu_box_picks_llama_cpp_cuda_before_torch(tiny_ckpt, llama_di
     assert (kv_wanted("auto", True), kv_wanted("auto", False), kv_wanted("f16", True)) == ("q8_0", "f16", "f16")
 
 
+def test_the_thread_probe_holds_still_on_an_offloaded_gpt():
+    from appliance.engines.llama.runner import step_threads
+
+    on_gpu, on_cpu = step_threads(16, offloaded=True), step_threads(16, offloaded=False)
+    for i in range(2000):                       # step times that would move a CPU probe
+        for st in (on_gpu, on_cpu):
+            t = st.next(1)
+            st.observe(1, t, 0.001 if t == 1 else 0.010 + 0.05 * (i % 7 == 0))
+    assert on_gpu.switches == 0 and on_gpu.current == 16
+    assert on_cpu.switches >= 1 and on_cpu.current < 16
+
+
 def test_status_names_each_network(runners):
     lr, orr = runners
     nets = lr.info.network_fields()["networks"]

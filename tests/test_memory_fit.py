@@ -218,6 +218,10 @@ def test_full_model_on_a_desktop_gpu_before_the_load_counts_the_cuda_context():
     g = plan_before_load(cfg, gguf, "discrete", rss_now_mib=500.0)
     assert (g.action, g.max_batch, g.max_seq_len) == ("fits", 3, 2048), g.text
     assert "347 MiB of them on the GPU" in g.text and g.footprint_mib == pytest.approx(457 + 347 + 191.25, abs=0.5)
+    tight = config_from_dict({"service": {"memory_budget_mb": 1200}})   # the llama.cpp KV cache fitted too
+    t = plan_before_load(tight, gguf, "discrete", rss_now_mib=500.0)
+    assert (t.action, t.max_batch) == ("shrink", 3) and 1024 <= t.max_seq_len < 2048
+    assert t.footprint_mib <= ceiling_mib(tight) and "model.max_seq_len 2048 ->" in t.text
     fp32 = PlannedSizes("torch", "cuda", int((189e6 + 36.4e6 + 39.4e6) * 4), 122880, True, "full, fp32")
     assert plan_before_load(big, fp32, "discrete", rss_now_mib=500.0).action in ("shrink", "refuse")
     j = plan_before_load(big, fp16, "unified", rss_now_mib=500.0)        # a Jetson also counts the host side

@@ -26,5 +26,6 @@ def test_serve_never_imports_torch(backend, tiny_ckpt, llama_dir, onnx_dir, tmp_
     st = d.request({"type": "status"})[-1]
     assert st["type"] == "status" and st["backend"] in ("llama.cpp", "onnxruntime")
     assert st["torch_loaded"] is False, d.log()[-3000:]
+    assert st["memory_kind"] == "cpu" and st["memory_all_in_mib"] == pytest.approx(st["memory_mib"], abs=50)
     assert "libtorch" not in _maps(d.proc.pid), "the daemon mapped libtorch"
     assert set(st["networks"]) == {"gpt", "decoder", "vocos"}, st["networks"]

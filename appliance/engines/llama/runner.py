@@ -96,6 +96,16 @@ def map_embeddings(f: Path, hint: str) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
+def step_threads(threads: int, offloaded: bool) -> StepThreads:
+    """The decode step's thread chooser: measured within the budget ``threads`` on the CPU; on an
+    offloaded GPT the CPU computes almost nothing of the step, so its time says nothing about
+    threads (on an H100 the probe moved 1 -> 8 -> 16 threads every 4-5 s, about 30 changes a run):
+    the budget's count, never probed."""
+    if not offloaded:
+        return StepThreads(threads)
+    return StepThreads(threads, probe_every=1 << 62, first_probe=1 << 62, collapse=float("inf"))
+
+
 class LlamaRunner(HostRunner):
     """llama.cpp GPT + ONNX Runtime vocoder (see module doc and :class:`~appliance.engines.runner.Runner`).
 
@@ -162,10 +172,7 @@ class LlamaRunner(HostRunner):
         self._rows = max(max_prompt, M)
         self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads,
                                           kv_type=kv)
-        # the step's threads, measured within the budget; on an offloaded GPT the CPU computes almost
-        # nothing of the step, so its time says nothing about threads: the budget's count, never probed
-        self._step_threads = StepThreads(threads) if not gpu else \
-            StepThreads(threads, probe_every=1 << 62, first_probe=1 << 62, collapse=float("inf"))
+        self._step_threads = step_threads(threads, gpu)
         self._n_threads = threads
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self._rows, D, 1)
