@@ -327,3 +327,20 @@ def test_orin_paper_figures(torch_in_process):
     else:
         assert int8.action == "refuse" or int8.max_batch < 3
         assert "1500" in int8.text
+
+
+def test_device_memory_from_nvidia_smi_without_nvml(tmp_path, monkeypatch):
+    """Without nvidia-ml-py the driver's own tool gives this PID's device memory (CUDA context
+    included), summed over GPUs; other processes' lines are not counted."""
+    import os
+    import sys
+
+    from appliance.ops import footprint
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{os.getpid()}, 1164'\necho '99999999, 5000'\necho '{os.getpid()}, 10'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)            # import pynvml -> ImportError
+    assert footprint.nvml_process_mib() == 1174.0
+    assert footprint.smi_process_mib(12345) is None

@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
@@ -60,15 +62,34 @@ def nvmap_mib(root: str = "/") -> Optional[float]:
     return int(m.group(1)) / 1024.0 if m else None
 
 
+def smi_process_mib(pid: int) -> Optional[float]:
+    """Device memory ``nvidia-smi --query-compute-apps`` reports for ``pid`` summed over the GPUs,
+    MiB (NVML through the driver's own tool, for a box without ``nvidia-ml-py``); None when the tool
+    is missing, fails, or does not list the process."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=5, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.debug("nvidia-smi: %s", e)
+        return None
+    mib = [float(m) for p, m in (ln.split(",")[:2] for ln in out.splitlines() if ln.count(",") >= 1)
+           if p.strip() == str(pid) and m.strip().replace(".", "", 1).isdigit()]
+    return sum(mib) if mib else None
+
+
 def nvml_process_mib(pid: Optional[int] = None) -> Optional[float]:
     """Device memory NVML reports for process ``pid`` (default: this one) summed over the GPUs,
-    MiB, CUDA context included; None without ``nvidia-ml-py``, a driver, or the process on a GPU.
+    MiB, CUDA context included; without ``nvidia-ml-py``, ``nvidia-smi``'s figure
+    (:func:`smi_process_mib`); None without a driver, or the process on no GPU.
     """
+    pid = os.getpid() if pid is None else pid
     try:
         import pynvml
     except ImportError:
-        return None
-    pid = os.getpid() if pid is None else pid
+        return smi_process_mib(pid)
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - pynvml.NVMLError: no driver or no GPU
