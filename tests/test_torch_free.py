@@ -27,10 +27,10 @@ def _llama_cuda() -> bool:
 
 @pytest.mark.parametrize("backend", ["llama", "onnxruntime", pytest.param("auto", marks=pytest.mark.skipif(
     not _llama_cuda(), reason="needs llama.cpp's CUDA build and an NVIDIA GPU"))])
-def test_serve_never_imports_torch(backend, tiny_ckpt, llama_dir, onnx_dir, tmp_path, start_daemon):
+def test_serve_never_imports_torch(backend, tiny_ckpt, llama_dir, tmp_path, start_daemon, request):
     """``auto`` runs where llama.cpp's CUDA build and a GPU are present: it must pick llama.cpp with
     the GPT offloaded, count device memory with its context, and still never import torch."""
-    eng = onnx_dir if backend == "onnxruntime" else llama_dir
+    eng = request.getfixturevalue("onnx_dir") if backend == "onnxruntime" else llama_dir
     model = {"backend": backend, "engine_dir": str(eng), **ONNX_LIMITS}
     if backend == "auto":
         model.update(device="auto", dtype="auto")
