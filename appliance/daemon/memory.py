@@ -217,7 +217,7 @@ def _fit(fixed: float, kvpt: float, S: int, B: int, budget_mib: float, max_promp
                      f"or use smaller weights (int8 engines: chattts-appliance engines export --precision int8; "
                      f"model.quant int8 on a GPU)" + ("; on a GPU, llama.cpp's CUDA build holds about half of torch's "
                                                      "memory (chattts-appliance engines export --precision q8_0; "
-                                                     "model.backend auto picks it)" if backend == "torch" else ""), top)
+                                                     "model.backend auto picks it)" if backend.startswith("torch") else ""), top)
 
 
 def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, resizable: bool = True,
