@@ -126,8 +126,9 @@ class Stream:
 
     def __init__(self, cu: Cuda) -> None:
         self.cu = cu
-        self._s = cu.call("cudaStreamCreateWithFlags", cu.rt.cudaStreamNonBlocking)
-        self._e = cu.call("cudaEventCreateWithFlags", cu.rt.cudaEventDisableTiming)
+        # the runtime's flag values (1, 2) where a binding does not export the macros
+        self._s = cu.call("cudaStreamCreateWithFlags", getattr(cu.rt, "cudaStreamNonBlocking", 1))
+        self._e = cu.call("cudaEventCreateWithFlags", getattr(cu.rt, "cudaEventDisableTiming", 2))
         self.handle = int(self._s)
 
     def copy(self, dst: int, src: int, nbytes: int, kind: Any) -> None:
