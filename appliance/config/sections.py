@@ -75,12 +75,14 @@ class SynthesisConfig:
     top_k: int = _f(20, "Top-K codes kept (at least 3 are always kept, as upstream).", min=1, max=626)
     repetition_penalty: float = _f(1.05, "Multiplicative penalty per repeat over the last 16 codes of a codebook; 1 = off.", min=1.0, max=5.0)
     min_new_tokens: int = _f(0, "End-of-sequence is masked before this many codes.", min=0, max=4096)
-    max_new_tokens: int = _f(2048, "Hard stop in decode steps for EACH SENTENCE, not for the whole request: the GPT generation limit (the text is split into sentences of at most model.max_prompt_tokens and each generates up to this many codes; 46.875 steps = 1 s of audio). A request's params.max_new_tokens may lower it.", min=1, max=4096)
+    max_new_tokens: int = _f(2048, "Ceiling in decode steps for EACH SENTENCE, not for the whole request (46.875 steps = 1 s of audio). Each sentence gets a cap proportional to its length (twice its expected speech at 4.5 Chinese characters or 2.5 English words per second, at least 4 s), at most this; a longer text is cut into sentences that fit it (and model.max_prompt_tokens). A sentence that reaches its cap is cut there, logged and named in done.truncated. A request's params.max_new_tokens may lower it.", min=1, max=4096)
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
     seed: Optional[int] = _f(None, "Default sampling seed (0 <= seed < 2**63); None = a fresh seed per request (reported in the reply).", min=0, max=2**63 - 1)
     refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first: the GPT in text mode rewrites each sentence, adding [uv_break]/[laugh]/[lbreak] (adds up to 384 decode steps of latency before the first audio; torch CPU backend only).")
     refine_prompt: str = _f("", "Control tokens for refine-text, e.g. [oral_2][laugh_0][break_6] (upstream RefineTextParams.prompt).")
+    emoji: str = _f("drop", "Emoji, emoticons (:) ^_^ <3) and kaomoji in the text: drop (not spoken; each listed in done.unspeakable, an emoji as one cluster) or name (said by a short meaning in the language of the words beside it: a thumbs-up emoji is 'thumbs up' / 拇指向上, ^_^ 'smile' / 微笑).", choices=("drop", "name"))
+    list_numbers: str = _f("speak", "The numbers of an ordered list's items (1. Hello): speak (said in their item's language, joined to its text: 'one, Hello', 二、你好) or drop.", choices=("speak", "drop"))
 
 
 @dataclass(frozen=True)
