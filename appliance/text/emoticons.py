@@ -27,6 +27,7 @@ in 1.2 ms, ``grapheme`` split a Devanagari conjunct in two (10 ms), ``emoji`` fi
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from typing import Callable, Optional
@@ -136,8 +137,15 @@ def pictures(text: str, mode: str, dominant: str, report: Callable[[str], None],
             return " "
         return one
 
-    text = KAOMOJI_RE.sub(lambda m: replace("kaomoji", None)(m) if any(c in KAO_CHARS for c in m.group())
-                          else m.group(), text)
+    def kaomoji(m: re.Match) -> str:
+        # the parts (one space apart) that hold a face character are one kaomoji; ^_^ beside it is not
+        out: list[str] = []
+        for face, parts in itertools.groupby(m.group().split(" "), key=lambda p: any(c in KAO_CHARS for c in p)):
+            part = " ".join(parts)
+            out.append(replace("kaomoji", None)(re.match(r".+", part, re.DOTALL)) if face else part)
+        return " ".join(out)
+
+    text = KAOMOJI_RE.sub(kaomoji, text)
     text = _EMOTICON_RE.sub(replace("emoticon", None), text)
     return EMOJI_RE.sub(replace("emoji", None), text)
 

@@ -103,6 +103,8 @@ _QUOTES = set("'‘’")
 #: wetext gets one clause at a time (it takes ``123456，5`` for one number otherwise).
 _WETEXT_CUT = re.compile(r"(?<=[。！？!?\n，、；：])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
+#: ASCII marks that no rule gave a meaning: pauses, never words (wetext reads | as vertical bar)
+_NOT_SAID = re.compile(r"[|^_`\\~]|(?<!\d)[*/]|[*/](?!\d)")
 #: control characters (Unicode category Cc) other than \t and \n: C0, DEL and C1
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: WordPiece turns a word longer than 100 characters into one [UNK]: long runs are cut.
@@ -241,9 +243,10 @@ class Normalizer:
         return "".join(self._span(lang, span, report, rid) for lang, span in split_spans(seg, dominant))
 
     def _span(self, lang: str, s: str, report, rid: str) -> str:
-        s = apply_rules(say_marks(s, lang), lang)
+        s = _NOT_SAID.sub(" ", apply_rules(say_marks(s, lang), lang))   # wetext would name them (vertical bar)
         if _WETEXT_TRIGGER.search(s):  # wetext costs ~0.25 ms per character: only where needed
             s = "".join(self._wetext(lang, x, rid) if _WETEXT_TRIGGER.search(x) else x for x in _WETEXT_CUT.split(s))
+            s = re.sub(r"\bslash\b", "over", s) if lang == "en" else s   # a ratio wetext could not read (00/0)
         if re.search(r"\d", s):
             s = verbalize_numbers(s, lang)
         s = read_symbols(s, lang)
