@@ -85,6 +85,8 @@ def test_step_cap_is_proportional_with_a_floor_and_the_ceiling():
     assert budget.step_cap(zh, 2048) == int(-(-budget.STEPS_PER_S * 2 * 10 // 1))       # 10 s x 2
     assert budget.step_cap(en, 2048) == int(budget.STEPS_PER_S * 2 * 20)                 # 20 s x 2
     assert budget.step_cap(en, 1000) == 1000 and budget.step_cap(short, 100) == 100      # the ceiling
+    assert budget.step_cap(short, 2048, min_steps=400) == 400                             # min_new_tokens
+    assert budget.step_cap(short, 300, min_steps=400) == 300
 
 
 def test_a_long_unpunctuated_text_is_cut_to_fit_the_budget(tok):

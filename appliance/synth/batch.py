@@ -269,7 +269,7 @@ class BatchEngine:
         params = job.params
         if 0 < s.max_steps < params.max_new_tokens:    # its own cap, proportional to its length
             params = dataclasses.replace(params, max_new_tokens=s.max_steps,
-                                         min_new_tokens=min(params.min_new_tokens, s.max_steps))
+                                         min_new_tokens=min(params.min_new_tokens, s.max_steps))   # cap >= min: budget
         seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=params, seed=job.seed + t.k, trace=t.report.codes)
         t.seq, t.emitted = seq, 0
         self.loop.join(seq)

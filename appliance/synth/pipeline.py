@@ -245,7 +245,8 @@ class Pipeline:
                                    text_tokens=max(1, int(sent.ids.size) - int(frame)),   # expected length (start plan)
                                    refine_ids=self.tokenizer.encode(f"[Sbreak]{sent.text}[Pbreak]{s.refine_prompt}")
                                    if refine else None,
-                                   max_steps=step_cap(sent.text, params.max_new_tokens)) for sent in split)
+                                   max_steps=step_cap(sent.text, params.max_new_tokens, params.min_new_tokens))
+                          for sent in split)
         return Job(id=speak.id, text=norm.text, sentences=sentences, unspeakable=tuple(norm.unspeakable),
                    seed=int(seed), params=params, spk_emb=spk_emb, prompt=prompt, voice=voice.label,
                    notes=norm.notes)

@@ -12,7 +12,7 @@ ChatTTS makes 46.875 decode steps (codes) per second of audio (24 kHz, 512 sampl
   ``[uv_break]``/``[v_break]``/``[break_N]``, 0.6 s per ``[lbreak]``, 0.8 s per ``[laugh]``.
 
 Its cap (:func:`step_cap`) is proportional: :data:`CAP_FACTOR` (2) times the expected length,
-at least :data:`MIN_CAP_S` (4 s), at most the configured ceiling (``synthesis.max_new_tokens``, or
+at least :data:`MIN_CAP_S` (4 s) and the request's ``min_new_tokens``, at most the configured ceiling (``synthesis.max_new_tokens``, or
 a request's lower ``params.max_new_tokens``). The splitter (:mod:`.split`) cuts a segment whose
 proportional cap would pass the ceiling (:func:`fits`), so a long unpunctuated text becomes
 segments that each fit; it never cuts below :data:`MIN_CUT_S` (10 s) of expected speech, so a
@@ -55,10 +55,11 @@ def expected_s(text: str) -> float:
     return s
 
 
-def step_cap(text: str, ceiling: int) -> int:
+def step_cap(text: str, ceiling: int, min_steps: int = 0) -> int:
     """The decode-step cap of one sentence: ``CAP_FACTOR`` x its expected length, at least
-    ``MIN_CAP_S``, at most ``ceiling`` steps (>= 1)."""
-    want = math.ceil(STEPS_PER_S * max(MIN_CAP_S, CAP_FACTOR * expected_s(text)))
+    ``MIN_CAP_S`` and at least ``min_steps`` (``min_new_tokens``: what the request asked to
+    hear), at most ``ceiling`` steps (>= 1)."""
+    want = max(math.ceil(STEPS_PER_S * max(MIN_CAP_S, CAP_FACTOR * expected_s(text))), int(min_steps))
     return max(1, min(int(ceiling), want))
 
 

@@ -64,7 +64,7 @@ def dry_run(text: str, cfg: Config, tokenizer: Optional[Tokenizer] = None, *,
     prompt = syn.prompt if prompt is None else prompt
     sentences = split_text(norm.text, tok, cfg.model.max_prompt_tokens, prompt=prompt, max_steps=syn.max_new_tokens)
     return {"spoken": [s.text for s in sentences], "tokens": [int(s.ids.size) for s in sentences],
-            "steps": [step_cap(s.text, syn.max_new_tokens) for s in sentences],
+            "steps": [step_cap(s.text, syn.max_new_tokens, syn.min_new_tokens) for s in sentences],
             "unspeakable": list(norm.unspeakable), "unspeakable_names": [describe(u) for u in norm.unspeakable],
             "lang": norm.lang, "cleaned": norm.cleaned, "notes": list(norm.notes)}
 

@@ -11,7 +11,9 @@
 
 and left alone everywhere else: ``I`` is a pronoun, ``MIX`` and ``CD`` are words, ``Windows XP``
 is no number. Only well-formed numerals (``IIII`` and ``IC`` are not) up to 3999 are read; after a
-regnal name only ``I`` to ``XXXIX``. Each reading is noted.
+regnal name only ``I`` to ``XXXIX``, and a lone ``I`` only after a title or before an end, a mark
+or and/of/in (``John I am here`` keeps its pronoun); after a counting word a one-letter numeral
+only ``I``, ``V`` or ``X`` (``Type C``, ``Grade D`` are letters). Each reading is noted.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ TITLES = ("King Queen Pope Emperor Empress Tsar Czar Tsarina Kaiser Pharaoh Sult
 _UNICODE_RE = re.compile("[\u2160-\u2188]+")
 _SURE = "\ue022"       # after a numeral that was written with Unicode Roman numeral characters
 _AFTER_DI_RE = re.compile(rf"(第\s?)([MDCLXVI]+){_SURE}?(?![A-Za-z])")
-_COUNTED_RE = re.compile(r"\b((?:" + "|".join(re.escape(w) for w in COUNTED) + rf")\s+)([MDCLXVI]+){_SURE}?(?![A-Za-z])",
+_COUNTED_RE = re.compile(r"(?<![A-Za-z])((?:" + "|".join(re.escape(w) for w in COUNTED) + rf")\s+)([MDCLXVI]+){_SURE}?(?![A-Za-z])",
                          re.IGNORECASE)
 _NAME = r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?"
-_REGNAL_RE = re.compile(r"\b(?:(?P<title>" + "|".join(re.escape(t) for t in TITLES) + r")\s+(?P<tname>" + _NAME
+_REGNAL_RE = re.compile(r"(?<![A-Za-z])(?:(?P<title>" + "|".join(re.escape(t) for t in TITLES) + r")\s+(?P<tname>" + _NAME
                         + rf")|(?P<name>[A-Z][a-z]+))\s+(?P<num>[XVI]+){_SURE}?(?![A-Za-z]|[-.]\d)")
 _SURE_RE = re.compile(rf"([MDCLXVI]+){_SURE}")
+#: what may follow "Elizabeth I" for the I to be a numeral: an end, a mark, and/of/in, a verb of reigning
+_AFTER_ONE_RE = re.compile(r"\s*(?:$|[,.;:!?)]|(?:and|of|in|died|became|reigned|ruled)\b)")
 
 
 def value(numeral: str) -> int:
@@ -74,12 +78,14 @@ def read_roman(text: str, note: Callable[[str], None]) -> str:
         n = value(m.group("num"))
         if not n or n >= 40 or (m.group("title") is None and name not in REGNAL):
             return m.group()
+        if m.group("num") == "I" and m.group("title") is None and not _AFTER_ONE_RE.match(m.string, m.end()):
+            return m.group()          # John I am here: a pronoun
         note(f"Roman numeral {m.group('num')} after {name} read as 'the {en_ordinal(n)}'")
         return m.group()[: m.start("num") - m.start()] + "the " + en_ordinal(n)
 
     def counted(m: re.Match) -> str:
         num = m.group(2)
-        n = value(num) if num.isupper() else 0
+        n = value(num) if num.isupper() and (len(num) > 1 or num in "IVX") else 0   # Type C, Grade D: letters
         if not n:
             return m.group()
         note(f"Roman numeral {num} after {m.group(1).strip()} read as {n}")
