@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import dates
+from .ranges import read_ranges
 from .numbers import (
     en_digits,
     en_int,
@@ -76,16 +77,6 @@ _EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text)\b\s*:?\s*)(\
 #: a short one as a number (number 10 is ten)
 _EN_NUMBER_RE = re.compile(r"\b(number\s*:?\s*)(\+?\d[\d\s-]*\d)(?![\d.,]\d)", re.IGNORECASE)
 _VERSION_RE = re.compile(r"(?<![\d.])(?:(?<![A-Za-z])[vV])?\d+(?:\.\d+){2,}(?![\d.]*\d)|(?<![A-Za-z])[vV]\d+\.\d+(?![\d.]*\d)")
-#: ranges: a dash or tilde after a number with up to 3 characters of unit (12点~13点半, 5元～8元)
-_ZH_RANGE_WORD_RE = re.compile(r"(\d[^\d\s，。、,.;；:：!！?？()（）~～–—-]{1,3}?)\s*[~～–—]\s*(?=\d)")
-_TIME = r"\d{1,2}(?::[0-5]\d)?"
-_AMPM = r"\s?(?:[AaPp]\.?[Mm]\.?)(?![A-Za-z])"
-#: 10am-2pm, 2:30–4 pm, 9:00-17:00: a dash between two times
-_EN_TIME_RANGE_RE = re.compile(rf"(?<![\d:.])({_TIME}(?:{_AMPM})?)\s?[-–—~]\s?(?={_TIME}{_AMPM}|\d{{1,2}}:[0-5]\d(?!\d))")
-#: 1990–1995, $10–$20, 5 ~ 10, $10-$20: an en/em dash or a tilde between numbers, a dash before an amount
-_EN_DASH_RANGE_RE = re.compile(r"(?<=[\d%])\s?(?:[–—~～]\s?(?=[$€£¥]?\d)|-\s?(?=[$€£¥]\d))")
-_DAYS = r"(?:Mon|Tues?|Wed|Thu(?:rs?)?|Fri|Sat|Sun)(?:day)?|Wednesday|Saturday|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec"
-_EN_NAME_RANGE_RE = re.compile(rf"\b({_DAYS})\.?\s?[-–—~]\s?(?=(?:{_DAYS})\b)")
 _PCT_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?%\s?[-~～]\s?(?=\d+(?:\.\d+)?\s?%)")
 _ZH_ORDINAL_RE = re.compile(r"第\s?(\d+)(?![\d.])")
 _ROOMS = ("室", "房", "会议室", "教室", "病房", "房间", "号房")
@@ -179,12 +170,6 @@ def _version(m: re.Match, lang: str) -> str:
     if lang == "zh":
         return v + "点".join(zh_int(int(p)) for p in parts)
     return f" {v} " + " point ".join(en_int(int(p)) for p in parts) + " "
-
-
-def _en_ranges(s: str, lang: str) -> str:
-    s = _EN_TIME_RANGE_RE.sub(r"\1 to ", s)
-    s = _EN_DASH_RANGE_RE.sub(" to ", s)
-    return _EN_NAME_RANGE_RE.sub(r"\1 to ", s)
 
 
 def _quantity(m: re.Match, lang: str) -> str:
@@ -298,7 +283,7 @@ RULES: tuple[Rule, ...] = (
          "(12点~13点半 -> 十二点 十三点半, 2:30–4 pm -> two thirty, four PM); between numbers, times, amounts, "
          "weekdays and months it is the language's to (到)",
          ("12点~13点半，2:30–4 pm", "十二点到十三点半，two thirty to four PM"),
-         lambda s, lang: _ZH_RANGE_WORD_RE.sub(r"\1到", s) if lang == "zh" else _en_ranges(s, lang)),
+         read_ranges),
     Rule("number-sign", "zh en", "before_wetext", "wetext reads No.5 as No.five and #5 as hash five (井号五); "
          "both are number five (五号); after the word number (No., #) a number of up to four digits is a "
          "number (number 10 was read as a phone number, one zero), a longer one is read digit by digit",
