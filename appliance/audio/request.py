@@ -39,7 +39,7 @@ import numpy as np
 from ..core import SAMPLE_RATE
 from ..errors import ApplianceError, DeviceLostError
 from .device import REBUFFER_S, DeviceOutput
-from .sink import Outcome
+from .sink import ClientOnlyAudio, Outcome  # noqa: F401 - ClientOnlyAudio: imported from here too
 from .wav import WavRetention, WavWriter
 from .wavdir import WavDirHealth
 
@@ -377,34 +377,3 @@ class RequestAudio:
             return None
         outcome = self._close_wav()
         return lambda: cb(outcome)
-
-
-class ClientOnlyAudio:
-    """The audio of a request that is neither played nor written (``Speak.play`` false) and has no
-    client stream (every transport that returns audio passes one: :mod:`appliance.audio.stream`;
-    this is the request core used without one): its PCM goes nowhere; :meth:`finish` completes
-    at once."""
-
-    output = "client"
-    lane = None
-    voice = None
-
-    def __init__(self) -> None:
-        self._aborted = False
-        self.first_out_at: Optional[float] = None   # the first chunk handed to the client
-
-    def write(self, pcm: np.ndarray) -> None:
-        """Nothing to play or write (module docstring of the class)."""
-        if self.first_out_at is None and len(pcm):
-            self.first_out_at = time.monotonic()
-
-    def finish(self, on_done: Callable[[str], None]) -> None:
-        """``on_done("client")`` now (unless aborted)."""
-        if not self._aborted:
-            on_done(self.output)
-
-    def abort(self) -> None:
-        self._aborted = True
-
-    def release(self) -> None:
-        """Nothing is kept (see :meth:`RequestAudio.release`)."""
