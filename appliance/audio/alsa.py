@@ -119,7 +119,7 @@ def offered_formats(pcm: str) -> Optional[list[str]]:
 def describe(pcm: str, depth: int = 6) -> Optional[str]:
     """Where ``pcm`` leads, in words, from ALSA's configuration as it is now (a re-pointed
     ``default`` shows its new target; nothing is opened): its plugin chain down to a card, e.g.
-    ``file -> null``, ``plug -> hw card 1 (USB)``, ``pipewire``; ``hw:N,M`` names the card. None
+    ``file (/path) -> null``, ``plug -> hw card 1``, ``pipewire``; ``hw:N,M`` names the card. None
     when ALSA cannot say (no libasound, no such definition)."""
     m = re.fullmatch(r"(?:plug)?hw:(?:CARD=)?([^,]+)(?:,(?:DEV=)?(\d+))?", pcm)
     if m:
@@ -142,9 +142,12 @@ def describe(pcm: str, depth: int = 6) -> Optional[str]:
             kind = _get(lib, conf, "type") or "?"
             slave = _get(lib, conf, "slave.pcm") or _get(lib, conf, "slave")
             card = _get(lib, conf, "card")
+            target = _get(lib, conf, "file") if kind == "file" else None
         finally:
             lib.snd_config_delete(conf)
     text = f"{kind} card {card}" if kind == "hw" and card is not None else kind
+    if target:
+        text += f" ({target if len(target) <= 200 else '...' + target[-197:]})"
     if slave and depth > 0 and slave != pcm:
         return f"{text} -> {describe(slave, depth - 1) or slave}"
     return text
@@ -159,7 +162,7 @@ def _get(lib, conf: ctypes.c_void_p, key: str) -> Optional[str]:
     if lib.snd_config_get_ascii(node, ctypes.byref(out)) < 0 or out.value is None:
         return None
     value = out.value.decode(errors="replace")
-    return value if len(value) < 200 else None
+    return value if len(value) <= 1000 else None
 
 
 def describe_route(dev: dict) -> Optional[str]:
@@ -167,7 +170,9 @@ def describe_route(dev: dict) -> Optional[str]:
     ``'default' -> file -> null``; None when ALSA cannot say."""
     pcm = pcm_of(dev["name"])
     what = describe(pcm)
-    return None if what is None else f"{pcm!r} -> {what}"
+    plug = plug_of(pcm)
+    via = f" (through ALSA's plug converter {plug!r}: PortAudio cannot write its formats)" if plug else ""
+    return None if what is None else f"{pcm!r} -> {what}{via}"
 
 
 def plug_of(pcm: str) -> Optional[str]:

@@ -158,12 +158,11 @@ class DeviceOutput(VoiceFeed, IdleClose):
         sd = load_sounddevice()
         dev = find_output_device(self.query, self.setting)
         plug = plug_of(pcm_of(dev["name"]))       # formats PortAudio cannot write: through ALSA's plug
-        if plug is not None:
-            dev = next((d for d in list_output_devices() if d["name"] == plug), dev)
-        rate = self.want_rate or int(dev["default_samplerate"])
+        via = next((d for d in list_output_devices() if d["name"] == plug), dev) if plug is not None else dev
+        rate = self.want_rate or int(via["default_samplerate"])
         try:
             stream = sd.OutputStream(
-                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
+                device=via["index"], samplerate=rate, channels=1, dtype="float32",
                 latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
             )
             with self._lock:

@@ -36,13 +36,14 @@ class IdleClose:
     def sleep(self) -> bool:
         """Close the stream of a device idle for :attr:`idle_close_s` (no voice, nothing pending,
         its last audio drained); it stays usable and :meth:`wake` opens it again. False: not now."""
-        with LOCK, self._lock:
-            if (not self.ok or self.asleep or self._stream is None or self.lanes.voices or self._played
-                    or time.monotonic() - self._last_sound < max(self.idle_close_s, self._out_latency + self.drain_s)):
-                return False
-            self._closing = True
-            stream, self._stream = self._stream, None
-            self.asleep = True
+        with LOCK:                # no re-listing meanwhile; the device's lock is not held while
+            with self._lock:      # PortAudio stops the stream (it waits for the callback, which takes it)
+                if (not self.ok or self.asleep or self._stream is None or self.lanes.voices or self._played
+                        or time.monotonic() - self._last_sound < max(self.idle_close_s, self._out_latency + self.drain_s)):
+                    return False
+                self._closing = True
+                stream, self._stream = self._stream, None
+                self.asleep = True
             try:
                 stream.stop()
                 stream.close()
