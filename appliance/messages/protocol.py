@@ -91,8 +91,8 @@ class Speak(SynthesisRequest):
 class Cancel:
     """Cancel one request (``id``) or requests on a channel (``channel``); exactly one of the
     two (both is ambiguous and refused as ``bad_request``). ``scope`` (a cancel by channel only)
-    names what it hits, one of :data:`CANCEL_SCOPES`: ``current`` the request(s) synthesizing or
-    playing on the channel now (the queue goes on), ``queue`` (None = the default) those and every
+    names what it hits, one of :data:`CANCEL_SCOPES`: ``current`` the request sounding on the
+    channel now (of those synthesizing or playing, the one that started first; the rest go on), ``queue`` (None = the default) those and every
     queued request except alerts (a pending alarm still sounds), ``all`` alerts too."""
 
     id: Optional[str] = None

@@ -79,6 +79,8 @@ class Request:
         task: its :class:`~appliance.synth.batch.Task` while synthesizing.
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
         restarts: times it was resumed after a preemption.
+        begun: the scheduler's count of starts when it last started (the lowest of a channel's
+            running or playing requests sounds now: a cancel with scope ``current``).
         resume_from: the sentence its next start begins with (the one an interruption cut; 0:
             from the start). The sentence ``k`` of a job always draws with ``seed + k``, so a
             resumed sentence sounds as it did.
@@ -106,6 +108,7 @@ class Request:
     preempted_by: Optional[str] = None
     restarts: int = 0
     resume_from: int = 0
+    begun: int = 0
     journal: Optional[int] = None
     not_crash_safe: Optional[str] = None
     progress_at: float = 0.0

@@ -101,6 +101,7 @@ class Scheduler:
         self.max_hold_s = max_hold_s
         self.holds: dict[Request, Hold] = {}
         self._clock = clock
+        self._begun = 0                  # starts so far (Request.begun: which of a channel's sounds first)
 
     def check(self, item: Request) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
@@ -163,11 +164,19 @@ class Scheduler:
         return victims
 
     def insert(self, item: Request, first: bool = False) -> None:
-        """Into the queue after every request of the same or higher priority (``first``: after
-        every request of a higher priority only, ahead of those of its own)."""
-        pos = len(self.queue)
-        while pos > 0 and (self.queue[pos - 1].rank > item.rank or (first and self.queue[pos - 1].rank == item.rank)):
-            pos -= 1
+        """Into the queue after every request of the same or higher priority (``first``: a resumed
+        request, after those of a higher priority and the resumed ones of its own that started
+        before it, ahead of the others of its own: interrupted requests resume in the order they
+        started)."""
+        if first:
+            pos = 0
+            while pos < len(self.queue) and (self.queue[pos].rank < item.rank or (
+                    self.queue[pos].rank == item.rank and 0 < self.queue[pos].begun < item.begun)):
+                pos += 1
+        else:
+            pos = len(self.queue)
+            while pos > 0 and self.queue[pos - 1].rank > item.rank:
+                pos -= 1
         self.queue.insert(pos, item)
 
     def limits(self) -> Optional[Limits]:
@@ -247,6 +256,8 @@ class Scheduler:
             self.queue.remove(it)
             self.holds.pop(it, None)
             it.move(State.RUNNING)
+            self._begun += 1
+            it.begun = self._begun
             self.running[it.channel] = it
         for ch, why in waiting.items():
             if self.waiting.get(ch) != why:
@@ -301,9 +312,12 @@ class Scheduler:
                 scope: str = DEFAULT_CANCEL_SCOPE) -> list[Request]:
         """The active items a cancel by id, by channel (within ``scope``)
         or by client (``sink``) hits (scopes: :class:`~appliance.messages.protocol.Cancel`)."""
+        begun = [it for it in self.active.values() if it.channel == channel and it.state in (State.RUNNING, State.PLAYING)]
+        current = min(begun, key=lambda it: it.begun) if begun else None    # sounds now (or is the next to)
+
         def in_scope(it: Request) -> bool:
             if scope == "current":
-                return it.state in (State.RUNNING, State.PLAYING)
+                return it is current
             return scope == "all" or it.state is not State.QUEUED or it.speak.priority != "alert"
 
         return [it for it in self.active.values()
