@@ -34,7 +34,7 @@ import logging
 import sys
 
 from ..config import find_config
-from ..engines.llama_lib import FTYPES as GGUF_TYPES
+from ..engines.llama.lib import FTYPES as GGUF_TYPES
 from ..errors import ApplianceError
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
