@@ -114,6 +114,9 @@ class AudioConfig:
     on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
     max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
     max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
+    preroll_ms: float = _f(0.0, "Silence played when a device's stream (re)opens, before any request's audio, ms: for sinks that wake late (HDMI, Bluetooth, an amplifier in standby lose the first syllable otherwise); 0 for always-on hardware. Per channel: channels[].preroll_ms.", min=0.0, max=5000.0, hint="ms, e.g. 300")
+    drain_ms: float = _f(0.0, "Silence that must follow the last audio before a device's stream is closed (idle, a re-listing, shutdown), ms: for sinks that cut their last buffer when closed; 0 for always-on hardware. Per channel: channels[].drain_ms.", min=0.0, max=5000.0, hint="ms, e.g. 200")
+    idle_close_s: float = _f(30.0, "Close a sound device's stream after this long without a request, s (an open silent stream wakes the daemon every period); the next request opens it again, finding its route again, after preroll_ms of silence. 0 = keep it open.", min=0.0, max=86400.0, hint="s, e.g. 30; 0 = never")
     volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
@@ -127,6 +130,8 @@ class ChannelConfig:
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
     volume_db: float = _f(0.0, "This channel's play-out gain on its sound device, dB, added to audio.volume_db; applied by a reload (SIGHUP) without a restart.", min=-60.0, max=12.0, hint="dB, e.g. -6")
+    preroll_ms: Optional[float] = _f(None, "audio.preroll_ms for this channel's device (channels on one device: the largest); None = audio.preroll_ms.", min=0.0, max=5000.0)
+    drain_ms: Optional[float] = _f(None, "audio.drain_ms for this channel's device (channels on one device: the largest); None = audio.drain_ms.", min=0.0, max=5000.0)
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ class ServiceConfig:
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
-    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db, preroll_ms, drain_ms}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")

@@ -184,13 +184,15 @@ class CancelDone:
     """The end of the reply to a ``cancel``: ``cancelled`` requests were hit (their ids in
     ``ids``). Each of them also ends with an ``error`` ``cancelled`` on its own client's
     connection; the canceller gets that event too (before this one) for requests that are not
-    its own. ``id`` / ``channel``: what the cancel asked for. A cancel that hits nothing is
-    answered with one ``error`` (``bad_request``) instead."""
+    its own. ``id`` / ``channel``: what the cancel asked for; ``scope``: what a cancel by channel
+    hit (``current``, ``queue`` or ``all``: ``cancel.scope``, or the default). A cancel that hits
+    nothing is answered with one ``error`` (``bad_request``) instead."""
 
     cancelled: int
     ids: list = field(default_factory=list)
     id: Optional[str] = None
     channel: Optional[str] = None
+    scope: Optional[str] = None
     type: str = "cancel_done"
 
 

@@ -177,9 +177,11 @@ class BatchEngine:
         return len(self._free_voc)
 
     def add(self, job: Job, sink: PcmSink, cancel: Optional[threading.Event] = None, chunk_scale: int = 1,
-            keep_codes: bool = False) -> Task:
+            keep_codes: bool = False, first_sentence: int = 0) -> Task:
         """Register ``job``; its first sentence joins the batch at the next :meth:`step`.
         ``keep_codes``: its report keeps every code drawn (the health check's reference).
+        ``first_sentence``: start at this sentence of the job (a request resumed after a
+        preemption; clipped to its sentences known now); it draws with ``seed + k`` as always.
 
         Raises:
             BusyError: all ``capacity`` task slots are taken.
@@ -188,7 +190,8 @@ class BatchEngine:
             raise BusyError(f"all {self.capacity} synthesis slots are busy")
         t = Task(job=job, sink=sink, cancel=cancel, chunk_scale=max(1, int(chunk_scale)),
                  sentences=list(job.sentences),
-                 report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None))
+                 report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None),
+                 k=max(0, min(int(first_sentence), len(job.sentences) - 1)))
         t.voc = self._free_voc.pop()
         self.tasks.append(t)
         return t
