@@ -61,7 +61,7 @@ def _field(v: Any) -> str:
 
 
 def cancel_main(args: Any) -> int:
-    """``chattts-appliance cancel (--id ID | --channel NAME)``: prints one ``cancelled ID`` line per
+    """``chattts-appliance cancel (--id ID | --channel NAME [--scope current|queue|all])``: prints one ``cancelled ID`` line per
     request hit (from the daemon's ``cancel_done``); exit 0 when something was cancelled, 1 when
     there was nothing to cancel (message on stderr), 2 when the daemon is not reachable."""
     req: dict = {"type": "cancel"}
@@ -69,6 +69,8 @@ def cancel_main(args: Any) -> int:
         req["id"] = args.id
     if args.channel:
         req["channel"] = args.channel
+    if getattr(args, "scope", None):
+        req["scope"] = args.scope
     rc, ev = one_reply(args, req, "cancel",
                        lambda ev: ev.get("type") == "cancel_done" or
                        (ev.get("type") == "error" and ev.get("code") != "cancelled"))

@@ -75,12 +75,14 @@ class SynthesisConfig:
     top_k: int = _f(20, "Top-K codes kept (at least 3 are always kept, as upstream).", min=1, max=626)
     repetition_penalty: float = _f(1.05, "Multiplicative penalty per repeat over the last 16 codes of a codebook; 1 = off.", min=1.0, max=5.0)
     min_new_tokens: int = _f(0, "End-of-sequence is masked before this many codes.", min=0, max=4096)
-    max_new_tokens: int = _f(2048, "Hard stop in decode steps for EACH SENTENCE, not for the whole request: the GPT generation limit (the text is split into sentences of at most model.max_prompt_tokens and each generates up to this many codes; 46.875 steps = 1 s of audio). A request's params.max_new_tokens may lower it.", min=1, max=4096)
+    max_new_tokens: int = _f(2048, "Ceiling in decode steps for EACH SENTENCE, not for the whole request (46.875 steps = 1 s of audio). Each sentence gets a cap proportional to its length (twice its expected speech at 4.5 Chinese characters or 2.5 English words per second, at least 4 s), at most this; a longer text is cut into sentences that fit it (and model.max_prompt_tokens). A sentence that reaches its cap is cut there, logged and named in done.truncated. A request's params.max_new_tokens may lower it.", min=1, max=4096)
     prompt: str = _f("[speed_5]", "Control tokens put before every sentence (e.g. [speed_5][oral_2]).")
     voice: str = _f("seed:2", "Default voice: 'seed:N' (random speaker from upstream's spk_stat, reproducible), or an upstream speaker string.")
     seed: Optional[int] = _f(None, "Default sampling seed (0 <= seed < 2**63); None = a fresh seed per request (reported in the reply).", min=0, max=2**63 - 1)
     refine_text: bool = _f(False, "Run upstream's refine-text GPT pass first: the GPT in text mode rewrites each sentence, adding [uv_break]/[laugh]/[lbreak] (adds up to 384 decode steps of latency before the first audio; torch CPU backend only).")
     refine_prompt: str = _f("", "Control tokens for refine-text, e.g. [oral_2][laugh_0][break_6] (upstream RefineTextParams.prompt).")
+    emoji: str = _f("drop", "Emoji, emoticons (:) ^_^ <3) and kaomoji in the text: drop (not spoken; each listed in done.unspeakable, an emoji as one cluster) or name (said by a short meaning in the language of the words beside it: a thumbs-up emoji is 'thumbs up' / 拇指向上, ^_^ 'smile' / 微笑).", choices=("drop", "name"))
+    list_numbers: str = _f("speak", "The numbers of an ordered list's items (1. Hello): speak (said in their item's language, joined to its text: 'one, Hello', 二、你好) or drop.", choices=("speak", "drop"))
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,9 @@ class AudioConfig:
     on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
     max_waiting: int = _f(16, "on_device_error: wait: most requests held per device; one more ends at once with device_lost/device_busy.", min=0, max=1024)
     max_wait_s: float = _f(300.0, "on_device_error: wait: longest a request waits for its device, s; then it ends with device_lost/device_busy (nothing played or written).", min=1.0, max=86400.0)
+    preroll_ms: float = _f(0.0, "Silence played when a device's stream (re)opens, before any request's audio, ms: for sinks that wake late (HDMI, Bluetooth, an amplifier in standby lose the first syllable otherwise); 0 for always-on hardware. Per channel: channels[].preroll_ms.", min=0.0, max=5000.0, hint="ms, e.g. 300")
+    drain_ms: float = _f(0.0, "Silence that must follow the last audio before a device's stream is closed (idle, a re-listing, shutdown), ms: for sinks that cut their last buffer when closed; 0 for always-on hardware. Per channel: channels[].drain_ms.", min=0.0, max=5000.0, hint="ms, e.g. 200")
+    idle_close_s: float = _f(30.0, "Close a sound device's stream after this long without a request, s (an open silent stream wakes the daemon every period); the next request opens it again, finding its route again, after preroll_ms of silence. 0 = keep it open.", min=0.0, max=86400.0, hint="s, e.g. 30; 0 = never")
     volume_db: float = _f(0.0, "Play-out gain on the sound devices, dB, added to each channel's volume_db (0 = as synthesized; a gain above 0 that would clip is clipped to [-1, 1]). Applied by a reload (SIGHUP) without a restart, also to the audio already queued; WAV files and clients (Wyoming, return_audio) get the synthesized level.", min=-60.0, max=12.0, hint="dB, e.g. -6")
 
 
@@ -125,6 +130,8 @@ class ChannelConfig:
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
     on_disconnect: str = _f("cancel", "What happens to a socket client's queued, running or playing requests when it closes its connection: cancel (synthesis stops within a decode step, unplayed audio is dropped) or finish (they are spoken anyway). A client that only half-closes (shutdown of its write side) and still reads is not gone.", choices=("cancel", "finish"))
     volume_db: float = _f(0.0, "This channel's play-out gain on its sound device, dB, added to audio.volume_db; applied by a reload (SIGHUP) without a restart.", min=-60.0, max=12.0, hint="dB, e.g. -6")
+    preroll_ms: Optional[float] = _f(None, "audio.preroll_ms for this channel's device (channels on one device: the largest); None = audio.preroll_ms.", min=0.0, max=5000.0)
+    drain_ms: Optional[float] = _f(None, "audio.drain_ms for this channel's device (channels on one device: the largest); None = audio.drain_ms.", min=0.0, max=5000.0)
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ class ServiceConfig:
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
-    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db}).")
+    channels: tuple = _f((ChannelConfig(),), "Output channels (list of {name, device, queue_len, on_preempt, on_disconnect, volume_db, preroll_ms, drain_ms}).")
     memory_budget_mb: int = _f(1500, "Memory budget, MiB, counted as the hardware holds it: on a Jetson (unified memory) RSS + NvMap (the GPU's allocations); on a desktop GPU the process's device memory (NVML: weights, KV caches, activations and the CUDA context); on a CPU the RSS. At start, before anything is compiled or captured, max_seq_len (then max_batch) is lowered to fit or the start refused.", min=64, max=1 << 20)
     host_rss_limit_mb: int = _f(2048, "Desktop GPUs only: the limit of the daemon's host RSS, MiB (torch's CUDA libraries alone hold about 0.7 GiB of host memory). Reported by status and health; health is unhealthy above it. Jetson and CPU boxes count RSS in memory_budget_mb instead.", min=64, max=1 << 20)
     warmup: bool = _f(True, "Synthesize a short sentence before READY.")

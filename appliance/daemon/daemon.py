@@ -241,6 +241,7 @@ class Daemon:
                 self.wyoming.use_voices(self.cfg)
             if r.volume:
                 p.audio.use_volume(Volume.from_config(self.cfg))
+        p.audio.reroute()              # the sound route (default, an .asoundrc entry) may point elsewhere now
         return r.status
 
     async def _shutdown(self) -> None:
