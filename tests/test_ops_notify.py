@@ -142,7 +142,7 @@ def test_pings_come_from_the_heartbeats_and_stop_when_one_is_stale(notify_socket
     now[0] += 2.0
     wd.beat("worker")
     assert wd.pings == 1 + 4 + 6
-    Notifier().send("MARK=1")
+    Notifier("stdlib").send("MARK=1")
     notify_socket.wait_for("MARK", timeout=5)
     assert len(notify_socket.with_key("WATCHDOG")) == wd.pings
 
