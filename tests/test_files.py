@@ -169,3 +169,23 @@ def test_a_directory_others_can_write_is_made_private(tmp_path):
     assert "mode 0777" in files.fix_dir_mode(d, "service.spool_dir")
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
     assert files.fix_dir_mode(d, "service.spool_dir") is None
+
+
+def test_the_spool_lock_is_exclusive_names_its_owner_and_never_follows_a_link(tmp_path, target):
+    from appliance.errors import ConfigError, SpoolBusyError
+    from appliance.service.journal_lock import FILE as LOCK, SpoolLock
+
+    owner = SpoolLock(tmp_path)
+    assert owner.acquire(0.0) and (tmp_path / LOCK).read_text() == f"{os.getpid()}\n"
+    with pytest.raises(SpoolBusyError, match=f"pid {os.getpid()}.*{LOCK}") as e:
+        SpoolLock(tmp_path).acquire(0.3)                   # bounded wait, then refused
+    assert e.value.exit_status == 75
+    owner.release()
+    second = SpoolLock(tmp_path)
+    assert second.acquire(0.0)                             # free once the owner lets go
+    second.release()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / LOCK).symlink_to(target)
+    with pytest.raises(ConfigError, match="is a symlink"):
+        SpoolLock(tmp_path / "other").acquire(0.0)
+    assert target.read_bytes() == SECRET
