@@ -88,10 +88,10 @@ def test_pings_every_second_while_speaking_and_a_stopped_process_is_pinged_befor
         assert c.events(("done", "error"))[-1]["type"] == "done"
         c.close()
         n = len(notify_socket.with_key("WATCHDOG"))
-        notify_socket.wait_count("WATCHDOG", n + 2, timeout=10)     # and idle again
+        notify_socket.wait_count("WATCHDOG", n + 3, timeout=10)     # and idle again
         t1 = time.monotonic()
         gaps = _gaps(_pings(notify_socket, t0, t1))
-        assert t1 - t0 > 3.0 and max(gaps) < 2.0 and min(gaps[1:-1]) > 0.5, (t1 - t0, gaps)   # about every second
+        assert len(gaps) >= 5 and max(gaps) < 2.0 and min(gaps[1:-1]) > 0.5, gaps   # about every second
         proc.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         time.sleep(4.0)                                  # the stall itself (2/3 of WatchdogSec), not a wait
