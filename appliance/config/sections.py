@@ -133,6 +133,12 @@ class ServiceConfig:
 
     socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).")
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
+    socket_group: Optional[str] = _f(None, "Group of the socket file (a name or a number): its members may connect (with socket_mode 0660); the socket's directory, where the daemon's user owns it, is made 0750 with this group. The daemon's user must be a member (SupplementaryGroups= in the unit). None = the daemon's own group.")
+    max_connections: int = _f(64, "Most socket connections open at once; one more is answered with one 'busy' error line and closed.", min=1, max=65536)
+    max_connections_per_client: int = _f(16, "Most socket connections one client process (its pid, from the kernel) may hold open at once, so that one client cannot take every place; one more is answered 'busy' and closed.", min=1, max=65536)
+    idle_timeout_s: float = _f(300.0, "A socket connection with no request in flight that sends nothing for this long is closed, s; 0 = never.", min=0.0, max=86400.0)
+    max_bad_lines_per_min: int = _f(30, "Malformed request lines (not JSON, unknown fields, too long) one socket connection may send per minute, each answered bad_request; beyond it the first is answered rate_limited and the rest are dropped unanswered until the budget refills. 0 = no budget.", min=0, max=1 << 20)
+    bad_input_log_s: float = _f(60.0, "Repeated bad input (malformed lines, rate-limited requests, refused or idle connections) is logged as one summary line per client per this many seconds, with counts; each single malformed line only at DEBUG.", min=1.0, max=86400.0)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
@@ -256,7 +262,7 @@ class VoiceConfig:
     """One named voice (top-level ``voices``): a request's ``voice`` may be its name on every
     transport (socket, MQTT, ``say --voice``, Wyoming; the MQTT voice select's options)."""
 
-    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters, digits, '-', '_', '.').")
+    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters of any script, digits, '-', '_', '.').")
     voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
     description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
 

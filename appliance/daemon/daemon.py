@@ -167,13 +167,13 @@ class Daemon:
         sock = inherited_socket()
         if sock is None:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
-            sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
+            sock = listen_socket(self._socket_path, self.cfg.service.socket_mode, group=self.cfg.service.socket_group)
         if p.recovery is not None:   # before the socket accepts: a returning client finds its request
             await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
                                     p.mqtt.recent.add if p.mqtt else None)
         self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
                                    on_gone=p.dispatch.client_gone, max_buffered_ms=self.cfg.service.max_buffered_ms,
-                                   sample_format=self.cfg.stream.sample_format)
+                                   sample_format=self.cfg.stream.sample_format, limits=self.cfg.service)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
