@@ -339,10 +339,16 @@ def _spare_fd() -> Optional[int]:
 
 
 def _refuse(c: socket.socket, e: ApplianceError) -> None:
-    """Send one ``error`` line on a connection that is not taken, then close it (never blocks)."""
+    """Send one ``error`` line on a connection that is not taken, then close it (never blocks).
+    What the client sent already is read first: a UNIX socket closed with unread data resets the
+    connection, and its client would see ``ECONNRESET`` instead of the line."""
     try:
         c.setblocking(False)
         c.send(to_json(error_event(e)))
+        c.shutdown(socket.SHUT_WR)
+        for _ in range(16):
+            if not c.recv(65536):
+                break
     except OSError:
         pass
     finally:
