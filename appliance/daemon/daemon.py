@@ -177,7 +177,7 @@ class Daemon:
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
-            self.wyoming = WyomingServer(self.cfg, p.dispatch)
+            self.wyoming = WyomingServer(self.cfg, p.dispatch, p.net.wyoming, p.net.mdns)
             try:
                 await self.wyoming.start()
             except ApplianceError:
@@ -227,6 +227,8 @@ class Daemon:
         info = p.pipeline.info
         r = plan_reload(self.config_path, self.cfg, info.text_mode, info.backend, info.hidden_size)
         p.reload_failed.update(r.failed)
+        if p.mqtt is not None:        # the CA bundle re-read (a replaced one is used from the next connection)
+            p.mqtt.reload_tls()
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             if "synthesis" in r.live:
