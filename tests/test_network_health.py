@@ -158,7 +158,10 @@ def test_a_wyoming_request_under_alerts_only_hears_back_within_the_bound(tiny_ck
 
     try:
         wait_for(lambda: d.request({"type": "status"})[0]["throttle"] == "alerts_only", 20, "alerts_only")
-        took, evs = asyncio.run(ask())
+        try:
+            took, evs = asyncio.run(ask())
+        except asyncio.TimeoutError:
+            raise AssertionError("no answer: " + "\n".join(x for x in d.log().splitlines()[-60:]))
         err = evs[-1]
         assert err.type == "error" and err.data["code"] == "throttled", [e.type for e in evs]
         assert "alerts_only by thermal" in err.data["text"] and "wyoming.start_timeout_s" in err.data["text"]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from wyoming.event import Event as WyEvent
 
+from ..audio.stream import EVENT
 from ..errors import BusyError, ThrottledError
 from ..messages.protocol import Cancel, ErrorEvent
 from .wyoming_replies import Speech
@@ -62,6 +63,7 @@ class Bounded:
         if req.started or req.outbox.closed:
             return
         why = self.ctx.waiting(self.ctx.channel) if self.ctx.waiting is not None else None
+        why = why.split(" (at most service.max_hold_s")[0] if why else why     # its bound here is ours
         err = ThrottledError if why and why.startswith("throttle") else BusyError
         msg = (f"the box could not start this request within {self.ctx.start_timeout_s:g} s "
                f"(wyoming.start_timeout_s): {why or 'other requests are ahead of it'}; it was cancelled")
