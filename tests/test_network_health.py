@@ -201,3 +201,46 @@ def _connects(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_two_boxes_with_one_mdns_name_are_both_discoverable(tiny_ckpt, tmp_path):
+    pytest.importorskip("zeroconf")
+    from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+    async def resolve(name: str, timeout_ms: int = 5000):
+        zc = AsyncZeroconf()
+        try:
+            info = AsyncServiceInfo("_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.")
+            return info if await info.async_request(zc.zeroconf, timeout_ms) else None
+        finally:
+            await zc.async_close()
+
+    async def probe() -> bool:     # does mDNS work on this machine at all?
+        zc = AsyncZeroconf()
+        info = AsyncServiceInfo("_wyoming._tcp.local.", f"probe-{os.getpid()}._wyoming._tcp.local.", port=1,
+                                addresses=[socket.inet_aton("127.0.0.1")])
+        try:
+            await zc.async_register_service(info)
+            return await resolve(f"probe-{os.getpid()}", 2000) is not None
+        finally:
+            await zc.async_close()
+
+    if not asyncio.run(probe()):
+        pytest.skip("mDNS multicast does not work on this machine")
+    name = f"chattts-twin-{free_port()}"
+    boxes = []
+    try:
+        for k in (1, 2):
+            cfg, uri = _wy(tiny_ckpt, tmp_path / f"b{k}", zeroconf=True, zeroconf_name=name)
+            boxes.append((launch_daemon(tmp_path / f"b{k}" / "d", cfg), int(uri.rsplit(":", 1)[1])))
+            wait_log(boxes[-1][0].log, "wyoming: advertised as", 60, alive=boxes[-1][0].alive)
+        (d1, p1), (d2, p2) = boxes
+        first, second = asyncio.run(resolve(name)), asyncio.run(resolve(f"{name}-2"))
+        assert first is not None and first.port == p1, d1.log()[-2000:]
+        assert second is not None and second.port == p2, d2.log()[-2000:]
+        conds = _conditions(d2)
+        assert "mdns" in conds and f"advertised as {name}-2" in conds["mdns"], conds
+        assert "mdns" not in _conditions(d1)
+    finally:
+        for d, _ in boxes:
+            assert d.stop() == 0, d.log()[-3000:]

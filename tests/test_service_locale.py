@@ -46,12 +46,14 @@ def test_daemon_and_cli_speak_a_non_ascii_path_and_text_in_any_locale(tiny_ckpt,
     env = latin1 if which == "latin1" else {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": ""}
     wav = tmp_path / "声音 wäv"
     cfg = service_config(tiny_ckpt, tmp_path, audio={"output": "wav", "wav_dir": str(wav)})
+    cfg["voices"] = [{"name": "default", "voice": None, "description": ""},
+                     {"name": "温柔", "voice": "seed:7", "description": "a voice named in Chinese"}]
     d = launch_daemon(tmp_path / "d", cfg, env=env)
     try:
-        r = _cli(["say", "--socket", str(d.socket), "--json", "--voice", "seed:7", "咖啡 café。"], env)
+        r = _cli(["say", "--socket", str(d.socket), "--json", "--voice", "温柔", "咖啡 café。"], env)
         assert r.returncode == 0, r.stderr.decode(errors="replace")
         done = json.loads(r.stdout.splitlines()[-1])
-        assert done["type"] == "done" and done["audio_s"] > 0
+        assert done["type"] == "done" and done["audio_s"] > 0 and done["voice"] == "温柔", done
         spoken = " ".join(done["spoken"])
         assert "cafe" in spoken and "Ã" not in spoken, spoken           # é read as é (mojibake: Ã©)
         assert list(wav.glob("*.wav")), list(tmp_path.iterdir())

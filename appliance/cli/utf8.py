@@ -19,6 +19,7 @@ text fails. So:
 
 from __future__ import annotations
 
+import codecs
 import locale
 import os
 import sys
@@ -49,16 +50,20 @@ def reexec_in_utf8_mode() -> None:
 
 def text_arg(s: str) -> str:
     """``s`` as the text the user meant: a command-line argument decoded as UTF-8 where it is,
-    else in the locale's own encoding (module docstring)."""
+    else in the locale's own encoding where that is not UTF-8 (module docstring); bytes a UTF-8
+    locale cannot read stay as they are (the command names the byte)."""
     try:
         s.encode("utf-8")
         return s
     except UnicodeEncodeError:
         raw = os.fsencode(s)
+    enc = locale.getencoding()
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode(locale.getencoding(), errors="replace")
+        if codecs.lookup(enc).name == "utf-8":
+            return s
+        return raw.decode(enc)
+    except (LookupError, UnicodeDecodeError):
+        return s
 
 
 def _paths(obj: Any, prefix: str) -> list[tuple[str, str]]:

@@ -366,6 +366,7 @@ class MQTTBridge:
                 self._tls_ok = True
                 self._connect()
             if self.connected.is_set():
+                self.link.settle()
                 self._publish_status()
 
 

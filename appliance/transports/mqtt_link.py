@@ -8,10 +8,11 @@ layer's reason), its back-off when the broker keeps closing it, and the TLS file
   ``mqtt.ca_file`` does not hold, or names another host (:func:`tls_reason`), or the network's
   error (refused, no route, name not resolved);
 * a refusal (CONNACK): the broker's reason (bad user name or password, not authorized);
-* a lost connection: a session the broker closes within :data:`SHORT_SESSION_S` of its CONNACK
-  is what a client-id takeover looks like in MQTT 3.1.1 (the broker closes the older connection
-  of two with one client id, without a reason): such sessions in a row double the wait before the
-  next attempt (``mqtt.reconnect_min_s`` up to ``reconnect_max_s``), where paho would start over at
+* a lost connection: sessions the broker closes within :data:`SHORT_SESSION_S` of their CONNACK,
+  two or more in a row with every reconnect accepted at once, are what a client-id takeover looks
+  like in MQTT 3.1.1 (the broker closes the older connection of two with one client id, without a
+  reason; one short session alone is a broker restart as often): from the second, each doubles
+  the wait before the next attempt (``mqtt.reconnect_min_s`` up to ``reconnect_max_s``), where paho would start over at
   the minimum after every successful CONNACK and two boxes would take the id from each other
   once a second forever; the condition names the client id;
 * a missing or unreadable CA bundle: MQTT waits for it (the box runs, health says why) instead
@@ -118,14 +119,22 @@ class Link:
         self.last_error: Optional[BaseException] = None
 
     def up(self) -> None:
-        """CONNACK accepted."""
+        """CONNACK accepted (a takeover's condition stays until the session lasts, :meth:`settle`)."""
         self.connected_at = self._clock()
         self.failures = 0
-        self.flag.clear()
+        if self.short < 2:
+            self.flag.clear()
+
+    def settle(self) -> None:
+        """Called now and then: a session that has lasted :data:`SHORT_SESSION_S` ends a takeover."""
+        if self.short and self.connected_at is not None and self._clock() - self.connected_at >= SHORT_SESSION_S:
+            self.short = 0
+            self.flag.clear()
 
     def failed(self) -> str:
         """An attempt failed before CONNACK (:attr:`last_error` says why); returns the reason."""
         self.failures += 1
+        self.short = 0                 # the broker is away, nobody takes the id from us
         e = self.last_error
         why = (tls_reason(e, self.host) if e is not None else None) or (
             f"cannot reach the broker {self.where}" + (f": {getattr(e, 'strerror', None) or e}" if e else ""))
@@ -143,15 +152,15 @@ class Link:
         now = self._clock()
         lasted = now - self.connected_at if self.connected_at is not None else None
         self.connected_at = None
-        if lasted is not None and lasted < SHORT_SESSION_S:
-            self.short += 1
-            wait = min(self.max_s, self.min_s * 2 ** self.short)
-            self.flag.set(f"the broker {self.where} closed the connection {lasted:.1f} s after it was made "
+        if lasted is not None:             # (None: closed before its CONNACK: says nothing either way)
+            self.short = self.short + 1 if lasted < SHORT_SESSION_S else 0
+        if self.short >= 2:
+            wait = min(self.max_s, self.min_s * 2 ** (self.short - 1))
+            self.flag.set(f"the broker {self.where} closed the connection {lasted or 0:.1f} s after it was made "
                           f"({self.short} time{'s' if self.short > 1 else ''} in a row): another client may "
                           f"use client id {self.client_id!r} (mqtt.client_id must be unique per box); "
                           f"next try in {wait:g} s")
             return wait
-        self.short = 0
         self.flag.set(f"lost the broker {self.where} ({reason}); reconnecting with back-off "
                       f"{self.min_s:g}-{self.max_s:g} s")
         return self.min_s
