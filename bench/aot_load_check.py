@@ -127,7 +127,7 @@ def inspect_package(pt2: Path) -> dict:
 
 def load_in_child(pt2: Path, ours: bool, inputs: Path | None, timeout: float) -> str:
     """One fresh process loads (and with ``inputs`` runs) the package; its outcome in one line."""
-    from appliance.engines.aot_canary import _fault_frame, _native_frames
+    from appliance.engines.torch.aot_canary import _fault_frame, _native_frames
 
     job = {"path": str(pt2), "ours": ours, "inputs": str(inputs) if inputs else None}
     try:

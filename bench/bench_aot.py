@@ -66,8 +66,8 @@ def child(a) -> None:
     t_import = time.time() - t0
     cfg = config_from_dict(json.loads(a.child_config))
     if cfg.model.device == "cpu":   # development run: select's CUDA-runner arguments on the CPU
-        from appliance.engines.cuda_runner import CudaRunner
-        from appliance.engines.step_modes import compile_mode
+        from appliance.engines.torch.cuda_runner import CudaRunner
+        from appliance.engines.torch.step_modes import compile_mode
 
         mode = compile_mode(cfg.model.compile)[0]
         eng = cfg.resolve(cfg.model.engine_dir)

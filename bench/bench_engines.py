@@ -56,11 +56,11 @@ def _rss_mib() -> float:
 def worker(kind: str, ckpt: Path, work: Path, threads: int, steps: int) -> dict:
     """Time one backend in this process; returns a dict of measurements."""
     if kind == "torch":
-        from appliance.engines.torch_runner import TorchRunner
+        from appliance.engines.torch.cpu_runner import TorchRunner
 
         r = TorchRunner(_cfg(ckpt, work, "torch", threads), reason="bench")
     else:
-        from appliance.engines.onnx_runner import OnnxRunner
+        from appliance.engines.onnx.runner import OnnxRunner
 
         r = OnnxRunner(_cfg(ckpt, work, "onnxruntime", threads), reason="bench", export_dir=work / "onnx" / kind)
     load_rss = _rss_mib()

@@ -3,8 +3,8 @@
 Each candidate is one runtime with one weight precision running the GPT (all 20 layers, the 4
 heads) for one new token per row, B rows (``--batches``), after ``P`` cached positions: ONNX
 Runtime on the exported ``gpt`` graph with the in-place KV cache bound by pointer as
-:class:`appliance.engines.onnx_runner.OnnxRunner` binds it; llama.cpp on ``gpt.gguf`` as
-:class:`appliance.engines.llama_runner.LlamaRunner` runs it (B sequences of one context, the
+:class:`appliance.engines.onnx.runner.OnnxRunner` binds it; llama.cpp on ``gpt.gguf`` as
+:class:`appliance.engines.llama.runner.LlamaRunner` runs it (B sequences of one context, the
 embeddings through ``batch.embd``, one ``llama_decode`` per step, logits and hidden states copied
 out; each sequence prefilled to ``P`` positions once, the step's position removed after it). The candidates are timed in turns (``--rounds`` rounds of ``--steps`` steps
 each, per position), so a busy neighbour slows all of them alike; the host's read bandwidth is
@@ -143,11 +143,11 @@ class OrtStep:
 
 
 class LlamaStep:
-    """llama.cpp: the production runner's context and batch (:mod:`appliance.engines.llama_lib`)."""
+    """llama.cpp: the production runner's context and batch (:mod:`appliance.engines.llama.lib`)."""
 
     def __init__(self, f: Path, threads: int, positions: list[int], split: bool = False, kv: str = "f16",
                  gpu_layers: int = 0):
-        from appliance.engines import llama_lib
+        from appliance.engines.llama import lib as llama_lib
 
         lc = self.lc = llama_lib.lib()
         shapes = {"hidden": D, "n_layers": L, "n_heads": H, "ffn": 3072, "num_vq": Q, "num_audio_tokens": V,

@@ -158,7 +158,7 @@ def _step_ms(torch, r, b, reps=25):
         ts.append((time.perf_counter() - t) / k)
     out = {"ms_per_step": 1e3 * statistics.median(ts), "k": k}
     if torch.cuda.is_available():
-        from appliance.engines.cuda_graphs import bucket
+        from appliance.engines.torch.cuda_graphs import bucket
 
         run = r._graph(b, bucket(r.buckets, int(r.pos_host[:b].max()) + 50))
         ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -423,7 +423,7 @@ def section_copies(rep, args, torch):
 def section_fidelity(rep, args, torch):
     """FP32 (TF32 off) vs FP16/BF16: greedy codes, 200 steps, through runner.start/step."""
     from appliance.core import SamplingParams
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

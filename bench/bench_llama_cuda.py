@@ -87,7 +87,7 @@ def main() -> int:
     gdir = Path(args.gguf_dir)
     if args.checkpoint:
         write_ggufs(args.checkpoint, gdir, types)
-    from appliance.engines import llama_lib
+    from appliance.engines.llama import lib as llama_lib
 
     lc = llama_lib.lib()
     offload = bool(lc.llama_supports_gpu_offload())

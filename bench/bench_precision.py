@@ -47,13 +47,13 @@ def open_runner(ckpt: str, engine_dir: str, precision: str, threads: int):
     from appliance.config import config_from_dict
 
     if precision.startswith("llama-"):
-        from appliance.engines.llama_runner import LlamaRunner
+        from appliance.engines.llama.runner import LlamaRunner
 
         qtype, _, kv = precision[len("llama-"):].partition("-kv")
         cfg = config_from_dict({"model": {"path": ckpt, "backend": "llama", "engine_dir": engine_dir, "threads": threads,
                                           "llama_precision": qtype, **({"llama_kv_cache": kv} if kv else {})}})
         return LlamaRunner(cfg, reason="precision bench")
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     cfg = config_from_dict({"model": {"path": ckpt, "backend": "onnxruntime", "engine_dir": engine_dir,
                                       "threads": threads,

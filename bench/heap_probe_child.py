@@ -161,8 +161,8 @@ def _capturing() -> bool:
 # --------------------------------------------------------------------------- the production load
 def hook_pipeline() -> None:
     """Wrap the production load's steps so that each records a stage (module doc)."""
-    import appliance.engines.cuda_graphs as cg
-    import appliance.engines.cuda_runner as cr
+    import appliance.engines.torch.cuda_graphs as cg
+    import appliance.engines.torch.cuda_runner as cr
     import appliance.model.assemble as asm
     import appliance.model.checkpoint as ck
     import appliance.model.gpt as gptm
@@ -252,7 +252,7 @@ def run_pipeline(torch) -> None:
     hook_pipeline()
     if not cuda and ARGS.get("cuda_runner"):   # development: the CUDA runner's logic on the CPU (no graphs)
         import appliance.engines.select as sel
-        from appliance.engines.cuda_runner import CudaRunner
+        from appliance.engines.torch.cuda_runner import CudaRunner
 
         sel._torch_runner = lambda cfg, reason: CudaRunner(cfg, reason=reason)
     cfg = config_from_dict({"model": {"path": ARGS["ckpt"], "backend": "torch", "device": "cuda" if cuda else "cpu",

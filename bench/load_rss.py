@@ -8,7 +8,7 @@ cache stays small and the numbers are the weights' and the load's):
 
 * ``torch-cpu-fp32``: ``open_runner`` with ``backend: torch``, ``device: cpu``, float32 (the CPU
   torch backend as the daemon opens it, the sha256 check included);
-* ``cuda-path-fp16``: :class:`~appliance.engines.cuda_runner.CudaRunner` on the CPU device with
+* ``cuda-path-fp16``: :class:`~appliance.engines.torch.cuda_runner.CudaRunner` on the CPU device with
   float16 (the CUDA runner's load sequence: GPT and Embed in FP16, Decoder and Vocos in FP32, no
   text head; no graphs captured beyond one bucket).
 
@@ -55,7 +55,7 @@ if variant == "torch-cpu-fp32":
     from appliance.engines.select import open_runner
     r = open_runner(cfg)
 else:
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
     r = CudaRunner(cfg, capture_batches=[], buckets=[256], prefill_buckets=[64])
 load_s = time.perf_counter() - t0
 s = smaps()

@@ -28,7 +28,7 @@ def main() -> int:
 
     from appliance.config import config_from_dict
     from appliance.core import SamplingParams
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
     cfg = config_from_dict({"model": {"path": sys.argv[1], "backend": "torch", "device": "cuda", "dtype": "float16",
                                       "max_batch": 3, "max_seq_len": 256, "max_prompt_tokens": 64}})
     r = CudaRunner(cfg, buckets=[256], capture_batches=[3])

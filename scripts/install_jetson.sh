@@ -264,7 +264,7 @@ step_pip() {
 # model.device is cpu. Built with another C++ library than the system's (an H200 image's /opt/gcc
 # g++) it segfaulted at load; with the system g++ it loads and matches the CPU step
 # (bench/RESULTS.md, bench/gpu_llama.sh). The runner still tries every offloaded load in a child
-# process first and runs the GPT on the CPU if that fails (appliance/engines/llama_canary.py).
+# process first and runs the GPT on the CPU if that fails (appliance/engines/llama/canary.py).
 # LLAMA_CUDA=0 in the environment builds the CPU variant.
 LLAMA_CUDA_LOADS=${LLAMA_CUDA:-1}
 # shellcheck source=/dev/null  # scripts/llama_build.sh: llama_has_compiler
@@ -449,7 +449,7 @@ step_aot() {
     fi
     if [ "$DRY_RUN" -eq 1 ]; then
         note "(only where PyTorch has CUDA and Triton: not JetPack's)"
-    elif ! "$VENV/bin/python" -c 'import sys, torch; from appliance.engines.step_modes import has_triton; sys.exit(0 if torch.cuda.is_available() and has_triton() else 1)' >/dev/null 2>&1; then
+    elif ! "$VENV/bin/python" -c 'import sys, torch; from appliance.engines.torch.step_modes import has_triton; sys.exit(0 if torch.cuda.is_available() and has_triton() else 1)' >/dev/null 2>&1; then
         note "skipped: no PyTorch with CUDA and Triton in $VENV; the torch fallback runs plain CUDA graphs"
         return
     fi

@@ -40,7 +40,7 @@ PROBE = """
 import json, sys, time, numpy as np
 from appliance.config import config_from_dict
 from appliance.core import SamplingParams
-from appliance.engines.cuda_runner import CudaRunner
+from appliance.engines.torch.cuda_runner import CudaRunner
 cfg = config_from_dict(json.loads(sys.argv[1]))
 out = {}
 for name, kw in (("eager", {}), ("aot", {"compile": "aot", "aot_dir": sys.argv[2]})):
@@ -68,7 +68,7 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def built(tiny_ckpt, tmp_path_factory):
     """``engines compile`` for the tiny checkpoint on the CPU -> (config dict, aot dir, package dir)."""
-    from appliance.engines.aot_step import SUBDIR
+    from appliance.engines.torch.aot_step import SUBDIR
 
     eng = tmp_path_factory.mktemp("aot_engines")
     cfg_path = eng / "config.json.yaml"
@@ -127,7 +127,7 @@ def _config(d: dict):
 
 
 def test_other_config_falls_back_to_plain_graphs_with_the_reason(built):
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     cfg, aot, _ = built
     c = _config(cfg)
@@ -141,7 +141,7 @@ def test_other_config_falls_back_to_plain_graphs_with_the_reason(built):
 
 
 def test_damaged_package_is_refused(built, tmp_path):
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     cfg, aot, pkg = built
     copy = tmp_path / "aot" / pkg.name
@@ -156,8 +156,8 @@ def test_damaged_package_is_refused(built, tmp_path):
 
 
 def test_identity_names_what_differs(built, tmp_path):
-    from appliance.engines import aot_step
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch import aot_step
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     cfg, aot, pkg = built
     r = CudaRunner(_config(cfg))
@@ -195,7 +195,7 @@ def _unchecked_copy(pkg: Path, tmp_path: Path) -> Path:
 
 def _segv_loader(tmp_path: Path, monkeypatch) -> Path:
     """Point the canary's child at a loader that kills itself with SIGSEGV -> its call log."""
-    from appliance.engines import aot_canary
+    from appliance.engines.torch import aot_canary
 
     mods = tmp_path / "mods"
     mods.mkdir()
@@ -206,7 +206,7 @@ def _segv_loader(tmp_path: Path, monkeypatch) -> Path:
 
 
 def test_engines_compile_recorded_a_passed_load_check(built):
-    from appliance.engines import aot_canary
+    from appliance.engines.torch import aot_canary
     from appliance.engines import manifest as mf
 
     _, _, pkg = built
@@ -216,8 +216,8 @@ def test_engines_compile_recorded_a_passed_load_check(built):
 
 
 def test_a_loader_that_segfaults_in_the_canary_leaves_plain_graphs_and_a_marker(built, tmp_path, monkeypatch):
-    from appliance.engines import aot_canary
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch import aot_canary
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     cfg, _, pkg = built
     copy = _unchecked_copy(pkg, tmp_path)
@@ -262,7 +262,7 @@ Fatal Python error: Segmentation fault
 
 
 def test_native_frames_of_the_faulting_thread_from_c10s_report():
-    from appliance.engines.aot_canary import _native_frames
+    from appliance.engines.torch.aot_canary import _native_frames
 
     got = _native_frames(C10_REPORT)
     assert got == ("torch::inductor::AOTIModelContainerRunner::AOTIModelContainerRunner(std::string const&) + 0x1a "
@@ -271,8 +271,8 @@ def test_native_frames_of_the_faulting_thread_from_c10s_report():
 
 
 def test_a_start_that_died_loading_in_process_is_remembered(built, tmp_path):
-    from appliance.engines import aot_canary
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch import aot_canary
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     cfg, _, pkg = built
     copy = tmp_path / "aot" / pkg.name
@@ -290,7 +290,7 @@ def test_a_start_that_died_loading_in_process_is_remembered(built, tmp_path):
 
 def test_engines_compile_exits_1_when_its_packages_crash_the_loader(built, tmp_path, monkeypatch, capsys):
     from appliance.build import aot
-    from appliance.engines import aot_canary
+    from appliance.engines.torch import aot_canary
 
     cfg, aot_dir, pkg = built
     copy = tmp_path / "aot" / pkg.name
@@ -307,7 +307,7 @@ def test_engines_compile_exits_1_when_its_packages_crash_the_loader(built, tmp_p
 
 
 def test_a_loader_that_raises_in_the_canary_is_a_failure_with_its_message(built, tmp_path, monkeypatch):
-    from appliance.engines import aot_canary
+    from appliance.engines.torch import aot_canary
     from appliance.engines import manifest as mf
 
     _, _, pkg = built

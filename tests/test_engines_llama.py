@@ -31,8 +31,8 @@ def _db(a: np.ndarray, ref: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def runners(tiny_ckpt, llama_dir, onnx_dir):
-    from appliance.engines.llama_runner import LlamaRunner
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.llama.runner import LlamaRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     lr = LlamaRunner(_cfg(tiny_ckpt, llama_dir, llama_kv_cache="f16"), reason="test")  # exact: F16 KV
     orr = OnnxRunner(_cfg(tiny_ckpt, onnx_dir, backend="onnxruntime"), reason="ref")
@@ -98,7 +98,7 @@ def test_channels_step_together_as_alone_and_release_clears(runners):
 
 
 def test_refine_text_matches_torch(tiny_ckpt, runners):
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     lr, _ = runners
     tr = TorchRunner(_cfg(tiny_ckpt, "unused", backend="torch"), reason="ref")
@@ -115,8 +115,8 @@ def test_kv_cache_at_the_configured_length_and_its_planned_size(tiny_ckpt, llama
     """The context is made at the config's ``max_seq_len`` (not the export's) and its KV bytes per
     position are what the memory plan counts before the load. A q8_0 KV cache needs a head width
     of a multiple of 32 (the full model's 64): the tiny checkpoint's 16 gets f16."""
-    from appliance.engines import llama_lib
-    from appliance.engines.llama_runner import LlamaRunner
+    from appliance.engines.llama import lib as llama_lib
+    from appliance.engines.llama.runner import LlamaRunner
     from appliance.engines.sizes import plan_sizes
 
     cfg = _cfg(tiny_ckpt, llama_dir, max_seq_len=LIMITS["max_seq_len"] // 2, llama_kv_cache="q8_0")
@@ -149,7 +149,7 @@ def _copy(llama_dir, tmp_path):
 
 
 def test_a_changed_gguf_is_refused_naming_it(tiny_ckpt, llama_dir, tmp_path):
-    from appliance.engines.llama_runner import LlamaRunner
+    from appliance.engines.llama.runner import LlamaRunner
 
     eng, d = _copy(llama_dir, tmp_path)
     raw = bytearray((d / "gpt.gguf").read_bytes())
@@ -165,7 +165,7 @@ def test_a_gguf_of_other_shapes_is_refused_naming_it(tiny_ckpt, llama_dir, tmp_p
     import torch
 
     from appliance.build.gguf_export import write_gguf
-    from appliance.engines.llama_runner import LlamaRunner
+    from appliance.engines.llama.runner import LlamaRunner
     from appliance.model.checkpoint import load_model
 
     eng, d = _copy(llama_dir, tmp_path)

@@ -38,8 +38,8 @@ def _fixed_dynamic_axes(spec: dict, inputs: list[dict]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runners(tiny_ckpt, onnx_dir):
-    from appliance.engines.onnx_runner import OnnxRunner
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.onnx.runner import OnnxRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     cfg = _cfg(tiny_ckpt, onnx_dir)
     ort_r = OnnxRunner(cfg, reason="test")
@@ -124,7 +124,7 @@ def test_capacity_errors(runners):
 
 
 def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     with pytest.raises(EngineMismatchError, match=r"limits.max_batch is 3, expected 2.*rebuild with: chattts-appliance engines export"):
         OnnxRunner(_cfg(tiny_ckpt, onnx_dir, max_batch=2, max_seq_len=512))
@@ -140,7 +140,7 @@ def test_manifest_mismatch_refused_with_rebuild_hint(tiny_ckpt, onnx_dir):
 
 
 def test_ort_failure_wrapped(tiny_ckpt, onnx_dir):
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     copy = onnx_dir.parent / "engines_broken"
     shutil.copytree(onnx_dir, copy, dirs_exist_ok=True)
@@ -236,7 +236,7 @@ def test_int8_weight_only_export_is_preferred_and_close(tiny_ckpt, onnx_dir, run
 
     from appliance.synth.calibration import _stream
     from appliance.build.export import export_all
-    from appliance.engines.onnx_runner import OnnxRunner, find_export
+    from appliance.engines.onnx.runner import OnnxRunner, find_export
     from appliance.engines.runner import VocodeWindow
     from appliance.synth.istft import istft
     from appliance.synth.vocoder import WindowedVocoder

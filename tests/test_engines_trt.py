@@ -28,7 +28,7 @@ def fp16_plans(tiny_ckpt, tmp_path_factory):
 
 
 def test_fp16_build_of_every_graph_and_manifest(fp16_plans):
-    from appliance.engines import trt as trtshim
+    from appliance.engines.tensorrt import trt as trtshim
 
     root, out = fp16_plans
     m = json.loads((out / "manifest.json").read_text())
@@ -75,7 +75,7 @@ def test_int8_weight_only_build(fp16_plans):
 
 def test_orin_target_refused_by_tensorrt_rtx(fp16_plans):
     from appliance.build.trt_build import build_all
-    from appliance.engines import trt as trtshim
+    from appliance.engines.tensorrt import trt as trtshim
 
     if not trtshim.is_rtx():
         pytest.skip("classic TensorRT builds for the local GPU")
@@ -126,7 +126,7 @@ def _trt_cfg(tiny_ckpt, engine_dir, **model):
 def test_tensorrt_manifest_mismatch_refused(tiny_ckpt, fp16_plans, tmp_path):
     import shutil
 
-    from appliance.engines.tensorrt_runner import load_manifest
+    from appliance.engines.tensorrt.runner import load_manifest
 
     root, out = fp16_plans
     # built for 8.9 on a machine whose GPU is unknown: the device check is skipped, the rest holds
@@ -144,7 +144,7 @@ def test_tensorrt_manifest_mismatch_refused(tiny_ckpt, fp16_plans, tmp_path):
 
 
 def test_buffer_plan_from_manifest(fp16_plans):
-    from appliance.engines.tensorrt_runner import plan_buffers
+    from appliance.engines.tensorrt.runner import plan_buffers
 
     _, out = fp16_plans
     plan = plan_buffers(json.loads((out / "manifest.json").read_text()))
@@ -161,7 +161,7 @@ def test_buffer_plan_from_manifest(fp16_plans):
 
 
 def test_runner_without_cuda_says_what_to_install(tiny_ckpt, fp16_plans):
-    from appliance.engines.tensorrt_runner import TensorRTRunner
+    from appliance.engines.tensorrt.runner import TensorRTRunner
     from appliance.errors import EngineError
 
     root, out = fp16_plans
@@ -172,7 +172,7 @@ def test_runner_without_cuda_says_what_to_install(tiny_ckpt, fp16_plans):
 
 
 def test_windowed_runs_are_exact():
-    from appliance.engines.tensorrt_runner import run_windowed
+    from appliance.engines.tensorrt.runner import run_windowed
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((200, 3)).astype(np.float32)

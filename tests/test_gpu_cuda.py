@@ -29,7 +29,7 @@ def _cfg(ckpt, dtype, max_batch=3, max_seq=512):
 
 
 def _runner(ckpt, dtype, **kw):
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     return CudaRunner(_cfg(ckpt, dtype, max_seq=kw.pop("max_seq", 512)), buckets=kw.pop("buckets", [256, 512]), **kw)
 
@@ -60,7 +60,7 @@ def _greedy(r, ids, spk, n):
 
 def _logits_along(ckpt, dtype, quant, ids, spk, codes, n):
     """The model's logits along ``codes`` (teacher forcing) in ``dtype`` (+ weight-only ``quant``)."""
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
     from appliance.model.quant import quantize_
 
     r = TorchRunner(_cfg(ckpt, "float32", max_batch=1))
@@ -114,7 +114,7 @@ def test_captured_prefill_equals_eager_model(golden_ckpt, golden):
     """Prefill and first draw as captured graphs (prompt padded to a bucket) == the eager model on
     CUDA (TorchRunner, host sampler), then the same codes and hidden states."""
     from appliance.core import SamplingParams
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     torch.backends.cuda.matmul.allow_tf32 = False
     g = _runner(golden_ckpt, "float32")
@@ -199,8 +199,8 @@ def test_same_seed_cuda_fp32_equals_host(tiny_ckpt, tiny_config):
     """The device sampler and the host sampler draw the same codes from the same seed (CUDA FP32
     runner against torch CPU); the cross-backend test (tests/test_same_seed.py) covers more."""
     from appliance.core import SamplingParams
-    from appliance.engines.cuda_runner import CudaRunner
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     torch.backends.cuda.matmul.allow_tf32 = False
     cuda = CudaRunner(dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, device="cuda")))
@@ -219,9 +219,9 @@ def test_stateful_vocoder_stream_on_the_gpu_equals_the_host_one_shot(tiny_config
     with the exact look-ahead in uneven chunks, give the PCM of the torch CPU runner's one-shot
     pass over the same hidden states."""
     from appliance.synth.calibration import _stream
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
     from appliance.engines.runner import VocodeWindow
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
     from appliance.synth.istft import istft
     from appliance.synth.vocoder import WindowedVocoder
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from appliance.core import SamplingParams
-from appliance.engines.cuda_graphs import bucket, kv_buckets
-from appliance.engines.cuda_runner import CudaRunner
+from appliance.engines.torch.cuda_graphs import bucket, kv_buckets
+from appliance.engines.torch.cuda_runner import CudaRunner
 from appliance.engines.runner import VocodeWindow
-from appliance.engines.torch_runner import TorchRunner
+from appliance.engines.torch.cpu_runner import TorchRunner
 from appliance.synth.decode_loop import DecodeLoop, Sequence
 
 
@@ -212,7 +212,7 @@ def test_compile_auto_is_the_ahead_of_time_step_or_plain_graphs():
     """model.compile: auto never compiles at start: the ahead-of-time packages where built (on any
     machine; building them needs Triton, running them does not), else plain CUDA graphs. The
     packages themselves: tests/test_engines_aot.py (CPU), test_gpu_cuda.py (GPU)."""
-    from appliance.engines.cuda_runner import compile_mode
+    from appliance.engines.torch.cuda_runner import compile_mode
 
     mode, why = compile_mode("auto")
     assert mode == "aot" and "else plain CUDA graphs" in why

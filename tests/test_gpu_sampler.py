@@ -10,7 +10,7 @@ import torch
 
 from appliance.core import SamplingParams
 from appliance.engines.rng import uniform_ref as splitmix_uniform_ref
-from appliance.engines.sampler_torch import DeviceSampler, splitmix_uniform
+from appliance.engines.torch.sampler import DeviceSampler, splitmix_uniform
 from appliance.engines.sampling import Sampler
 
 Q, V = 4, 626

@@ -117,7 +117,7 @@ def test_the_daemons_load_refuses_a_flipped_bit_before_anything_is_used(tmp_path
     with pytest.raises(IntegrityError, match="model.safetensors: sha256"):
         Pipeline.from_config(_config(root, tmp_path))
     cfg = _config(root, tmp_path)                                   # the CUDA runner's load path, on this CPU
-    from appliance.engines.cuda_runner import CudaRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
 
     with pytest.raises(IntegrityError, match="model.safetensors"):
         CudaRunner(cfg, quant="int8", capture_batches=[], buckets=[256], prefill_buckets=[64])
@@ -218,7 +218,7 @@ def _inline_float(onnx_file: Path) -> int:
 @pytest.mark.parametrize("name", ["vocos.onnx.data", "decoder.onnx.data", "gpt.onnx.data", "vocos.onnx",
                                   "decoder.onnx", "embed.safetensors"])
 def test_a_flipped_bit_in_an_onnx_engine_file_is_refused_at_load(tiny_ckpt, onnx_dir, tmp_path, name):
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     eng = _onnx_copy(onnx_dir, tmp_path)
     d = eng / "onnx" / "fp32"
@@ -241,7 +241,7 @@ def test_a_flipped_bit_in_an_onnx_engine_file_is_refused_at_load(tiny_ckpt, onnx
 def test_onnx_runner_lists_what_it_verified_and_an_old_manifest_is_refused(tiny_ckpt, onnx_dir, tmp_path):
     import onnx
 
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     eng = _onnx_copy(onnx_dir, tmp_path)
     d = eng / "onnx" / "fp32"
@@ -266,9 +266,9 @@ def test_a_flipped_bit_in_a_tensorrt_plan_is_refused_before_any_cuda_call(tiny_c
     """A plan directory whose manifest records its files' sums (TensorRT cannot run here: the plans
     are stand-in bytes; the check runs before TensorRT or CUDA are touched)."""
     from appliance.engines import manifest as mf
-    from appliance.engines.tensorrt_runner import TensorRTRunner
+    from appliance.engines.tensorrt.runner import TensorRTRunner
 
-    trt = pytest.importorskip("appliance.engines.trt")
+    trt = pytest.importorskip("appliance.engines.tensorrt.trt")
     try:
         runtime = {"name": trt.flavor(), "version": trt.version()}
     except Exception:  # noqa: BLE001 - no TensorRT flavour installed: the manifest check would refuse first

@@ -134,3 +134,42 @@ def test_modules_stay_small():
     big = [f"{p.relative_to(PKG.parent)}: {n} lines" for p in PKG.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not big, f"modules over {MAX_LINES} lines (split them by responsibility):\n" + "\n".join(big)
+
+
+#: ``appliance/engines/`` sub-packages that a box without torch loads: the shared contract, sampler
+#: and selection (``engines/*.py``), llama.cpp and ONNX Runtime. Only ``engines/torch/`` (the
+#: reference and export path) imports torch; ``engines/tensorrt/`` still takes its buffers from
+#: torch (listed here until it does not).
+TORCH_WINGS = {"torch", "tensorrt"}
+#: The chooser opens the one backend picked at load, torch's too, inside the function that picks it.
+CHOOSERS = {"appliance.engines.select"}
+
+
+def _torch_modules() -> set[str]:
+    """Modules of the package that import torch at their top level or in a function."""
+    out = set()
+    for mod, path in _MODS.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] == "torch" for n in names):
+                out.add(mod)
+    return out
+
+
+def test_engines_without_torch_never_reach_torch():
+    """Each engines module outside ``TORCH_WINGS`` imports neither torch nor, directly, a module
+    that does (imports inside functions count: a lazy one still loads torch when it runs)."""
+    torchy = _torch_modules()
+    bad = []
+    for mod, path in sorted(_MODS.items()):
+        parts = mod.split(".")
+        if (parts[:2] != ["appliance", "engines"] or (len(parts) > 3 and parts[2] in TORCH_WINGS)
+                or mod in CHOOSERS):
+            continue
+        if mod in torchy:
+            bad.append(f"{path.relative_to(PKG.parent)} imports torch")
+        for line, target in _imports(mod, path):
+            if target in torchy:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line}: imports {target}, which imports torch")
+    assert not bad, "engines modules a torch-free box loads reach torch:\n" + "\n".join(sorted(set(bad)))

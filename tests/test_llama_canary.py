@@ -13,7 +13,7 @@ import llama_cpp
 import pytest
 
 from appliance.config import config_from_dict
-from appliance.engines import llama_canary, llama_lib
+from appliance.engines.llama import canary as llama_canary, lib as llama_lib
 from appliance.engines import manifest as mf
 from tests.fixtures_model import ONNX_LIMITS as LIMITS
 
@@ -81,7 +81,7 @@ def test_the_gpu_build_offloads_the_gpt_and_speaks_as_the_cpu(tiny_ckpt, llama_d
     import numpy as np
 
     from appliance.core import SamplingParams
-    from appliance.engines.llama_runner import LlamaRunner
+    from appliance.engines.llama.runner import LlamaRunner
     from tests.test_engines_llama import _db, _speak
 
     f, _ = _gguf_copy(llama_dir, tmp_path)

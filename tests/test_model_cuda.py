@@ -22,7 +22,7 @@ def test_fp32_cuda_greedy_parity(golden, golden_ckpt):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_prefill_close(golden, golden_ckpt, dtype):
     from appliance.config import config_from_dict
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     cfg = config_from_dict({"model": {"path": str(golden_ckpt), "backend": "torch", "device": "cuda", "dtype": dtype,
                                       "max_batch": 1, "max_seq_len": 512, "max_prompt_tokens": 128}})

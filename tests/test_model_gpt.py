@@ -74,7 +74,7 @@ def test_batched_rows_with_own_positions_equal_single_runs(model):
 def test_runner_api_and_limits(tiny_config):
     from appliance.core import SamplingParams
     from appliance.engines.runner import VocodeWindow
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     r = TorchRunner(tiny_config, reason="test")
     assert r.info.backend == "torch-cpu" and r.info.precision == "fp32" and r.info.max_batch == 3

@@ -74,7 +74,7 @@ def run_greedy(golden, ckpt, device: str = "cpu", dtype: str = "float32", rtol: 
     Fails at the first differing code, showing both top-1/top-2 gaps. Returns error statistics.
     """
     from appliance.config import config_from_dict
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     cfg = config_from_dict({"model": {"path": str(ckpt), "backend": "torch", "device": device, "dtype": dtype,
                                       "threads": 1, "max_batch": 1, "max_seq_len": 512, "max_prompt_tokens": 128}})

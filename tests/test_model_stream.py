@@ -130,8 +130,8 @@ def _cfg(tiny_ckpt, engine_dir, backend):
 
 @pytest.fixture(scope="module")
 def runners(tiny_ckpt, onnx_dir):
-    from appliance.engines.onnx_runner import OnnxRunner
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.onnx.runner import OnnxRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     o, t = OnnxRunner(_cfg(tiny_ckpt, onnx_dir, "onnxruntime")), TorchRunner(_cfg(tiny_ckpt, onnx_dir, "torch"))
     yield o, t
@@ -226,7 +226,7 @@ def test_onnx_and_torch_streams_agree_with_a_short_lookahead(runners):
 
 
 def test_an_export_with_stateless_vocoder_graphs_is_refused_with_the_command(tiny_ckpt, onnx_dir, tmp_path):
-    from appliance.engines.onnx_runner import OnnxRunner
+    from appliance.engines.onnx.runner import OnnxRunner
 
     old = tmp_path / "old"
     shutil.copytree(onnx_dir, old)

@@ -26,9 +26,9 @@ PARAMS = SamplingParams(min_new_tokens=STEPS, max_new_tokens=STEPS)   # defaults
 
 def _runners(tiny_ckpt, tiny_config, onnx_dir):
     from appliance.config import config_from_dict
-    from appliance.engines.cuda_runner import CudaRunner
-    from appliance.engines.onnx_runner import OnnxRunner
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cuda_runner import CudaRunner
+    from appliance.engines.onnx.runner import OnnxRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     out = {"torch-cpu": lambda: TorchRunner(tiny_config),
            "cuda-runner-on-cpu": lambda: CudaRunner(tiny_config, buckets=[128, 512], step_chunk=8),

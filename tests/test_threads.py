@@ -151,7 +151,7 @@ def test_the_daemon_under_a_one_cpu_quota_picks_one_thread_and_says_why(tiny_ckp
 
 def test_session_options_spin_only_inside_a_run_or_never():
     ort = pytest.importorskip("onnxruntime")
-    from appliance.engines.ort_vocoder import session_options
+    from appliance.engines.onnx.vocoder import session_options
 
     so = session_options(ort, 2, spin_wait=True)
     assert so.intra_op_num_threads == 2 and so.inter_op_num_threads == 1

@@ -3,12 +3,12 @@
 Loads the configured checkpoint exactly as the daemon's CUDA runner does (``model.dtype``,
 ``model.quant``, ``model.max_batch`` x ``model.max_seq_len``, the default attention buckets),
 then compiles one AOTInductor package per (batch, attention bucket) into
-``<model.engine_dir>/aot/<key>/`` (:mod:`appliance.engines.aot_step`). The daemon's next start
+``<model.engine_dir>/aot/<key>/`` (:mod:`appliance.engines.torch.aot_step`). The daemon's next start
 with ``model.compile: auto`` loads them in well under a second each instead of compiling; where
 they do not match (another GPU, checkpoint, torch or config) it says why and runs plain CUDA graphs.
 
 Right after building, the packages are loaded and run once in a child process, as every daemon
-start does before it loads a set in-process (:mod:`appliance.engines.aot_canary`): on the H200 with
+start does before it loads a set in-process (:mod:`appliance.engines.torch.aot_canary`): on the H200 with
 torch 2.11.0+cu130 the freshly built packages crashed torch's loader with a segmentation fault. The
 command prints that check's verdict and exits 1 when the packages cannot be loaded (the verdict is
 recorded beside them, so the daemon runs plain CUDA graphs without trying them).
@@ -44,7 +44,7 @@ def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[
         cfg: the daemon's configuration (``model.device`` auto/cuda; cpu for development).
         mode: ``default`` or ``max-autotune-no-cudagraphs`` (inductor's autotuned GEMMs).
         batches: batch sizes (default ``1..model.max_batch``); buckets: attention spans (default
-            the runner's, :func:`appliance.engines.cuda_graphs.kv_buckets`).
+            the runner's, :func:`appliance.engines.torch.cuda_graphs.kv_buckets`).
         out: the ``aot`` directory (default ``<model.engine_dir>/aot``).
         progress: called with each package's file name before it is compiled.
 
@@ -55,11 +55,11 @@ def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[
     if mode not in ("default", "max-autotune-no-cudagraphs"):
         raise ConfigError(f"compile mode {mode!r}: use default or max-autotune-no-cudagraphs")
     try:
-        from ..engines import aot_step
+        from ..engines.torch import aot_step
         from ..engines import manifest as mf
-        from ..engines.cuda_runner import CudaRunner
-        from ..engines.step_modes import has_triton
-        from ..engines.torch_runner import pick_device
+        from ..engines.torch.cuda_runner import CudaRunner
+        from ..engines.torch.step_modes import has_triton
+        from ..engines.torch.cpu_runner import pick_device
     except ImportError as e:
         raise ConfigError(f"engines compile needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
     dev = pick_device(cfg.model.device)
@@ -80,7 +80,7 @@ def compile_packages(cfg: Config, mode: str = "default", batches: Optional[list[
 
 def export_step(runner, b: int, L: int):
     """``torch.export`` (an ``ExportedProgram``) of the step for ``(b, L)`` with
-    :func:`appliance.engines.aot_step.step_tensors` as inputs.
+    :func:`appliance.engines.torch.aot_step.step_tensors` as inputs.
 
     Raises:
         EngineError: the export failed, or it would bake a tensor into the package (a tensor
@@ -88,7 +88,7 @@ def export_step(runner, b: int, L: int):
     """
     import torch
 
-    from ..engines import aot_step
+    from ..engines.torch import aot_step
 
     _, tensors, slots = aot_step.step_tensors(runner)
     try:
@@ -99,7 +99,7 @@ def export_step(runner, b: int, L: int):
     baked = {**ep.constants, **ep.state_dict}
     if baked:
         raise EngineError(f"the exported step would carry tensors as constants ({', '.join(sorted(baked)[:5])}): "
-                          "pass them as inputs (appliance.engines.aot_step.RUNNER_STATE)")
+                          "pass them as inputs (appliance.engines.torch.aot_step.RUNNER_STATE)")
     return ep
 
 
@@ -117,7 +117,7 @@ def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[
     import torch
     import torch._inductor
 
-    from ..engines import aot_step
+    from ..engines.torch import aot_step
     from ..engines import manifest as mf
 
     ident = aot_step.identity(runner, checkpoint["sha256"], mode)
@@ -155,7 +155,7 @@ def build(runner, root: str | os.PathLike, checkpoint: dict, shapes: list[tuple[
 def cli_main(args) -> int:
     """``engines compile``; returns 0, or 1 when the built packages fail their load check (the
     reason on stderr). Errors propagate as ApplianceError (exit status 2)."""
-    from ..engines import aot_canary
+    from ..engines.torch import aot_canary
     from ..engines import manifest as mf
 
     cfg = load_config(args.config)  # None: the built-in defaults

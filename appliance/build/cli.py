@@ -56,7 +56,7 @@ def _bar(total: int, desc: str):
 
 def cli_export(args) -> int:
     """Export the ONNX graphs (or the llama.cpp GGUF); returns 0. Errors propagate as ApplianceError (exit status 2)."""
-    from ..engines.llama_lib import FTYPES
+    from ..engines.llama.lib import FTYPES
     from .export import GRAPHS, WINDOW_TOKENS, export_all
 
     cfg = load_config(args.config)  # None: the built-in defaults

@@ -19,7 +19,7 @@ M = ``max_batch``:
     New token j of row b attends to cache positions ``< pos[b]`` of slot ``slots[b]`` and to new
     tokens ``<= j``; the scores against the cache and against the new keys are joined on the
     score tensor, so keys/values are never concatenated (measured: copies of the cache were 60 %
-    of a step with the first, concatenating graph; see :mod:`appliance.engines.onnx_runner`).
+    of a step with the first, concatenating graph; see :mod:`appliance.engines.onnx.runner`).
     The fp16 export (TensorRT's input) binds the whole cache ``k_cache.i [S, M, H, hd]`` instead,
     with an input ``past [P] uint8`` whose length is P, slices ``[:P]`` in the graph and uses the
     standard attention pattern that TensorRT fuses (builder-reported activations of the decode

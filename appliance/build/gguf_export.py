@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 
 from ..engines import manifest as mf
-from ..engines.llama_lib import FTYPES
+from ..engines.llama.lib import FTYPES
 from ..errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)

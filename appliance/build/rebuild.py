@@ -44,7 +44,7 @@ def rebuild_engine(cfg: Config, backend: str, error: BaseException) -> bool:
     t0 = time.monotonic()
     try:
         if backend == "onnxruntime":
-            from ..engines.onnx_runner import PRECISIONS, find_export
+            from ..engines.onnx.runner import PRECISIONS, find_export
             from .export import export_all
 
             found = find_export(cfg)
@@ -52,7 +52,7 @@ def rebuild_engine(cfg: Config, backend: str, error: BaseException) -> bool:
             log.warning("rebuilding the ONNX engine (%s) in %s from %s ...", precision, out, ckpt)
             export_all(ckpt, out, precision=precision, **limits)
         else:
-            from ..engines.llama_runner import TYPES, find_llama_export
+            from ..engines.llama.runner import TYPES, find_llama_export
             from .gguf_export import export_llama
 
             found = find_llama_export(cfg)

@@ -127,7 +127,7 @@ def share_weights(primary: Path, secondary: Path) -> int:
     renamed to ``primary``'s name and pointed at ``primary``'s external data (same file, offset and
     length); what is left (index constants, a few hundred bytes) is stored inline. So the export
     holds each network's FP32 weights once, and a runner that shares initializers between the two
-    sessions (:class:`appliance.engines.onnx_runner.OnnxRunner`) holds them once in memory.
+    sessions (:class:`appliance.engines.onnx.runner.OnnxRunner`) holds them once in memory.
 
     Returns:
         The number of initializers now shared.

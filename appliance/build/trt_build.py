@@ -11,7 +11,7 @@ to INT8 + DequantizeLinear (weight-only; for Orin and GPUs without FP8); ``fp8``
 only for a target of compute capability >= 8.9 — any other target is refused by
 :func:`check_request` before any file is read.
 
-The module calls TensorRT only through :mod:`appliance.engines.trt` (``tensorrt`` on Jetson,
+The module calls TensorRT only through :mod:`appliance.engines.tensorrt.trt` (``tensorrt`` on Jetson,
 ``tensorrt_rtx`` from pip elsewhere). Optimization profiles come from the export manifest
 (min/opt/max per dynamic input; the limits are the config's ``model.max_batch``,
 ``max_seq_len``, ``max_prompt_tokens``). The workspace (memory-pool) limit is ``workspace_mib``.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..engines import manifest as mf
-from ..engines import trt as trtshim
+from ..engines.tensorrt import trt as trtshim
 from ..errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)

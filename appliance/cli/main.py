@@ -35,7 +35,7 @@ import os
 import sys
 
 from ..config import find_config
-from ..engines.llama_lib import FTYPES as GGUF_TYPES
+from ..engines.llama.lib import FTYPES as GGUF_TYPES
 from ..errors import ApplianceError
 from .utf8 import check_paths, reexec_in_utf8_mode, text_arg
 

@@ -15,7 +15,7 @@ checkpoint or device, a runtime that is missing or refuses the file):
    daemon exits with a status its systemd unit does not restart (``RestartPreventExitStatus=``).
 
 A runner that loaded a slower way than configured (``info.fallback``: llama.cpp's GPU build
-failing its load check in a child, :mod:`appliance.engines.llama_canary`) is reported the same
+failing its load check in a child, :mod:`appliance.engines.llama.canary`) is reported the same
 way: ``engine_fallback`` naming why.
 
 A backend that is not a built engine (``torch``) failing, and the checkpoint's own files failing,
@@ -58,8 +58,8 @@ class Opened:
 def candidates(cfg: Config) -> list[tuple[str, str]]:
     """``(backend, why it can run)`` for every backend whose runtime and files are here, in the
     order ``auto`` prefers them (TensorRT plans, torch on CUDA, llama.cpp, ONNX Runtime, torch on CPU)."""
-    from .llama_runner import find_llama_export
-    from .onnx_runner import find_export
+    from .llama.runner import find_llama_export
+    from .onnx.runner import find_export
 
     has = lambda m: importlib.util.find_spec(m) is not None     # noqa: E731
     cc = mf.device_facts().get("compute_capability")

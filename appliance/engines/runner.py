@@ -7,16 +7,16 @@ load. The synthesis layer drives it with small host values (slot numbers, token 
 bounds) and gets back only what leaves the device anyway: sampled codes and the spectrum of a
 finished vocoder window. Backends (chosen once at load, :func:`appliance.engines.select.open_runner`):
 
-* ``onnxruntime`` – :class:`~appliance.engines.onnx_runner.OnnxRunner` (no torch, no compiler)
-* ``llama``       – :class:`~appliance.engines.llama_runner.LlamaRunner` (CPU default: the GPT on
+* ``onnxruntime`` – :class:`~appliance.engines.onnx.runner.OnnxRunner` (no torch, no compiler)
+* ``llama``       – :class:`~appliance.engines.llama.runner.LlamaRunner` (CPU default: the GPT on
   llama.cpp from a GGUF, on the GPU with a CUDA build; the vocoder on ONNX Runtime)
-* ``torch-cpu``   – :class:`~appliance.engines.torch_runner.TorchRunner`
-* ``torch-cuda``  – :class:`~appliance.engines.cuda_runner.CudaRunner` (captured graphs)
-* ``tensorrt``    – :class:`~appliance.engines.tensorrt_runner.TensorRTRunner` (Jetson/RTX plans)
+* ``torch-cpu``   – :class:`~appliance.engines.torch.cpu_runner.TorchRunner`
+* ``torch-cuda``  – :class:`~appliance.engines.torch.cuda_runner.CudaRunner` (captured graphs)
+* ``tensorrt``    – :class:`~appliance.engines.tensorrt.runner.TensorRTRunner` (Jetson/RTX plans)
 
 The first three are *host runners* (:class:`~appliance.engines.host_runner.HostRunner`: one base
 drives the numpy sampler over the backend's logits); the last two sample on the device
-(:mod:`appliance.engines.sampler_torch`). Both draw from the same counter-based random stream
+(:mod:`appliance.engines.torch.sampler`). Both draw from the same counter-based random stream
 (:mod:`appliance.engines.rng`), so a seed gives the same codes on every backend up to rounding
 at near-ties.
 

@@ -57,8 +57,8 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     requested = cfg.model.backend
     if requested != "auto":
         return requested, f"{requested} requested in config"
-    from .llama_runner import find_llama_export
-    from .onnx_runner import find_export
+    from .llama.runner import find_llama_export
+    from .onnx.runner import find_export
 
     cc = mf.device_facts().get("compute_capability")
     if cc is not None:
@@ -83,18 +83,18 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
 
 def _torch_runner(cfg: Config, reason: str) -> Runner:
     """TorchRunner on the CPU; on a CUDA GPU the fast path (CudaRunner: CUDA graphs, on-device
-    sampling; appliance.engines.cuda_runner).
+    sampling; appliance.engines.torch.cuda_runner).
 
     Raises:
         ConfigError: PyTorch is not installed.
     """
     try:
-        from .torch_runner import TorchRunner, pick_device
+        from .torch.cpu_runner import TorchRunner, pick_device
     except ImportError as e:  # torch missing
         raise ConfigError(f"model.backend=torch needs PyTorch: pip install 'chattts-appliance[torch]' ({e})") from e
 
     if pick_device(cfg.model.device).type == "cuda":
-        from .cuda_runner import CudaRunner, compile_mode
+        from .torch.cuda_runner import CudaRunner, compile_mode
 
         mode, why = compile_mode(cfg.model.compile)
         log.info("decode step: %s", why)
@@ -125,15 +125,15 @@ def open_backend(cfg: Config, backend: str, reason: str) -> Runner:
     if backend == "torch":
         runner: Runner = _torch_runner(cfg, reason)
     elif backend == "onnxruntime":
-        from .onnx_runner import OnnxRunner
+        from .onnx.runner import OnnxRunner
 
         runner = OnnxRunner(cfg, reason=reason)
     elif backend == "llama":
-        from .llama_runner import LlamaRunner
+        from .llama.runner import LlamaRunner
 
         runner = LlamaRunner(cfg, reason=reason)
     elif backend == "tensorrt":
-        from .tensorrt_runner import TensorRTRunner
+        from .tensorrt.runner import TensorRTRunner
 
         runner = TensorRTRunner(cfg, reason=reason)
     else:

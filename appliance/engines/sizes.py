@@ -105,8 +105,8 @@ def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
     tables (the text head, mapped only while refine-text runs, is left out), and the KV bytes per
     position of ``model.llama_kv_cache`` (``2 x layers x width x`` its bytes per value). The
     context is made at load from the config's sizes: resizable. On ``cuda`` where a CUDA build of
-    llama.cpp will offload the GPT (:func:`~appliance.engines.llama_lib.offloads`)."""
-    from .llama_lib import KV_BYTES, kv_type, offloads
+    llama.cpp will offload the GPT (:func:`~appliance.engines.llama.lib.offloads`)."""
+    from .llama.lib import KV_BYTES, kv_type, offloads
 
     m = mf.read(d)
     head = (m.get("head_text") or {}).get("file")
@@ -141,14 +141,14 @@ def plan_sizes(cfg: Config) -> PlannedSizes:
         gpu = dev == "cuda" or (dev == "auto" and mf.device_facts().get("compute_capability") is not None)
         return torch_sizes(cfg, gpu)
     if backend == "llama":
-        from .llama_runner import find_llama_export
+        from .llama.runner import find_llama_export
 
         d = find_llama_export(cfg)
         if d is None:
             raise FileNotFoundError(f"no GGUF export under {cfg.resolve(cfg.model.engine_dir) / 'llama'}")
         return llama_sizes(cfg, d)
     if backend == "onnxruntime":
-        from .onnx_runner import find_export
+        from .onnx.runner import find_export
 
         d = find_export(cfg)
     else:

@@ -8,7 +8,7 @@ an idle pool whose workers spin on after their session's run takes the cores fro
 stage's pool (measured on the 2-core host, quiet: with three spinning pools the vocoder windows
 took 0.17 s per second of audio inside the pipeline against 0.05 with one budget, and the
 pipeline's RTF was 1.28x the sum of its stages; ``bench/RESULTS.md``).
-:func:`~appliance.engines.ort_vocoder.session_options` therefore lets workers sleep when idle
+:func:`~appliance.engines.onnx.vocoder.session_options` therefore lets workers sleep when idle
 (``model.spin_wait: false``, the default: the lowest pipeline RTF in four interleaved rounds from
 quiet to loaded), or spin only *inside* a run and stop when it returns
 (``session.force_spinning_stop``; ``true``: the vocoder no longer slows down, but the GPT step

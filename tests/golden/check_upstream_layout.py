@@ -38,7 +38,7 @@ def main() -> int:
 
     from appliance.build.random_ckpt import write_random_checkpoint
     from appliance.config import config_from_dict
-    from appliance.engines.torch_runner import TorchRunner
+    from appliance.engines.torch.cpu_runner import TorchRunner
 
     tmp = Path(tempfile.mkdtemp())
     full = write_random_checkpoint(tmp / "full", "full", seed=0)

@@ -4,7 +4,7 @@ A CUDA build of llama-cpp-python made with another C++ standard library than the
 against segfaulted inside ``llama_model_load_from_file`` on an H200 (built with the image's
 ``/opt/gcc`` g++; the same sdist built with the system ``g++`` loads and runs: bench/RESULTS.md).
 A fault kills the process, no ``try`` catches it, and a daemon that dies at every start under
-systemd is a crash loop. So before :class:`~appliance.engines.llama_runner.LlamaRunner` loads a
+systemd is a crash loop. So before :class:`~appliance.engines.llama.runner.LlamaRunner` loads a
 GGUF with its layers offloaded, :func:`check` has a child process (``sys.executable``) load the
 same file with every layer offloaded and decode one row. A signal, an exception, a non-finite
 logit, another exit status or a timeout is a failure: the runner then loads the GPT on the CPU
@@ -84,7 +84,7 @@ def _child(gguf: str) -> int:
     """Load ``gguf`` offloaded, decode one embedding row, exit 0 when its logits are finite."""
     import numpy as np
 
-    from . import llama_lib
+    from . import lib as llama_lib
 
     lc = llama_lib.lib()
     mp = lc.llama_model_default_params()

@@ -16,14 +16,14 @@ captured once and replayed, optionally compiled):
   for ``b`` rows attends over the views ``k[:b, :, :L]`` (:class:`appliance.model.kv.DecodeRows`).
 * The step for ``(b, L)`` — ``b`` rows, attention over ``L`` positions (a bucket above the longest
   position) — embeds the previous codes, runs the GPT, the 4 audio heads and the
-  :class:`~appliance.engines.sampler_torch.DeviceSampler`, stores the hidden state of each row in
+  :class:`~appliance.engines.torch.sampler.DeviceSampler`, stores the hidden state of each row in
   the slot's hidden buffer, writes the codes into a device ring and advances the positions, all on
-  the device. It is captured once per ``(b, L)`` at start-up (:class:`~appliance.engines.cuda_graphs.GraphSeam`:
+  the device. It is captured once per ``(b, L)`` at start-up (:class:`~appliance.engines.torch.cuda_graphs.GraphSeam`:
   CUDA graphs on a GPU, eager calls on a CPU so tests run the same logic). The step's inductor
   fusion (norms, RoPE, K/V writes, residuals, most of the sampler) comes ahead of time from an
-  AOTInductor package per ``(b, L)`` (``compile="aot"``, :mod:`~appliance.engines.aot_step`, built by
+  AOTInductor package per ``(b, L)`` (``compile="aot"``, :mod:`~appliance.engines.torch.aot_step`, built by
   ``chattts-appliance engines compile``) or from ``torch.compile`` at start; building either needs
-  Triton (not in JetPack's PyTorch). Modes: :mod:`~appliance.engines.step_modes`.
+  Triton (not in JetPack's PyTorch). Modes: :mod:`~appliance.engines.torch.step_modes`.
 * The prefill pads the embedded prompt to a length bucket and runs as one captured graph per
   bucket; the first draw (:meth:`CudaRunner.start`) is a captured graph per row.
 * :meth:`CudaRunner.step` replays ``k`` steps and copies the codes ``[k, b, 4]`` into pinned host
@@ -41,18 +41,18 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..config import Config
-from ..core import SamplingParams
-from ..errors import CapacityError, ConfigError, EngineError
-from ..model.checkpoint import load_model, release_host_memory
-from ..model.kv import DecodeRows, PrefillSlot
+from ...config import Config
+from ...core import SamplingParams
+from ...errors import CapacityError, ConfigError, EngineError
+from ...model.checkpoint import load_model, release_host_memory
+from ...model.kv import DecodeRows, PrefillSlot
 from .aot_step import open_steps
 from .cuda_graphs import GraphSeam, bucket, kv_buckets
 from .cuda_vocoder import DeviceVocoder
-from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
-from .sampler_torch import DeviceSampler
+from ..runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
+from .sampler import DeviceSampler
 from .step_modes import COMPILE_MODES, compile_mode, jit_compile  # noqa: F401 (compile_mode: select, tests)
-from .torch_runner import _DTYPES, pick_device
+from .cpu_runner import _DTYPES, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class CudaRunner(Runner):
         quant: None, ``int8`` or ``fp8`` (weight-only; fp8 needs sm >= 8.9 on CUDA); ``auto``: as None
             (the daemon's memory fit resolves ``model.quant: auto`` before the load).
         graphs: capture CUDA graphs (default: on CUDA).
-        compile: the step mode (:mod:`appliance.engines.step_modes`): False (plain graphs),
+        compile: the step mode (:mod:`appliance.engines.torch.step_modes`): False (plain graphs),
             ``"aot"`` (packages from ``aot_dir``, else plain graphs, the reason in ``step_source``),
             or ``torch.compile`` at start: ``True``/``"default"`` or ``"max-autotune-no-cudagraphs"``
             (each ``(b, L)`` one compilation, static shapes).
@@ -346,7 +346,7 @@ class CudaRunner(Runner):
 
     def vocode(self, slot: int, w: VocodeWindow) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`Runner.vocode`: the stateful passes on the device
-        (:class:`~appliance.engines.cuda_vocoder.DeviceVocoder`, cuDNN off: its module doc)."""
+        (:class:`~appliance.engines.torch.cuda_vocoder.DeviceVocoder`, cuDNN off: its module doc)."""
         slot = self.check_slot(slot)
         self.check_window(slot, w)
         try:

@@ -2,7 +2,7 @@
 
 **Not executed in this workplace.** There is no GPU here, the only GPU lent (an H200, sm_90) is
 refused by TensorRT-RTX plans, and full TensorRT cannot be installed. What the tests run here:
-the manifest check and buffer plan (:mod:`appliance.engines.trt_plan`, before any CUDA call), the
+the manifest check and buffer plan (:mod:`appliance.engines.tensorrt.plan`, before any CUDA call), the
 exact windowing, and the error paths (no CUDA, no GPU). Engine deserialization,
 ``set_input_shape`` / ``set_tensor_address`` / ``execute_async_v3`` and the device code below
 have **never run**; they follow NVIDIA's ``samples/python/common_runtime.py`` (TensorRT 8.5+
@@ -12,7 +12,7 @@ Design. The plans are the ONNX graphs of :mod:`appliance.build.export` (``gpt`` 
 cache and a ``past`` length input, ``decoder``, ``vocos``). Device memory is PyTorch's (JetPack
 ships a CUDA PyTorch wheel; no Triton needed): every I/O buffer is a CUDA tensor allocated once at
 its profile maximum, bound by ``data_ptr()``, and the engines run on torch's current stream, so
-the same :class:`~appliance.engines.sampler_torch.DeviceSampler` as the CUDA runner samples on the
+the same :class:`~appliance.engines.torch.sampler.DeviceSampler` as the CUDA runner samples on the
 device (one random stream for every backend). Per decode step nothing crosses to the host: the
 codes are embedded on the device, the engine's ``k_new``/``v_new [L, B, 1, H, hd]`` are scattered
 into the cache ``[L, S, M, H, hd]`` (positions first; layer ``i`` bound as ``k_cache.i``) by one
@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
-from ..core import SamplingParams
-from ..errors import CapacityError, ConfigError, EngineError
-from . import manifest as mf
+from ...config import Config
+from ...core import SamplingParams
+from ...errors import CapacityError, ConfigError, EngineError
+from .. import manifest as mf
 from . import trt as trtshim
-from .runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
-from .trt_plan import PRECISIONS, find_plans, load_manifest, plan_buffers, run_windowed
+from ..runner import Runner, RunnerInfo, VocodeWindow, receptive_fields
+from .plan import PRECISIONS, find_plans, load_manifest, plan_buffers, run_windowed
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ class TensorRTRunner(Runner):
             if verify else []
         self.plan = plan_buffers(m)
         torch = self._torch = _torch_cuda()
-        from .onnx_runner import load_embeddings
-        from .sampler_torch import DeviceSampler
+        from ..onnx.runner import load_embeddings
+        from ..torch.sampler import DeviceSampler
 
         trt = trtshim.module()
         dev = self.device = torch.device("cuda")

@@ -4,7 +4,7 @@ just-in-time ``torch.compile`` set-up.
 Modes (``CudaRunner(compile=...)``):
 
 * ``None`` — the eager step, captured as plain CUDA graphs (ready in seconds; 1.6 ms/step on the H200);
-* ``"aot"`` — the ahead-of-time compiled packages of :mod:`appliance.engines.aot_step`, loaded
+* ``"aot"`` — the ahead-of-time compiled packages of :mod:`appliance.engines.torch.aot_step`, loaded
   from ``<model.engine_dir>/aot`` (built by ``chattts-appliance engines compile``) and captured
   in the same graphs; where none matches, plain graphs with the reason logged;
 * ``"default"`` / ``"max-autotune-no-cudagraphs"`` — ``torch.compile`` at every start (inductor's

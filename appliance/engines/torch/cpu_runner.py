@@ -4,7 +4,7 @@ A :class:`~appliance.engines.host_runner.HostRunner`: the four network passes ru
 sampler and per-slot buffers are numpy. The model and its static KV cache (``model.max_batch``
 slots x ``model.max_seq_len`` positions) are allocated once at load; all calls run under
 ``torch.inference_mode``. It is the reference backend (parity with upstream) and the only one with
-a text mode (refine-text). On a GPU the fast path is :class:`~appliance.engines.cuda_runner.CudaRunner`.
+a text mode (refine-text). On a GPU the fast path is :class:`~appliance.engines.torch.cuda_runner.CudaRunner`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import logging
 import numpy as np
 import torch
 
-from ..config import Config
-from ..errors import CapacityError, CheckpointError, ConfigError, EngineError
-from ..model.checkpoint import load_model
-from ..model.stream import decoder_stream, vocos_stream
-from .host_runner import HostRunner
-from .runner import RunnerInfo, receptive_fields
-from .threads import thread_budget
+from ...config import Config
+from ...errors import CapacityError, CheckpointError, ConfigError, EngineError
+from ...model.checkpoint import load_model
+from ...model.stream import decoder_stream, vocos_stream
+from ..host_runner import HostRunner
+from ..runner import RunnerInfo, receptive_fields
+from ..threads import thread_budget
 
 log = logging.getLogger(__name__)
 

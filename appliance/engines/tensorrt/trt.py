@@ -29,7 +29,7 @@ import re
 from types import ModuleType
 from typing import Any
 
-from ..errors import ConfigError, EngineError
+from ...errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def validate_target(cc: str | None) -> str | None:
 
 
 def _local_cc() -> str | None:
-    from .manifest import device_facts
+    from ..manifest import device_facts
 
     return device_facts().get("compute_capability")
 

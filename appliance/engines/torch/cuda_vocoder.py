@@ -25,9 +25,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..model.stream import decoder_stream, vocos_stream
-from .runner import VocodeWindow
-from .vocoder_state import VocoderCursor
+from ...model.stream import decoder_stream, vocos_stream
+from ..runner import VocodeWindow
+from ..vocoder_state import VocoderCursor
 
 
 class DeviceVocoder:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..core import AUDIO_EOS, SamplingParams
-from .rng import GOLDEN, MIX1, MIX2, seed_bits
-from .sampling import MIN_KEEP, PENALTY_WINDOW
+from ...core import AUDIO_EOS, SamplingParams
+from ..rng import GOLDEN, MIX1, MIX2, seed_bits
+from ..sampling import MIN_KEEP, PENALTY_WINDOW
 
 
 def _s64(c: int) -> int:

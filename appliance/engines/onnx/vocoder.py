@@ -6,8 +6,8 @@ first pass in the same graph behind an ``If`` on its input ``first`` over one co
 (:mod:`appliance.build.stream_graphs`; the first pass gets zero arrays for the caches it does not
 read): the caches go in and out as arrays that
 :class:`~appliance.engines.host_runner.HostRunner` keeps per slot. Used by
-:class:`~appliance.engines.onnx_runner.OnnxRunner` (GPT on ONNX Runtime too) and
-:class:`~appliance.engines.llama_runner.LlamaRunner` (GPT on llama.cpp).
+:class:`~appliance.engines.onnx.runner.OnnxRunner` (GPT on ONNX Runtime too) and
+:class:`~appliance.engines.llama.runner.LlamaRunner` (GPT on llama.cpp).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import CapacityError, EngineError
+from ...errors import CapacityError, EngineError
 
 
 def session_options(ort: Any, threads: int, spin_wait: bool) -> Any:

@@ -40,12 +40,12 @@ sessions (:mod:`appliance.engines.threads`: ``model.threads``, else the CPU quot
 mask), intra-op pools that spin only inside a run, or never (``model.spin_wait``).
 
 The ``decoder`` and ``vocos`` graphs are the stateful streaming passes of
-:class:`~appliance.engines.ort_vocoder.OrtVocoder` (shared with the llama.cpp runner); an older export
+:class:`~appliance.engines.onnx.vocoder.OrtVocoder` (shared with the llama.cpp runner); an older export
 (``build.vocoder`` not ``stream-reach``: a first-pass graph holding the weights twice, or a
 Decoder without its ``reach`` input) is refused at load with the command that re-exports.
 
 Every onnxruntime exception is turned into :class:`~appliance.errors.EngineError` by
-:func:`~appliance.engines.ort_vocoder.ort_call` (one place). A prompt longer than the exported profile or a
+:func:`~appliance.engines.onnx.vocoder.ort_call` (one place). A prompt longer than the exported profile or a
 position at the end of the cache raises :class:`~appliance.errors.CapacityError` before the
 engine runs (the pipeline splits text).
 """
@@ -58,19 +58,19 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..config import Config
-from ..errors import (
+from ...config import Config
+from ...errors import (
     CheckpointError,
     ConfigError,
     EngineError,
     EngineMismatchError,
 )
-from ..model.integrity import mismatch
-from . import manifest as mf
-from .host_runner import HostRunner
-from .ort_vocoder import OrtVocoder, ort_call, session_options
-from .runner import RunnerInfo, receptive_fields
-from .threads import thread_budget
+from ...model.integrity import mismatch
+from .. import manifest as mf
+from ..host_runner import HostRunner
+from .vocoder import OrtVocoder, ort_call, session_options
+from ..runner import RunnerInfo, receptive_fields
+from ..threads import thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def load_embeddings(d: Path, m: dict, hint: str = "", verify: bool = True) -> tu
         IntegrityError: ``verify`` and its sha256 differs from the manifest's (``files``, or
             ``embed.sha256`` of older manifests).
     """
-    from ..model.tensorfile import TensorFile
+    from ...model.tensorfile import TensorFile
 
     name = m.get("embed", {}).get("file", "embed.safetensors")
     f = d / name

@@ -27,7 +27,7 @@ each package's size and sha256. A load computes the identity of the runner it se
 the directory whose manifest matches it exactly; a package whose sha256 differs is refused.
 
 **Load canary.** Before a process loads a set in-process, a child process loads every package of
-it and runs it once (:mod:`appliance.engines.aot_canary`): on the H200 with torch 2.11 the
+it and runs it once (:mod:`appliance.engines.torch.aot_canary`): on the H200 with torch 2.11 the
 packages crashed torch's loader with a segmentation fault, which no ``try`` catches. The verdict
 is recorded in the set's directory per torch version, so the child runs once per set and torch.
 
@@ -56,9 +56,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..errors import EngineError, EngineMismatchError
+from ...errors import EngineError, EngineMismatchError
 from . import aot_canary
-from . import manifest as mf
+from .. import manifest as mf
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ REBUILD = "chattts-appliance engines compile"
 RUNNER_STATE = ("codes_in", "pos", "_ar", "hid", "row_slot", "codes_ring", "t")
 #: Modules whose source defines what the step computes (hashed into the identity).
 CODE_MODULES = ("appliance.model.gpt", "appliance.model.kv", "appliance.model.embed", "appliance.model.quant",
-                "appliance.engines.sampler_torch", "appliance.engines.rng")
+                "appliance.engines.torch.sampler", "appliance.engines.rng")
 
 
 def package_name(b: int, L: int) -> str:
@@ -266,7 +266,7 @@ class AotSteps:
     """The loaded packages of one directory, bound to one runner's tensors.
 
     Args:
-        runner: the :class:`~appliance.engines.cuda_runner.CudaRunner` whose tensors the packages
+        runner: the :class:`~appliance.engines.torch.cuda_runner.CudaRunner` whose tensors the packages
             read and write (allocated once; the same objects for the runner's lifetime).
         directory, manifest: from :func:`find`.
         shapes: the ``(b, L)`` to load; those the manifest lacks (a set built with ``--batches`` /
@@ -321,7 +321,7 @@ def open_steps(runner, root: Optional[str | os.PathLike], ckpt_dir: str | os.Pat
     """The runner's packages for ``shapes`` and what its step is, in one line: ``(AotSteps, "ahead-of-time
     compiled step from DIR")`` or ``(None, "plain CUDA graphs: <why>")`` (logged as a warning); never
     raises for a set that cannot be loaded, and never loads one in-process before a child process has
-    loaded it under this torch (:mod:`appliance.engines.aot_canary`)."""
+    loaded it under this torch (:mod:`appliance.engines.torch.aot_canary`)."""
     if root is None:
         return None, "plain CUDA graphs: no engine directory for ahead-of-time packages"
     t0 = time.perf_counter()

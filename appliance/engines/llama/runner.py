@@ -4,7 +4,7 @@
 Loads ``<model.engine_dir>/llama/<type>/`` (``chattts-appliance engines export --precision
 q8_0``, :mod:`appliance.build.gguf_export`): checks its manifest against the config and the
 checkpoint, hashes every file it maps (``safety.verify_checkpoint``), loads the GGUF and refuses
-one whose dimensions differ from the checkpoint's (:func:`appliance.engines.llama_lib.load_model`),
+one whose dimensions differ from the checkpoint's (:func:`appliance.engines.llama.lib.load_model`),
 and implements the network passes of a :class:`~appliance.engines.host_runner.HostRunner`
 (sampling, per-slot hidden states and vocoder caches: numpy; the one sampler and random stream).
 
@@ -24,7 +24,7 @@ On a CUDA build of llama.cpp (``llama_supports_gpu_offload``; ``scripts/install_
 builds one where JetPack's nvcc is present) every layer, the output matrix and the KV cache are
 offloaded to the GPU (``n_gpu_layers`` = layers + 1) unless ``model.device`` is ``cpu``;
 ``info.device`` then says ``cuda:0``. The vocoder stays on ONNX Runtime's CPU provider. The
-offloaded load is tried in a child process first (:mod:`appliance.engines.llama_canary`); when
+offloaded load is tried in a child process first (:mod:`appliance.engines.llama.canary`); when
 it fails the GPT runs on the CPU and ``info.fallback`` says why (health: ``engine_fallback``).
 
 Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is the most; the
@@ -46,15 +46,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
-from ..errors import CheckpointError, ConfigError, EngineError
-from . import llama_canary, llama_lib
-from . import manifest as mf
-from .host_runner import HostRunner
-from .onnx_runner import embed_prompt
-from .ort_vocoder import OrtVocoder, session_options
-from .runner import RunnerInfo, receptive_fields
-from .threads import StepThreads, thread_budget
+from ...config import Config
+from ...errors import CheckpointError, ConfigError, EngineError
+from . import canary as llama_canary, lib as llama_lib
+from .. import manifest as mf
+from ..host_runner import HostRunner
+from ..onnx.runner import embed_prompt
+from ..onnx.vocoder import OrtVocoder, session_options
+from ..runner import RunnerInfo, receptive_fields
+from ..threads import StepThreads, thread_budget
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def map_embeddings(f: Path, hint: str) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         EngineError: the file is missing, malformed, or not float32 (says how to rebuild).
     """
-    from ..model.tensorfile import TensorFile
+    from ...model.tensorfile import TensorFile
 
     try:
         tf = TensorFile(f)

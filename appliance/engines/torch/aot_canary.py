@@ -46,11 +46,11 @@ import torch
 log = logging.getLogger(__name__)
 
 #: The loader the child uses, as ``module:function`` (read at each :func:`check`).
-LOADER = "appliance.engines.aot_canary:load_package"
+LOADER = "appliance.engines.torch.aot_canary:load_package"
 #: Seconds the child may take: a base (its imports) plus this much per package.
 TIMEOUT_BASE_S, TIMEOUT_PER_PACKAGE_S = 90.0, 30.0
 _CHILD = ("import json, sys; job = json.loads(sys.argv[1]); sys.path[:0] = job['path']; "
-          "from appliance.engines.aot_canary import _child; sys.exit(_child(job))")
+          "from appliance.engines.torch.aot_canary import _child; sys.exit(_child(job))")
 
 
 def load_package(path: str | os.PathLike, device_index: int) -> Callable[[list], list]:

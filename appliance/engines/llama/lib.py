@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, EngineMismatchError
+from ...errors import ConfigError, EngineMismatchError
 
 log = logging.getLogger(__name__)
 

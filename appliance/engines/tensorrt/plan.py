@@ -2,7 +2,7 @@
 plan, and the exact windowing of long Decoder/Vocos inputs.
 
 These run (and are tested) on any machine; the runner that executes the plans,
-:mod:`appliance.engines.tensorrt_runner`, builds on them.
+:mod:`appliance.engines.tensorrt.runner`, builds on them.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..config import Config
-from ..errors import EngineError
-from . import manifest as mf
+from ...config import Config
+from ...errors import EngineError
+from .. import manifest as mf
 from . import trt as trtshim
 
 log = logging.getLogger(__name__)
