@@ -73,3 +73,24 @@ def test_a_summary_is_one_line_per_key_and_interval(caplog):
     s.note("a", "client #1", "malformed lines", "bad last")
     assert _lines(caplog) == ["client #1: 1001 malformed lines in 10 s (last: bad last)"]
     assert s.flush(due_only=True) == 1 and "client #2: 1000 malformed lines" in _lines(caplog)[-1]
+
+
+def test_the_markdown_parsers_trace_stays_out_of_a_verbose_log(capsys):
+    from appliance.ops.logsetup import setup_logging
+    import appliance.text.markup  # noqa: F401 - imports markdown_it
+
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        setup_logging(verbose=True, environ={})
+        import markdown_it
+        markdown_it.MarkdownIt("commonmark").render("# title\n\n* a **b** [c](http://x)\n" * 20)
+        logging.getLogger("appliance.test").debug("ours")
+        err = capsys.readouterr().err
+        assert "ours" in err and "markdown_it" not in err, err[-2000:]
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])

@@ -181,7 +181,7 @@ def log_changes(levels: dict, before: tuple, after: tuple, v: Verdict) -> dict:
     changed = False
     for n, (sev, r) in now.items():
         if n not in levels:
-            log.warning("health: %s (%s): %s", n, sev, r)
+            log.warning("health: %s: %s [%s]", n, r, sev)
         elif levels[n] != sev:
             log.warning("health: %s now %s (was %s): %s", n, sev, levels[n], r)
         else:
