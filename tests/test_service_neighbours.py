@@ -102,6 +102,8 @@ def test_idle_connections_and_a_flood_of_malformed_lines_leave_a_client_served(t
         assert "Traceback" not in flood_log
         leveled = [m.group(1) for m in LEVELED.finditer(flood_log)]
         info_up = [lv for lv in leveled if lv != "DEBUG"]
+        print(f"ttfb before {base['ttfb_ms']:.0f} ms, during the flood {done['ttfb_ms']:.0f} ms; log lines at "
+              f"INFO+ {len(info_up)} of {len(leveled)}")
         # 32,000 malformed lines and 184 refused connections: at most one summary line per
         # client (16) plus one for the refusals per 3 s interval, and the two requests' own lines
         assert len(info_up) <= 60, "\n".join(x for x in flood_log.splitlines() if " DEBUG " not in x)[-4000:]

@@ -219,8 +219,8 @@ class SocketServer:
                     return None
 
     def _bad(self, conn: Connection, e: ApplianceError, answered: bool) -> None:
-        """Count one malformed line of ``conn`` (``answered``: its ``bad_request`` went out)."""
-        log.debug("bad request line from %s: %s", conn.peer, e)
+        """Count one malformed line of ``conn`` (``answered``: its ``bad_request`` went out, and the
+        dispatcher logged it at DEBUG)."""
         if answered:
             kind = "malformed lines answered bad_request"
         elif not conn.bad.told:
@@ -232,7 +232,7 @@ class SocketServer:
                 f"{conn.bad.retry_s():.0f} s")))
         else:
             kind = "malformed lines dropped over the budget"
-        conn.bad.take()
+        conn.bad.take()            # a line over the budget is counted in the summary only, never logged alone
         self.summary.note(conn.peer.key, str(conn.peer), kind, str(e)[:160])
 
     async def _line(self, conn: Connection, line: bytes) -> None:
