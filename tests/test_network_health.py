@@ -244,3 +244,23 @@ def test_two_boxes_with_one_mdns_name_are_both_discoverable(tiny_ckpt, tmp_path)
     finally:
         for d, _ in boxes:
             assert d.stop() == 0, d.log()[-3000:]
+
+
+def test_an_unknown_ca_is_named_and_a_replaced_ca_file_is_read_on_sighup(tiny_ckpt, tmp_path, mqtt_broker_factory):
+    import signal
+
+    tls, other = make_tls_files(tmp_path / "tls"), make_tls_files(tmp_path / "other")
+    broker = mqtt_broker_factory(tls=tls)
+    ca = tmp_path / "ca.pem"
+    shutil.copy(other.ca, ca)                                    # not the broker's CA
+    cfg = _mqtt_cfg(tiny_ckpt, tmp_path, broker.port, tls=True, ca_file=str(ca))
+    d = launch_daemon(tmp_path / "d", cfg)
+    try:
+        reason = wait_for(lambda: _conditions(d).get("mqtt"), 30, "the mqtt condition")
+        assert "CA this box does not trust" in reason and "mqtt.ca_file" in reason, reason
+        shutil.copy(tls.ca, ca)                                  # the right one, then SIGHUP
+        d.proc.send_signal(signal.SIGHUP)
+        wait_log(d.log, "mqtt: connected", 30, alive=d.alive)
+        wait_for(lambda: "mqtt" not in _conditions(d), 30, "the mqtt condition cleared")
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
