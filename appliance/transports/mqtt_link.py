@@ -152,8 +152,12 @@ class Link:
         now = self._clock()
         lasted = now - self.connected_at if self.connected_at is not None else None
         self.connected_at = None
-        if lasted is not None:             # (None: closed before its CONNACK: says nothing either way)
-            self.short = self.short + 1 if lasted < SHORT_SESSION_S else 0
+        if lasted is None:                 # closed at or before its CONNACK: a refusal keeps its reason
+            if not self.flag():
+                self.flag.set(f"lost the broker {self.where} ({reason}) before it accepted the connection; "
+                              f"reconnecting with back-off {self.min_s:g}-{self.max_s:g} s")
+            return self.min_s if self.short < 2 else min(self.max_s, self.min_s * 2 ** (self.short - 1))
+        self.short = self.short + 1 if lasted < SHORT_SESSION_S else 0
         if self.short >= 2:
             wait = min(self.max_s, self.min_s * 2 ** (self.short - 1))
             self.flag.set(f"the broker {self.where} closed the connection {lasted or 0:.1f} s after it was made "
