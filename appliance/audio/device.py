@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from typing import Callable, Hashable, Optional
@@ -43,6 +44,36 @@ stall rather than a gap at every chunk where synthesis is slower than playback).
 
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
+
+PRIORITY_ABOVE = 5
+"""Niceness steps the sound-device threads (PortAudio's callback, the watcher) run above the
+process's, i.e. above the decode threads (the unit: ``Nice=-5``, ``LimitNICE=-10``)."""
+
+
+def raise_thread_priority(above: int = PRIORITY_ABOVE) -> Optional[int]:
+    """Give the calling thread the niceness ``above`` steps below the process's (its main thread's:
+    the unit's ``Nice=``), or as far as ``RLIMIT_NICE`` (the unit's ``LimitNICE=``) lets a process
+    without ``CAP_SYS_NICE`` go. Linux only (niceness is per thread there). Returns the niceness
+    set, or None when nothing could be raised (another OS, no room under the limit). Never raises."""
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return None
+    try:
+        import resource
+
+        base, tid = os.getpriority(os.PRIO_PROCESS, os.getpid()), threading.get_native_id()
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        floor = -20 if soft == resource.RLIM_INFINITY else 20 - soft
+        for want in dict.fromkeys((max(-20, base - above), max(-20, base - above, floor))):
+            if want >= os.getpriority(os.PRIO_PROCESS, tid):
+                return None
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, want)
+                return want
+            except PermissionError:
+                continue
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 class DeviceOutput(VoiceFeed):
@@ -94,6 +125,8 @@ class DeviceOutput(VoiceFeed):
         self._open_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stop_watcher = threading.Event()
+        self._cb_tid = 0
+        self.cb_nice: Optional[int] = None  # the callback thread's niceness once raised (None: not raised)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -235,6 +268,9 @@ class DeviceOutput(VoiceFeed):
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
         out = outdata[:, 0]
         now = time.monotonic()
+        if self._cb_tid != threading.get_native_id():   # a new stream's thread: above the decode threads
+            self._cb_tid = threading.get_native_id()
+            self.cb_nice = raise_thread_priority()
         with self._lock:
             # ALSA wakes PortAudio once per period and may ask for several blocks back to back: a
             # voice must hold a whole wake-up's worth before it starts (Lanes.mix start threshold)
@@ -305,6 +341,7 @@ class DeviceOutput(VoiceFeed):
                 log.exception("played callback")
 
     def _watch(self) -> None:
+        raise_thread_priority()
         stall_s = max(2.0, 10 * self.latency_s)
         while not self._stop_watcher.wait(0.02):
             self._fire_played()
