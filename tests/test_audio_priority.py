@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.audio.device import PRIORITY_ABOVE
+from appliance.audio.priority import PRIORITY_ABOVE
 from tests.fixtures_service import ROOT, alsa_home, service_config, start_daemon  # noqa: F401
 from tests.waits import wait_for, wait_log
 
@@ -51,7 +51,7 @@ def test_daemon_sound_threads_run_above_its_decode_threads(tiny_ckpt, tmp_path, 
 
 _UNPRIVILEGED = """
 import os, resource, sys, threading
-from appliance.audio.device import raise_thread_priority
+from appliance.audio.priority import raise_thread_priority
 try:
     resource.setrlimit(resource.RLIMIT_NICE, (int(sys.argv[1]), int(sys.argv[1])))
 except (ValueError, OSError):

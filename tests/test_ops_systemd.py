@@ -165,9 +165,9 @@ def test_service_exposure_is_at_most_4(tmp_path):
 
 def test_service_claims_the_cpu_over_background_work():
     """CPUWeight=/IOWeight= above the default 100, Nice= below 0, and LimitNICE= leaving room for
-    the sound-device threads above the decode threads (appliance/audio/device.py) while realtime
+    the sound-device threads above the decode threads (appliance/audio/priority.py) while realtime
     stays restricted."""
-    from appliance.audio.device import PRIORITY_ABOVE
+    from appliance.audio.priority import PRIORITY_ABOVE
 
     one = {k: v[-1] for k, v in _units(UNIT_DIR / "chattts-appliance.service")["Service"].items()}
     assert int(one["CPUWeight"]) >= 500 and int(one["IOWeight"]) >= 500

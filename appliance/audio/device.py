@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from typing import Callable, Hashable, Optional
@@ -31,6 +30,7 @@ from ..errors import AudioDeviceError, DeviceLostError
 from .alsa import describe_route, pcm_of, plug_of
 from .devices import LOCK, find_output_device, list_output_devices, load_sounddevice, open_error
 from .feed import VoiceFeed
+from .priority import raise_thread_priority
 from .idle import IdleClose
 from .mix import Lanes
 
@@ -53,37 +53,6 @@ MAX_REPORTED_LATENCY_S = 5.0
 
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
-
-PRIORITY_ABOVE = 5
-"""Niceness steps the sound-device threads (PortAudio's callback, the watcher) run above the
-process's, i.e. above the decode threads (the unit: ``Nice=-5``, ``LimitNICE=-10``)."""
-
-
-def raise_thread_priority(above: int = PRIORITY_ABOVE) -> Optional[int]:
-    """Give the calling thread the niceness ``above`` steps below the process's (its main thread's:
-    the unit's ``Nice=``), or as far as ``RLIMIT_NICE`` (the unit's ``LimitNICE=``) lets a process
-    without ``CAP_SYS_NICE`` go. Linux only (niceness is per thread there). Returns the niceness
-    set, or None when nothing could be raised (another OS, no room under the limit). Never raises."""
-    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
-        return None
-    try:
-        import resource
-
-        base, tid = os.getpriority(os.PRIO_PROCESS, os.getpid()), threading.get_native_id()
-        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-        floor = -20 if soft == resource.RLIM_INFINITY else 20 - soft
-        for want in dict.fromkeys((max(-20, base - above), max(-20, base - above, floor))):
-            if want >= os.getpriority(os.PRIO_PROCESS, tid):
-                return None
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, want)
-                return want
-            except PermissionError:
-                continue
-    except (OSError, ValueError, AttributeError):
-        pass
-    return None
-
 
 class DeviceOutput(VoiceFeed, IdleClose):
     """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
