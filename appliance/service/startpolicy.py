@@ -119,10 +119,6 @@ class StartPolicy:
             per = self.per_token
         return [min(hi, max(lo, round(per * s.text_tokens))) for s in task.sentences]
 
-    def expected_steps(self, task: Task, params: SamplingParams) -> int:
-        """Decode steps ``task`` is expected to run, all its sentences known now (module docstring)."""
-        return sum(self._sentence_steps(task, params))
-
     def on_chunk(self, item: Request, chunk: PcmChunk) -> None:
         """``item``'s :class:`~appliance.core.PcmChunk` ``chunk`` is about to be written (worker
         thread): its first chunk decides the start (:meth:`apply`), a later sentence's first chunk
@@ -193,7 +189,8 @@ class StartPolicy:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
             eng, task = self.engine, item.task
-            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(task, item.job.params),
+            steps = sum(self._sentence_steps(task, item.job.params)[item.resume_from:])   # a resumed one: the rest
+            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, steps,
                               eng.lookahead_of(task), rows=max(1, len(eng.tasks)), scale=task.chunk_scale)
             voice = item.audio.voice                            # None: a WAV file or the client's audio
             hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
