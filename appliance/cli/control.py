@@ -33,6 +33,11 @@ def status_main(args: Any) -> int:
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
     if ev.get("threads"):
         print(f"  CPU threads {ev['threads']} ({ev.get('threads_source') or '?'})")
+    print(f"  memory {_num(ev.get('memory_mib'), '.0f')} of {_num(ev.get('memory_budget_mib'), '.0f', ' MiB')} "
+          f"({ev.get('memory_kind') or '?'}), all-in {_num(ev.get('memory_all_in_mib'), '.0f', ' MiB')}, "
+          f"torch {'loaded' if ev.get('torch_loaded') else 'not loaded'}")
+    for net, how in (ev.get("networks") or {}).items():
+        print(f"  {net}: {how}")
     print(f"health {ev.get('health', 'n/a')}")
     for c in ev.get("conditions") or ():
         print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")

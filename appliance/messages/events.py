@@ -109,6 +109,11 @@ class Done:
             ``speaker:<first 12 hex digits of the speaker string's sha256>``.
         silent_sentences: indices into ``spoken`` of the sentences that produced no audio (the
             model ended them at their first step); empty when every sentence sounded.
+        truncated: each sentence that reached its decode-step cap and was cut there (its end may
+            be missing): ``{"sentence": index into spoken, "text": what it was to say, "steps": the
+            cap it reached}``; the cap is proportional to the sentence's length (twice its expected
+            speech, at least 4 s, at most ``synthesis.max_new_tokens`` or the request's
+            ``params.max_new_tokens``); empty when every sentence ended by itself.
         predicted_rtf: the real-time factor its synthesis was predicted to run at when its first
             chunk was made; start_hold_ms: the audio its player held beyond one device wake-up
             before it started (``stream.start_slack_ms``, more where the box could not keep up:
@@ -137,6 +142,7 @@ class Done:
     unspeakable_names: list = field(default_factory=list)
     voice: Optional[str] = None
     silent_sentences: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)
     predicted_rtf: Optional[float] = None
     start_hold_ms: Optional[float] = None
     start_delay_ms: Optional[float] = None
@@ -148,12 +154,16 @@ class Done:
 @dataclass(frozen=True)
 class Normalized:
     """Reply to :class:`NormalizeRequest`: ``spoken`` sentences (one generation each) with the
-    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), ``unspeakable`` characters
-    and their ``unspeakable_names``."""
+    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), the decode-step cap of each
+    (``steps``), ``unspeakable`` characters and their ``unspeakable_names``, and ``notes``: what
+    the normalizer decided (list numbers, emoji, Roman numerals, runs collapsed, codes and links
+    shortened), one line each."""
 
     id: str
     spoken: list = field(default_factory=list)
     tokens: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
     unspeakable_names: list = field(default_factory=list)
     type: str = "normalized"
@@ -195,6 +205,11 @@ class StatusReply:
     ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
     CUDA context left out of the budget (``cuda_context_mib``); and
     ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
+    ``memory_all_in_mib``: host RSS + device memory with the CUDA context (RSS + NvMap on a Jetson,
+    RSS on a CPU), the one figure comparable across backends and boxes, MiB; ``torch_loaded``:
+    whether torch is in the daemon's process (never on the llama.cpp, ONNX Runtime and TensorRT
+    paths); ``networks``: which runtime runs each network (``gpt``, ``decoder``, ``vocos``) where,
+    and why; ``backend_reason``: why the backend was chosen;
     ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
     makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`);
     ``threads``: the CPU threads the runner computes with (None on a GPU) and ``threads_source``
@@ -214,6 +229,10 @@ class StatusReply:
     host_rss_limit_mib: Optional[float] = None
     cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
+    memory_all_in_mib: Optional[float] = None
+    torch_loaded: Optional[bool] = None
+    networks: dict = field(default_factory=dict)
+    backend_reason: Optional[str] = None
     health: str = "healthy"
     conditions: list = field(default_factory=list)
     threads: Optional[int] = None

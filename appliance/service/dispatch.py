@@ -205,6 +205,7 @@ class Dispatcher:
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
         sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
+                        steps=[s.max_steps for s in job.sentences], notes=list(job.notes),
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]))
 
     async def add_text(self, req: Speak) -> bool:

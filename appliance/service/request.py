@@ -195,4 +195,5 @@ class Request:
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
                     spoken=list(rep.spoken), unspeakable=list(rep.unspeakable),
                     unspeakable_names=[describe(u) for u in rep.unspeakable],
-                    voice=self.job.voice or None, silent_sentences=sorted(rep.silent))
+                    voice=self.job.voice or None, silent_sentences=sorted(rep.silent),
+                    truncated=[{"sentence": k, "text": rep.spoken[k], "steps": n} for k, n in rep.truncated])
