@@ -15,7 +15,8 @@ class Bench:
     """One benchmark: ``name`` (the command and the records' ``bench``), ``module`` (under
     ``bench``; None: retired or written by another script), the ``question`` it answers, its
     ``method`` in a paragraph, ``command``: the one line that reproduces its cited figures, ``key``:
-    the fields that tell its configurations apart, ``figures``: the fields its table shows."""
+    the fields that tell its configurations apart, ``figures``: the fields its table shows,
+    ``gpu_command``: the line for its records from a GPU machine (``bench/gpu.sh SUITE``)."""
 
     name: str
     module: str | None
@@ -25,6 +26,7 @@ class Bench:
     key: tuple[str, ...]
     figures: tuple[str, ...]
     where: str = "cpu"
+    gpu_command: str = ""
 
 
 CKPT = "chattts-appliance model random --size full /tmp/ckpt_full"
@@ -56,7 +58,7 @@ BENCHES: tuple[Bench, ...] = (
           "optionally beside busy loops. One record per `stream.lookahead` mode.",
           "python -m bench service --checkpoint /tmp/ckpt_full --engine-dir ENG --backend llama --runs 5",
           ("backend", "stream_lookahead"), ("ttfb_ms", "synthesis_ttfb_ms", "rtf", "third_ttfb_ms", "underruns_single",
-                                            "vmrss_mib")),
+                                            "vmrss_mib"), gpu_command="bench/gpu.sh service"),
     Bench("wyoming", "wyoming_tts", "What does Home Assistant hear over Wyoming, and what does one event announcing "
           "300 MB cost?",
           "The real daemon with its Wyoming server; `wyoming-bench tts --mode both` (its four texts, rounds after a "
@@ -79,7 +81,8 @@ BENCHES: tuple[Bench, ...] = (
           "Each stage (import, context, loaded, warm, 10 requests) in a fresh process, so `ru_maxrss` is the peak up "
           "to it; RSS and anonymous memory from smaps_rollup; on CUDA the device memory through NVML.",
           "python -m bench memory --checkpoint /tmp/ckpt_full --engine-dir ENG --backends onnxruntime torch-cpu",
-          ("backend", "compile"), ("load_peak_rss_mib", "rss_mib", "device_mib", "ready_s")),
+          ("backend", "compile"), ("load_peak_rss_mib", "rss_mib", "device_mib", "ready_s"),
+          gpu_command="bench/gpu.sh memory"),
     Bench("precision", "precision", "How far is each quantized GPT from FP32 (hidden dB, greedy agreement, PCM)?",
           "Both runners teacher-forced on FP32's greedy codes for the same steps: hidden-state and logit error in dB, "
           "greedy agreement, the first free-running divergence, and the PCM through the FP32 vocoder.",

@@ -3,6 +3,7 @@
     python -m bench list                                  # every benchmark and its question
     python -m bench latest [--bench B] [--machine M] [--each]
     python -m bench results [--check]                     # bench/RESULTS.md and README's table from the records
+    python -m bench merge DIR                             # append DIR/*.jsonl (a GPU run's $OUT) to bench/results
     python -m bench NAME [options]                        # run one (python -m bench NAME --help)
 
 ``results --check`` exits 1 when ``bench/RESULTS.md`` or the README's benchmark table differ from
@@ -101,7 +102,8 @@ def page(records: list[dict]) -> str:
     out += readme_sources(groups)
     for b in BENCHES:
         recs = groups.get(b.name, [])
-        out += [f"## {b.name}", "", f"**{b.question}**", "", b.method, "", "```", b.command, "```", ""]
+        cmds = [b.command] + ([f"{b.gpu_command}      # on a GPU machine"] if b.gpu_command else [])
+        out += [f"## {b.name}", "", f"**{b.question}**", "", b.method, "", "```", *cmds, "```", ""]
         if not recs:
             out += ["No record yet.", ""]
             continue
@@ -166,8 +168,10 @@ def readme_sources(groups: dict[str, list[dict]]) -> list[str]:
                 match = [r for r in groups.get(name, []) if all(r.get(k) == v for k, v in filters.items())]
                 if match:
                     rec = max(enumerate(match), key=lambda ir: (ir[1]["date"], ir[0]))[1]
+                    b = BY_NAME[name]
+                    rerun = b.gpu_command if b.gpu_command and not rec["machine"].startswith("cpu") else b.command
                     out.append(f"| {label} | {render_cell([p], groups)} | `{rec['_file']}:{rec['_line']}` | "
-                               f"{rec['date'][:10]} | {rec['commit']} | `{BY_NAME[name].command}` |")
+                               f"{rec['date'][:10]} | {rec['commit']} | `{rerun}` |")
     return out + [""]
 
 
@@ -201,6 +205,18 @@ def cmd_results(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    """Append every record of ``DIR/*.jsonl`` (checked) to ``bench/results/<bench>.jsonl``."""
+    recs = [{k: v for k, v in r.items() if not k.startswith("_")} for r in harness.read(args.dir)]
+    bad = [(r.get("bench"), harness.check(r)) for r in recs if harness.check(r)]
+    if bad:
+        print(f"not merged, bad records: {bad[:3]}", file=sys.stderr)
+        return 1
+    harness.write(recs, harness.RESULTS)
+    print(f"{len(recs)} records appended under bench/results/; now: python -m bench results", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in BY_NAME and BY_NAME[argv[0]].module:
@@ -215,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--each", action="store_true", help="the newest of each configuration, not only of each bench")
     re_ = sub.add_parser("results", help="write bench/RESULTS.md and README's benchmark table from the records")
     re_.add_argument("--check", action="store_true", help="exit 1 if either is stale; write nothing")
+    sub.add_parser("merge", help="append a GPU run's records (DIR/*.jsonl) to bench/results").add_argument("dir")
     for b in BENCHES:
         if b.module:
             sub.add_parser(b.name, help=b.question, add_help=False)
     args = ap.parse_args(argv)
-    return {"list": cmd_list, "latest": cmd_latest, "results": cmd_results}[args.cmd](args)
+    return {"list": cmd_list, "latest": cmd_latest, "results": cmd_results, "merge": cmd_merge}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -270,14 +270,21 @@ class Box:
             self.rec.update(requests=self.args.requests, first_request_ms=round(ttfb[0], 1),
                             steady_median_ms=round(statistics.median(ttfb[10:] or ttfb), 1),
                             memory_mib_after_100=st.get("memory_mib"), throttle_after_100=st.get("throttle"),
-                            ttfa_ms_fresh=_wyoming(self.port, self.args.rounds, log)["non_streaming"]["ttfa_ms_median"])
+                            ttfa_ms_fresh=self._ttfa(log))
         finally:
             self.rec["exit_codes"] = [_stop(p)]
+
+    def _ttfa(self, log: str) -> float | None:
+        """wyoming-bench's median time to first audio (non-streaming), ms; its error kept in the record."""
+        w = _wyoming(self.port, self.args.rounds, log)
+        if "error" in w:
+            self.rec["wyoming_error"] = w["error"][-300:]
+        return w["non_streaming"]["ttfa_ms_median"]
 
     def restarted(self) -> None:
         p, self.rec["ready_s_calibrated"] = _start(self.cfg_path, self.sock, self.work / "daemon-2.log")
         try:
-            self.rec["ttfa_ms_median"] = _wyoming(self.port, self.args.rounds, "")["non_streaming"]["ttfa_ms_median"]
+            self.rec["ttfa_ms_median"] = self._ttfa("")
         finally:
             self.rec["exit_codes"].append(_stop(p))
 
