@@ -13,7 +13,7 @@ change, for a side-by-side run; trees before the one-generation-path redesign ar
 * ``host_read_gbps``: the host's read bandwidth measured in the same run with the bench's threads
   (before and after, the larger kept); ``weight_bytes_per_step``: the ``gpt`` graph's initializer
   bytes; ``bandwidth_frac`` = bytes / step / bandwidth; ``baseline_ms_per_step``: ``--baseline-ms``
-  (upstream's loop in the same session, ``bench/bench_upstream_cpu.py``).
+  (upstream's loop in the same session, ``python -m bench upstream``).
 * ``lookahead``: what the pipeline used (exact or calibrated, from ``--lookahead``).
 * ``stages``: where the RTF utterance's time went, seconds per second of audio:
   ``in_pipeline`` as timed inside the run (``gpt``: the runner's decode passes; ``sampling``: the
@@ -28,7 +28,7 @@ change, for a side-by-side run; trees before the one-generation-path redesign ar
 * ``threads``, ``threads_source``: the runner's thread budget and where it came from.
 * ``--three``: ``three_sequential_s`` (three requests of ``--steps`` one after another) and
   ``three_batched_s`` (the same three at once, one batched decode: what three channels do), and
-  ``three_batched_over_sequential``; run inside a cgroup with a CPU quota (``bench/cpu_quota.sh``)
+  ``three_batched_over_sequential``; run inside a cgroup with a CPU quota (``systemd-run -p CPUQuota=100%``)
   it says whether the threads the runner chose fit the quota.
 
 Appends one record per run (``bench: cpu``, :mod:`bench.harness`'s schema) to

@@ -1,4 +1,4 @@
-"""Upstream ChatTTS 0.2.5's GPT decode loop on this machine: the baseline for ``bench_cpu.py``.
+"""Upstream ChatTTS 0.2.5's GPT decode loop on this machine: the baseline for ``python -m bench cpu``.
 
 Runs upstream's own ``GPT.generate`` (``ChatTTS/model/gpt.py``: transformers' ``LlamaModel`` with
 its KV cache, upstream's code embeddings, heads and logits processors: repetition penalty 1.05

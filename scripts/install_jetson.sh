@@ -263,7 +263,7 @@ step_pip() {
 # (-DGGML_CUDA=on, nvcc's host compiler the system g++): the runner then offloads the GPT unless
 # model.device is cpu. Built with another C++ library than the system's (an H200 image's /opt/gcc
 # g++) it segfaulted at load; with the system g++ it loads and matches the CPU step
-# (bench/RESULTS.md, bench/gpu_llama.sh). The runner still tries every offloaded load in a child
+# (bench/HISTORY.md, bench/gpu.sh llama). The runner still tries every offloaded load in a child
 # process first and runs the GPT on the CPU if that fails (appliance/engines/llama/canary.py).
 # LLAMA_CUDA=0 in the environment builds the CPU variant.
 LLAMA_CUDA_LOADS=${LLAMA_CUDA:-1}
