@@ -22,8 +22,9 @@ cd "$(dirname "$0")/.." || exit 1
 GPU=.gpu
 OUT=${OUT:-out/gpu}
 CKPT=${CKPT:-/tmp/ckpt_full}
-SITE=/tmp/site
-export GPU OUT CKPT SITE
+SITE=$PWD/out/gpu-site   # installed wheels and the llama.cpp build: kept on a warm machine
+LLW=$PWD/out/gpu-llw
+export GPU OUT CKPT SITE LLW
 WHEELS=(tokenizers pybase16384 wetext kaldifst opencc markdown-it-py mdurl linkify-it-py uc-micro-py sounddevice
   soxr paho-mqtt wyoming wyoming-bench sentence-stream regex safetensors gguf nvidia-ml-py scikit-build-core pathspec onnxscript onnx-ir
   ml-dtypes)
@@ -86,16 +87,16 @@ prepare_checkpoint() {
 build_llama() {
   local sdist=("$GPU"/llama_cpp_python-*.tar.gz) t0
   python3 -c 'import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_gpu_offload())' 2>/dev/null && return 0
-  if ! ls /tmp/llw/*.whl >/dev/null 2>&1; then
+  if ! ls "$LLW"/*.whl >/dev/null 2>&1; then
     t0=$(date +%s)
     echo "== llama.cpp CUDA build (sm ${CUDA_ARCH:-90}, $(nproc) jobs)"
     CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
       CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DLLAVA_BUILD=OFF" \
-      python3 -m pip wheel -q --no-build-isolation --no-deps -w /tmp/llw "${sdist[0]}" > /tmp/llama-build.log 2>&1 \
+      python3 -m pip wheel -q --no-build-isolation --no-deps -w "$LLW" "${sdist[0]}" > /tmp/llama-build.log 2>&1 \
       || { tail -30 /tmp/llama-build.log; return 1; }
     echo "built in $(( $(date +%s) - t0 )) s"
   fi
-  python3 -m pip install -q --no-index --no-deps --target "$SITE" /tmp/llw/*.whl || return 1
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" "$LLW"/*.whl || return 1
   python3 -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "offload", llama_cpp.llama_supports_gpu_offload())'
 }
 
