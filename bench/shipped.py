@@ -184,7 +184,17 @@ def _memory(pid: int) -> dict:
             continue
     gpu = _gpu_mib(pids)
     return {"host_rss_mib": round(rss, 1), "gpu_mib": gpu, "all_in_mib": round(rss + (gpu or 0.0), 1),
-            "torch_imported": torch_mapped}
+            "torch_imported": torch_mapped, "gpu_device_used_mib": _device_used_mib()}
+
+
+def _device_used_mib() -> float | None:
+    """The whole GPU's used memory (MiB, ``nvidia-smi``): a cross-check of the per-process figure."""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return float(q.stdout.split()[0]) if q.returncode == 0 and q.stdout.strip() else None
 
 
 def _step_child(cfg_file: str) -> None:
@@ -244,7 +254,7 @@ class Box:
     def _mem(self, p, when: str) -> None:
         m = _memory(p.pid)
         self.rec.update({f"memory_mib_all_in_{when}": m["all_in_mib"], f"host_rss_mib_{when}": m["host_rss_mib"],
-                         f"gpu_mib_{when}": m["gpu_mib"]})
+                         f"gpu_mib_{when}": m["gpu_mib"], f"gpu_device_used_mib_{when}": m["gpu_device_used_mib"]})
         self.rec["torch_imported"] = self.rec.get("torch_imported", False) or m["torch_imported"]
 
     def fresh(self) -> None:
