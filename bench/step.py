@@ -268,17 +268,22 @@ def main(argv: list[str] | None = None) -> int:
             for r in live.values():  # warm-up at this shape
                 for _ in range(3):
                     r.step(kc, vc, emb, p, b)
-            for _ in range(args.rounds):  # the candidates in turns: a busy neighbour slows all alike
-                for n, r in live.items():
-                    ts, cs = [], []
-                    for _ in range(args.steps):
-                        t, c = time.perf_counter(), time.process_time()
-                        r.step(kc, vc, emb, p, b)
-                        ts.append(time.perf_counter() - t)
-                        cs.append(time.process_time() - c)
-                    res.setdefault((n, p, b), []).append(statistics.median(ts))
-                    cpu.setdefault((n, p, b), []).append(statistics.median(cs))
+
+            def timed(r, p=p, b=b) -> tuple[float, float]:
+                """``--steps`` steps of one candidate: the median wall and process CPU seconds per step."""
+                ts, cs = [], []
+                for _ in range(args.steps):
+                    t, c = time.perf_counter(), time.process_time()
+                    r.step(kc, vc, emb, p, b)
+                    ts.append(time.perf_counter() - t)
+                    cs.append(time.process_time() - c)
                 loads.append(os.getloadavg()[0])
+                return statistics.median(ts), statistics.median(cs)
+
+            # the candidates in turns (harness.in_turns): a busy neighbour slows all alike
+            got = harness.in_turns({n: (lambda r=r: timed(r)) for n, r in live.items()}, args.rounds)
+            for n, vals in got.items():
+                res[(n, p, b)], cpu[(n, p, b)] = [v[0] for v in vals], [v[1] for v in vals]
     gbps1 = host_read_gbps(args.threads)
     gbps = max(gbps0, gbps1)
     recs = []
