@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -242,6 +243,72 @@ def in_turns(candidates: dict[str, Callable[[], float]], rounds: int) -> dict[st
         for n in names[r % len(names):] + names[:r % len(names)]:
             out[n].append(candidates[n]())
     return out
+
+
+# ---------------------------------------------------------------- a process placed as its unit would be
+
+
+def unit_cpu(tree: Path) -> dict:
+    """``CPUWeight=``, ``Nice=``, ``LimitNICE=`` of ``tree``'s ``systemd/chattts-appliance.service``
+    (systemd's defaults where unset: weight 100, nice 0, no limit)."""
+    got = {"cpu_weight": 100, "nice": 0, "limit_nice": None}
+    keys = {"CPUWeight": "cpu_weight", "Nice": "nice", "LimitNICE": "limit_nice"}
+    f = tree / "systemd" / "chattts-appliance.service"
+    for line in f.read_text().splitlines() if f.exists() else []:
+        k, _, v = line.strip().partition("=")
+        if k in keys and v.strip().lstrip("+-").isdigit():
+            got[keys[k]] = int(v)
+    return got
+
+
+def cpu_cgroup(name: str, weight: int) -> tuple[Path | None, str]:
+    """A fresh cgroup with the cpu controller and systemd's ``CPUWeight=`` ``weight`` (v2
+    ``cpu.weight``; v1 ``cpu.shares`` = weight x 1024 / 100, systemd's mapping): (its directory, how),
+    or (None, why not)."""
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+    try:
+        if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.controllers").read_text().split():
+            d = v2 / name
+            d.mkdir(exist_ok=True)
+            (d / "cpu.weight").write_text(str(weight))
+            return d, f"cgroup v2 {d} cpu.weight {weight}"
+        if (v1 / "cpu.shares").exists():
+            d = v1 / name
+            d.mkdir(exist_ok=True)
+            (d / "cpu.shares").write_text(str(weight * 1024 // 100))
+            return d, f"cgroup v1 {d} cpu.shares {weight * 1024 // 100} (CPUWeight={weight})"
+        return None, "no cgroup with the cpu controller (neither v2 nor v1) under /sys/fs/cgroup"
+    except OSError as e:
+        return None, f"cannot make a cpu cgroup under /sys/fs/cgroup: {e}"
+
+
+def rmdir_quiet(d: Path | None) -> None:
+    """Remove the empty directory ``d`` (a cgroup) if it is there; errors ignored."""
+    if d is not None:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def burners(n: int, where: dict | None = None) -> list:
+    """``n`` busy-loop processes (a neighbour that wants whole cores): in ``where["dir"]`` (a cgroup
+    of the default weight: another service as the daemon's unit sees it) at niceness ``where["nice"]``
+    (the daemon's), or where this process is."""
+    def enter() -> None:
+        if where and where.get("dir"):
+            (Path(where["dir"]) / "cgroup.procs").write_text(str(os.getpid()))
+        if where:
+            os.setpriority(os.PRIO_PROCESS, 0, where["nice"])
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=enter) for _ in range(n)]
+
+
+def stop_all(procs: list) -> None:
+    """Terminate ``procs`` and wait for each (10 s)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(10)
 
 
 def add_common(ap) -> None:

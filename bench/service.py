@@ -20,8 +20,11 @@ engine directory holds a matching calibration, and the exact receptive field) it
 
 * ``busy`` (with ``--burners N``): the box falls behind mid-request. One request of
   ``--busy-sentences`` sentences of ``--steps`` each on channel ``a``; ``--join-after`` s after it
-  starts, N busy-loop processes (as nice as the daemon) start beside it and run until the end of
-  the scenario; then the three-channel scenario again beside them. Recorded: the device's
+  starts, N busy-loop processes start beside it and run until the end of the scenario (with
+  ``--neighbours unit``, the default, as the daemon's unit sees them: the daemon runs with its
+  tree's unit's ``CPUWeight=`` (a cpu cgroup of that weight, v2 or v1 ``cpu.shares``) and
+  ``Nice=``, the loops in another cgroup of the default weight 100 at the daemon's niceness; the
+  record says where each ran, or why not; ``same``: all in this process's cgroup, as nice as it); then the three-channel scenario again beside them. Recorded: the device's
   underruns (a voice ran dry mid-sentence) and sentence holds, ``done.pauses`` / ``pause_ms``
   (where the player paused and why: :mod:`appliance.service.startpolicy`), and the silences the
   paced device really wrote inside the long request (runs of exact zeros of 50 ms or more in
@@ -110,19 +113,6 @@ def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: d
             started.set()
 
 
-def _burners(n: int) -> list:
-    """``n`` busy-loop processes (a neighbour that wants whole cores), as nice as this one."""
-    import subprocess
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        p.wait(10)
-
-
 def _silences(raw, rate: int, shortest_s: float = 0.05) -> list[tuple[float, float]]:
     """(audio played before it, s; its length, s) of each run of exact zeros of at least
     ``shortest_s`` between the first and the last sound in ``raw`` (float32 at ``rate`` Hz: speech
@@ -157,7 +147,7 @@ def _busy(d: DaemonProc, args, alsa) -> dict:
     th.start()
     started.wait(300)
     time.sleep(args.join_after)
-    burners = _burners(args.burners)
+    burners = harness.burners(args.burners, args.neighbour_where)
     try:
         th.join(600)
         u1, holds1 = _underruns(d), _holds(d)
@@ -177,7 +167,7 @@ def _busy(d: DaemonProc, args, alsa) -> dict:
             t.join(600)
         u2, holds2 = _underruns(d), _holds(d)
     finally:
-        _stop(burners)
+        harness.stop_all(burners)
     if r.get("type") != "done" or any(res[k].get("type") != "done" for k in "abc"):
         raise RuntimeError(f"busy scenario failed: {r} {res}")
     held = [p for p in r.get("pauses") or [] if p["where"] == "sentence_boundary"]
@@ -222,7 +212,22 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
 def run_mode(args, lookahead: str, tmp: Path) -> dict:
     alsa = alsa_home(tmp / "home", tmp / "played.raw")
     t0 = time.perf_counter()
-    prefix = ["env", "-C", args.tree] if args.tree else None   # python -m imports from its working directory
+    prefix = ["env", "-C", args.tree] if args.tree else []     # python -m imports from its working directory
+    unit = args.unit_cpu
+    if args.as_unit:                        # the unit's cgroup weight and niceness (unit_cpu)
+        d, how = harness.cpu_cgroup(f"bench-service-{os.getpid()}-daemon", unit["cpu_weight"])
+        args.daemon_where = {"cgroup": how if d else None, "why": None if d else how, "nice": unit["nice"]}
+        enter = ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(d / "cgroup.procs")] if d else []
+        prefix = enter + ["nice", "-n", str(unit["nice"])] + prefix
+    try:
+        return _run_mode(args, lookahead, tmp, alsa, t0, prefix or None)
+    finally:
+        if args.as_unit:
+            harness.rmdir_quiet(Path(f"/sys/fs/cgroup/cpu/bench-service-{os.getpid()}-daemon"))
+            harness.rmdir_quiet(Path(f"/sys/fs/cgroup/bench-service-{os.getpid()}-daemon"))
+
+
+def _run_mode(args, lookahead: str, tmp: Path, alsa, t0: float, prefix: list | None) -> dict:
     d = launch_daemon(tmp, _config(args, tmp, lookahead), alsa=alsa, timeout_s=600.0, argv_prefix=prefix)
     ready_s = time.perf_counter() - t0
     la = next((ln.split("look-ahead", 1)[1].strip(" :") for ln in d.log().splitlines() if "look-ahead" in ln), "?")
@@ -298,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="{}", help='extra model.* settings as JSON, e.g. \'{"spin_wait": true}\'')
     ap.add_argument("--burners", type=int, default=0, help="busy-loop processes for the busy scenario (0: none)")
     ap.add_argument("--busy-sentences", type=int, default=4, help="sentences of the busy scenario's long request")
+    ap.add_argument("--neighbours", default="unit", choices=("unit", "same"),
+                    help="unit: the daemon runs with its unit's CPUWeight= (a cpu cgroup) and Nice=, the busy "
+                         "loops in another cgroup of the default weight at the daemon's niceness; same: all "
+                         "where this process is, as nice as it")
     harness.add_common(ap)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")
     ap.add_argument("--keep", default=None, help="keep each mode's daemon directory (log, config) under this dir")
@@ -305,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     size = harness.checkpoint_size(args.checkpoint)
     if args.device == "cuda" and args.backend != "torch":
         ap.error("--device cuda needs --backend torch")
+    args.as_unit = args.neighbours == "unit"
+    args.unit_cpu = harness.unit_cpu(Path(args.tree) if args.tree else ROOT)
+    args.daemon_where, args.neighbour_where = None, None
+    nb = None
+    if args.as_unit and args.burners:
+        nb, how = harness.cpu_cgroup(f"bench-service-{os.getpid()}-neighbours", 100)
+        args.neighbour_where = {"dir": str(nb) if nb else None, "cgroup": how if nb else None,
+                                "why": None if nb else how, "nice": args.unit_cpu["nice"]}
     rows = []
     for mode in args.lookahead:
         load0 = os.getloadavg()[0]
@@ -316,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         rec = harness.record(
             "service", checkpoint=size, machine=args.machine, host_info=harness.host(gpu=args.device == "cuda"),
             backend=args.backend if args.device == "cpu" else f"torch-cuda {args.dtype} compile={args.compile}",
-            tree=args.tree or "this checkout", batch=1, stream_lookahead=mode, **r,
+            tree=args.tree or "this checkout", unit_cpu=args.unit_cpu if args.as_unit else None,
+            daemon_placed=args.daemon_where,
+            env={k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ},
+            neighbours=({k: v for k, v in args.neighbour_where.items() if k != "dir"} if args.neighbour_where
+                        else {"cgroup": None, "nice": os.getpriority(os.PRIO_PROCESS, 0)} if args.burners else None),
+            batch=1, stream_lookahead=mode, **r,
             notes=f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
                         f"on a, b and {args.steps} on c after {args.join_after} s"
                         + (f"; busy: {args.busy_sentences} x {args.steps} steps on a, {args.burners} busy loops from "
@@ -342,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['tree']} | {r['busy_rtf']} | {r['busy_underruns']} | {r['busy_sentence_holds']} "
                   f"| {[p['ms'] for p in r['busy_pauses'] or []]} | {r['busy_gaps_ms']} | {r['busy_stalls_over_300ms']} "
                   f"| {r['busy_three_underruns']}, {r['busy_three_sentence_holds']} |")
+        print(f"daemon: {args.daemon_where}; neighbours: {rows[-1]['neighbours']}")
+    harness.rmdir_quiet(nb)
     return 0
 
 

@@ -52,7 +52,7 @@ import numpy as np
 from bench import harness
 from bench.harness import host_read_gbps
 
-L, M, H, HD, D, Q, V = 20, 3, 12, 64, 768, 4, 626
+L, M, H, HD, D, Q, V = 20, 4, 12, 64, 768, 4, 626   # M: up to four rows (three channels padded to four)
 
 
 def weight_bytes(onnx_file: Path) -> int:

@@ -18,6 +18,10 @@
 #                      export --precision fp16 --out DIR` run on any machine with torch (or its
 #                      onnx/fp16 subdirectory); copied into the engine cache. Needed when this
 #                      box has no torch to export them itself.
+#   --export-on-board  also install torch (the [torch] extra) so that this board exports the ONNX
+#                      graphs and the GGUF itself; without it no torch is installed: the daemon
+#                      never imports torch on the llama.cpp, ONNX Runtime and TensorRT paths, and
+#                      the exports come from another machine (--onnx-dir, or engine_dir copied)
 #   --skip-model       do not download the checkpoint when it is missing
 #   --skip-engines     do not build or check TensorRT engines (nor the ahead-of-time compiled torch step)
 #   --skip-health      do not run the health check
@@ -58,6 +62,7 @@ SKIP_HEALTH=0
 ENABLE=1
 PROBE_ROOT=""
 ONNX_DIR=""
+EXPORT_ON_BOARD=0
 SERVICE_USER=chattts
 UNITS=(chattts-appliance.service chattts-appliance.socket chattts-appliance-health.service chattts-appliance-health.timer)
 
@@ -91,6 +96,7 @@ while [ $# -gt 0 ]; do
         --pip-no-deps) PIP_NO_DEPS=1 ;;
         --precision) [ $# -ge 2 ] || die "$EXIT_USAGE" "--precision needs fp16 or int8"; PRECISION=$2; shift ;;
         --onnx-dir) [ $# -ge 2 ] || die "$EXIT_USAGE" "--onnx-dir needs a directory"; ONNX_DIR=$(cd "$2" && pwd) || die "$EXIT_USAGE" "--onnx-dir $2 does not exist"; shift ;;
+        --export-on-board) EXPORT_ON_BOARD=1 ;;
         --skip-model) SKIP_MODEL=1 ;;
         --skip-engines) SKIP_ENGINES=1 ;;
         --skip-health) SKIP_HEALTH=1 ;;
@@ -130,7 +136,7 @@ CLI="$VENV/bin/chattts-appliance"
 #   scripts/jetson/detect.sh   detect_platform
 #   scripts/jetson/system.sh   step_apt, step_user, step_dirs, step_units, step_owner, step_enable
 #   scripts/jetson/config.sh   step_config, step_model
-#   scripts/jetson/engines.sh  step_engines, step_aot, step_calibrate, step_health
+#   scripts/jetson/engines.sh  step_engines, step_aot, step_calibrate, step_health, step_path
 # Here: the Python side (step_venv, step_pip) and the llama.cpp build (step_llama).
 
 IS_JETSON=0
@@ -175,10 +181,11 @@ repo_stamp() {
 # else pip-installs it (with the [jetson] extra on a Jetson).
 step_pip() {
     local spec="$REPO" stamp extras=""
-    [ "$IS_JETSON" -eq 1 ] && extras="[jetson]"
-    spec="$REPO$extras"
+    [ "$IS_JETSON" -eq 1 ] && extras="jetson"
+    [ "$EXPORT_ON_BOARD" -eq 1 ] && extras="${extras:+$extras,}torch"   # torch only to export on the board
+    spec="$REPO${extras:+[$extras]}"
     say "python package from $spec"
-    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (pycuda, jetson-stats)"
+    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (cuda-python, jetson-stats)"
     stamp=$(repo_stamp)
     if [ -n "$stamp" ] && [ -x "$CLI" ] && [ "$(cat "$APP_DIR/.installed-from" 2>/dev/null)" = "$stamp" ]; then
         note "already installed from this source tree"
@@ -222,7 +229,9 @@ step_llama() {
     fi
     local args="-DGGML_NATIVE=ON"
     if [ "$IS_JETSON" -eq 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && [ "$LLAMA_CUDA_LOADS" -eq 1 ]; then
-        args="$args -DGGML_CUDA=on -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+        # GGML_CUDA_NO_VMM: llama.cpp's virtual-memory pool reserves more address space than an Orin
+        # Nano allows (public reports: the offloaded load fails); the plain pool works on every board
+        args="$args -DGGML_CUDA=on -DGGML_CUDA_NO_VMM=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
         note "CUDA variant (JetPack's nvcc): the GPT on the GPU; 5 min on 16 x86 cores, expect much longer on an Orin"
     elif [ -x /usr/local/cuda/bin/nvcc ]; then
         note "CPU build (LLAMA_CUDA=0, or not a Jetson)"
@@ -231,16 +240,6 @@ step_llama() {
     run env CMAKE_ARGS="$args" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ \
         "$VENV/bin/python" -m pip install --disable-pip-version-check "${REPO}[llama]"
 }
-
-
-
-
-
-
-
-
-
-
 
 
 # ------------------------------------------------------------------------------ driver
@@ -285,6 +284,7 @@ main() {
         step_calibrate
         step_owner
         step_health
+        step_path
         step_enable
     else
         say "prefix $PREFIX: skipped apt, service user, checkpoint, engines, health check and systemctl"

@@ -132,3 +132,32 @@ step_health() {
         *) die "$EXIT_FAIL" "the health check could not run (exit $rc); fix the error above and run this script again" ;;
     esac
 }
+
+# step_path: which backend the box will run each network on, and its expected all-in footprint
+# (the daemon's own estimate before the load: docs/jetson-memory.md gives the figures per path).
+# Checks: the backend model.backend auto picks here, and the memory fit's estimate (a warning when
+# the engines are not there yet).
+step_path() {
+    say "the path this box will run"
+    if [ "$DRY_RUN" -eq 1 ]; then
+        note "(would print the backend model.backend auto picks here and its expected memory)"
+        return
+    fi
+    "$VENV/bin/python" - "$CONFIG" <<'PY' || warn "could not tell the path yet (export the engines first): docs/jetson-memory.md"
+import sys
+from appliance.config import load_config
+from appliance.daemon.memory import plan_before_load
+from appliance.engines.select import choose_backend
+from appliance.engines.sizes import plan_sizes
+from appliance.ops.footprint import memory_kind
+cfg = load_config(sys.argv[1])
+backend, why = choose_backend(cfg)
+print(f"    backend {backend}: {why}")
+try:
+    s = plan_sizes(cfg)
+    fit = plan_before_load(cfg, s, memory_kind(s.device), 100.0)
+    print(f"    expected: about {fit.footprint_mib:.0f} MiB all-in at {fit.max_batch} x {fit.max_seq_len} positions ({fit.action}); {fit.text}")
+except Exception as e:   # sizes unknown until the engines exist
+    print(f"    expected footprint unknown until the engines are exported ({e}); docs/jetson-memory.md")
+PY
+}
