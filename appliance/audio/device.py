@@ -30,6 +30,7 @@ from ..errors import AudioDeviceError, DeviceLostError
 from .alsa import describe_route, pcm_of, plug_of
 from .devices import LOCK, find_output_device, list_output_devices, load_sounddevice, open_error
 from .feed import VoiceFeed
+from .priority import raise_thread_priority
 from .idle import IdleClose
 from .mix import Lanes
 
@@ -52,7 +53,6 @@ MAX_REPORTED_LATENCY_S = 5.0
 
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
-
 
 class DeviceOutput(VoiceFeed, IdleClose):
     """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
@@ -115,6 +115,8 @@ class DeviceOutput(VoiceFeed, IdleClose):
         self._open_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stop_watcher = threading.Event()
+        self._cb_tid = 0
+        self.cb_nice: Optional[int] = None  # the callback thread's niceness once raised (None: not raised)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -275,6 +277,9 @@ class DeviceOutput(VoiceFeed, IdleClose):
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
         out = outdata[:, 0]
         now = time.monotonic()
+        if self._cb_tid != threading.get_native_id():   # a new stream's thread: above the decode threads
+            self._cb_tid = threading.get_native_id()
+            self.cb_nice = raise_thread_priority()
         with self._lock:
             # ALSA wakes PortAudio once per period and may ask for several blocks back to back: a
             # voice must hold a whole wake-up's worth before it starts (Lanes.mix start threshold)
@@ -358,10 +363,12 @@ class DeviceOutput(VoiceFeed, IdleClose):
                 log.exception("played callback")
 
     def _watch(self) -> None:
+        raise_thread_priority()
         stall_s = max(2.0, 10 * self.latency_s)
         while not self._stop_watcher.wait(ASLEEP_POLL_S if self.asleep else 0.02):
             self._fire_played()
-            if self.idle_close_s and not self.asleep and not self.lanes.voices and self.ok:
+            if (self.idle_close_s and not self.asleep and not self.lanes.voices and self.ok
+                    and time.monotonic() - self._last_sound >= self.idle_close_s):
                 self.sleep()
             if self.underruns != self._logged_underruns:
                 log.warning("sound device %r: %d underrun(s) so far, %.0f ms of silence (synthesis slower than "

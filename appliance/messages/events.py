@@ -123,7 +123,8 @@ class Done:
             ``{"sentence": k, "at_s": audio played before it, s, "ms": its length, "where":
             "sentence_boundary" (it held for sentence k because synthesis fell behind) or
             "mid_sentence" (it ran dry inside sentence k: an underrun), "cause": cpu_busy,
-            channels, slow or late_sentence}`` (:data:`appliance.service.startpolicy.CAUSES`);
+            channels, slow or late_sentence}`` (:data:`appliance.service.startpolicy.CAUSES`), with
+            ``"whole_sentence": true`` on a boundary pause that waited for the whole sentence (the CPU was gone);
             pause_ms: their sum, ms ([] and 0 where it did not play on a device).
     """
 
