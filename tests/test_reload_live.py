@@ -170,6 +170,14 @@ def test_a_failed_reload_is_named_with_file_and_line_until_a_good_one(tiny_ckpt,
         assert d.request({"type": "speak", "text": "你好。", "id": "kept"})[-1]["type"] == "done"   # still running
 
         d.config_path.write_text(good)
+        blank = _edit(d, lambda c: c["synthesis"].update(voice=""))     # a UI that writes an empty field
+        line = next(i for i, s in enumerate(blank.splitlines(), 1) if s.strip().startswith("voice:"))
+        d.proc.send_signal(signal.SIGHUP)
+        reason = wait_for(lambda: "synthesis.voice" in _reload_reason(d) and _reload_reason(d), 30, "the blank voice")
+        assert reason.startswith(f"reload failed: {path}:{line}: synthesis.voice: '' is blank"), reason
+        assert d.request({"type": "speak", "text": "你好。", "id": "voiced"})[-1]["type"] == "done"   # the old voice
+
+        d.config_path.write_text(good)
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: not _reload_reason(d), 30, "the condition cleared by a good reload")
         (st,) = d.request({"type": "status"})
