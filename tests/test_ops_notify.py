@@ -222,8 +222,10 @@ def test_a_stalled_log_sink_drops_and_counts_records_never_blocks(restore_root_l
     assert logsetup.flush()
     logging.getLogger("appliance.test").warning("after")
     assert logsetup.flush()
+    logsetup.stop()                              # closes its descriptor of the pipe
     stream.close()
     reader.join(5)
+    assert not reader.is_alive()
     os.close(r)
     lines = b"".join(got).decode().replace("x", "").splitlines()
     notes = [ln for ln in lines if "log records dropped while the log sink stalled" in ln]

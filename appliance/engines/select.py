@@ -70,7 +70,12 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
     gguf = find_llama_export(cfg)
     if gguf is not None and importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("onnxruntime"):
-        return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
+        from .llama import cpu     # this CPU against the llama.cpp build, before the library loads
+        unfit = cpu.problem(cpu.read_record())
+        if unfit is None:
+            return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
+        log.warning("model.backend auto: not llama.cpp: %s", unfit)
+        why = f"{why}, llama.cpp unusable here ({unfit})"
     exported = find_export(cfg)
     if exported is not None and importlib.util.find_spec("onnxruntime") is not None:
         return "onnxruntime", f"auto: {why}, exported graphs in {exported}: onnxruntime"

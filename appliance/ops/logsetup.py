@@ -141,20 +141,62 @@ class _Writer(logging.handlers.QueueListener):
         except queue.Full:
             pass
         self._thread.join(timeout)
+        if self._thread.is_alive():     # stuck in a write: logging.shutdown must not wait on its lock
+            for h in self.handlers:
+                h.createLock()
         self._thread = None
+
+
+class _FdStream:
+    """What the stderr handler writes to: ``os.write`` on a duplicate of stderr's descriptor, so
+    a write that blocks on a full pipe holds no lock of ``sys.stderr`` (a ``print`` or the exit's
+    flush never waits behind it) and there is no buffer to flush."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _stderr_stream():
+    """:class:`_FdStream` on stderr's descriptor, or ``sys.stderr`` itself when it has none (a
+    test's captured stream)."""
+    try:
+        return _FdStream(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation is an OSError
+        return sys.stderr
 
 
 _writer: Optional[_Writer] = None
 
 
-def _stop_writer() -> None:
+def stop() -> None:
+    """Write what is queued (waiting at most :data:`DRAIN_S`) and close the sink (at exit; a
+    second :func:`setup_logging`)."""
     global _writer
-    if _writer is not None:
-        _writer.stop()
-        _writer = None
+    w, _writer = _writer, None
+    if w is None:
+        return
+    w.stop()
+    for h in w.handlers:
+        h.close()
+        if isinstance(getattr(h, "stream", None), _FdStream):
+            h.stream.close()
 
 
-atexit.register(_stop_writer)
+atexit.register(stop)
 
 
 def flush(timeout: float = DRAIN_S) -> bool:
@@ -218,7 +260,7 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     for h in list(root.handlers):
         root.removeHandler(h)
         h.close()
-    _stop_writer()
+    stop()
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     if not verbose:
         _quiet_third_party()
@@ -230,11 +272,11 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
         handler.setFormatter(logging.Formatter("%(message)s"))
         mode = "journal"
     elif under_systemd(environ):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(_stderr_stream())
         handler.setFormatter(_PriorityPrefixFormatter("%(name)s: %(message)s"))
         mode = "stderr-journal"
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(_stderr_stream())
         handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         mode = "stderr"
     handler.addFilter(_UpperFieldsFilter())
