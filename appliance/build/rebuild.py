@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 
 def rebuild_engine(cfg: Config, backend: str, error: BaseException) -> bool:
     """Export ``backend``'s engine again (module docstring); True when it was written."""
+    from ..engines.llama.cpu import CpuUnsupportedError
+
+    if isinstance(error, CpuUnsupportedError):     # the files are fine: this CPU cannot run the library
+        log.warning("not rebuilding the %s engine: %s", backend, error)
+        return False
     if not cfg.model.rebuild_engines:
         log.warning("not rebuilding the %s engine: model.rebuild_engines is false", backend)
         return False

@@ -129,7 +129,9 @@ def offloads(device: str) -> bool:
     Raises:
         ConfigError: llama-cpp-python is not installed.
     """
-    return device != "cpu" and bool(lib().llama_supports_gpu_offload())
+    if device == "cpu" or cpu.problem(cpu.read_record()) is not None:   # unfit: the load refuses it, and recovers
+        return False
+    return bool(lib().llama_supports_gpu_offload())
 
 
 def recent_log() -> str:

@@ -164,7 +164,7 @@ class LlamaRunner(HostRunner):
         self._head_text: np.ndarray | None = None
         self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, threads, mc.spin_wait), D, s["n_mels"],
                                receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
-        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
+        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data", ".safetensors"))
         kv_el = llama_lib.KV_BYTES[kv]
         self._gpu_bytes = gguf.stat().st_size + M * S * int(2 * L * D * kv_el) if gpu else 0
         self.info = RunnerInfo(
