@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import host_read_gbps  # noqa: E402 - the same measure as the pipeline bench
 
-L, M, H, HD, D, Q, V = 20, 3, 12, 64, 768, 4, 626
+L, M, H, HD, D, Q, V = 20, 4, 12, 64, 768, 4, 626   # M: up to four rows (three channels padded to four)
 
 
 def weight_bytes(onnx_file: Path) -> int:

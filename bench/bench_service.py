@@ -20,8 +20,11 @@ engine directory holds a matching calibration, and the exact receptive field) it
 
 * ``busy`` (with ``--burners N``): the box falls behind mid-request. One request of
   ``--busy-sentences`` sentences of ``--steps`` each on channel ``a``; ``--join-after`` s after it
-  starts, N busy-loop processes (as nice as the daemon) start beside it and run until the end of
-  the scenario; then the three-channel scenario again beside them. Recorded: the device's
+  starts, N busy-loop processes start beside it and run until the end of the scenario (with
+  ``--neighbours unit``, the default, as the daemon's unit sees them: the daemon runs with its
+  tree's unit's ``CPUWeight=`` (a cpu cgroup of that weight, v2 or v1 ``cpu.shares``) and
+  ``Nice=``, the loops in another cgroup of the default weight 100 at the daemon's niceness; the
+  record says where each ran, or why not; ``same``: all in this process's cgroup, as nice as it); then the three-channel scenario again beside them. Recorded: the device's
   underruns (a voice ran dry mid-sentence) and sentence holds, ``done.pauses`` / ``pause_ms``
   (where the player paused and why: :mod:`appliance.service.startpolicy`), and the silences the
   paced device really wrote inside the long request (runs of exact zeros of 50 ms or more in
@@ -108,10 +111,60 @@ def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: d
             started.set()
 
 
-def _burners(n: int) -> list:
-    """``n`` busy-loop processes (a neighbour that wants whole cores), as nice as this one."""
+def unit_cpu(tree: Path) -> dict:
+    """``CPUWeight=``, ``Nice=``, ``LimitNICE=`` of ``tree``'s ``systemd/chattts-appliance.service``
+    (systemd's defaults where unset: weight 100, nice 0, no limit)."""
+    got = {"cpu_weight": 100, "nice": 0, "limit_nice": None}
+    keys = {"CPUWeight": "cpu_weight", "Nice": "nice", "LimitNICE": "limit_nice"}
+    f = tree / "systemd" / "chattts-appliance.service"
+    for line in f.read_text().splitlines() if f.exists() else []:
+        k, _, v = line.strip().partition("=")
+        if k in keys and v.strip().lstrip("+-").isdigit():
+            got[keys[k]] = int(v)
+    return got
+
+
+def cpu_cgroup(name: str, weight: int) -> tuple[Path | None, str]:
+    """A fresh cgroup with the cpu controller and systemd's ``CPUWeight=`` ``weight`` (v2
+    ``cpu.weight``; v1 ``cpu.shares`` = weight x 1024 / 100, systemd's mapping): (its directory, how),
+    or (None, why not)."""
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+    try:
+        if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.controllers").read_text().split():
+            d = v2 / name
+            d.mkdir(exist_ok=True)
+            (d / "cpu.weight").write_text(str(weight))
+            return d, f"cgroup v2 {d} cpu.weight {weight}"
+        if (v1 / "cpu.shares").exists():
+            d = v1 / name
+            d.mkdir(exist_ok=True)
+            (d / "cpu.shares").write_text(str(weight * 1024 // 100))
+            return d, f"cgroup v1 {d} cpu.shares {weight * 1024 // 100} (CPUWeight={weight})"
+        return None, "no cgroup with the cpu controller (neither v2 nor v1) under /sys/fs/cgroup"
+    except OSError as e:
+        return None, f"cannot make a cpu cgroup under /sys/fs/cgroup: {e}"
+
+
+def _rmdir(d: Path | None) -> None:
+    if d is not None:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def _burners(n: int, where: dict | None = None) -> list:
+    """``n`` busy-loop processes (a neighbour that wants whole cores): in ``where["dir"]`` (a cgroup
+    of the default weight: another service as the daemon's unit sees it) at niceness ``where["nice"]``
+    (the daemon's), or where this process is."""
     import subprocess
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+    def enter() -> None:
+        if where and where.get("dir"):
+            (Path(where["dir"]) / "cgroup.procs").write_text(str(os.getpid()))
+        if where:
+            os.setpriority(os.PRIO_PROCESS, 0, where["nice"])
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=enter) for _ in range(n)]
 
 
 def _stop(procs: list) -> None:
@@ -155,7 +208,7 @@ def _busy(d: DaemonProc, args, alsa) -> dict:
     th.start()
     started.wait(300)
     time.sleep(args.join_after)
-    burners = _burners(args.burners)
+    burners = _burners(args.burners, args.neighbour_where)
     try:
         th.join(600)
         u1, holds1 = _underruns(d), _holds(d)
@@ -220,7 +273,22 @@ def _config(args, tmp: Path, lookahead: str) -> dict:
 def run_mode(args, lookahead: str, tmp: Path) -> dict:
     alsa = alsa_home(tmp / "home", tmp / "played.raw")
     t0 = time.perf_counter()
-    prefix = ["env", "-C", args.tree] if args.tree else None   # python -m imports from its working directory
+    prefix = ["env", "-C", args.tree] if args.tree else []     # python -m imports from its working directory
+    unit = args.unit_cpu
+    if args.as_unit:                        # the unit's cgroup weight and niceness (unit_cpu)
+        d, how = cpu_cgroup(f"bench-service-{os.getpid()}-daemon", unit["cpu_weight"])
+        args.daemon_where = {"cgroup": how if d else None, "why": None if d else how, "nice": unit["nice"]}
+        enter = ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(d / "cgroup.procs")] if d else []
+        prefix = enter + ["nice", "-n", str(unit["nice"])] + prefix
+    try:
+        return _run_mode(args, lookahead, tmp, alsa, t0, prefix or None)
+    finally:
+        if args.as_unit:
+            _rmdir(Path(f"/sys/fs/cgroup/cpu/bench-service-{os.getpid()}-daemon"))
+            _rmdir(Path(f"/sys/fs/cgroup/bench-service-{os.getpid()}-daemon"))
+
+
+def _run_mode(args, lookahead: str, tmp: Path, alsa, t0: float, prefix: list | None) -> dict:
     d = launch_daemon(tmp, _config(args, tmp, lookahead), alsa=alsa, timeout_s=600.0, argv_prefix=prefix)
     ready_s = time.perf_counter() - t0
     la = next((ln.split("look-ahead", 1)[1].strip(" :") for ln in d.log().splitlines() if "look-ahead" in ln), "?")
@@ -296,6 +364,10 @@ def main() -> int:
     ap.add_argument("--model", default="{}", help='extra model.* settings as JSON, e.g. \'{"spin_wait": true}\'')
     ap.add_argument("--burners", type=int, default=0, help="busy-loop processes for the busy scenario (0: none)")
     ap.add_argument("--busy-sentences", type=int, default=4, help="sentences of the busy scenario's long request")
+    ap.add_argument("--neighbours", default="unit", choices=("unit", "same"),
+                    help="unit: the daemon runs with its unit's CPUWeight= (a cpu cgroup) and Nice=, the busy "
+                         "loops in another cgroup of the default weight at the daemon's niceness; same: all "
+                         "where this process is, as nice as it")
     ap.add_argument("--machine", default="cpu-2core")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tree", default=None, help="run the daemon from this checkout (e.g. the commit before a change)")
@@ -306,6 +378,14 @@ def main() -> int:
     out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"service-{today}-{args.machine}.json"
     if args.device == "cuda" and args.backend != "torch":
         ap.error("--device cuda needs --backend torch")
+    args.as_unit = args.neighbours == "unit"
+    args.unit_cpu = unit_cpu(Path(args.tree) if args.tree else ROOT)
+    args.daemon_where, args.neighbour_where = None, None
+    nb = None
+    if args.as_unit and args.burners:
+        nb, how = cpu_cgroup(f"bench-service-{os.getpid()}-neighbours", 100)
+        args.neighbour_where = {"dir": str(nb) if nb else None, "cgroup": how if nb else None,
+                                "why": None if nb else how, "nice": args.unit_cpu["nice"]}
     rows = []
     for mode in args.lookahead:
         load0 = os.getloadavg()[0]
@@ -315,7 +395,11 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
                 r = run_mode(args, mode, Path(tmp))
         rec = {"bench": "service_e2e", "date": today, "machine": args.machine, "checkpoint": size,
-               "tree": args.tree or "this checkout",
+               "tree": args.tree or "this checkout", "unit_cpu": args.unit_cpu if args.as_unit else None,
+               "daemon_placed": args.daemon_where,
+               "env": {k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if k in os.environ},
+               "neighbours": ({k: v for k, v in args.neighbour_where.items() if k != "dir"} if args.neighbour_where
+                              else {"cgroup": None, "nice": os.getpriority(os.PRIO_PROCESS, 0)} if args.burners else None),
                "backend": args.backend if args.device == "cpu" else f"torch-cuda {args.dtype} compile={args.compile}",
                "batch": 1, "stream_lookahead": mode, **r,
                "notes": f"{args.runs} x {args.steps}-step sentences on one channel, then 2 x {2 * args.steps} "
@@ -346,6 +430,8 @@ def main() -> int:
             print(f"| {r['tree']} | {r['busy_rtf']} | {r['busy_underruns']} | {r['busy_sentence_holds']} "
                   f"| {[p['ms'] for p in r['busy_pauses'] or []]} | {r['busy_gaps_ms']} | {r['busy_stalls_over_300ms']} "
                   f"| {r['busy_three_underruns']}, {r['busy_three_sentence_holds']} |")
+        print(f"daemon: {args.daemon_where}; neighbours: {rows[-1]['neighbours']}")
+    _rmdir(nb)
     return 0
 
 

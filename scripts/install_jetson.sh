@@ -18,6 +18,10 @@
 #                      export --precision fp16 --out DIR` run on any machine with torch (or its
 #                      onnx/fp16 subdirectory); copied into the engine cache. Needed when this
 #                      box has no torch to export them itself.
+#   --export-on-board  also install torch (the [torch] extra) so that this board exports the ONNX
+#                      graphs and the GGUF itself; without it no torch is installed: the daemon
+#                      never imports torch on the llama.cpp, ONNX Runtime and TensorRT paths, and
+#                      the exports come from another machine (--onnx-dir, or engine_dir copied)
 #   --skip-model       do not download the checkpoint when it is missing
 #   --skip-engines     do not build or check TensorRT engines (nor the ahead-of-time compiled torch step)
 #   --skip-health      do not run the health check
@@ -57,6 +61,7 @@ SKIP_HEALTH=0
 ENABLE=1
 PROBE_ROOT=""
 ONNX_DIR=""
+EXPORT_ON_BOARD=0
 SERVICE_USER=chattts
 UNITS=(chattts-appliance.service chattts-appliance.socket chattts-appliance-health.service chattts-appliance-health.timer)
 
@@ -90,6 +95,7 @@ while [ $# -gt 0 ]; do
         --pip-no-deps) PIP_NO_DEPS=1 ;;
         --precision) [ $# -ge 2 ] || die "$EXIT_USAGE" "--precision needs fp16 or int8"; PRECISION=$2; shift ;;
         --onnx-dir) [ $# -ge 2 ] || die "$EXIT_USAGE" "--onnx-dir needs a directory"; ONNX_DIR=$(cd "$2" && pwd) || die "$EXIT_USAGE" "--onnx-dir $2 does not exist"; shift ;;
+        --export-on-board) EXPORT_ON_BOARD=1 ;;
         --skip-model) SKIP_MODEL=1 ;;
         --skip-engines) SKIP_ENGINES=1 ;;
         --skip-health) SKIP_HEALTH=1 ;;
@@ -241,10 +247,11 @@ repo_stamp() {
 
 step_pip() {
     local spec="$REPO" stamp extras=""
-    [ "$IS_JETSON" -eq 1 ] && extras="[jetson]"
-    spec="$REPO$extras"
+    [ "$IS_JETSON" -eq 1 ] && extras="jetson"
+    [ "$EXPORT_ON_BOARD" -eq 1 ] && extras="${extras:+$extras,}torch"   # torch only to export on the board
+    spec="$REPO${extras:+[$extras]}"
     say "python package from $spec"
-    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (pycuda, jetson-stats)"
+    [ "$IS_JETSON" -eq 1 ] || note "skipped (JetPack only, not a Jetson): the [jetson] extra (cuda-python, jetson-stats)"
     stamp=$(repo_stamp)
     if [ -n "$stamp" ] && [ -x "$CLI" ] && [ "$(cat "$APP_DIR/.installed-from" 2>/dev/null)" = "$stamp" ]; then
         note "already installed from this source tree"
@@ -287,7 +294,9 @@ step_llama() {
     local args
     args=$(llama_cmake_args)   # scripts/llama_build.sh: LLAMA_CPU=portable (x86-64: every CPU) or native
     if [ "$IS_JETSON" -eq 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && [ "$LLAMA_CUDA_LOADS" -eq 1 ]; then
-        args="$args -DGGML_CUDA=on -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
+        # GGML_CUDA_NO_VMM: llama.cpp's virtual-memory pool reserves more address space than an Orin
+        # Nano allows (public reports: the offloaded load fails); the plain pool works on every board
+        args="$args -DGGML_CUDA=on -DGGML_CUDA_NO_VMM=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"
         note "CUDA variant (JetPack's nvcc): the GPT on the GPU; 5 min on 16 x86 cores, expect much longer on an Orin"
     elif [ -x /usr/local/cuda/bin/nvcc ]; then
         note "CPU build (LLAMA_CUDA=0, or not a Jetson)"
@@ -500,6 +509,33 @@ step_health() {
     esac
 }
 
+# step_path: which backend the box will run each network on, and its expected all-in footprint
+# (the daemon's own estimate before the load: docs/jetson-memory.md gives the figures per path)
+step_path() {
+    say "the path this box will run"
+    if [ "$DRY_RUN" -eq 1 ]; then
+        note "(would print the backend model.backend auto picks here and its expected memory)"
+        return
+    fi
+    "$VENV/bin/python" - "$CONFIG" <<'PY' || warn "could not tell the path yet (export the engines first): docs/jetson-memory.md"
+import sys
+from appliance.config import load_config
+from appliance.daemon.memory import plan_before_load
+from appliance.engines.select import choose_backend
+from appliance.engines.sizes import plan_sizes
+from appliance.ops.footprint import memory_kind
+cfg = load_config(sys.argv[1])
+backend, why = choose_backend(cfg)
+print(f"    backend {backend}: {why}")
+try:
+    s = plan_sizes(cfg)
+    fit = plan_before_load(cfg, s, memory_kind(s.device), 100.0)
+    print(f"    expected: about {fit.footprint_mib:.0f} MiB all-in at {fit.max_batch} x {fit.max_seq_len} positions ({fit.action}); {fit.text}")
+except Exception as e:   # sizes unknown until the engines exist
+    print(f"    expected footprint unknown until the engines are exported ({e}); docs/jetson-memory.md")
+PY
+}
+
 step_enable() {
     say "enable the service"
     if [ "$ENABLE" -eq 0 ]; then
@@ -545,6 +581,7 @@ if [ "$SYSTEM" -eq 1 ]; then
     step_calibrate
     step_owner
     step_health
+    step_path
     step_enable
 else
     say "prefix $PREFIX: skipped apt, service user, checkpoint, engines, health check and systemctl"

@@ -142,6 +142,50 @@ def test_auto_picks_llama_when_a_gguf_is_exported(tiny_ckpt, llama_dir):
     assert backend == "llama" and "gguf" in why.lower()
 
 
+def test_auto_on_a_gpu_box_picks_llama_cpp_cuda_before_torch(tiny_ckpt, llama_dir, monkeypatch):
+    """A GPU box (facts faked at the driver's boundary: nvidia-smi's compute capability): with
+    llama.cpp's CUDA build and a GGUF export, auto and the recovery order take llama.cpp (the GPT
+    offloaded, no torch) before torch CUDA, saying why; with a CPU build, torch CUDA, naming what
+    was missing. The KV cache then defaults to q8_0 on the GPU, f16 on the CPU."""
+    from appliance.engines import recover, select
+    from appliance.engines.llama.lib import kv_wanted
+
+    monkeypatch.setattr(mf, "device_facts", lambda: {"compute_capability": "9.0", "gpu": "H100", "board": None,
+                                                      "l4t": None})
+    cfg = _cfg(tiny_ckpt, llama_dir, backend="auto")
+    monkeypatch.setattr(select, "llama_gpu_build", lambda: True)
+    monkeypatch.setattr(recover, "llama_gpu_build", lambda: True)
+    backend, why = select.choose_backend(cfg)
+    assert backend == "llama" and "CUDA build" in why and "no torch" in why
+    assert [b for b, _ in recover.candidates(cfg)][:2] == ["llama", "torch"]
+    assert select.choose_backend(_cfg(tiny_ckpt, llama_dir, backend="auto", device="cpu"))[0] == "torch"
+    monkeypatch.setattr(select, "llama_gpu_build", lambda: False)
+    monkeypatch.setattr(recover, "llama_gpu_build", lambda: False)
+    backend, why = select.choose_backend(cfg)
+    assert backend == "torch" and "CPU build" in why
+    assert [b for b, _ in recover.candidates(cfg)][:2] == ["torch", "llama"]
+    assert (kv_wanted("auto", True), kv_wanted("auto", False), kv_wanted("f16", True)) == ("q8_0", "f16", "f16")
+
+
+def test_the_thread_probe_holds_still_on_an_offloaded_gpt():
+    from appliance.engines.llama.runner import step_threads
+
+    on_gpu, on_cpu = step_threads(16, offloaded=True), step_threads(16, offloaded=False)
+    for i in range(2000):                       # step times that would move a CPU probe
+        for st in (on_gpu, on_cpu):
+            t = st.next(1)
+            st.observe(1, t, 0.001 if t == 1 else 0.010 + 0.05 * (i % 7 == 0))
+    assert on_gpu.switches == 0 and on_gpu.current == 16
+    assert on_cpu.switches >= 1 and on_cpu.current < 16
+
+
+def test_status_names_each_network(runners):
+    lr, orr = runners
+    nets = lr.info.network_fields()["networks"]
+    assert set(nets) == {"gpt", "decoder", "vocos"} and nets["gpt"].startswith("llama.cpp ") and "CPU" in nets["gpt"]
+    assert "CPUExecutionProvider" in nets["decoder"] and "onnxruntime" in orr.info.network_fields()["networks"]["gpt"]
+
+
 def _copy(llama_dir, tmp_path):
     dst = tmp_path / "eng"
     shutil.copytree(llama_dir / "llama", dst / "llama")

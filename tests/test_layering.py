@@ -137,10 +137,10 @@ def test_modules_stay_small():
 
 
 #: ``appliance/engines/`` sub-packages that a box without torch loads: the shared contract, sampler
-#: and selection (``engines/*.py``), llama.cpp and ONNX Runtime. Only ``engines/torch/`` (the
-#: reference and export path) imports torch; ``engines/tensorrt/`` still takes its buffers from
-#: torch (listed here until it does not).
-TORCH_WINGS = {"torch", "tensorrt"}
+#: and selection (``engines/*.py``), llama.cpp, ONNX Runtime and TensorRT (its buffers and copies
+#: through cuda-python, its sampling numpy's). Only ``engines/torch/`` (the reference and export
+#: path) imports torch.
+TORCH_WINGS = {"torch"}
 #: The chooser opens the one backend picked at load, torch's too, inside the function that picks it.
 CHOOSERS = {"appliance.engines.select"}
 

@@ -72,7 +72,12 @@ def test_dry_run_on_a_jetpack6_board(tmp_path):
     assert "engines build --config /etc/chattts-appliance/config.yaml --precision int8" in r.stdout
     # the look-ahead measured at install where none is recorded, not at the daemon's first start
     assert "calibrate --config /etc/chattts-appliance/config.yaml --if-missing" in r.stdout
+    assert "==> the path this box will run" in r.stdout and "torch" not in r.stdout.split("pip install")[1].split()[0]
     assert "==> done" in r.stdout
+    e = _run("--dry-run", "--probe-root", root, "--export-on-board")   # torch only when asked to export here
+    assert e.returncode == 0 and f"{REPO}\\[jetson\\,torch\\]" in e.stdout, e.stdout + e.stderr
+    if "-DGGML_CUDA=on" in r.stdout:     # nvcc present: the CUDA variant, with the pool an Orin Nano needs
+        assert "-DGGML_CUDA_NO_VMM=ON" in r.stdout
 
 
 def test_dry_run_with_onnx_graphs_from_elsewhere(tmp_path):

@@ -161,3 +161,26 @@ def test_service_exposure_is_at_most_4(tmp_path):
         return text[:text.index("# Hardening")] + text[text.index("[Install]"):]
     bare, _ = _exposure(_stage(tmp_path / "bare", ["chattts-appliance.service"], strip))
     assert bare > 8.0 > EXPOSURE_MAX
+
+
+def test_service_claims_the_cpu_over_background_work():
+    """CPUWeight=/IOWeight= above the default 100, Nice= below 0, and LimitNICE= leaving room for
+    the sound-device threads above the decode threads (appliance/audio/priority.py) while realtime
+    stays restricted."""
+    from appliance.audio.priority import PRIORITY_ABOVE
+
+    one = {k: v[-1] for k, v in _units(UNIT_DIR / "chattts-appliance.service")["Service"].items()}
+    assert int(one["CPUWeight"]) >= 500 and int(one["IOWeight"]) >= 500
+    nice, floor = int(one["Nice"]), int(one["LimitNICE"])
+    assert -20 <= floor < nice < 0
+    assert floor <= nice - PRIORITY_ABOVE
+    assert one["RestrictRealtime"] == "yes" and "CPUSchedulingPolicy" not in one
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
+def test_verify_would_catch_bad_cpu_settings(tmp_path):
+    def breaks(name, text):
+        return text.replace("CPUWeight=1000", "CPUWeight=100000").replace("Nice=-5", "Nice=-50")
+
+    r = _verify(_stage(tmp_path, ["chattts-appliance.service"], breaks))
+    assert "Invalid CPU weight" in r.stderr and "Nice priority out of range" in r.stderr, r.stderr

@@ -97,7 +97,7 @@ def test_cli_normalize_prints_only_its_result_unless_verbose(daemon):
     assert r.returncode == 0, r.stderr
     assert r.stderr == "", "normalize must log only warnings and above without -v"
     lines = r.stdout.splitlines()
-    assert re.fullmatch(r"1\. 你好 ?hello\.?    \[\d+ tokens\]", lines[0]), lines
+    assert re.fullmatch(r"1\. 你好 ?hello\.?    \[\d+ tokens, at most 188 steps = 4\.0 s\]", lines[0]), lines
     assert lines[1:] == ["could not speak: 😀 (U+1F600 GRINNING FACE)"]
     v = subprocess.run([sys.executable, "-m", "appliance", "-v", "normalize", "--config", str(daemon.config_path),
                         "你好😀 hello"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)

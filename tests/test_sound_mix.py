@@ -5,6 +5,7 @@ counted with the silence it leaves, and resumes only with a re-buffer's worth qu
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,31 @@ def test_each_channel_plays_at_its_volume_read_at_every_block_and_a_raised_voice
     lanes.end("b")
     out, *_ = _mix(lanes, 512)
     assert np.all(out == 1.0)                                # 0.5 x 3.98, clipped
+
+
+def test_played_waits_for_the_latency_the_device_reports_and_preroll_comes_first():
+    """The device's callback (PortAudio's timestamps as a sink that buffers 250 ms reports them):
+    a chunk counts as played only once that delay has passed, not PortAudio's 50 ms; after a
+    (re)open, ``preroll_ms`` of silence go out before any voice."""
+    from types import SimpleNamespace
+
+    from appliance.audio.device import DeviceOutput
+
+    dev = DeviceOutput(None, 24000, 50.0, preroll_ms=20.0)
+    dev.ok, dev.rate, dev._preroll = True, 24000, round(0.02 * 24000)
+    owner = object()
+    dev.begin(owner, lambda reason: None)
+    played = []
+    dev.enqueue(owner, np.full(2400, 0.5, np.float32), on_played=lambda: played.append(1))
+    dev.end(owner)
+    out = np.ones((240, 1), np.float32)
+    status = SimpleNamespace(output_underflow=False)
+    t = SimpleNamespace(currentTime=100.0, outputBufferDacTime=100.25)
+    blocks = []
+    while not dev._played:
+        dev._callback(out, 240, t, status)
+        blocks.append(out[:, 0].copy())
+    assert not blocks[0].any() and not blocks[1].any(), "the pre-roll (20 ms = 2 blocks) is silence"
+    assert blocks[2].max() == 0.5
+    due, _ = dev._played[0]
+    assert due - time.monotonic() > 0.2, "played 250 ms after the last block, as the device reports"

@@ -12,6 +12,8 @@ it: :mod:`appliance.audio.devices`); :attr:`DeviceOutput.fault` says what is wro
 (``device_lost`` or ``device_busy``, naming what was looked for and what was found). For a
 re-listing the stream of an idle device is closed and opened again around it
 (:meth:`DeviceOutput.pause`, :meth:`DeviceOutput.resume`): its voices and FIFOs stay.
+
+The sink's own timing (output latency, pre-roll, drain, closing an idle stream): :mod:`appliance.audio.idle`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from typing import Callable, Hashable, Optional
 import numpy as np
 
 from ..errors import AudioDeviceError, DeviceLostError
-from .devices import LOCK, load_sounddevice, find_output_device, open_error
+from .alsa import describe_route, pcm_of, plug_of
+from .devices import LOCK, find_output_device, list_output_devices, load_sounddevice, open_error
 from .feed import VoiceFeed
+from .priority import raise_thread_priority
+from .idle import IdleClose
 from .mix import Lanes
 
 log = logging.getLogger(__name__)
@@ -41,11 +46,15 @@ REBUFFER_S = 0.4
 """Audio (s) a voice that ran dry mid-stream must hold again before it resumes (one pause per
 stall rather than a gap at every chunk where synthesis is slower than playback)."""
 
+ASLEEP_POLL_S = 0.25
+"""How often (s) the watcher looks at a device whose stream is closed while idle."""
+MAX_REPORTED_LATENCY_S = 5.0
+"""A DAC delay above this (s) is taken as a bogus timestamp, not a latency."""
+
 BURSTS_KEPT = 15
 """Wake-ups whose median frames is the start threshold (:meth:`Lanes.mix`)."""
 
-
-class DeviceOutput(VoiceFeed):
+class DeviceOutput(VoiceFeed, IdleClose):
     """One long-lived output stream on one sound device, fed from a FIFO of PCM chunks.
 
     Args:
@@ -57,6 +66,9 @@ class DeviceOutput(VoiceFeed):
         setting: the config key ``query`` came from (named in error messages).
         gain: ``gain(channel) -> float``, each channel's linear play-out gain, read in every block
             (:mod:`appliance.audio.volume`); None: 1.0.
+        preroll_ms: silence played when the stream (re)opens, before any voice, ms.
+        drain_ms: silence that must follow the last audio before the stream is closed, ms.
+        idle_close_s: close the stream after this long without a voice, s (0: keep it open).
 
     Its voices are fed through :class:`~appliance.audio.feed.VoiceFeed`'s methods (any thread);
     the PortAudio callback and a watcher thread run inside.
@@ -64,8 +76,17 @@ class DeviceOutput(VoiceFeed):
 
     def __init__(self, query: Optional[str], sample_rate: Optional[int], latency_ms: float,
                  mode: str = "mix", setting: str = "audio.device",
-                 gain: Optional[Callable[[Optional[Hashable]], float]] = None) -> None:
+                 gain: Optional[Callable[[Optional[Hashable]], float]] = None, preroll_ms: float = 0.0,
+                 drain_ms: float = 0.0, idle_close_s: float = 0.0) -> None:
         self.query = query
+        self.preroll_s = max(0.0, preroll_ms) / 1000.0
+        self.drain_s = max(0.0, drain_ms) / 1000.0
+        self.idle_close_s = max(0.0, idle_close_s)
+        self.asleep = False         # the stream is closed while idle (wake() opens it again)
+        self.route: Optional[str] = None    # where ALSA says the PCM leads (alsa.describe)
+        self._preroll = 0           # frames of silence still to play before any voice
+        self._last_sound = time.monotonic()   # when audio was last handed to the device
+        self._reported = 0.0        # the largest DAC delay reported since the stream opened, s
         self.setting = setting
         self._fault: Optional[AudioDeviceError] = DeviceLostError(f"sound device {query or 'default'!r} not opened yet")
         self.mode = mode
@@ -94,6 +115,8 @@ class DeviceOutput(VoiceFeed):
         self._open_lock = threading.Lock()
         self._watcher: Optional[threading.Thread] = None
         self._stop_watcher = threading.Event()
+        self._cb_tid = 0
+        self.cb_nice: Optional[int] = None  # the callback thread's niceness once raised (None: not raised)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,8 +146,10 @@ class DeviceOutput(VoiceFeed):
         self._stream, self.rate, self.name = stream, rate, dev["name"]
         self._out_latency = float(stream.latency)
         self.ok, self.error = True, None
-        log.info("sound device %r open: %d Hz float32 mono, latency %.0f ms (asked %.0f ms)",
-                 self.name, rate, 1000 * stream.latency, 1000 * self.latency_s)
+        self.route = describe_route(dev)
+        log.info("sound device %r open: %d Hz float32 mono, latency %.0f ms (asked %.0f ms), pre-roll %.0f ms, "
+                 "drain %.0f ms; it plays on %s", self.name, rate, 1000 * stream.latency, 1000 * self.latency_s,
+                 1000 * self.preroll_s, 1000 * self.drain_s, self.route or "(ALSA cannot say)")
         if self._watcher is None:
             self._stop_watcher.clear()
             self._watcher = threading.Thread(target=self._watch, name=f"sound-watch-{self.name}", daemon=True)
@@ -134,16 +159,20 @@ class DeviceOutput(VoiceFeed):
         """(stream, device dict, rate): the stream open and started (:data:`LOCK` held)."""
         sd = load_sounddevice()
         dev = find_output_device(self.query, self.setting)
-        rate = self.want_rate or int(dev["default_samplerate"])
+        plug = plug_of(pcm_of(dev["name"]))       # formats PortAudio cannot write: through ALSA's plug
+        via = next((d for d in list_output_devices() if d["name"] == plug), dev) if plug is not None else dev
+        rate = self.want_rate or int(via["default_samplerate"])
         try:
             stream = sd.OutputStream(
-                device=dev["index"], samplerate=rate, channels=1, dtype="float32",
+                device=via["index"], samplerate=rate, channels=1, dtype="float32",
                 latency=self.latency_s, callback=self._callback, finished_callback=self._finished,
             )
             with self._lock:
                 self._last_cb = time.monotonic()
                 self._closing = False
                 self._dead = None
+                self._preroll = round(self.preroll_s * rate)
+                self._reported = 0.0
             stream.start()
         except Exception as e:  # sounddevice.PortAudioError and friends
             raise open_error(dev, rate, e, f"looked for {self.query or 'the default'!r} in {self.setting}",
@@ -152,9 +181,13 @@ class DeviceOutput(VoiceFeed):
 
     def pause(self) -> bool:
         """Close the stream of an idle device (no voice) for a re-listing of the devices, keeping
-        it usable (:attr:`ok`); False (nothing done) when a voice is on it. :meth:`resume` opens it again."""
+        it usable (:attr:`ok`); False (nothing done) when a voice is on it or its last audio has not
+        drained yet. :meth:`resume` opens it again. A stream closed while idle (:attr:`asleep`) stays so."""
         with self._lock:
-            if not self.ok or self._stream is None or self.lanes.voices:
+            if self.ok and self.asleep:
+                return True
+            if (not self.ok or self._stream is None or self.lanes.voices
+                    or time.monotonic() - self._last_sound < self._out_latency + self.drain_s):
                 return False
             self._closing = True
             stream, self._stream = self._stream, None
@@ -166,7 +199,10 @@ class DeviceOutput(VoiceFeed):
         return True
 
     def resume(self) -> None:
-        """Open the stream again after :meth:`pause` (a device that is gone meanwhile fails)."""
+        """Open the stream again after :meth:`pause` (a device that is gone meanwhile fails); one
+        closed while idle stays closed until :meth:`wake`."""
+        if self.asleep:
+            return
         try:
             with LOCK:
                 stream, dev, rate = self._start_stream()
@@ -174,6 +210,9 @@ class DeviceOutput(VoiceFeed):
             self._fail(str(e), e)
             return
         self._stream, self.name = stream, dev["name"]
+        before, self.route = self.route, describe_route(dev)
+        if self.route != before:
+            log.info("sound device %r: its route changed; it now plays on %s", self.name, self.route or "(ALSA cannot say)")
 
     def ensure_open(self, force: bool = False) -> bool:
         """True if the device is usable; tries a failed one again (at most every
@@ -200,7 +239,8 @@ class DeviceOutput(VoiceFeed):
             self._closing = True
         # the last samples leave the device; a timed Event wait, not time.sleep: Python's sleep is an
         # absolute clock_nanosleep, which libfaketime (tests/test_faults_clock.py) breaks with EINVAL
-        threading.Event().wait(self._out_latency if self.ok else 0)
+        threading.Event().wait(max(0.0, self._last_sound + self._out_latency + self.drain_s - time.monotonic())
+                               if self.ok and not self.asleep else 0)
         self._stop_watcher.set()
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
@@ -226,7 +266,9 @@ class DeviceOutput(VoiceFeed):
             "device": self.name, "rate": self.rate, "ok": self.ok, "error": self.error,
             "underruns": self.underruns, "sentence_holds": self.sentence_holds, "xruns": self.xruns, "mode": self.mode,
             "underrun_ms": round(1000.0 * self.gap_frames / self.rate, 1) if self.rate else 0.0,
-            "voices": len(self.lanes.voices),
+            "voices": len(self.lanes.voices), "asleep": self.asleep, "route": self.route,
+            "latency_ms": round(1000.0 * max(self._out_latency, self._reported), 1),
+            "preroll_ms": round(1000.0 * self.preroll_s, 1), "drain_ms": round(1000.0 * self.drain_s, 1),
             "buffered_ms": round(1000.0 * self.lanes.buffered / self.rate, 1) if self.rate else 0.0,
         }
 
@@ -235,6 +277,9 @@ class DeviceOutput(VoiceFeed):
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread
         out = outdata[:, 0]
         now = time.monotonic()
+        if self._cb_tid != threading.get_native_id():   # a new stream's thread: above the decode threads
+            self._cb_tid = threading.get_native_id()
+            self.cb_nice = raise_thread_priority()
         with self._lock:
             # ALSA wakes PortAudio once per period and may ask for several blocks back to back: a
             # voice must hold a whole wake-up's worth before it starts (Lanes.mix start threshold)
@@ -248,9 +293,22 @@ class DeviceOutput(VoiceFeed):
             self._last_cb = now
             if status.output_underflow:
                 self.xruns += 1
-            sounding, dry, gap, played, held = self.lanes.mix(out, frames, now + self._out_latency, self._played, written_at=now,
+            try:                      # the delay to the DAC the device reports now (a sink's own buffer)
+                dac = float(time_info.outputBufferDacTime - time_info.currentTime)
+            except Exception:  # noqa: BLE001 - no timestamps from this host API
+                dac = 0.0
+            if 0.0 < dac < MAX_REPORTED_LATENCY_S and dac > self._reported:
+                self._reported = dac
+            if self._preroll > 0:     # the sink is waking: silence first, the voices wait
+                self._preroll -= frames
+                out[:] = 0.0
+                return
+            sounding, dry, gap, played, held = self.lanes.mix(out, frames, now + max(self._out_latency, self._reported),
+                                                        self._played, written_at=now,
                                                         start_frames=self.burst_frames,
                                                         rebuffer_frames=int(REBUFFER_S * self.rate))
+            if sounding:
+                self._last_sound = now
             self.underruns += dry
             self.sentence_holds += held
             self.gap_frames += gap
@@ -305,9 +363,12 @@ class DeviceOutput(VoiceFeed):
                 log.exception("played callback")
 
     def _watch(self) -> None:
+        raise_thread_priority()
         stall_s = max(2.0, 10 * self.latency_s)
-        while not self._stop_watcher.wait(0.02):
+        while not self._stop_watcher.wait(ASLEEP_POLL_S if self.asleep else 0.02):
             self._fire_played()
+            if self.idle_close_s and not self.asleep and not self.lanes.voices and self.ok:
+                self.sleep()
             if self.underruns != self._logged_underruns:
                 log.warning("sound device %r: %d underrun(s) so far, %.0f ms of silence (synthesis slower than "
                             "playback; a stalled voice re-buffers %.0f ms)", self.name, self.underruns,
@@ -315,8 +376,9 @@ class DeviceOutput(VoiceFeed):
                 self._logged_underruns = self.underruns
             with self._lock:
                 dead = self._dead if self.ok and not self._closing else None
-                stalled = self.ok and not self._closing and time.monotonic() - self._last_cb > stall_s
+                stalled = self.ok and not self._closing and not self.asleep and time.monotonic() - self._last_cb > stall_s
             if dead:
                 self._fail(dead)
             elif stalled:
                 self._fail(f"no audio callback for {stall_s:.1f} s")
+

@@ -30,22 +30,19 @@ The ``sounddevice`` import is lazy: without PortAudio every call here raises
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..errors import AudioDeviceError, DeviceBusyError, DeviceLostError
+from .alsa import LOCK, PORTAUDIO_FORMATS, _QUIET, asound, offered_formats, pcm_of
 
 log = logging.getLogger(__name__)
 
-LOCK = threading.RLock()
-"""Held around every PortAudio re-initialisation and stream open/close (any thread)."""
 
 CARDS = Path("/proc/asound/cards")
 _HW = re.compile(r"\s*\(hw:(\d+),(\d+)\)\s*$")
@@ -53,6 +50,7 @@ BUSY = (errno.EBUSY, errno.EAGAIN)
 """ALSA's answers for a device another process holds (``snd_pcm_open`` non-blocking)."""
 PA_DEVICE_UNAVAILABLE = -9985
 PA_INVALID_SAMPLE_RATE = -9997
+PA_SAMPLE_FORMAT_NOT_SUPPORTED = -9994
 """PortAudio's error codes (``paDeviceUnavailable``: ALSA said the device is busy)."""
 
 
@@ -134,34 +132,23 @@ def fingerprint() -> tuple:
     return tuple(alsa_cards()), tuple(files)
 
 
-_ASOUND = None
-#: alsa-lib's error handler type (its varargs are never read); a no-op one keeps the probe quiet
-_ERROR_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p)
-_QUIET = _ERROR_HANDLER(lambda *args: None)
-
-
 def alsa_probe(pcm: str) -> Optional[int]:
     """ALSA's answer to opening PCM ``pcm`` for playback, non-blocking (the device is closed again
     at once): 0 it opens, else the errno (``EBUSY``: another process holds it; ``ENOENT``: no such
     PCM). None where ``libasound`` cannot be loaded. alsa-lib's own messages (``Unknown PCM``) are
     not printed meanwhile: the probe runs every second while a device is missing."""
-    global _ASOUND
-    if _ASOUND is None:
-        try:
-            _ASOUND = ctypes.CDLL(ctypes.util.find_library("asound") or "libasound.so.2")
-        except OSError:
-            _ASOUND = False
-    if not _ASOUND:
+    lib = asound()
+    if not lib:
         return None
     handle = ctypes.c_void_p()
     with LOCK:
-        _ASOUND.snd_lib_error_set_handler(_QUIET)
+        lib.snd_lib_error_set_handler(_QUIET)
         try:
-            rc = _ASOUND.snd_pcm_open(ctypes.byref(handle), pcm.encode(), 0, 1)   # PLAYBACK, NONBLOCK
+            rc = lib.snd_pcm_open(ctypes.byref(handle), pcm.encode(), 0, 1)   # PLAYBACK, NONBLOCK
             if rc == 0:
-                _ASOUND.snd_pcm_close(handle)
+                lib.snd_pcm_close(handle)
         finally:
-            _ASOUND.snd_lib_error_set_handler(None)                              # alsa-lib's default again
+            lib.snd_lib_error_set_handler(None)                              # alsa-lib's default again
     return -rc
 
 
@@ -236,4 +223,9 @@ def open_error(dev: dict, rate: int, e: Exception, looked: str, rate_hint: str) 
         return DeviceBusyError(f"{where} is busy: another process holds it ({e})")
     if code == PA_INVALID_SAMPLE_RATE:
         return AudioDeviceError(f"{where} refuses {rate} Hz float32 mono ({e}); change {rate_hint}")
+    if code == PA_SAMPLE_FORMAT_NOT_SUPPORTED:
+        offered = offered_formats(pcm_of(dev["name"]))
+        return AudioDeviceError(f"{where} offers sample formats {', '.join(offered) if offered else 'ALSA cannot list'}; "
+                                f"PortAudio writes only {', '.join(PORTAUDIO_FORMATS)} ({e}); an ALSA plug converter is "
+                                f"put in front of it at the next listing of the devices")
     return AudioDeviceError(f"cannot open {where}: {e}")

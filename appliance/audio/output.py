@@ -42,6 +42,16 @@ under it):
 * ``fail``: it ends at once with ``device_lost`` or ``device_busy``, naming what was looked for
   and what was found.
 
+The route followed: ``audio.device: null`` (ALSA's ``default``) or a named ALSA / PipeWire route
+may be re-pointed while the box runs (an ``.asoundrc`` rewritten, another default sink). The
+watch thread lists the devices again when ALSA's configuration or card list changed
+(:func:`~appliance.audio.devices.fingerprint`) and at a SIGHUP (:meth:`AudioOutput.reroute`),
+as soon as no voice sounds: idle streams are closed and opened again on what the route names
+now, and a stream closed while idle finds its device again when it wakes
+(:mod:`appliance.audio.idle`); the log names where each stream plays
+(:func:`~appliance.audio.alsa.describe`). A device whose sample formats PortAudio cannot write
+gets an ALSA ``plug`` converter at such a listing (:mod:`appliance.audio.alsa`).
+
 A request is never reported played unless it was: ``done.output`` is ``device:<name>`` only
 after its last sample was played there.
 
@@ -59,7 +69,8 @@ from ..config import Config
 from ..core import DEGRADED, UNHEALTHY, Condition
 from ..errors import AudioDeviceError, DeviceBusyError, DeviceLostError
 from .device import DeviceOutput
-from .devices import LOCK, fingerprint, list_output_devices, rescan
+from .alsa import needs_plug, offered_formats, pcm_of, plug_for, plug_of
+from .devices import LOCK, find_output_device, fingerprint, list_output_devices, rescan
 from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
 from .volume import Volume
@@ -101,6 +112,7 @@ class AudioOutput:
         self._since: dict[Optional[str], float] = {}  # device query -> when it was first seen down
         self._told: dict[Optional[str], str] = {}     # device query -> the fault last logged
         self._postponed = False
+        self._reroute = threading.Event()             # SIGHUP: find every route again
 
     def _device_query(self, channel: str) -> tuple[Optional[str], str]:
         """(query, the setting it came from) for ``channel``."""
@@ -132,14 +144,24 @@ class AudioOutput:
             log.info("audio output: writing one WAV file per request to %s (%s)", self.wav_dir, self.reason)
             return
         log.info("audio output: playing on the sound device (%s)", self.reason)
-        self._listed = (fingerprint(), time.monotonic())
         for ch in self.cfg.service.channels:
             q, setting = self._device_query(ch.name)
             if q in self.devices:
                 continue
+            mine = [c for c in self.cfg.service.channels if self._device_query(c.name)[0] == q]
             dev = DeviceOutput(q, a.sample_rate, a.latency_ms, mode=a.same_device, setting=setting,
-                               gain=self._gain)
+                               gain=self._gain, idle_close_s=a.idle_close_s,
+                               preroll_ms=max(a.preroll_ms if c.preroll_ms is None else c.preroll_ms for c in mine),
+                               drain_ms=max(a.drain_ms if c.drain_ms is None else c.drain_ms for c in mine))
             self.devices[q] = dev
+        if self._plugs():                 # before any stream is open
+            try:
+                rescan()
+            except AudioDeviceError as e:
+                log.error("sound devices: %s", e)
+        self._listed = (fingerprint(), time.monotonic())
+        for q, dev in self.devices.items():
+            ch = next(c for c in self.cfg.service.channels if self._device_query(c.name)[0] == q)
             try:
                 dev.open()
             except AudioDeviceError as e:
@@ -186,6 +208,8 @@ class AudioOutput:
         policy = self.cfg.audio.on_device_error
         if self.mode == "device":
             dev = self.devices.get(self._device_query(channel)[0])
+            if dev is not None:
+                dev.wake()            # a stream closed while idle opens again (finding its route again)
             if dev is not None and (dev.ok or self._try(dev, beat)):
                 return RequestAudio(request_id, wav, dev, beat, lane=channel, on_device_error=policy,
                                     on_wait=self._hold, retention=self.retention, on_sounding=on_sounding,
@@ -292,6 +316,7 @@ class AudioOutput:
                 self._postponed = True
                 return False
             self._postponed = False
+            self._plugs()
             try:
                 rescan()
             except AudioDeviceError as e:
@@ -308,6 +333,9 @@ class AudioOutput:
             down = [d for d in self.devices.values() if not d.ok]
             if down:
                 self._relist(force=any(isinstance(d.fault, DeviceBusyError) for d in down))
+            elif self._reroute.is_set() or fingerprint() != self._listed[0]:   # the route may point elsewhere
+                if self._relist(force=True):
+                    self._reroute.clear()
             for q, dev in list(self.devices.items()):
                 if not dev.ok and not dev.ensure_open(force=True) and self._told.get(q) != str(dev.fault):
                     log.warning("sound device still down: %s", dev.fault)
@@ -323,6 +351,38 @@ class AudioOutput:
                 fault = ra.device.fault or DeviceLostError("the sound device is down")
                 ra.give_up(type(fault)(f"request {ra.request_id} waited {self.cfg.audio.max_wait_s:g} s "
                                        f"(audio.max_wait_s) for its sound device: {fault}"))
+
+    def reroute(self) -> None:
+        """Find every device's route again (SIGHUP; any thread, returns at once): the watch thread
+        re-lists the devices and re-opens the idle streams as soon as no voice sounds."""
+        if self.mode == "device":
+            log.info("sound devices: finding their routes again (SIGHUP)")
+            self._reroute.set()
+
+    def _plugs(self) -> bool:
+        """Put an ALSA ``plug`` converter in front of every device whose sample formats PortAudio
+        cannot write (:mod:`appliance.audio.alsa`; asked of ALSA while no stream is open); True when
+        one was added (PortAudio must list the devices again)."""
+        added = False
+        for dev in self.devices.values():
+            try:
+                pcm = pcm_of(find_output_device(dev.query, dev.setting)["name"])
+            except AudioDeviceError:
+                continue
+            if plug_of(pcm) is not None or pcm.startswith("chattts_plug_"):
+                continue
+            formats = offered_formats(pcm)
+            if needs_plug(formats):
+                try:
+                    name = plug_for(pcm)
+                except OSError as e:
+                    log.error("sound device %r offers only %s, which PortAudio cannot write, and no ALSA plug "
+                              "converter could be defined: %s", pcm, ", ".join(formats), e)
+                    continue
+                log.warning("sound device %r offers only %s, which PortAudio cannot write: it plays through ALSA's "
+                            "plug converter %r", pcm, ", ".join(formats), name)
+                added = True
+        return added
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Drain and close every device stream; requests still waiting for a device complete to WAV."""

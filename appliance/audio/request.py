@@ -39,7 +39,7 @@ import numpy as np
 from ..core import SAMPLE_RATE
 from ..errors import ApplianceError, DeviceLostError
 from .device import REBUFFER_S, DeviceOutput
-from .sink import Outcome
+from .sink import ClientOnlyAudio, Outcome  # noqa: F401 - ClientOnlyAudio: imported from here too
 from .wav import WavRetention, WavWriter
 from .wavdir import WavDirHealth
 
@@ -109,6 +109,8 @@ class RequestAudio:
         #: ``time.monotonic()`` when its first sample was written to the device or the WAV file
         self.first_out_at: Optional[float] = None
         self.on_sounding = on_sounding   # once its first sample was written to the device (watcher thread)
+        self._marks: list[tuple[int, int]] = []   # (device samples queued before it, sentence): sentence starts
+        self._queued = 0                       # device samples queued on its voice (this route's start)
         #: its silences on the device (:class:`~appliance.audio.mix.Pause`, samples at the device's
         #: rate): held at a sentence boundary or ran dry mid-sentence; appended by the device
         self.pauses: list = []
@@ -137,6 +139,28 @@ class RequestAudio:
         dev = self.device
         n = round(max(REBUFFER_S, seconds) * dev.rate)
         dev.voice_do(lambda lanes: lanes.rebuffer(self, n))
+
+    def mark_sentence(self, k: int) -> None:
+        """The PCM :meth:`write` queues next belongs to sentence ``k`` of its job (worker thread):
+        where each sentence begins on the device, for :meth:`sounding_sentence`."""
+        with self._lock:
+            if not self._marks or self._marks[-1][1] != k:
+                self._marks.append((self._queued, k))
+
+    def sounding_sentence(self) -> int:
+        """The sentence its voice plays now (the one an interruption cuts: a request resumed after
+        a preemption starts again there), from the samples its voice has handed to the device;
+        its first marked sentence before it sounds (0 without marks)."""
+        got: list = []
+        self.device.voice_do(lambda lanes: got.append(getattr(lanes.voices.get(self), "played", None)))
+        played = got[0]
+        with self._lock:
+            marks = list(self._marks)
+        if not marks:
+            return 0
+        if played is None:                    # played out (or never registered): its last sentence
+            return marks[-1][1]
+        return max((k for start, k in marks if start <= played), default=marks[0][1])
 
     def end_sentence_next(self) -> None:
         """The next PCM :meth:`write` queues ends a sentence: its voice may hold after it for the
@@ -184,8 +208,8 @@ class RequestAudio:
         if len(out):
             dev.wait_room(lambda: self._aborted, self.beat, owner=self)
             with self._lock:          # an abort() or replay() in between must not leave orphan audio queued
-                if not self._aborted and self.route is Route.DEVICE and gen == self._gen:
-                    dev.enqueue(self, out)
+                if not self._aborted and self.route is Route.DEVICE and gen == self._gen and dev.enqueue(self, out):
+                    self._queued += len(out)
 
     def finish(self, on_done: Callable[[Outcome], None]) -> None:
         """No more PCM; ``on_done(outcome)`` fires when it has been played or written, or with
@@ -241,6 +265,8 @@ class RequestAudio:
             self.route = Route.DEVICE
             self._gen += 1
             self._bind(dev)
+            self._marks, self._queued = [], 0          # played again from its start
+            self.output = f"device:{dev.name}"         # the device as it was found again (another card index)
             out = self._resample(np.concatenate(self._pcm) if self._pcm else np.zeros(0, np.float32))
             ok = dev.enqueue(self, out) if len(out) else True
             if self._finished and ok:
@@ -295,6 +321,8 @@ class RequestAudio:
         with self._lock:
             cb, self._on_done = self._on_done, None
             aborted = self._aborted
+            if self.route is Route.DEVICE:
+                self.output = f"device:{self.device.name}"   # where it played (a re-found device may be renamed)
         if cb is not None and not aborted:
             cb(self.output)
 
@@ -349,34 +377,3 @@ class RequestAudio:
             return None
         outcome = self._close_wav()
         return lambda: cb(outcome)
-
-
-class ClientOnlyAudio:
-    """The audio of a request that is neither played nor written (``Speak.play`` false) and has no
-    client stream (every transport that returns audio passes one: :mod:`appliance.audio.stream`;
-    this is the request core used without one): its PCM goes nowhere; :meth:`finish` completes
-    at once."""
-
-    output = "client"
-    lane = None
-    voice = None
-
-    def __init__(self) -> None:
-        self._aborted = False
-        self.first_out_at: Optional[float] = None   # the first chunk handed to the client
-
-    def write(self, pcm: np.ndarray) -> None:
-        """Nothing to play or write (module docstring of the class)."""
-        if self.first_out_at is None and len(pcm):
-            self.first_out_at = time.monotonic()
-
-    def finish(self, on_done: Callable[[str], None]) -> None:
-        """``on_done("client")`` now (unless aborted)."""
-        if not self._aborted:
-            on_done(self.output)
-
-    def abort(self) -> None:
-        self._aborted = True
-
-    def release(self) -> None:
-        """Nothing is kept (see :meth:`RequestAudio.release`)."""

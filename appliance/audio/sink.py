@@ -13,6 +13,7 @@ file (the same class without a device), or a transport's own sink for its client
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
@@ -125,3 +126,34 @@ class TeeAudio:
     def release(self) -> None:
         self.client.release()
         self.box.release()
+
+
+class ClientOnlyAudio:
+    """The audio of a request that is neither played nor written (``Speak.play`` false) and has no
+    client stream (every transport that returns audio passes one: :mod:`appliance.audio.stream`;
+    this is the request core used without one): its PCM goes nowhere; :meth:`finish` completes
+    at once."""
+
+    output = "client"
+    lane = None
+    voice = None
+
+    def __init__(self) -> None:
+        self._aborted = False
+        self.first_out_at: Optional[float] = None   # the first chunk handed to the client
+
+    def write(self, pcm: np.ndarray) -> None:
+        """Nothing to play or write (module docstring of the class)."""
+        if self.first_out_at is None and len(pcm):
+            self.first_out_at = time.monotonic()
+
+    def finish(self, on_done: Callable[[str], None]) -> None:
+        """``on_done("client")`` now (unless aborted)."""
+        if not self._aborted:
+            on_done(self.output)
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def release(self) -> None:
+        """Nothing is kept (see :meth:`RequestAudio.release`)."""

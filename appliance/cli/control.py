@@ -33,6 +33,11 @@ def status_main(args: Any) -> int:
           f"temperature {_num(ev.get('temperature_c'), '.1f', ' C')}")
     if ev.get("threads"):
         print(f"  CPU threads {ev['threads']} ({ev.get('threads_source') or '?'})")
+    print(f"  memory {_num(ev.get('memory_mib'), '.0f')} of {_num(ev.get('memory_budget_mib'), '.0f', ' MiB')} "
+          f"({ev.get('memory_kind') or '?'}), all-in {_num(ev.get('memory_all_in_mib'), '.0f', ' MiB')}, "
+          f"torch {'loaded' if ev.get('torch_loaded') else 'not loaded'}")
+    for net, how in (ev.get("networks") or {}).items():
+        print(f"  {net}: {how}")
     print(f"health {ev.get('health', 'n/a')}")
     for c in ev.get("conditions") or ():
         print(f"  - {c.get('name')} ({c.get('severity')}, {c.get('for_s', 0):g} s): {c.get('reason')}")
@@ -56,7 +61,7 @@ def _field(v: Any) -> str:
 
 
 def cancel_main(args: Any) -> int:
-    """``chattts-appliance cancel (--id ID | --channel NAME)``: prints one ``cancelled ID`` line per
+    """``chattts-appliance cancel (--id ID | --channel NAME [--scope current|queue|all])``: prints one ``cancelled ID`` line per
     request hit (from the daemon's ``cancel_done``); exit 0 when something was cancelled, 1 when
     there was nothing to cancel (message on stderr), 2 when the daemon is not reachable."""
     req: dict = {"type": "cancel"}
@@ -64,6 +69,8 @@ def cancel_main(args: Any) -> int:
         req["id"] = args.id
     if args.channel:
         req["channel"] = args.channel
+    if getattr(args, "scope", None):
+        req["scope"] = args.scope
     rc, ev = one_reply(args, req, "cancel",
                        lambda ev: ev.get("type") == "cancel_done" or
                        (ev.get("type") == "error" and ev.get("code") != "cancelled"))

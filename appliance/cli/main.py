@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
             g = c.add_mutually_exclusive_group(required=True)
             g.add_argument("--id", default=None, help="request id")
             g.add_argument("--channel", default=None, help="channel name")
+            c.add_argument("--scope", choices=("current", "queue", "all"), default=None,
+                           help="with --channel: current (what sounds now), queue (the default: that and the "
+                                "queued requests, alerts kept) or all (alerts too)")
 
     n = sub.add_parser("normalize", help="print what TEXT would be said as, without synthesizing (dry run)")
     n.add_argument("text", help="the text a speak request would carry")

@@ -198,6 +198,8 @@ def _load(cfg: Config, hooks: Hooks,
         cfg, before = fit_before_load(cfg, Pipeline.planned_sizes)
     pipeline = factory(cfg)
     log.info("pipeline loaded in %.1f s (backend %s)", time.monotonic() - t0, pipeline.info.backend)
+    for net, how in pipeline.info.network_fields()["networks"].items():
+        log.info("network %s: %s", net, how)
     if cfg.service.warmup:
         call_hook(hooks.on_loading, "warming up")
         t1 = time.monotonic()

@@ -187,7 +187,9 @@ class Daemon:
                     self._socket_path.unlink(missing_ok=True)
                 raise
         self.state = "ready"
-        log.info("ready: channels %s, audio %s", ", ".join(self.channels), p.audio.mode)
+        st = self.status()
+        log.info("ready: channels %s, audio %s, memory all-in %s MiB (%s), torch %s", ", ".join(self.channels),
+                 p.audio.mode, st.memory_all_in_mib, st.memory_kind, "loaded" if st.torch_loaded else "not loaded")
         if p.mqtt is not None:
             p.mqtt.start()
         call_hook(self.hooks.on_ready)
@@ -239,6 +241,7 @@ class Daemon:
                 self.wyoming.use_voices(self.cfg)
             if r.volume:
                 p.audio.use_volume(Volume.from_config(self.cfg))
+        p.audio.reroute()              # the sound route (default, an .asoundrc entry) may point elsewhere now
         return r.status
 
     async def _shutdown(self) -> None:
@@ -303,6 +306,7 @@ class Daemon:
         return StatusReply(
             state=self.state, backend=p.pipeline.info.backend if p is not None else "", channels=chans,
             **(p.pipeline.info.thread_fields() if p is not None else {}),
+            **(p.pipeline.info.network_fields() if p is not None else {}),
             last_rtf=round(w.last_rtf, 4) if w and w.last_rtf is not None else None,
             last_ttfb_ms=round(w.last_ttfb_ms, 1) if w and w.last_ttfb_ms is not None else None,
             throttle=th.level if th is not None else "normal",

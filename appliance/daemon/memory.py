@@ -8,7 +8,8 @@ Twice:
 1. **Before the load** (:func:`plan_before_load`), from the sizes the backend will have
    (:func:`~appliance.synth.pipeline.Pipeline.planned_sizes`: weight bytes in their final dtype
    from the checkpoint's headers, KV bytes per position) plus the fixed costs of the kind
-   (:data:`CUDA_EXTRA_MIB`, :data:`CUDA_CONTEXT_MIB`, :data:`CUDA_HOST_MIB`): nothing is compiled or captured for sizes
+   (:data:`DEVICE_OTHER_MIB` on a desktop GPU, the CUDA context included; :data:`CUDA_CONTEXT_MIB`,
+   :data:`UNIFIED_EXTRA_MIB`, :data:`CUDA_HOST_MIB` on a Jetson): nothing is compiled or captured for sizes
    that cannot fit. A torch backend is opened directly at the sizes that fit.
 2. **After the warm-up** (:func:`fit_pipeline`), on the measured footprint: every backend
    allocates its KV cache for all ``model.max_batch`` slots x ``model.max_seq_len`` positions at
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -100,6 +102,17 @@ weights + 360 KV + 380 (bench/gpu_memory_probe.py; bench/RESULTS.md)."""
 CUDA_CONTEXT_MIB = 300
 """The bare CUDA context on a Jetson with lazy loading, MiB (published figure, docs/jetson-memory.md):
 counted before the load on unified memory, where the budget holds everything."""
+DEVICE_OTHER_MIB = {"torch": 621 + CUDA_EXTRA_MIB, "llama.cpp": 457, "tensorrt": 493}
+"""Device memory a backend holds on a desktop GPU beyond its weights and KV cache, **CUDA context
+included**, MiB, for the estimate before the load (the context is in the budget on every box).
+torch: measured on an H200 (621 context + :data:`CUDA_EXTRA_MIB`); llama.cpp: measured on an
+H100 with the shipped config (NVML 1,164 MiB = 347 weights q8_0 + 360 KV f16 + 457 context,
+cuBLAS and compute buffers); tensorrt: estimated (a context and TensorRT's runtime ~400 + execution
+contexts 93, docs/jetson-memory.md)."""
+UNIFIED_EXTRA_MIB = {"torch": CUDA_EXTRA_MIB, "llama.cpp": 110, "tensorrt": 93}
+"""On a Jetson, what a backend holds beyond its weights, KV cache and :data:`CUDA_CONTEXT_MIB`,
+MiB (torch: as on a desktop GPU; llama.cpp: its 457 MiB measured on an H100 less a desktop
+context's ~350, estimated; tensorrt: its execution contexts, estimated)."""
 RUNTIME_HOST_MIB = {"torch": 210, "onnxruntime": 40, "tensorrt": 40, "llama.cpp": 40}
 HOST_WORK_FRACTION = {"torch": 0.3, "onnxruntime": 0.6, "llama.cpp": 0.6}
 """Host memory a CPU backend's warm-up adds, as a fraction of its weights (activations, the
@@ -112,9 +125,10 @@ estimate without these terms was 574 MiB (bench/bench_service.py, 2026-12-04).""
 """Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
 in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
 2.13) +208 MiB, ``import onnxruntime`` 1.32 +35 MiB."""
-CUDA_HOST_MIB = 280
-"""Host RSS torch's CUDA libraries add once a context and cuBLAS are up, MiB (H200: 491 MiB after
-``import torch``, 767 after a context and one FP16 GEMM); counted in the budget on a Jetson."""
+CUDA_HOST_MIB = {"torch": 280, "llama.cpp": 150, "tensorrt": 150}
+"""Host RSS a backend's CUDA libraries add once a context is up, MiB, counted in the budget on a
+Jetson. torch: H200, 491 MiB after ``import torch``, 767 after a context and one FP16 GEMM;
+llama.cpp and TensorRT (cudart, cuBLAS without torch's kernels): estimated."""
 
 
 def device_mib(pipeline: Optional[Pipeline]) -> float:
@@ -201,7 +215,9 @@ def _fit(fixed: float, kvpt: float, S: int, B: int, budget_mib: float, max_promp
                      f"one slot of {floor} positions (model.max_prompt_tokens + {MIN_DECODE_TOKENS}) needs {need:.0f} "
                      f"MiB. Raise service.memory_budget_mb to at least {least_budget:.0f}, lower model.max_prompt_tokens, "
                      f"or use smaller weights (int8 engines: chattts-appliance engines export --precision int8; "
-                     f"model.quant int8 on a GPU)", top)
+                     f"model.quant int8 on a GPU)" + ("; on a GPU, llama.cpp's CUDA build holds about half of torch's "
+                                                     "memory (chattts-appliance engines export --precision q8_0; "
+                                                     "model.backend auto picks it)" if backend.startswith("torch") else ""), top)
 
 
 def plan_fit(fp: Footprint, info, budget_mib: float, max_prompt_tokens: int, resizable: bool = True,
@@ -241,14 +257,20 @@ def plan_before_load(cfg: Config, sizes, kind: str, rss_now_mib: float) -> Memor
             :data:`RUNTIME_HOST_MIB`, on a Jetson and a CPU).
     """
     w = sizes.weight_bytes / MIB
-    host = rss_now_mib + RUNTIME_HOST_MIB.get(sizes.backend, 0)
-    fixed = {"discrete": CUDA_EXTRA_MIB + w,
-             "unified": host + CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB + w,
-             "cpu": host + w * (1.0 + HOST_WORK_FRACTION.get(sizes.backend, 0.0))}[kind]
+    w_dev = w - sizes.host_weight_bytes / MIB                     # what a desktop GPU holds of them
+    b = sizes.backend
+    host = rss_now_mib + RUNTIME_HOST_MIB.get(b, 0)
+    other = DEVICE_OTHER_MIB.get(b, DEVICE_OTHER_MIB["torch"])
+    cuda = CUDA_HOST_MIB.get(b, 150) + CUDA_CONTEXT_MIB + UNIFIED_EXTRA_MIB.get(b, CUDA_EXTRA_MIB)
+    fixed = {"discrete": other + w_dev,
+             "unified": host + cuda + w,
+             "cpu": host + w * (1.0 + HOST_WORK_FRACTION.get(b, 0.0))}[kind]
     what = (f"estimated before the load on a {kind} box: weights {w:.0f} MiB ({sizes.what})"
-            + {"discrete": f" + {CUDA_EXTRA_MIB} MiB of workspaces and graphs in device memory (the CUDA context apart)",
-               "unified": f" + {host:.0f} MiB RSS with the runtime + {CUDA_HOST_MIB + CUDA_CONTEXT_MIB + CUDA_EXTRA_MIB} MiB for CUDA",
-               "cpu": f" + {host:.0f} MiB RSS with the runtime + {w * HOST_WORK_FRACTION.get(sizes.backend, 0.0):.0f} "
+            + {"discrete": (f"{f', {w_dev:.0f} MiB of them on the GPU' if w_dev != w else ''} + {other} MiB of CUDA "
+                            f"context, workspaces and buffers in device memory (estimate, the context included)"),
+               "unified": (f" + {host:.0f} MiB RSS with the runtime + {cuda} MiB for CUDA (estimate: "
+                           f"{CUDA_CONTEXT_MIB} MiB of it the context)"),
+               "cpu": f" + {host:.0f} MiB RSS with the runtime + {w * HOST_WORK_FRACTION.get(b, 0.0):.0f} "
                       f"MiB for the warm-up's work"}[kind]
             + f" + KV {sizes.kv_bytes_per_token * cfg.model.max_seq_len * cfg.model.max_batch / MIB:.0f} MiB")
     return _fit(fixed, sizes.kv_bytes_per_token / MIB, cfg.model.max_seq_len, cfg.model.max_batch,
@@ -327,12 +349,16 @@ def fit_pipeline(cfg: Config, pipeline: Pipeline, factory: Callable[[Config], Pi
 
 def status_fields(cfg: Config, pipeline: Optional[Pipeline], fit: Optional[MemoryFit]) -> dict:
     """The memory fields of ``status`` (:class:`~appliance.messages.protocol.StatusReply`): what
-    counts against the budget now, the kind of box, host RSS and the CUDA context on a desktop GPU,
+    counts against the budget now, the all-in figure (host RSS + device memory with the CUDA
+    context), whether torch is loaded (``torch_loaded``: the llama.cpp, ONNX Runtime and TensorRT
+    paths never import it), the kind of box, host RSS and the CUDA context on a desktop GPU,
     and a note when the runner was sized down at start or host RSS is over its limit."""
     fp = current(pipeline)
     host = fp is not None and fp.host_mib is not None
     return dict(
         memory_mib=round(fp.budget_mib, 1) if fp is not None else None,
+        memory_all_in_mib=round(fp.all_in_mib, 1) if fp is not None else None,
+        torch_loaded="torch" in sys.modules,
         memory_budget_mib=cfg.service.memory_budget_mb, memory_kind=fp.kind if fp is not None else None,
         host_rss_mib=round(fp.host_mib, 1) if host else None,
         host_rss_limit_mib=cfg.service.host_rss_limit_mb if host else None,

@@ -35,7 +35,7 @@ from ..errors import ApplianceError, EngineError
 from ..model.integrity import verify_for_config
 from . import manifest as mf
 from .runner import Runner
-from .select import choose_backend, open_backend, trt_plans
+from .select import choose_backend, llama_gpu_build, open_backend, trt_plans
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class Opened:
 
 def candidates(cfg: Config) -> list[tuple[str, str]]:
     """``(backend, why it can run)`` for every backend whose runtime and files are here, in the
-    order ``auto`` prefers them (TensorRT plans, torch on CUDA, llama.cpp, ONNX Runtime, torch on CPU)."""
+    order ``auto`` prefers them (TensorRT plans, llama.cpp's CUDA build, torch on CUDA, llama.cpp,
+    ONNX Runtime, torch on CPU)."""
     from .llama.runner import find_llama_export
     from .onnx.runner import find_export
 
@@ -66,9 +67,13 @@ def candidates(cfg: Config) -> list[tuple[str, str]]:
     out = []
     if cc is not None and trt_plans(cfg, cc) is not None and (has("tensorrt") or has("tensorrt_rtx")):
         out.append(("tensorrt", f"TensorRT plans for sm {cc}"))
+    llama = find_llama_export(cfg) is not None and has("llama_cpp") and has("onnxruntime")
+    gpu_llama = llama and cc is not None and cfg.model.device != "cpu" and llama_gpu_build()
+    if gpu_llama:
+        out.append(("llama", f"the GGUF export in {find_llama_export(cfg)} on llama.cpp's CUDA build"))
     if cc is not None and has("torch"):
         out.append(("torch", f"torch on the GPU (sm {cc})"))
-    if find_llama_export(cfg) is not None and has("llama_cpp") and has("onnxruntime"):
+    if llama and not gpu_llama:
         out.append(("llama", f"the GGUF export in {find_llama_export(cfg)}"))
     if find_export(cfg) is not None and has("onnxruntime"):
         out.append(("onnxruntime", f"the ONNX graphs in {find_export(cfg)}"))

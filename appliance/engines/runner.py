@@ -50,6 +50,10 @@ from ..core import SamplingParams
 from ..errors import CapacityError, EngineError
 
 
+NETWORKS = ("gpt", "decoder", "vocos")
+"""The three networks a runner runs (the GPT, the Decoder, Vocos)."""
+
+
 @dataclass(frozen=True)
 class RunnerInfo:
     """What a runner is and can do (fixed at load).
@@ -85,6 +89,8 @@ class RunnerInfo:
         fallback: set when the runner loaded a slower way than configured (llama.cpp's GPU build
             failed its load check: the GPT on the CPU), saying why; health reports it as
             ``engine_fallback`` (:mod:`appliance.engines.recover`). Empty otherwise.
+        networks: which runtime runs each network (``gpt``, ``decoder``, ``vocos``) where, and why,
+            as ``(network, sentence)`` pairs; empty: all three on ``backend`` on ``device``.
     """
 
     backend: str
@@ -110,6 +116,13 @@ class RunnerInfo:
     threads: int = 0
     threads_source: str = ""
     fallback: str = ""
+    networks: tuple[tuple[str, str], ...] = ()
+
+    def network_fields(self) -> dict:
+        """``status``'s ``networks`` (network -> which runtime runs it where, and why) and
+        ``backend_reason`` (why this backend was chosen)."""
+        nets = dict(self.networks) or {n: f"{self.backend} on {self.device}" for n in NETWORKS}
+        return {"networks": nets, "backend_reason": self.reason or None}
 
     def thread_fields(self) -> dict:
         """``status``'s ``threads`` and ``threads_source`` (None for a runner that is not on a CPU)."""

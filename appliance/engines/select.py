@@ -5,12 +5,21 @@
 
 1. ``tensorrt``: a GPU is present (``nvidia-smi`` or a Jetson board, no torch import) and
    ``<engine_dir>/trt/<precision>/manifest.json`` exists for this GPU's compute capability;
-2. ``torch`` on CUDA: a GPU is present and torch is importable;
-3. ``llama``: a GGUF export exists under ``<engine_dir>/llama/`` and llama-cpp-python is
+2. ``llama`` on the GPU: a GPU is present, llama-cpp-python is a CUDA build
+   (``llama_supports_gpu_offload``), a GGUF export exists and ``model.device`` is not ``cpu``: the
+   GPT offloaded, the Decoder and Vocos on ONNX Runtime, no torch. Measured on one H100 with
+   the shipped config: host RSS 731-742 MiB + GPU 1,164 MiB against torch CUDA's 1,723-1,769 +
+   1,750-1,868 (about half all-in), READY 3.7 s against 8.4 s restarted, decode step 0.94 / 1.13 ms
+   at 1 / 3 channels against 1.61 / 1.75 (plain CUDA graphs); torch's compiled step (0.83 ms) and
+   first audio (10-20 % sooner) are the only figures where torch wins, none of them audible
+   (bench/RESULTS.md);
+3. ``torch`` on CUDA: a GPU is present and torch is importable (the reference path, and the
+   exporter's check);
+4. ``llama``: a GGUF export exists under ``<engine_dir>/llama/`` and llama-cpp-python is
    installed (the GPT on llama.cpp, the vocoder on ONNX Runtime; no torch);
-4. ``onnxruntime``: exported graphs exist under ``<engine_dir>/onnx/`` (the daemon then runs
+5. ``onnxruntime``: exported graphs exist under ``<engine_dir>/onnx/`` (the daemon then runs
    without torch);
-5. ``torch`` on CPU: nothing exported yet (the reason names the export command).
+6. ``torch`` on CPU: nothing exported yet (the reason names the export command).
 
 The choice and its reason (e.g. ``auto: no GPU, exported graphs in ...: onnxruntime``) are
 logged once and stored in ``runner.info.reason``. This module never falls back by itself: a
@@ -48,6 +57,18 @@ def trt_plans(cfg: Config, cc: str | None) -> Path | None:
     return None
 
 
+def llama_gpu_build() -> bool:
+    """True when the installed llama-cpp-python was built with a GPU backend (loads its library;
+    no torch); False where it is missing or cannot load."""
+    from .llama import lib as llama_lib
+
+    try:
+        return bool(llama_lib.lib().llama_supports_gpu_offload())
+    except Exception as e:  # noqa: BLE001 - ConfigError, OSError of a broken build: not this path
+        log.debug("llama.cpp GPU build check: %s", e)
+        return False
+
+
 def choose_backend(cfg: Config) -> tuple[str, str]:
     """(backend, reason) for ``cfg.model.backend`` (``auto`` resolved as in the module doc).
 
@@ -61,20 +82,34 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     from .onnx.runner import find_export
 
     cc = mf.device_facts().get("compute_capability")
+    gguf = find_llama_export(cfg)
+    has_llama = gguf is not None and bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("onnxruntime"))
+    unfit = None
+    if has_llama:   # this CPU against the llama.cpp build, before its library loads
+        from .llama import cpu
+
+        unfit = cpu.problem(cpu.read_record())
+        if unfit is not None:
+            log.warning("model.backend auto: not llama.cpp: %s", unfit)
+            has_llama = False
     if cc is not None:
         plans = trt_plans(cfg, cc)
         if plans is not None and (importlib.util.find_spec("tensorrt") or importlib.util.find_spec("tensorrt_rtx")):
             return "tensorrt", f"auto: GPU sm {cc} and plans built for it in {plans}"
+        cuda_llama = has_llama and cfg.model.device != "cpu" and llama_gpu_build()
+        if cuda_llama:
+            return "llama", (f"auto: GPU sm {cc}, no TensorRT plans, llama.cpp's CUDA build and a GGUF export in {gguf}: "
+                             f"the GPT on llama.cpp (offloaded), the vocoder on ONNX Runtime, no torch")
         if importlib.util.find_spec("torch") is not None:
-            return "torch", f"auto: GPU sm {cc}, no TensorRT plans for it: torch on CUDA"
+            lack = ("model.device is cpu" if cfg.model.device == "cpu" else
+                    "llama.cpp is a CPU build (scripts/install_jetson.sh builds the CUDA one)" if has_llama
+                    else "no GGUF export (chattts-appliance engines export --precision q8_0)" if gguf is None
+                    else "llama-cpp-python or onnxruntime not installed")
+            return "torch", f"auto: GPU sm {cc}, no TensorRT plans, {lack}: torch on CUDA"
     why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
-    gguf = find_llama_export(cfg)
-    if gguf is not None and importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("onnxruntime"):
-        from .llama import cpu     # this CPU against the llama.cpp build, before the library loads
-        unfit = cpu.problem(cpu.read_record())
-        if unfit is None:
-            return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
-        log.warning("model.backend auto: not llama.cpp: %s", unfit)
+    if has_llama:
+        return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
+    if unfit is not None:
         why = f"{why}, llama.cpp unusable here ({unfit})"
     exported = find_export(cfg)
     if exported is not None and importlib.util.find_spec("onnxruntime") is not None:

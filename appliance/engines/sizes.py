@@ -38,6 +38,8 @@ class PlannedSizes:
         what: one phrase naming the sizes' source, for logs.
         int8_saving_bytes: what INT8 weight-only GPT linears would save where the fit may choose
             them (``model.quant: auto`` on a GPU; 0 otherwise), bytes.
+        host_weight_bytes: the part of ``weight_bytes`` that stays in host memory on a GPU box
+            (llama.cpp's vocoder graphs and embedding tables beside the offloaded GGUF), bytes.
     """
 
     backend: str
@@ -47,6 +49,7 @@ class PlannedSizes:
     resizable: bool
     what: str
     int8_saving_bytes: int = 0
+    host_weight_bytes: int = 0
 
 
 def _numel_by_file(asset: Path, files: tuple[str, ...], skip: tuple[str, ...] = ()) -> dict[str, int]:
@@ -106,7 +109,7 @@ def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
     position of ``model.llama_kv_cache`` (``2 x layers x width x`` its bytes per value). The
     context is made at load from the config's sizes: resizable. On ``cuda`` where a CUDA build of
     llama.cpp will offload the GPT (:func:`~appliance.engines.llama.lib.offloads`)."""
-    from .llama.lib import KV_BYTES, kv_type, offloads
+    from .llama.lib import KV_BYTES, kv_type, kv_wanted, offloads
 
     m = mf.read(d)
     head = (m.get("head_text") or {}).get("file")
@@ -114,9 +117,12 @@ def llama_sizes(cfg: Config, d: Path) -> PlannedSizes:
                   if p.is_file() and p.suffix not in (".json", ".txt") and p.name != head)
     s = m["shapes"]
     d_model = int(s["hidden"])
-    kv = 2 * int(s["n_layers"]) * d_model * KV_BYTES[kv_type(cfg.model.llama_kv_cache, d_model // int(s["n_heads"]))]
-    dev = "cuda" if offloads(cfg.model.device) else "cpu"
-    return PlannedSizes("llama.cpp", dev, weights, int(kv), True, f"the GGUF export in {d}")
+    gpu = offloads(cfg.model.device)
+    kv = 2 * int(s["n_layers"]) * d_model * KV_BYTES[kv_type(kv_wanted(cfg.model.llama_kv_cache, gpu),
+                                                             d_model // int(s["n_heads"]))]
+    dev = "cuda" if gpu else "cpu"
+    host = weights - (d / m["graphs"]["gpt"]["file"]).stat().st_size if gpu else 0
+    return PlannedSizes("llama.cpp", dev, weights, int(kv), True, f"the GGUF export in {d}", host_weight_bytes=host)
 
 
 def _asset(path: Path) -> Path:

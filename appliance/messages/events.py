@@ -109,6 +109,11 @@ class Done:
             ``speaker:<first 12 hex digits of the speaker string's sha256>``.
         silent_sentences: indices into ``spoken`` of the sentences that produced no audio (the
             model ended them at their first step); empty when every sentence sounded.
+        truncated: each sentence that reached its decode-step cap and was cut there (its end may
+            be missing): ``{"sentence": index into spoken, "text": what it was to say, "steps": the
+            cap it reached}``; the cap is proportional to the sentence's length (twice its expected
+            speech, at least 4 s, at most ``synthesis.max_new_tokens`` or the request's
+            ``params.max_new_tokens``); empty when every sentence ended by itself.
         predicted_rtf: the real-time factor its synthesis was predicted to run at when its first
             chunk was made; start_hold_ms: the audio its player held beyond one device wake-up
             before it started (``stream.start_slack_ms``, more where the box could not keep up:
@@ -118,7 +123,8 @@ class Done:
             ``{"sentence": k, "at_s": audio played before it, s, "ms": its length, "where":
             "sentence_boundary" (it held for sentence k because synthesis fell behind) or
             "mid_sentence" (it ran dry inside sentence k: an underrun), "cause": cpu_busy,
-            channels, slow or late_sentence}`` (:data:`appliance.service.startpolicy.CAUSES`);
+            channels, slow or late_sentence}`` (:data:`appliance.service.startpolicy.CAUSES`), with
+            ``"whole_sentence": true`` on a boundary pause that waited for the whole sentence (the CPU was gone);
             pause_ms: their sum, ms ([] and 0 where it did not play on a device).
     """
 
@@ -137,6 +143,7 @@ class Done:
     unspeakable_names: list = field(default_factory=list)
     voice: Optional[str] = None
     silent_sentences: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)
     predicted_rtf: Optional[float] = None
     start_hold_ms: Optional[float] = None
     start_delay_ms: Optional[float] = None
@@ -148,12 +155,16 @@ class Done:
 @dataclass(frozen=True)
 class Normalized:
     """Reply to :class:`NormalizeRequest`: ``spoken`` sentences (one generation each) with the
-    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), ``unspeakable`` characters
-    and their ``unspeakable_names``."""
+    prompt ``tokens`` of each (limit ``model.max_prompt_tokens``), the decode-step cap of each
+    (``steps``), ``unspeakable`` characters and their ``unspeakable_names``, and ``notes``: what
+    the normalizer decided (list numbers, emoji, Roman numerals, runs collapsed, codes and links
+    shortened), one line each."""
 
     id: str
     spoken: list = field(default_factory=list)
     tokens: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
     unspeakable: list = field(default_factory=list)
     unspeakable_names: list = field(default_factory=list)
     type: str = "normalized"
@@ -174,13 +185,15 @@ class CancelDone:
     """The end of the reply to a ``cancel``: ``cancelled`` requests were hit (their ids in
     ``ids``). Each of them also ends with an ``error`` ``cancelled`` on its own client's
     connection; the canceller gets that event too (before this one) for requests that are not
-    its own. ``id`` / ``channel``: what the cancel asked for. A cancel that hits nothing is
-    answered with one ``error`` (``bad_request``) instead."""
+    its own. ``id`` / ``channel``: what the cancel asked for; ``scope``: what a cancel by channel
+    hit (``current``, ``queue`` or ``all``: ``cancel.scope``, or the default). A cancel that hits
+    nothing is answered with one ``error`` (``bad_request``) instead."""
 
     cancelled: int
     ids: list = field(default_factory=list)
     id: Optional[str] = None
     channel: Optional[str] = None
+    scope: Optional[str] = None
     type: str = "cancel_done"
 
 
@@ -193,6 +206,11 @@ class StatusReply:
     ``host_rss_mib`` against ``host_rss_limit_mib`` (``service.host_rss_limit_mb``) and the bare
     CUDA context left out of the budget (``cuda_context_mib``); and
     ``memory_note`` when the runner was sized down at start to fit, or host RSS is over its limit;
+    ``memory_all_in_mib``: host RSS + device memory with the CUDA context (RSS + NvMap on a Jetson,
+    RSS on a CPU), the one figure comparable across backends and boxes, MiB; ``torch_loaded``:
+    whether torch is in the daemon's process (never on the llama.cpp, ONNX Runtime and TensorRT
+    paths); ``networks``: which runtime runs each network (``gpt``, ``decoder``, ``vocos``) where,
+    and why; ``backend_reason``: why the backend was chosen;
     ``health``: the one verdict (``healthy``, ``degraded``, ``unhealthy``) and ``conditions``, what
     makes it so (each ``name``, ``severity``, ``reason``, ``for_s``: :mod:`appliance.ops.verdict`);
     ``threads``: the CPU threads the runner computes with (None on a GPU) and ``threads_source``
@@ -212,6 +230,10 @@ class StatusReply:
     host_rss_limit_mib: Optional[float] = None
     cuda_context_mib: Optional[float] = None
     memory_note: Optional[str] = None
+    memory_all_in_mib: Optional[float] = None
+    torch_loaded: Optional[bool] = None
+    networks: dict = field(default_factory=dict)
+    backend_reason: Optional[str] = None
     health: str = "healthy"
     conditions: list = field(default_factory=list)
     threads: Optional[int] = None

@@ -89,12 +89,21 @@ class Speak(SynthesisRequest):
 
 @dataclass(frozen=True)
 class Cancel:
-    """Cancel one request (``id``) or everything on a channel (``channel``); exactly one of the
-    two (both is ambiguous and refused as ``bad_request``)."""
+    """Cancel one request (``id``) or requests on a channel (``channel``); exactly one of the
+    two (both is ambiguous and refused as ``bad_request``). ``scope`` (a cancel by channel only)
+    names what it hits, one of :data:`CANCEL_SCOPES`: ``current`` the request sounding on the
+    channel now (of those synthesizing or playing, the one that started first; the rest go on), ``queue`` (None = the default) those and every
+    queued request except alerts (a pending alarm still sounds), ``all`` alerts too."""
 
     id: Optional[str] = None
     channel: Optional[str] = None
+    scope: Optional[str] = None
     type: str = "cancel"
+
+
+CANCEL_SCOPES = ("current", "queue", "all")
+"""``cancel.scope`` values; :data:`DEFAULT_CANCEL_SCOPE` when it is not given."""
+DEFAULT_CANCEL_SCOPE = "queue"
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,11 @@ def parse_request(obj: Any) -> Request:
     if cls is Cancel and kw.get("id") is not None and kw.get("channel") is not None:
         raise RequestError(f"cancel with both 'id' ({kw['id']!r}) and 'channel' ({kw['channel']!r}) is ambiguous: "
                            "send 'id' to cancel one request, or 'channel' to cancel everything on that channel")
+    if cls is Cancel and kw.get("scope") is not None:
+        if kw["scope"] not in CANCEL_SCOPES:
+            raise RequestError(f"field 'scope' must be one of {', '.join(CANCEL_SCOPES)}, got {kw['scope']!r}")
+        if kw.get("channel") is None:
+            raise RequestError("field 'scope' goes with 'channel' (a cancel by id hits that one request)")
     return cls(**kw)
 
 

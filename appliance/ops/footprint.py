@@ -6,15 +6,18 @@ Three kinds (:func:`memory_kind`), one rule each:
   or ``/etc/nv_tegra_release`` present): **RSS + NvMap** against the budget. NvMap is the GPU's
   allocations (weights, KV cache, CUDA context) that RSS does not show.
 * ``discrete`` (a desktop or server GPU): the process's **device memory** against the budget, as
-  NVML reports it for this PID (weights, KV cache, activations, workspaces, loaded kernels), less
-  the bare CUDA context the runner measured before it allocated anything: the context is a
-  property of the card and driver (621 MiB on an H200 with lazy loading, a few hundred MiB on a
-  desktop card), not of the appliance, and it is reported apart (``context_mib``). Where NVML is
-  missing, the backend's own figure (the caching allocator's reserve). Host **RSS** is held against its own limit,
+  NVML reports it for this PID, **CUDA context included** (weights, KV cache, activations,
+  workspaces, loaded kernels, the context: one basis for every backend; before, torch's 621 MiB
+  context was left out and llama.cpp's was not). Where NVML is missing, the backend's own figure
+  plus the context it measured. Host **RSS** is held against its own limit,
   ``service.host_rss_limit_mb``: a discrete card's memory and the host's are separate pools, and
   torch's CUDA libraries alone keep about 0.7 GiB resident on the host (measured on an H200:
   ``import torch`` 491 MiB, + CUDA context 614, + one cuBLAS FP16 GEMM 767; bench/RESULTS.md).
 * ``cpu``: **RSS** against the budget.
+
+Every kind also reports the **all-in** figure (:attr:`Footprint.all_in_mib`): host RSS + device
+memory with the context (RSS + NvMap on a Jetson, RSS on a CPU), what the box holds in total and
+what ``status`` and ``bench: shipped`` record, comparable across backends and boxes.
 
 The service layer holds no tensors: the backend's device figure comes in as a number.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,15 +62,34 @@ def nvmap_mib(root: str = "/") -> Optional[float]:
     return int(m.group(1)) / 1024.0 if m else None
 
 
+def smi_process_mib(pid: int) -> Optional[float]:
+    """Device memory ``nvidia-smi --query-compute-apps`` reports for ``pid`` summed over the GPUs,
+    MiB (NVML through the driver's own tool, for a box without ``nvidia-ml-py``); None when the tool
+    is missing, fails, or does not list the process."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=5, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.debug("nvidia-smi: %s", e)
+        return None
+    mib = [float(m) for p, m in (ln.split(",")[:2] for ln in out.splitlines() if ln.count(",") >= 1)
+           if p.strip() == str(pid) and m.strip().replace(".", "", 1).isdigit()]
+    return sum(mib) if mib else None
+
+
 def nvml_process_mib(pid: Optional[int] = None) -> Optional[float]:
     """Device memory NVML reports for process ``pid`` (default: this one) summed over the GPUs,
-    MiB, CUDA context included; None without ``nvidia-ml-py``, a driver, or the process on a GPU.
+    MiB, CUDA context included; without ``nvidia-ml-py``, ``nvidia-smi``'s figure
+    (:func:`smi_process_mib`); None without a driver, or the process on no GPU.
     """
+    pid = os.getpid() if pid is None else pid
     try:
         import pynvml
     except ImportError:
-        return None
-    pid = os.getpid() if pid is None else pid
+        return smi_process_mib(pid)
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - pynvml.NVMLError: no driver or no GPU
@@ -100,7 +124,8 @@ class Footprint:
         device_mib: GPU memory counted for it (NvMap on a Jetson, NVML or the backend's figure on
             a desktop GPU, 0 on a CPU), MiB.
         source: where ``device_mib`` came from: ``nvmap``, ``nvml``, ``backend`` or ``none``.
-        context_mib: the bare CUDA context left out of ``budget_mib`` on a desktop GPU, MiB.
+        context_mib: the bare CUDA context the runner measured (inside ``device_mib`` and
+            ``budget_mib``; reported apart), MiB.
         budget_mib: what counts against ``service.memory_budget_mb``, MiB.
         host_mib: what counts against ``service.host_rss_limit_mb`` (RSS on a desktop GPU;
             None on the other kinds, whose RSS is in ``budget_mib``).
@@ -114,12 +139,17 @@ class Footprint:
     host_mib: Optional[float]
     context_mib: float = 0.0
 
+    @property
+    def all_in_mib(self) -> float:
+        """Host RSS + device memory (CUDA context included; NvMap on a Jetson; 0 on a CPU), MiB."""
+        return self.rss_mib + self.device_mib
+
     def describe(self) -> str:
         """One phrase for logs and STATUS, e.g. ``812 MiB device memory (nvml) + 1100 MiB host RSS``."""
         if self.kind == "discrete":
-            ctx = f" less the {self.context_mib:.0f} MiB CUDA context" if self.context_mib else ""
-            return (f"{self.device_mib:.0f} MiB device memory ({self.source}){ctx} against the budget, "
-                    f"{self.rss_mib:.0f} MiB host RSS against service.host_rss_limit_mb")
+            ctx = f", {self.context_mib:.0f} MiB of it the CUDA context" if self.context_mib else ", CUDA context included"
+            return (f"{self.device_mib:.0f} MiB device memory ({self.source}{ctx}) against the budget, "
+                    f"{self.rss_mib:.0f} MiB host RSS against service.host_rss_limit_mb; all-in {self.all_in_mib:.0f} MiB")
         if self.kind == "unified":
             return f"{self.rss_mib:.0f} MiB RSS + {self.device_mib:.0f} MiB GPU memory ({self.source})"
         return f"{self.rss_mib:.0f} MiB RSS"
@@ -134,8 +164,8 @@ def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[fl
         rss_mib: resident host memory, MiB.
         nvmap: ``NvMapMemUsed`` MiB (Jetson) or None. nvml: this process's NVML figure or None.
         backend_mib: the backend's own device memory figure (caching allocator), MiB.
-        context_mib: the bare CUDA context (``RunnerInfo.context_bytes``), MiB: left out of a
-            desktop GPU's NVML figure (the allocator's figure never held it).
+        context_mib: the bare CUDA context (``RunnerInfo.context_bytes``), MiB: inside NVML's
+            figure; added to the backend's own figure (the allocator's, which never held it).
     """
     if kind not in KINDS:
         raise ValueError(f"memory kind {kind!r}: one of {KINDS}")
@@ -144,8 +174,9 @@ def combine(kind: str, rss_mib: float, nvmap: Optional[float], nvml: Optional[fl
         return Footprint(kind, rss_mib, dev, src, rss_mib + dev, None)
     if kind == "discrete":
         if nvml is not None:
-            return Footprint(kind, rss_mib, nvml, "nvml", max(0.0, nvml - context_mib), rss_mib, context_mib)
-        return Footprint(kind, rss_mib, backend_mib, "backend", backend_mib, rss_mib)
+            return Footprint(kind, rss_mib, nvml, "nvml", nvml, rss_mib, context_mib)
+        dev = backend_mib + context_mib
+        return Footprint(kind, rss_mib, dev, "backend", dev, rss_mib, context_mib)
     return Footprint(kind, rss_mib, 0.0, "none", rss_mib, None)
 
 

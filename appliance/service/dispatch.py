@@ -49,6 +49,7 @@ from ..errors import (
     UnknownChannelError,
 )
 from ..messages.protocol import (
+    DEFAULT_CANCEL_SCOPE,
     Cancel,
     CancelDone,
     ErrorEvent,
@@ -204,6 +205,7 @@ class Dispatcher:
         job = await asyncio.get_running_loop().run_in_executor(self._prep, self.pipeline.prepare,
                                                                req.synthesis_request())
         sink(Normalized(id=req.id, spoken=[s.text for s in job.sentences], tokens=[int(s.ids.size) for s in job.sentences],
+                        steps=[s.max_steps for s in job.sentences], notes=list(job.notes),
                         unspeakable=list(job.unspeakable), unspeakable_names=[describe(u) for u in job.unspeakable]))
 
     async def add_text(self, req: Speak) -> bool:
@@ -276,11 +278,12 @@ class Dispatcher:
     def _cancel(self, req: Cancel, sink: EventSink) -> None:
         if req.channel is not None and req.channel not in self.channels:
             raise UnknownChannelError(f"unknown channel {req.channel!r}; configured channels: {', '.join(self.channels)}")
-        items = self.worker.cancel(request_id=req.id, channel=req.channel)
+        scope = (req.scope or DEFAULT_CANCEL_SCOPE) if req.channel is not None else None
+        items = self.worker.cancel(request_id=req.id, channel=req.channel, scope=scope or DEFAULT_CANCEL_SCOPE)
         if not items:
-            what = f"has id {req.id!r}" if req.id is not None else f"is on channel {req.channel!r}"
+            what = f"has id {req.id!r}" if req.id is not None else f"is on channel {req.channel!r} (scope {scope})"
             raise RequestError(f"nothing to cancel: no queued, running or playing request {what}")
         for it in items:   # the request's own client got its event; tell a different canceller too
             if it.sink != sink:
                 sink(ErrorEvent(code=CancelledError.code, message=f"request {it.id} was cancelled", id=it.id))
-        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel))
+        sink(CancelDone(cancelled=len(items), ids=[it.id for it in items], id=req.id, channel=req.channel, scope=scope))

@@ -99,7 +99,8 @@ class Endings:
         self.settle(item, ErrorEvent(code=CancelledError.code, message=f"request {item.id} was cancelled", id=item.id))
 
     def after_preempt(self, item: Request) -> None:
-        """Resume (re-queue from the start) or drop an item an alert interrupted."""
+        """Resume (re-queue from its interrupted sentence, ``item.resume_from``) or drop an item a
+        higher-priority request interrupted."""
         policy = self.sched.on_preempt.get(item.channel, "resume")
         with self._cv:
             by = item.preempted_by
@@ -113,9 +114,9 @@ class Endings:
         item.sink(Preempted(id=item.id, channel=item.channel, by=by, action="resume" if resume else "drop"))
         if resume:
             mark(self.journal, item.journal, "requeued")
-            log.info("%s resumes on %s after alert %s (from the start)", item.id, item.channel, by)
+            log.info("%s resumes on %s right after %s (from sentence %d)", item.id, item.channel, by, item.resume_from)
             return
-        err = PreemptedError(f"request {item.id} was dropped: alert {by} preempted it on channel {item.channel!r} "
+        err = PreemptedError(f"request {item.id} was dropped: request {by} preempted it on channel {item.channel!r} "
                              f"(service.channels[].on_preempt: drop)" if policy == "drop" else
                              f"request {item.id} was preempted by alert {by} while the daemon stops")
         self.settle(item, error_event(err, item.id))

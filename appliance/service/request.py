@@ -78,7 +78,12 @@ class Request:
         first_pcm_at: ``time.monotonic()`` of its first PCM chunk.
         task: its :class:`~appliance.synth.batch.Task` while synthesizing.
         preempted_by: id of the alert that interrupted it (until it is re-queued or dropped).
-        restarts: times it was resumed from the start after a preemption.
+        restarts: times it was resumed after a preemption.
+        begun: the scheduler's count of starts when it last started (the lowest of a channel's
+            running or playing requests sounds now: a cancel with scope ``current``).
+        resume_from: the sentence its next start begins with (the one an interruption cut; 0:
+            from the start). The sentence ``k`` of a job always draws with ``seed + k``, so a
+            resumed sentence sounds as it did.
         journal: its sequence number in the request journal (None: not journaled).
         not_crash_safe: why it is not journaled although the journal is on (the journal could
             not write it: ``accepted.not_crash_safe``), else None.
@@ -102,6 +107,8 @@ class Request:
     task: Optional[Task] = None
     preempted_by: Optional[str] = None
     restarts: int = 0
+    resume_from: int = 0
+    begun: int = 0
     journal: Optional[int] = None
     not_crash_safe: Optional[str] = None
     progress_at: float = 0.0
@@ -139,7 +146,8 @@ class Request:
         return True
 
     def restart(self) -> None:
-        """Back to the queue after a preemption (``on_preempt: resume``): from the start."""
+        """Back to the queue after a preemption (``on_preempt: resume``): from sentence
+        :attr:`resume_from` (set when it was interrupted)."""
         self.move(State.QUEUED)
         self.cancel = threading.Event()
         self.audio, self.task, self.first_pcm_at = None, None, None
@@ -187,4 +195,5 @@ class Request:
                     steps_per_s=round(float(st.steps_per_s), 2), seed=self.job.seed,
                     spoken=list(rep.spoken), unspeakable=list(rep.unspeakable),
                     unspeakable_names=[describe(u) for u in rep.unspeakable],
-                    voice=self.job.voice or None, silent_sentences=sorted(rep.silent))
+                    voice=self.job.voice or None, silent_sentences=sorted(rep.silent),
+                    truncated=[{"sentence": k, "text": rep.spoken[k], "steps": n} for k, n in rep.truncated])

@@ -20,8 +20,13 @@ by the :class:`~appliance.service.worker.Worker` with its lock held.
   request of a held-back priority is refused at once with ``insufficient_memory`` (memory may
   not come back soon, and waiting requests take memory too). Hold times are on the monotonic
   clock.
-* An ``alert`` preempts a lower-priority request running or playing on ITS channel
-  (:meth:`Scheduler.enqueue` names the victims; the worker stops them).
+* A request preempts a lower-priority one running or playing on ITS channel: an ``alert`` any
+  ``normal`` or ``background`` one, a ``normal`` one a ``background`` one (background waits for
+  normal speech, as a listener expects); :meth:`Scheduler.enqueue` names the victims, the worker
+  stops them. A victim that resumes (``channels[].on_preempt: resume``) is queued again ahead of
+  every request of its priority (:meth:`Scheduler.requeue`): it plays right after the
+  request(s) that interrupted it, from its interrupted sentence, before the others queued meanwhile.
+* A cancel by channel has a scope (:data:`~appliance.messages.protocol.CANCEL_SCOPES`, :meth:`Scheduler.targets`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
 from ..errors import BusyError, InsufficientMemoryError, RequestError, ThrottledError
-from ..messages.protocol import EventSink
+from ..messages.protocol import DEFAULT_CANCEL_SCOPE, PRIORITIES, EventSink
 from ..ops.throttle import Limits
 from .request import Request, State
 
@@ -96,6 +101,7 @@ class Scheduler:
         self.max_hold_s = max_hold_s
         self.holds: dict[Request, Hold] = {}
         self._clock = clock
+        self._begun = 0                  # starts so far (Request.begun: which of a channel's sounds first)
 
     def check(self, item: Request) -> tuple[int, Optional[str]]:
         """May ``item`` be queued? Returns its queue position on its channel (0 = next) and why
@@ -142,12 +148,13 @@ class Scheduler:
         return pos, waiting
 
     def enqueue(self, item: Request) -> list[Request]:
-        """Queue a checked ``item``; an ``alert`` marks the lower-priority items running or
-        playing on its channel as preempted (``preempted_by``, ``cancel`` set) and returns them."""
+        """Queue a checked ``item``; it marks the lower-priority items running or playing on its
+        channel as preempted (``preempted_by``, ``cancel`` set: an ``alert`` preempts ``normal``
+        and ``background``, a ``normal`` request ``background``) and returns them."""
         self.insert(item)
         self.active[item.id] = item
         victims = []
-        if item.speak.priority == "alert":
+        if item.rank < len(PRIORITIES) - 1:
             for v in self.active.values():
                 if (v.channel == item.channel and v.state in (State.RUNNING, State.PLAYING) and v.rank > item.rank
                         and v.preempted_by is None):
@@ -156,11 +163,20 @@ class Scheduler:
                     victims.append(v)
         return victims
 
-    def insert(self, item: Request) -> None:
-        """Into the queue after every request of the same or higher priority."""
-        pos = len(self.queue)
-        while pos > 0 and self.queue[pos - 1].rank > item.rank:
-            pos -= 1
+    def insert(self, item: Request, first: bool = False) -> None:
+        """Into the queue after every request of the same or higher priority (``first``: a resumed
+        request, after those of a higher priority and the resumed ones of its own that started
+        before it, ahead of the others of its own: interrupted requests resume in the order they
+        started)."""
+        if first:
+            pos = 0
+            while pos < len(self.queue) and (self.queue[pos].rank < item.rank or (
+                    self.queue[pos].rank == item.rank and 0 < self.queue[pos].begun < item.begun)):
+                pos += 1
+        else:
+            pos = len(self.queue)
+            while pos > 0 and self.queue[pos - 1].rank > item.rank:
+                pos -= 1
         self.queue.insert(pos, item)
 
     def limits(self) -> Optional[Limits]:
@@ -240,6 +256,8 @@ class Scheduler:
             self.queue.remove(it)
             self.holds.pop(it, None)
             it.move(State.RUNNING)
+            self._begun += 1
+            it.begun = self._begun
             self.running[it.channel] = it
         for ch, why in waiting.items():
             if self.waiting.get(ch) != why:
@@ -280,18 +298,30 @@ class Scheduler:
         return out
 
     def requeue(self, item: Request) -> None:
-        """Queue a preempted item again from the start (policy ``resume``)."""
+        """Queue a preempted item again (policy ``resume``), from its interrupted sentence
+        (``item.resume_from``), ahead of the requests of its priority queued meanwhile: it plays
+        right after the request(s) that interrupted it."""
         item.restart()
-        self.insert(item)
+        self.insert(item, first=True)
 
     def find(self, request_id: str) -> Optional[Request]:
         """The active request with this id, or None."""
         return self.active.get(request_id)
 
-    def targets(self, request_id: Optional[str], channel: Optional[str], sink: Optional[EventSink] = None) -> list[Request]:
-        """The active items a cancel by id, by channel or by client (``sink``) hits."""
+    def targets(self, request_id: Optional[str], channel: Optional[str], sink: Optional[EventSink] = None,
+                scope: str = DEFAULT_CANCEL_SCOPE) -> list[Request]:
+        """The active items a cancel by id, by channel (within ``scope``)
+        or by client (``sink``) hits (scopes: :class:`~appliance.messages.protocol.Cancel`)."""
+        begun = [it for it in self.active.values() if it.channel == channel and it.state in (State.RUNNING, State.PLAYING)]
+        current = min(begun, key=lambda it: it.begun) if begun else None    # sounds now (or is the next to)
+
+        def in_scope(it: Request) -> bool:
+            if scope == "current":
+                return it is current
+            return scope == "all" or it.state is not State.QUEUED or it.speak.priority != "alert"
+
         return [it for it in self.active.values()
-                if (request_id and it.id == request_id) or (channel and it.channel == channel)
+                if (request_id and it.id == request_id) or (channel and it.channel == channel and in_scope(it))
                 or (sink is not None and it.sink == sink)]
 
     def remove(self, item: Request) -> bool:

@@ -27,6 +27,16 @@ times, all channels together) and decides how much audio its sound-device voice 
   (:meth:`RequestAudio.rebuffer <appliance.audio.request.RequestAudio.rebuffer>`), so it pauses
   once, not at every chunk.
 
+When the CPU is really gone (``cpu_busy``: decode steps over :data:`BUSY` times this box's best
+at the same rows, e.g. a neighbour that takes the cores), a rate measured now says little about
+the rate a second later, and a plan made from it may still run dry inside a sentence. Then the
+policy pauses at sentence boundaries only: a later sentence's boundary hold is the *whole*
+sentence (the voice plays on once its last chunk is queued, :mod:`appliance.audio.mix`), a
+sentence already playing re-buffers its whole rest should it run dry (one pause), and a request
+that starts then plans its start for its first sentence alone (its later sentences hold at their
+boundaries), so that its first audio is not held for the rest. ``done.pauses`` marks such a
+pause ``"whole_sentence": true``.
+
 The policy reads typed objects only: the :class:`~appliance.service.request.Request`, its
 :class:`~appliance.synth.batch.Task` (the sentences known now, its ``chunk_scale``, the steps its
 decoding sentence has run: ``Task.decoded``) and, at the end, the task's :class:`~appliance.synth.job.Report`.
@@ -73,6 +83,8 @@ STEPS_PER_TOKEN = 10.0
 BUSY = 1.25
 """A decode step this many times slower than the fastest one seen at the same rows: the CPU is
 busy with something else (another process, a lower clock)."""
+WHOLE_S = 3600.0
+"""A hold (s) no sentence reaches: the voice plays on once the sentence is queued whole."""
 CAUSES = {
     "cpu_busy": "decode steps slower than this box's best at this many channels: another process, or a lower clock",
     "channels": "several channels decode together and their batch is slower than real time",
@@ -90,6 +102,7 @@ class _Track:
     sentence: int = 0
     causes: dict = field(default_factory=dict)      # sentence -> cause at its first chunk (its boundary hold)
     latest: dict = field(default_factory=dict)      # sentence -> cause at its latest chunk (a dry-out in it)
+    whole: set = field(default_factory=set)         # sentences held (or re-buffered) until queued whole
 
 
 class StartPolicy:
@@ -171,6 +184,13 @@ class StartPolicy:
         voice = item.audio.voice
         if voice is None:
             return
+        if cause == "cpu_busy" and plan.hold_s > 0:    # the CPU is gone: the whole sentence, no gap inside it
+            tr.whole.add(k)
+            voice.device.hold(voice, WHOLE_S)
+            log.info("request %s: sentence %d: predicted RTF %.2f (cpu_busy): it plays on once it is queued whole "
+                     "(a pause between sentences, none inside)", item.id, k, plan.predicted_rtf,
+                     extra={"request_id": item.id, "predicted_rtf": plan.predicted_rtf, "sentence": k})
+            return
         voice.device.hold(voice, self.slack_s + plan.hold_s)
         if plan.hold_s > 0:
             log.info("request %s: sentence %d: predicted RTF %.2f (%s): it plays on once %.2f s of it are queued "
@@ -187,14 +207,17 @@ class StartPolicy:
         tr.latest[k] = cause
         voice = item.audio.voice
         if voice is not None:
-            voice.rebuffer(plan.hold_s)
+            gone = cause == "cpu_busy" and plan.hold_s > 0
+            voice.rebuffer(WHOLE_S if gone else plan.hold_s)    # gone: one pause until the rest is queued
 
     def apply(self, item: Request) -> None:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
             eng, task = self.engine, item.task
-            plan = start_plan(eng.schedule, eng.step_s, eng.window_s, self.expected_steps(task, item.job.params),
-                              eng.lookahead_of(task), rows=max(1, len(eng.tasks)), scale=task.chunk_scale)
+            steps = self._sentence_steps(task, item.job.params)
+            plan, cause = self._plan(item, sum(steps))
+            if cause == "cpu_busy" and plan.hold_s > 0 and len(steps) > 1:   # later sentences hold at their boundaries
+                plan, _ = self._plan(item, steps[0])
             voice = item.audio.voice                            # None: a WAV file or the client's audio
             hold_s = self.slack_s + plan.hold_s if voice is not None else 0.0
             if voice is not None:
@@ -242,7 +265,8 @@ class StartPolicy:
             causes = tr.causes if p.at_boundary else tr.latest
             out.append({"sentence": p.sentence, "at_s": round(p.at / rate, 3), "ms": round(1000.0 * p.samples / rate, 1),
                         "where": "sentence_boundary" if p.at_boundary else "mid_sentence",
-                        "cause": causes.get(p.sentence, "late_sentence" if p.at_boundary else "slow")})
+                        "cause": causes.get(p.sentence, "late_sentence" if p.at_boundary else "slow"),
+                        **({"whole_sentence": True} if p.at_boundary and p.sentence in tr.whole else {})})
         return out
 
     def status(self, channel: str) -> dict:

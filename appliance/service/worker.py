@@ -25,12 +25,14 @@ the pipeline's :class:`~appliance.synth.batch.BatchEngine`:
   without stalling the others. A channel's next request may start while the previous one still
   plays (its audio queues behind, in the same device lane). New requests stream with
   ``chunk_tokens * Limits.chunk_scale``.
-* an ``alert`` preempts a lower-priority request running or playing on ITS channel: synthesis
-  stops at the next step and unplayed audio is dropped at once; then, by
-  ``channels[].on_preempt``, the interrupted request is queued again right after the alert
-  (``resume``: it restarts from the beginning, same seed so same audio) or ends with an error
-  ``preempted`` (``drop``).
-* Cancel by id or by channel (queued, running, playing): unplayed audio is dropped at once.
+* an ``alert`` preempts a lower-priority request running or playing on ITS channel (and a
+  ``normal`` one a ``background`` one): synthesis stops at the next step and unplayed audio is
+  dropped at once; then, by ``channels[].on_preempt``, the interrupted request is queued again
+  right after the request that interrupted it, ahead of others of its priority (``resume``: it
+  restarts from the sentence that was sounding, same seed so the same audio) or ends with an
+  error ``preempted`` (``drop``).
+* Cancel by id, by channel (its scope: :data:`~appliance.messages.protocol.CANCEL_SCOPES`) or by
+  client (queued, running, playing): unplayed audio is dropped at once.
 
 Hooks (worker thread; quick, never raising): ``on_heartbeat()`` at least every ``heartbeat_s``
 while the worker is alive and making progress (a hung synthesis stops it: ``WATCHDOG=1``);
@@ -53,6 +55,7 @@ from ..audio.cancel import abort_all
 from ..core import PcmChunk
 from ..errors import BusyError, CancelledError
 from ..messages.protocol import (
+    DEFAULT_CANCEL_SCOPE,
     Accepted,
     ErrorEvent,
     Event,
@@ -164,9 +167,13 @@ class Worker:
             self._cv.notify_all()
         log.info("accepted %s (%s) on %s at queue position %d (%d chars)%s", item.id, item.speak.priority,
                  item.channel, pos, len(item.speak.text), f"; waits: {waiting}" if waiting else "")
+        for v in victims:                   # where it resumes: the sentence sounding now
+            voice = v.audio.voice if v.audio is not None else None
+            v.resume_from = voice.sounding_sentence() if voice is not None else v.resume_from
         abort_all(v.audio for v in victims if v.audio is not None)    # the sounding one last
         for v in victims:
-            log.info("alert %s preempts %s (%s) on %s", item.id, v.id, v.state.value, v.channel)
+            log.info("%s %s preempts %s (%s, %s) on %s", item.speak.priority, item.id, v.id, v.speak.priority,
+                     v.state.value, v.channel)
             with self._cv:
                 playing = v.state is State.PLAYING
             if playing:                     # synthesis already over: decide now
@@ -206,12 +213,14 @@ class Worker:
             self._cv.notify_all()
 
     def cancel(self, request_id: Optional[str] = None, channel: Optional[str] = None,
-               sink: Optional[EventSink] = None, channels: Optional[set] = None) -> list[Request]:
-        """Cancel a queued, running or still-playing request by id, all on ``channel``, or all of
-        one client (``sink``; only on ``channels`` when given). Each gets an ``error`` event
-        with code ``cancelled`` on its own sink; returns the items."""
+               sink: Optional[EventSink] = None, channels: Optional[set] = None,
+               scope: str = DEFAULT_CANCEL_SCOPE) -> list[Request]:
+        """Cancel a queued, running or still-playing request by id, those on ``channel`` within
+        ``scope`` (:data:`~appliance.messages.protocol.CANCEL_SCOPES`), or all of one client
+        (``sink``; only on ``channels`` when given). Each gets an ``error`` event with code
+        ``cancelled`` on its own sink; returns the items."""
         with self._cv:
-            targets = [it for it in self.sched.targets(request_id, channel, sink)
+            targets = [it for it in self.sched.targets(request_id, channel, sink, scope)
                        if channels is None or it.channel in channels]
             states = {}
             for it in targets:
@@ -342,7 +351,7 @@ class Worker:
                                          on_sounding=lambda: mark(self.journal, item.journal, "sounding"))
             lim = self.sched.limits()
             item.task = self.engine.add(item.job, lambda chunk, it=item: self._on_pcm(it, chunk), item.cancel,
-                                        lim.chunk_scale if lim is not None else 1)
+                                        lim.chunk_scale if lim is not None else 1, first_sentence=item.resume_from)
         except Exception as e:  # noqa: BLE001
             item.task = None
             self.ends.fail(item, e)
@@ -354,5 +363,8 @@ class Worker:
         item.progress_at = time.monotonic()
         if item.first_pcm_at is None:
             item.first_pcm_at = item.progress_at
+        voice = item.audio.voice
+        if voice is not None:                 # where each sentence begins on the device (a resume point)
+            voice.mark_sentence(chunk.sentence)
         self.starts.on_chunk(item, chunk)     # before the write: how much its player holds, sentence ends
         item.audio.write(pcm)

@@ -36,6 +36,7 @@ requests that start together (``GPT.generate`` over a padded batch); joining mid
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 import threading
@@ -176,9 +177,11 @@ class BatchEngine:
         return len(self._free_voc)
 
     def add(self, job: Job, sink: PcmSink, cancel: Optional[threading.Event] = None, chunk_scale: int = 1,
-            keep_codes: bool = False) -> Task:
+            keep_codes: bool = False, first_sentence: int = 0) -> Task:
         """Register ``job``; its first sentence joins the batch at the next :meth:`step`.
         ``keep_codes``: its report keeps every code drawn (the health check's reference).
+        ``first_sentence``: start at this sentence of the job (a request resumed after a
+        preemption; clipped to its sentences known now); it draws with ``seed + k`` as always.
 
         Raises:
             BusyError: all ``capacity`` task slots are taken.
@@ -187,7 +190,8 @@ class BatchEngine:
             raise BusyError(f"all {self.capacity} synthesis slots are busy")
         t = Task(job=job, sink=sink, cancel=cancel, chunk_scale=max(1, int(chunk_scale)),
                  sentences=list(job.sentences),
-                 report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None))
+                 report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None),
+                 k=max(0, min(int(first_sentence), len(job.sentences) - 1)))
         t.voc = self._free_voc.pop()
         self.tasks.append(t)
         return t
@@ -265,7 +269,11 @@ class BatchEngine:
             spoken = text or s.text
         t.report.spoken.append(spoken)
         t.report.text_tokens.append(s.text_tokens)
-        seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=job.params, seed=job.seed + t.k, trace=t.report.codes)
+        params = job.params
+        if 0 < s.max_steps < params.max_new_tokens:    # its own cap, proportional to its length
+            params = dataclasses.replace(params, max_new_tokens=s.max_steps,
+                                         min_new_tokens=min(params.min_new_tokens, s.max_steps))   # cap >= min: budget
+        seq = Sequence(ids=ids, spk_emb=job.spk_emb, params=params, seed=job.seed + t.k, trace=t.report.codes)
         t.seq, t.emitted = seq, 0
         self.loop.join(seq)
         voc.reset(seq.slot)
@@ -311,6 +319,11 @@ class BatchEngine:
         if seq.steps == 0:
             log.warning("request %s: sentence %d produced no audio (EOS at the first step)", t.job.id, t.k)
             t.report.silent.append(t.k)                          # reported in done.silent_sentences
+        elif seq.reason == "max_tokens":                         # reported in done.truncated
+            t.report.truncated.append((t.k, seq.steps))
+            log.warning("request %s: sentence %d reached its cap of %d decode steps (%.1f s) and was cut there: %r",
+                        t.job.id, t.k, seq.steps, seq.steps * 512 / SAMPLE_RATE, t.report.spoken[t.k][:80],
+                        extra={"request_id": t.job.id})
         self._by_seq.pop(seq, None)
         t.seq = None
         self._out(t, tail, ends_sentence=True)

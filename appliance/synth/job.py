@@ -30,12 +30,15 @@ class Sentence:
         ids: int64 ``[T]`` its code prompt (``[Stts][spk_emb]{prompt}{text}[Ptts]``), tokenized once.
         text_tokens: its text's tokens without the prompt's frame (>= 1): the expected length's basis.
         refine_ids: int64 ``[T']`` its text-mode prompt when refine-text is on, else None.
+        max_steps: its decode-step cap (:func:`appliance.text.budget.step_cap`: proportional to
+            its length, at most the job's ``params.max_new_tokens``); 0 = the job's.
     """
 
     text: str
     ids: np.ndarray
     text_tokens: int
     refine_ids: Optional[np.ndarray] = None
+    max_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Job:
         feed: the rest of its text still arrives through it (an utterance streamed in pieces): the
             engine waits after the last sentence it has, until :meth:`TextFeed.close`; None: the
             text is complete.
+        notes: what the normalizer decided for its text (:attr:`~appliance.text.normalize.NormalizedText.notes`).
     """
 
     id: str
@@ -64,6 +68,7 @@ class Job:
     prompt: str = ""
     voice: str = ""
     feed: Optional[TextFeed] = None
+    notes: tuple[str, ...] = ()
 
     @property
     def prompts(self) -> tuple[np.ndarray, ...]:
@@ -162,6 +167,7 @@ class Report:
         text_tokens: per sentence, in order, its text's tokens (what the start policy learns from).
         unspeakable: the characters of all its text that could not be spoken.
         silent: indices of sentences that produced no audio (end of sequence at the first step).
+        truncated: ``(index, steps)`` of each sentence that reached its step cap (cut there).
         codes: every kept code (int64 ``[4]`` each, in order) when the run was asked to keep them
             (the health check's reference), else None.
         max_rows: most rows any decode step of the job had (> 1: it ran batched).
@@ -173,6 +179,7 @@ class Report:
     text_tokens: list[int] = field(default_factory=list)
     unspeakable: list[str] = field(default_factory=list)
     silent: list[int] = field(default_factory=list)
+    truncated: list[tuple[int, int]] = field(default_factory=list)
     codes: Optional[list[np.ndarray]] = None
     max_rows: int = 0
     stats: Optional[JobStats] = None

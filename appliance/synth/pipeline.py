@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..text.normalize import Normalizer
 from ..text.speaker import resolve_voice
+from ..text.budget import step_cap
 from ..text.split import split_text
 from ..text.tokenizer import Tokenizer
 from ..text.voices import VoiceBook
@@ -216,9 +217,9 @@ class Pipeline:
         text = speak.text
         if len(text) > cfg.service.max_text_chars:
             raise TextError(f"text of {len(text)} characters is over the limit of {cfg.service.max_text_chars} (service.max_text_chars); split it")
-        norm = self.normalizer(text, request_id=speak.id)
-        p = speak.params
         s = cfg.synthesis
+        norm = self.normalizer(text, request_id=speak.id, emoji=s.emoji, list_numbers=s.list_numbers)
+        p = speak.params
         params = SamplingParams.from_config(
             s, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
             repetition_penalty=p.repetition_penalty, min_new_tokens=p.min_new_tokens,
@@ -231,7 +232,7 @@ class Pipeline:
         voice = self.voices.lookup(speak.voice, s.voice)
         spk_emb = resolve_voice(voice.spec, self.runner.info.hidden_size)
         split = split_text(norm.text, self.tokenizer, cfg.model.max_prompt_tokens, prompt=prompt,
-                           with_speaker=spk_emb is not None)
+                           with_speaker=spk_emb is not None, max_steps=params.max_new_tokens)
         frame = self.tokenizer.code_prompt("", with_speaker=spk_emb is not None, prompt=prompt).size
         seed = speak.seed if speak.seed is not None else s.seed
         if seed is None:
@@ -243,9 +244,12 @@ class Pipeline:
         sentences = tuple(Sentence(text=sent.text, ids=sent.ids,              # tokenized once, by split_text
                                    text_tokens=max(1, int(sent.ids.size) - int(frame)),   # expected length (start plan)
                                    refine_ids=self.tokenizer.encode(f"[Sbreak]{sent.text}[Pbreak]{s.refine_prompt}")
-                                   if refine else None) for sent in split)
+                                   if refine else None,
+                                   max_steps=step_cap(sent.text, params.max_new_tokens, params.min_new_tokens))
+                          for sent in split)
         return Job(id=speak.id, text=norm.text, sentences=sentences, unspeakable=tuple(norm.unspeakable),
-                   seed=int(seed), params=params, spk_emb=spk_emb, prompt=prompt, voice=voice.label)
+                   seed=int(seed), params=params, spk_emb=spk_emb, prompt=prompt, voice=voice.label,
+                   notes=norm.notes)
 
     def _refine(self, job: Job, sentence: Sentence, k: int) -> tuple[str, np.ndarray]:
         """Refine-text for sentence ``k`` of ``job`` (called by the engine on the worker thread

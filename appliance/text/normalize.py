@@ -6,9 +6,12 @@ One request's text goes through, in order:
    other control character (C0, DEL, C1; NUL included) except ``\\n`` and ``\\t`` becomes a space,
    so none reaches the rules, the tokenizer or a log line; then the markup stage
    (:mod:`.markup`): Markdown, HTML and SSML out, links as their text, addresses short,
-   ``<break>`` as a pause token, control tokens kept;
+   ``<break>`` as a pause token, control tokens kept; then chat text (:mod:`.lists`: list numbers
+   in their item's language; :mod:`.emoticons`: kaomoji, emoticons and emoji clusters dropped or
+   said by meaning; :mod:`.roman`: Roman numerals where the context makes them numbers);
 1. the script pass (:mod:`.scripts`): compatibility forms, digits of any script, traditional ->
    simplified Chinese (OpenCC), Latin letters with diacritics spelled in ASCII;
+   then runs collapsed and unpronounceable tokens (hashes, long codes) shortened (:mod:`.shorten`);
 2. control tokens (``[uv_break]``, ``[laugh]``, ``[speed_5]`` ...) are cut out and pass
    byte for byte; the prompt's own tokens (``[Stts]``, ``[spk_emb]`` ...) are removed and reported;
 3. language per span (:mod:`.spans`): Chinese or English for each stretch, numbers and codes by
@@ -22,8 +25,13 @@ One request's text goes through, in order:
    question marks as sentence ends and turn line breaks into sentence ends;
    an apostrophe is kept (``don't``, ``John's``; ``’`` becomes ``'``): the tokenizer knows it,
    and a tokenizer that does not reports it as unspeakable in step 6;
-6. whatever is left that cannot be spoken (emoji, other scripts, symbols we have no word for,
-   characters the tokenizer maps to ``[UNK]``) is removed and reported, each once, by name.
+6. whatever is left that cannot be spoken (other scripts, symbols we have no word for,
+   characters the tokenizer maps to ``[UNK]``) is removed and reported, each once, by name, a
+   grapheme cluster whole; last, no unit of the spoken form repeats more than
+   :data:`~.shorten.MAX_SPOKEN_REPEATS` times (:func:`~.shorten.bound_spoken`).
+
+Every decision of the chat-text stages (a number, a picture, a run, a code) is noted in
+:attr:`NormalizedText.notes`, which ``chattts-appliance normalize`` prints.
 
 If ``wetext`` is not installed, our rules and verbalizer alone run (a warning says that dates
 are then read as plain numbers). Homophone replacement (upstream ``homophones_map.json``) is
@@ -39,10 +47,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import TextError
+from .emoticons import clusters, pictures
+from .lists import list_numbers as number_items
 from .markup import Markup
 from .numbers import verbalize_numbers
-from .rules import apply_rules
+from .roman import read_roman
+from .rules import WEB_RE, apply_rules
 from .scripts import ScriptConverter, describe, is_cjk, is_latin
+from .shorten import bound_spoken, collapse_runs, say_marks, shorten_codes
 from .spans import detect_language, split_spans
 from .tokens import CTRL_RE, USER_CONTROL_TOKENS
 from .units import read_symbols
@@ -61,12 +73,15 @@ class NormalizedText:
             symbols, other scripts, characters the tokenizer maps to ``[UNK]``, and structural
             control tokens such as ``[Stts]``), each once, in order of appearance.
         lang: dominant language of the input, ``"zh"`` or ``"en"``.
+        notes: what the chat-text stages decided, one line each (a list number, a picture said or
+            dropped, a Roman numeral, a run collapsed, a code or link shortened), in order.
     """
 
     text: str
     unspeakable: tuple[str, ...]
     lang: str
     cleaned: str = ""
+    notes: tuple[str, ...] = ()
 
     @property
     def unspeakable_names(self) -> tuple[str, ...]:
@@ -88,6 +103,8 @@ _QUOTES = set("'‘’")
 #: wetext gets one clause at a time (it takes ``123456，5`` for one number otherwise).
 _WETEXT_CUT = re.compile(r"(?<=[。！？!?\n，、；：])|(?<=\.)(?!\d)")
 _WETEXT_TRIGGER = re.compile(r"[\d%‰°$¥￥€£℃]")
+#: ASCII marks that no rule gave a meaning: pauses, never words (wetext reads | as vertical bar)
+_NOT_SAID = re.compile(r"[|^_`\\~]|(?<!\d)[*/]|[*/](?!\d)")
 #: control characters (Unicode category Cc) other than \t and \n: C0, DEL and C1
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: WordPiece turns a word longer than 100 characters into one [UNK]: long runs are cut.
@@ -148,12 +165,15 @@ class Normalizer:
                 self._wt = {"zh": _WT(lang="zh", operator="tn"), "en": _WT(lang="en", operator="tn")}
                 self.wetext = True
 
-    def __call__(self, text: str, request_id: Optional[str] = None) -> NormalizedText:
+    def __call__(self, text: str, request_id: Optional[str] = None, *, emoji: str = "drop",
+                 list_numbers: str = "speak") -> NormalizedText:
         """Normalize one request's text.
 
         Args:
             text: what the sender wrote.
             request_id: named in every log line about this text.
+            emoji: ``synthesis.emoji``: ``drop`` or ``name`` (:mod:`.emoticons`).
+            list_numbers: ``synthesis.list_numbers``: ``speak`` or ``drop`` (:mod:`.lists`).
 
         Returns:
             :class:`NormalizedText`.
@@ -173,12 +193,17 @@ class Normalizer:
                             "send words to speak")
         rid = request_id or "-"
         unspeakable: list[str] = []
+        notes: list[str] = []
 
         def report(item: str) -> None:
             if item not in unspeakable:
                 unspeakable.append(item)
 
-        text = apply_rules(self.scripts.convert(text), "", stage="before_spans")
+        first = detect_language(CTRL_RE.sub(" ", text))
+        text = number_items(text, list_numbers, first, notes.append)
+        text = read_roman(pictures(text, emoji, first, report, notes.append), notes.append)
+        text = collapse_runs(self.scripts.convert(text), notes.append)
+        text = apply_rules(shorten_codes(text, WEB_RE, notes.append), "", stage="before_spans")
         dominant = detect_language(CTRL_RE.sub(" ", text))
         parts = CTRL_RE.split(text)
         out: list[str] = []
@@ -194,7 +219,7 @@ class Normalizer:
         result = re.sub(r" ?([，。、]) ?", r"\1", result)
         result = re.sub(r" ([,.])", r"\1", result)
         result = re.sub(r"([，。、,.])[，。、,.]+", r"\1", result)  # runs of pauses: keep the first
-        result = _LONG_WORD_RE.sub(r"\g<0> ", result)
+        result = _LONG_WORD_RE.sub(r"\g<0> ", bound_spoken(result, notes.append))
         if self.tokenizer is not None:
             for c in self.tokenizer.unknown_chars(CTRL_RE.sub(" ", result)):
                 report(c)
@@ -209,7 +234,7 @@ class Normalizer:
             log.info("request %s: removed what cannot be spoken: %s", rid, ", ".join(describe(u) for u in unspeakable),
                      extra={"request_id": rid})
         log.debug("request %s: speaks %r", rid, result, extra={"request_id": rid})
-        return NormalizedText(result, tuple(unspeakable), dominant, cleaned)
+        return NormalizedText(result, tuple(unspeakable), dominant, cleaned, tuple(notes))
 
     # -- one stretch of text between control tokens ------------------------------------------
 
@@ -218,9 +243,10 @@ class Normalizer:
         return "".join(self._span(lang, span, report, rid) for lang, span in split_spans(seg, dominant))
 
     def _span(self, lang: str, s: str, report, rid: str) -> str:
-        s = apply_rules(s, lang)
+        s = _NOT_SAID.sub(" ", apply_rules(say_marks(s, lang), lang))   # wetext would name them (vertical bar)
         if _WETEXT_TRIGGER.search(s):  # wetext costs ~0.25 ms per character: only where needed
             s = "".join(self._wetext(lang, x, rid) if _WETEXT_TRIGGER.search(x) else x for x in _WETEXT_CUT.split(s))
+            s = re.sub(r"\bslash\b", "over", s) if lang == "en" else s   # a ratio wetext could not read (00/0)
         if re.search(r"\d", s):
             s = verbalize_numbers(s, lang)
         s = read_symbols(s, lang)
@@ -231,20 +257,15 @@ class Normalizer:
         end = "。" if lang == "zh" else "."
         s = re.sub(r"([，。、,.]?)\n", lambda m: (m.group(1) if m.group(1) in ("。", ".") else end) + " ", s)
         kept = []
-        for i, c in enumerate(s):
-            if is_cjk(c) or is_latin(c) or c in _KEPT_PUNCT or c == " ":
-                kept.append(c)
-            elif c in _APOSTROPHES and _is_apostrophe(s, i):
-                kept.append("'")  # don't, John's, o'clock, drivers': the tokenizer knows '
-            elif c.isspace():
+        i = 0
+        for g in clusters(s):
+            c = g[0]
+            if len(g) > 1 and not (is_cjk(c) or is_latin(c) or c in _KEPT_PUNCT or c.isspace()):
+                report(g)   # a cluster of another script, or a picture no stage knew: whole
                 kept.append(" ")
-            elif unicodedata.category(c).startswith("P"):
-                kept.append(" ")  # quotes, brackets ...: not spoken, not words
-            elif unicodedata.category(c) in ("Mn", "Me", "Cf", "Cc"):
-                continue  # zero-width / format characters, emoji variation selectors: invisible
             else:
-                report(c)  # emoji, symbols, other scripts
-                kept.append(" ")
+                kept.extend(_keep(x, s, i + k, report) for k, x in enumerate(g))
+            i += len(g)
         return "".join(kept)
 
     def _wetext(self, lang: str, s: str, rid: str) -> str:
@@ -262,3 +283,18 @@ class Normalizer:
             log.debug("request %s: wetext (%s) failed on %r (%s); read by our own rules", rid, lang, core, e,
                       extra={"request_id": rid})
             return s
+
+
+def _keep(c: str, s: str, i: int, report) -> str:
+    """What the character ``c`` at ``s[i]`` (in a cluster led by a speakable one) leaves in the
+    spoken form: itself, an apostrophe, a space, nothing, or a space with ``c`` reported."""
+    if is_cjk(c) or is_latin(c) or c in _KEPT_PUNCT or c == " ":
+        return c
+    if c in _APOSTROPHES and _is_apostrophe(s, i):
+        return "'"       # don't, John's, o'clock, drivers': the tokenizer knows '
+    if c.isspace() or unicodedata.category(c).startswith("P"):
+        return " "       # quotes, brackets ...: not spoken, not words
+    if unicodedata.category(c) in ("Mn", "Me", "Cf", "Cc"):
+        return ""        # zero-width / format characters, emoji variation selectors: invisible
+    report(c)            # symbols, other scripts
+    return " "

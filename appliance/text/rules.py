@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import dates
+from .ranges import read_ranges
 from .numbers import (
     en_digits,
     en_int,
@@ -75,7 +76,7 @@ _EN_CALL_RE = re.compile(r"\b((?:call|dial|phone|tel|fax|ring|text)\b\s*:?\s*)(\
 #: after "number": a phone-like number (5 digits or more, or with + or -) is read digit by digit,
 #: a short one as a number (number 10 is ten)
 _EN_NUMBER_RE = re.compile(r"\b(number\s*:?\s*)(\+?\d[\d\s-]*\d)(?![\d.,]\d)", re.IGNORECASE)
-_VERSION_RE = re.compile(r"(?<![\d.])[vV]?\d+(?:\.\d+){2,}(?![\d.]*\d)")
+_VERSION_RE = re.compile(r"(?<![\d.])(?:(?<![A-Za-z])[vV])?\d+(?:\.\d+){2,}(?![\d.]*\d)|(?<![A-Za-z])[vV]\d+\.\d+(?![\d.]*\d)")
 _PCT_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?%\s?[-~～]\s?(?=\d+(?:\.\d+)?\s?%)")
 _ZH_ORDINAL_RE = re.compile(r"第\s?(\d+)(?![\d.])")
 _ROOMS = ("室", "房", "会议室", "教室", "病房", "房间", "号房")
@@ -115,6 +116,15 @@ _DECADES = "hundreds tens twenties thirties forties fifties sixties seventies ei
 _MODEL_RE = re.compile(r"(?<![A-Za-z])([a-z]+[A-Z][A-Za-z]*|[A-Z]{2,}) (\d{1,2}[mshtgl])(?![A-Za-z0-9])")
 
 
+def _outside_web(s: str, fn: Callable[[str], str]) -> str:
+    """``fn`` applied to the parts of ``s`` outside web and e-mail addresses (read whole later)."""
+    parts, last = [], 0
+    for m in WEB_RE.finditer(s):
+        parts += [fn(s[last:m.start()]), m.group()]
+        last = m.end()
+    return "".join(parts) + fn(s[last:])
+
+
 def _spell_en(text: str) -> str:
     groups = [g for g in re.split(r"[^\d]+", text) if g]
     return (" plus " if text.lstrip().startswith("+") else " ") + ", ".join(en_digits(g) for g in groups) + " "
@@ -147,14 +157,19 @@ def _web(m: re.Match, lang: str) -> str:
     if s is None:           # a web address: its host only, without www. (example dot com)
         s = re.sub(r"(?i)^www\.", "", m.group("host"))
         words = {**words, "-": " "}
+        host = "".join(words.get(c, c) for c in s)
+        if re.search(r"[/?#][^/?#]", m.group()[m.end("host") - m.start():]):   # a path or query: a link
+            return f"一个{host}的链接" if lang == "zh" else f" a link on {host} "
+        return " " + host + " "
     return " " + "".join(words.get(c, c) for c in s) + " "
 
 
 def _version(m: re.Match, lang: str) -> str:
     parts = re.findall(r"\d+", m.group())
+    v = m.group()[0] if m.group()[0] in "vV" else ""      # v2.1.3 keeps its v
     if lang == "zh":
-        return "点".join(zh_int(int(p)) for p in parts)
-    return " " + " point ".join(en_int(int(p)) for p in parts) + " "
+        return v + "点".join(zh_int(int(p)) for p in parts)
+    return f" {v} " + " point ".join(en_int(int(p)) for p in parts) + " "
 
 
 def _quantity(m: re.Match, lang: str) -> str:
@@ -240,7 +255,7 @@ RULES: tuple[Rule, ...] = (
          "requests; a mark keeps the script of the clause it ends", ("Hello, 你好吗", "Hello, 你好吗")),
     Rule("hyphen-letters-digits", "zh en", "before_spans", "wetext reads GPT-4 as GPT negative four",
          ("GPT-4很强", "GPT 四很强"),
-         lambda s, lang: re.sub(r"(?<=[A-Za-z])(?<!\d[eE])-(?=\d)", " ", s)),
+         lambda s, lang: _outside_web(s, lambda x: re.sub(r"(?<=[A-Za-z])(?<!\d[eE])(?<!\d[AaPp][Mm])-(?=\d)", " ", x))),
     Rule("model-name", "zh en", "before_spans", "a one-letter unit glued to a number after a product name "
          "is part of the name (iPhone 5s is not five seconds): the name and number become one code",
          ("iPhone 5s很好", "iPhone五s很好"), lambda s, lang: _MODEL_RE.sub(r"\1\2", s)),
@@ -257,11 +272,18 @@ RULES: tuple[Rule, ...] = (
          ("12月2日至5日", "十二月二日至五日"), dates.month_day),
     Rule("web-address", "zh en", "before_wetext", "wetext and upstream keep the dots of an address, read as "
          "sentence ends, and a whole URL spelled out is noise; a web address is read short, its host "
-         "without www., port or path, with dot (点); an e-mail address whole, with at (艾特)",
-         ("see https://www.home-assistant.io/integrations/wyoming/", "see home assistant dot io"),
+         "without www. or port, with dot (点), and one with a path or query as a link on it (一个...的链接); an "
+         "e-mail address whole, with at (艾特)",
+         ("see https://www.home-assistant.io/integrations/wyoming/", "see a link on home assistant dot io"),
          _sub(WEB_RE, _web)),
-    Rule("version", "zh en", "before_wetext", "wetext reads 3.11.2 as a date or a decimal",
-         ("version 3.11.2", "version three point eleven point two"), _sub(_VERSION_RE, _version)),
+    Rule("version", "zh en", "before_wetext", "wetext reads 3.11.2 as a date or a decimal and drops the v of "
+         "v2.1.3; a version keeps its v", ("version 3.11.2, v2.1", "version three point eleven point two, v two "
+                                           "point one"), _sub(_VERSION_RE, _version)),
+    Rule("range-words", "zh en", "before_wetext", "wetext and upstream read a range's dash or tilde as a pause "
+         "(12点~13点半 -> 十二点 十三点半, 2:30–4 pm -> two thirty, four PM); between numbers, times, amounts, "
+         "weekdays and months it is the language's to (到)",
+         ("12点~13点半，2:30–4 pm", "十二点到十三点半，two thirty to four PM"),
+         read_ranges),
     Rule("number-sign", "zh en", "before_wetext", "wetext reads No.5 as No.five and #5 as hash five (井号五); "
          "both are number five (五号); after the word number (No., #) a number of up to four digits is a "
          "number (number 10 was read as a phone number, one zero), a longer one is read digit by digit",

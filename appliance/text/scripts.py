@@ -47,10 +47,16 @@ def is_latin(c: str) -> bool:
 
 
 def describe(item: str) -> str:
-    """How an unspeakable item is reported: ``😀 (U+1F600 GRINNING FACE)``; control tokens as
-    ``[Stts] (control token of the prompt)``."""
+    """How an unspeakable item is reported: ``😀 (U+1F600 GRINNING FACE)``; a grapheme cluster of
+    several code points whole (``👍🏽 (emoji thumbs up: U+1F44D U+1F3FD)``, ``^_^ (emoticon)``:
+    :func:`appliance.text.emoticons.describe_cluster`); control tokens as ``[Stts] (control
+    token of the prompt)``."""
     if len(item) != 1:
-        return f"{item} (control token of the prompt)"
+        if item.startswith("[") and item.endswith("]"):
+            return f"{item} (control token of the prompt)"
+        from .emoticons import describe_cluster   # emoticons imports units, as this module does
+
+        return describe_cluster(item)
     name = unicodedata.name(item, "") or f"unnamed, category {unicodedata.category(item)}"
     return f"{item} (U+{ord(item):04X} {name})"
 

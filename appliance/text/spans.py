@@ -11,13 +11,16 @@ in its language, the rest starts the clause on the right (``Meeting starts at 10
 reads 10:45 in English; ``Hello, 你好吗`` keeps its comma with ``Hello``). Without such a mark the
 run goes to the side it is written against (no space between), else to the language that has more
 words in the text around it; the request's dominant language decides only text that has no letters.
+A web or e-mail address (:data:`~appliance.text.rules.WEB_RE`) is one span, in the language of the
+words nearest to it on its left (else its right): ``请访问https://example.com/a?b=1了解`` says the
+link in Chinese.
 """
 
 from __future__ import annotations
 
 import re
 
-from .rules import CODE_RE, SCIENTIFIC_RE
+from .rules import CODE_RE, SCIENTIFIC_RE, WEB_RE
 from .scripts import is_cjk, is_latin
 from .units import QUANTITY_RE
 
@@ -66,6 +69,11 @@ def split_spans(seg: str, dominant: str) -> list[tuple[str, str]]:
             kinds.append("en")
         else:
             kinds.append(None)
+    for m in WEB_RE.finditer(seg):       # an address: one span, in its neighbours' language
+        near = [k for k in kinds[m.start() - 1::-1] if k][:1] if m.start() else []
+        near = near or [k for k in kinds[m.end():] if k][:1] or [dominant]
+        for i in range(m.start(), m.end()):
+            kinds[i] = near[0]
     i = 0
     while i < n:
         if kinds[i] is not None:

@@ -15,6 +15,10 @@ tokenizer, must fit ``cfg.model.max_prompt_tokens``. Order of cuts:
    packed greedily up to the limit;
 3. a clause still over the limit is cut at token boundaries (preferring the start of a word).
 
+With ``max_steps`` (the sentence's step ceiling) "over the limit" also means a piece whose
+expected speech needs more steps than that at the language's speaking rate
+(:func:`appliance.text.budget.fits`): a long unpunctuated text becomes segments that each fit.
+
 Pieces are contiguous slices of the input with surrounding whitespace removed, so joining
 them gives the input back minus whitespace: nothing is lost or repeated. A piece with nothing
 to say (only punctuation or control tokens) is attached to its neighbour. Each piece comes with
@@ -25,11 +29,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from ..errors import TextError
+from . import budget
 from .tokens import TOKEN_RE
 
 log = logging.getLogger(__name__)
@@ -57,7 +62,7 @@ def _speakable(piece: str) -> bool:
 
 
 def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = "",
-               with_speaker: bool = True) -> list[Sentence]:
+               with_speaker: bool = True, max_steps: Optional[int] = None) -> list[Sentence]:
     """Cut normalized ``text`` into pieces whose code prompt fits ``max_prompt_tokens``.
 
     Args:
@@ -66,6 +71,9 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
         max_prompt_tokens: ``cfg.model.max_prompt_tokens``.
         prompt: control tokens put before every piece (``synthesis.prompt``).
         with_speaker: whether the prompt holds ``[spk_emb]`` (else ``[empty_spk]``).
+        max_steps: the step ceiling of one sentence (``synthesis.max_new_tokens``); a piece whose
+            expected speech does not fit it is cut (:func:`appliance.text.budget.fits`). None: prompt
+            tokens only.
 
     Returns:
         non-empty pieces in order, each with its code-prompt ids.
@@ -84,22 +92,25 @@ def split_text(text: str, tokenizer, max_prompt_tokens: int, *, prompt: str = ""
     def n_tokens(piece: str) -> int:
         return int(prompt_ids(piece).size)
 
+    def fits(piece: str) -> bool:
+        return n_tokens(piece) <= budget_total and (max_steps is None or budget.fits(piece, max_steps))
+
     overhead = n_tokens("")
     if overhead >= budget_total:
         raise TextError(f"the prompt {prompt!r} alone is {overhead} tokens, leaving no room for text within "
                         f"model.max_prompt_tokens={max_prompt_tokens}; shorten synthesis.prompt")
     pieces: list[str] = []
     for sent in _cut(text, _SENT_END_RE, _full_stop_ends):
-        if n_tokens(sent) <= budget_total:
+        if fits(sent):
             pieces.append(sent)
             continue
-        packed = _pack(_cut(sent, _CLAUSE_RE), n_tokens, budget_total)
+        packed = _pack(_cut(sent, _CLAUSE_RE), fits)
         for c in packed:
-            if n_tokens(c) <= budget_total:
+            if fits(c):
                 pieces.append(c)
             else:
-                pieces.extend(_hard_split(c, tokenizer, budget_total - overhead, n_tokens, budget_total))
-    pieces = _attach_silent(pieces, n_tokens, budget_total)
+                pieces.extend(_hard_split(c, tokenizer, fits))
+    pieces = _attach_silent(pieces, fits)
     if not pieces:
         raise TextError("nothing to speak after splitting the text")
     if len(pieces) > 1:
@@ -139,23 +150,33 @@ def _join(a: str, b: str) -> str:
     return a + b
 
 
-def _pack(parts: list[str], n_tokens, limit: int) -> list[str]:
+def _pack(parts: list[str], fits) -> list[str]:
     out: list[str] = []
     for p in parts:
-        if out and n_tokens(_join(out[-1], p)) <= limit:
+        if out and fits(_join(out[-1], p)):
             out[-1] = _join(out[-1], p)
         else:
             out.append(p)
     return out
 
 
-def _hard_split(clause: str, tokenizer, room: int, n_tokens, limit: int) -> list[str]:
-    """Cut ``clause`` at token starts so each part's prompt fits ``limit`` (``room`` text tokens)."""
+def _hard_split(clause: str, tokenizer, fits) -> list[str]:
+    """Cut ``clause`` at token starts so that each part ``fits`` (prompt tokens and step budget),
+    the longest such head first, stepping back to a word start where one is near."""
     out: list[str] = []
     rest = clause
-    while rest and n_tokens(rest) > limit:
+    while rest and not fits(rest):
         _, offs = tokenizer.encode_with_offsets(rest)
-        t = max(1, min(room, len(offs) - 1))
+        if len(offs) < 2:
+            break
+        lo, hi = 1, len(offs) - 1
+        while lo < hi:                      # the longest head that fits (fits is monotone in length)
+            mid = (lo + hi + 1) // 2
+            if fits(rest[:int(offs[mid][0])].strip()):
+                lo = mid
+            else:
+                hi = mid - 1
+        t = lo
         # prefer a word start: after whitespace/punctuation, or a CJK character / control token
         for u in range(t, max(t // 2, 1) - 1, -1):
             a = int(offs[u][0])
@@ -163,31 +184,31 @@ def _hard_split(clause: str, tokenizer, room: int, n_tokens, limit: int) -> list
                 t = u
                 break
         a = int(offs[t][0])
-        # re-tokenizing a cut word can add tokens: step back until the head fits
-        while t > 1 and n_tokens(rest[:a]) > limit:
-            t -= 1
-            a = int(offs[t][0])
         head, rest = rest[:a].strip(), rest[a:].strip()
         if head:
             out.append(head)
+        else:                               # nothing fits: one token alone
+            a = int(offs[1][0]) if len(offs) > 1 else len(rest)
+            out.append(rest[:a].strip())
+            rest = rest[a:].strip()
     if rest:
         out.append(rest)
     return out
 
 
-def _attach_silent(pieces: list[str], n_tokens, limit: int) -> list[str]:
+def _attach_silent(pieces: list[str], fits) -> list[str]:
     """Attach pieces with nothing to say (punctuation, control tokens) to a neighbour: the
     previous one when it fits, else the next one."""
     out: list[str] = []
     carry = ""
     for p in pieces:
         if carry:
-            if n_tokens(_join(carry, p)) <= limit:
+            if fits(_join(carry, p)):
                 p = _join(carry, p)
             else:
                 out.append(carry)
             carry = ""
-        if not _speakable(p) and out and n_tokens(_join(out[-1], p)) <= limit:
+        if not _speakable(p) and out and fits(_join(out[-1], p)):
             out[-1] = _join(out[-1], p)
         elif not _speakable(p):
             carry = p

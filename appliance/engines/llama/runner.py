@@ -41,8 +41,11 @@ Threads: the one budget (:func:`~appliance.engines.threads.thread_budget`) is th
 decode step (and the prompts) run at the count that measures fastest within it, probed while it
 runs (:class:`~appliance.engines.threads.StepThreads`: two threads on a quiet 2-core host, one
 when other processes contend for the cores); the vocoder's ONNX Runtime sessions use the budget
-and run after the decode, never beside it. The KV cache is ``model.llama_kv_cache`` (f16 by
-default; q8_0 with flash attention: half the memory, slower attention), sized from the config's
+and run after the decode, never beside it. The KV cache is ``model.llama_kv_cache``: ``auto`` (the
+default) takes q8_0 where the GPT is offloaded to a GPU (half the bytes; its error against f16:
+hidden states -45 dB, PCM -41 dB) and f16 on the CPU (llama.cpp's attention over a q8_0 cache is
+slower on x86); with an offloaded GPT the GGUF is read, not mapped, so no host copy of the
+offloaded weights stays resident. Sized from the config's
 ``max_batch`` x ``max_seq_len`` at load (the export fixes neither: the daemon's memory fit may open it smaller,
 :mod:`appliance.daemon.memory`). Every llama.cpp failure is :class:`~appliance.errors.EngineError`.
 """
@@ -62,7 +65,7 @@ from . import canary as llama_canary, lib as llama_lib
 from .. import manifest as mf
 from ..host_runner import HostRunner
 from ..onnx.runner import embed_prompt, load_embeddings
-from ..onnx.vocoder import OrtVocoder, session_options
+from ..onnx.vocoder import OrtVocoder, session_options, vocoder_networks
 from ..runner import RunnerInfo, receptive_fields
 from ..threads import StepThreads, thread_budget
 
@@ -77,6 +80,16 @@ def find_llama_export(cfg: Config) -> Path | None:
     ``auto`` the first of :data:`TYPES`."""
     want = cfg.model.llama_precision
     return mf.find_built(cfg.resolve(cfg.model.engine_dir), "llama", TYPES if want == "auto" else (want,))
+
+
+def step_threads(threads: int, offloaded: bool) -> StepThreads:
+    """The decode step's thread chooser: measured within the budget ``threads`` on the CPU; on an
+    offloaded GPT the CPU computes almost nothing of the step, so its time says nothing about
+    threads (on an H100 the probe moved 1 -> 8 -> 16 threads every 4-5 s, about 30 changes a run):
+    the budget's count, never probed."""
+    if not offloaded:
+        return StepThreads(threads)
+    return StepThreads(threads, probe_every=1 << 62, first_probe=1 << 62, collapse=float("inf"))
 
 
 class LlamaRunner(HostRunner):
@@ -127,7 +140,6 @@ class LlamaRunner(HostRunner):
         if S > s["max_pos"]:
             raise ConfigError(f"model.max_seq_len {S} is over the GPT's {s['max_pos']} positions")
         max_prompt = min(mc.max_prompt_tokens, S - 1)
-        kv = llama_lib.kv_type(mc.llama_kv_cache, D // s["n_heads"])
         budget = thread_budget(mc.threads)
         threads = budget.threads
 
@@ -135,17 +147,21 @@ class LlamaRunner(HostRunner):
         # the GPU unless model.device is cpu; the CPU build ignores the count
         gguf = d / m["graphs"]["gpt"]["file"]
         gpu, fallback = llama_lib.offloads(mc.device), ""
+        why_gpu = ("model.device is cpu" if mc.device == "cpu" else
+                   "this llama.cpp build has no GPU backend" if not gpu else f"a CUDA build, model.device {mc.device}")
         if gpu:   # tried in a child first: a GPU build that faults at load must not crash-loop the daemon
             v = llama_canary.check(gguf, str(m.get("files", {}).get(gguf.name, "")), str(lc.__version__))
             if not v.ok:
                 gpu, fallback = False, f"the GPT runs on the CPU: {v.reason}"
+                why_gpu = fallback
                 log.warning("llama.cpp: %s", fallback)
+        kv = llama_lib.kv_type(llama_lib.kv_wanted(mc.llama_kv_cache, gpu), D // s["n_heads"])
         self._lc = lc
         self._model = llama_lib.load_model(lc, gguf, s, gpu_layers=L + 1 if gpu else 0)
         self._rows = max(max_prompt, M)
         self._ctx = llama_lib.new_context(lc, self._model, seqs=M, seq_len=S, batch=self._rows, threads=threads,
                                           kv_type=kv)
-        self._step_threads = StepThreads(threads)     # the step's threads, measured within the budget
+        self._step_threads = step_threads(threads, gpu)
         self._n_threads = threads
         self._mem = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self._rows, D, 1)
@@ -173,6 +189,8 @@ class LlamaRunner(HostRunner):
             kv_bytes_per_token=int(2 * L * D * kv_el), reason=reason, num_text_tokens=self._n_text, text_mode=True,
             engine_id=mf.file_sha256(d / mf.MANIFEST), threads=threads, threads_source=budget.source,
             device="cuda:0" if gpu else "cpu", fallback=fallback,
+            networks=(("gpt", f"llama.cpp {lc.__version__} {'CUDA: ' + str(L) + ' layers + output on the GPU' if gpu else 'CPU'}, "
+                              f"{qtype}, KV cache {kv} ({why_gpu})"), *vocoder_networks(ort)),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         log.info("llama.cpp runner: %s (%s), %s, %d sequences x %d positions, weights %.1f MiB, KV %.1f MiB (%s)%s",

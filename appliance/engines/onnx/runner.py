@@ -68,7 +68,7 @@ from ...errors import (
 from ...model.integrity import mismatch
 from .. import manifest as mf
 from ..host_runner import HostRunner
-from .vocoder import OrtVocoder, open_session, ort_call, session_options
+from .vocoder import OrtVocoder, open_session, ort_call, session_options, vocoder_networks
 from ..runner import RunnerInfo, receptive_fields
 from ..threads import thread_budget
 
@@ -235,6 +235,8 @@ class OnnxRunner(HostRunner):
             weight_bytes=int(weight_bytes), kv_bytes_per_token=2 * L * D * np.dtype(kv_dt).itemsize, reason=reason,
             num_text_tokens=self._n_text,
             engine_id=mf.file_sha256(d / mf.MANIFEST), threads=budget.threads, threads_source=budget.source,
+            networks=(("gpt", f"onnxruntime {ort.__version__} CPUExecutionProvider, {precision} ({reason or 'configured'})"),
+                      *vocoder_networks(ort)),
             **receptive_fields(s["dec_layers"], s["voc_layers"]),
         )
         self._voc = OrtVocoder(ort, d, m["graphs"], so, D, self._n_mels, self.info.decoder_rf)

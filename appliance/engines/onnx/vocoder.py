@@ -58,6 +58,18 @@ def open_session(ort: Any, f: Path, so: Any, providers: tuple = ("CPUExecutionPr
     return ort.InferenceSession(str(f), sess_options=so, providers=list(providers))
 
 
+def vocoder_networks(ort: Any) -> tuple[tuple[str, str], ...]:
+    """``RunnerInfo.networks`` entries of the Decoder and Vocos on ONNX Runtime's CPU provider,
+    with why the CPU: no GPU provider in this onnxruntime, or (one installed) the stateful
+    passes keep their caches as host arrays between windows, so a GPU provider would copy them
+    both ways on every window."""
+    gpu = [p for p in ort.get_available_providers() if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
+    why = ("its caches are host arrays between windows (a GPU provider would copy them both ways)" if gpu
+           else "this onnxruntime has no GPU provider")
+    text = f"onnxruntime {ort.__version__} CPUExecutionProvider, FP32 ({why})"
+    return (("decoder", text), ("vocos", text))
+
+
 def ort_call(what: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn``; any onnxruntime failure becomes :class:`EngineError` naming ``what`` (the one
     wrapper: onnxruntime raises its own pybind types, Fail, InvalidArgument, ...)."""
