@@ -116,7 +116,7 @@ r.start(0, SamplingParams(), 1)
 codes = r.step(np.arange(1), 1)[0]
 h = r.hidden(0, 0, 2)
 assert np.isfinite(h).all(), h
-print("STEP OK", codes.tolist(), [ln for ln in lib._recent if "loaded CPU backend" in ln])
+print("STEP OK", codes.tolist(), lib.cpu_library())
 """
 
 
@@ -133,6 +133,22 @@ def test_the_installed_build_runs_on_an_emulated_older_cpu(tiny_ckpt, llama_dir,
         pytest.skip(f"this llama.cpp is a native build ({cpu.describe(rec)}), not the portable one")
     p = subprocess.run(["qemu-x86_64", "-cpu", model, sys.executable, "-c", STEP, str(tiny_ckpt), str(llama_dir)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "STEP OK" in p.stdout and f"libggml-cpu-{variant}.so" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("qemu-x86_64") is None,
+                    reason="needs an x86-64 host with qemu-user (scripts/test.sh installs it)")
+def test_the_daemon_starts_and_speaks_on_an_emulated_haswell(tiny_ckpt, llama_dir, tmp_path):
+    rec = cpu.read_record()
+    if rec is None or not rec.get("variants"):
+        pytest.skip(f"not the portable llama.cpp build: {cpu.describe(rec)}")
+    cfg = service_config(tiny_ckpt, tmp_path, model={"backend": "llama", "engine_dir": str(llama_dir), **ONNX_LIMITS})
+    d = launch_daemon(tmp_path / "d", cfg, argv_prefix=["qemu-x86_64", "-cpu", "Haswell"], timeout_s=600)
+    try:
+        assert "CPU library libggml-cpu-haswell.so" in d.log(), d.log()[-3000:]
+        assert d.request({"type": "speak", "text": "你好。", "id": "h"}, timeout_s=300)[-1]["type"] == "done"
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+

@@ -33,6 +33,8 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -82,8 +84,14 @@ def lib() -> Any:
         lc.llama_backend_init()
         log.info("llama.cpp %s: built for %s%s", lc.__version__, cpu.describe(rec),
                  f"; CPU library {variant}" if variant else "")
-        _state.update(lc=lc, cb=_on_log)  # the callback object must outlive every call
+        _state.update(lc=lc, cb=_on_log, variant=variant)  # the callback object must outlive every call
         return lc
+
+
+def cpu_library() -> str:
+    """The CPU variant a portable build loaded (``libggml-cpu-haswell.so``), "" for a build
+    without variants or before :func:`lib`."""
+    return _state.get("variant", "")
 
 
 def _variant_dirs() -> list[Path]:
@@ -93,6 +101,21 @@ def _variant_dirs() -> list[Path]:
     if d is None:
         return []
     return [x for x in (d, d.parent.parent / "bin") if any(x.glob("libggml-cpu-*.so"))]
+
+
+def _loaded_ggml() -> str:
+    """The ``libggml`` file llama.cpp's library was loaded with (``/proc/self/maps``): a wheel
+    holds ``libggml.so``, ``.so.0`` and ``.so.0.x.y`` as copies, not links, and opening another
+    copy would make a second backend registry that llama.cpp never sees."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip()
+                if re.fullmatch(r"libggml\.so(\.\d+)*", os.path.basename(path)):
+                    return path
+    except OSError:
+        pass
+    return str(cpu.lib_dir() / "libggml.so")
 
 
 def _load_cpu_variants() -> str:
@@ -105,8 +128,7 @@ def _load_cpu_variants() -> str:
     dirs = _variant_dirs()
     if not dirs:
         return ""
-    libdir = cpu.lib_dir()
-    ggml = ctypes.CDLL(str(libdir / "libggml.so"))       # the one llama.cpp is linked with ($ORIGIN)
+    ggml = ctypes.CDLL(_loaded_ggml())
     ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
