@@ -301,7 +301,7 @@ step_llama() {
     elif [ -x /usr/local/cuda/bin/nvcc ]; then
         note "CPU build (LLAMA_CUDA=0, or not a Jetson)"
     fi
-    note "building for $(llama_describe): about 5 min on two x86 cores (20 for every x86 CPU), longer on a slow board"
+    note "building for $(llama_describe): about 5 min on two x86 cores (up to an hour for every x86 CPU), longer on a slow board"
     run env CMAKE_ARGS="$args" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ \
         "$VENV/bin/python" -m pip install --disable-pip-version-check "${REPO}[llama]"
 }

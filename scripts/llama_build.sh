@@ -82,7 +82,7 @@ llama_wheel() {
   key=$(printf '%s|%s|%s' "$ver" "$args" "$(uname -m)" | sha256sum | cut -c1-16)
   dir="$("$py" -m pip cache dir 2>/dev/null || echo "${XDG_CACHE_HOME:-$HOME/.cache}/pip")/chattts-appliance-llama/$ver-$key"
   if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    echo "==> building llama-cpp-python $ver for $(llama_describe) (CMAKE_ARGS=$args): 5-20 min on two cores, once" >&2
+    echo "==> building llama-cpp-python $ver for $(llama_describe) (CMAKE_ARGS=$args): up to an hour on two cores (every x86 CPU), once" >&2
     tmp=$(mktemp -d)
     if ! "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$tmp/src" >&2 ||
       ! CMAKE_ARGS="$args" "$py" -m pip wheel -q --no-deps --no-cache-dir "$tmp"/src/llama_cpp_python-*.tar.gz -w "$tmp/whl" >&2; then

@@ -71,7 +71,7 @@ fi
 # shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install, llama_has_compiler
 . scripts/llama_build.sh
 if "$PY" -c "import llama_cpp" 2>/dev/null || llama_has_compiler; then
-  step "installing chattts-appliance into .venv (llama.cpp builds from source the first time: ~20 min on two cores)"
+  step "installing chattts-appliance into .venv (llama.cpp builds from source the first time: up to an hour on two cores)"
   t0=$SECONDS
   quiet llama_install "$PY" -e ".[torch,llama]"
   step "installed in $((SECONDS - t0)) s; llama.cpp built for $(llama_describe) (LLAMA_CPU=native: this CPU only)"

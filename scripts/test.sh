@@ -29,7 +29,7 @@ PY=.venv/bin/python
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 # shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install
 . scripts/llama_build.sh
-llama_install "$PY" -e ".[torch,dev,tensorrt-rtx,systemd,llama]"  # llama-cpp-python: built once (~20 min), then cached
+llama_install "$PY" -e ".[torch,dev,tensorrt-rtx,systemd,llama]"  # llama-cpp-python: built once (up to an hour), then cached
 
 # Three workers (pytest-xdist), each test file whole on one worker (its module-scoped daemons and
 # brokers stay shared), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.
