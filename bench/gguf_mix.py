@@ -6,10 +6,10 @@ quantized itself (``chattts-appliance engines export --precision q8_0`` and ``--
 every tensor whose name matches one of ``--high`` (substrings, e.g. ``attn_v,ffn_down``) is copied
 from ``--hi`` (its bytes as quantized there), every other from ``--lo``; the metadata is ``--lo``'s.
 With ``--export-dir`` the result replaces ``gpt.gguf`` in a copy of ``--lo``'s export directory
-(its manifest's sha256 updated), so that ``bench/bench_precision.py`` and
-``bench/bench_gpt_step.py`` load it as that type::
+(its manifest's sha256 updated), so that ``python -m bench precision`` and
+``python -m bench step`` load it as that type (a helper of theirs, not a benchmark)::
 
-    python bench/gguf_mix.py --hi E/llama/q8_0/gpt.gguf --lo E/llama/q4_0/gpt.gguf \\
+    python -m bench.gguf_mix --hi E/llama/q8_0/gpt.gguf --lo E/llama/q4_0/gpt.gguf \\
         --high attn --export-dir MIX/llama/q4_0
 
 Prints the bytes a decode step reads (every tensor but ``token_embd``) and each type's share.

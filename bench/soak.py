@@ -1,44 +1,32 @@
 """Soak: N requests over three channels through the real daemon, checked for loss, duplicates,
 corrupt audio and memory growth.
 
-Set-up (all real parts): a random checkpoint (``tiny`` or ``full``) exported to ONNX
-(``--precision``), the daemon as a subprocess on ONNX Runtime, three channels each bound to its
-own ALSA ``file`` PCM (paced by ``tests/asound/pacer.py`` at ``--speed`` x real time; 1 = a real
-sound card's clock), requests over the real UNIX socket, the request journal on (fsync).
-
-Workload (deterministic from ``--seed``): per channel a client on one persistent connection
-keeping up to two requests outstanding, mixed lengths (20-200 decode steps; some texts long
-enough to be split into several sentences) and languages (Chinese, English, mixed, numbers,
-control tokens); some cancelled after ``started`` (``cancel`` by id); alerts sent from another
-connection while the channels speak (they preempt, the interrupted request resumes from its
-start); bad request lines (each must get an ``error`` and nothing else). Every speak asks for
-``return_audio``, so the client has the exact PCM the daemon synthesized for each request.
+Set-up (all real parts): a random checkpoint (``tiny``/``full``) exported to ONNX (``--precision``),
+the daemon on ONNX Runtime, three channels each on its own ALSA ``file`` PCM (paced by
+``tests/asound/pacer.py`` at ``--speed`` x real time), the real UNIX socket, the journal on (fsync).
+Workload (deterministic from ``--seed``): per channel one connection keeping up to two requests
+outstanding, mixed lengths (20-200 steps, some several sentences) and languages (Chinese, English,
+mixed, numbers, control tokens); some cancelled after ``started``; alerts from another connection
+(they preempt; the interrupted request resumes from its start); bad lines (each must get an
+``error`` and nothing else). Every speak asks for ``return_audio``.
 
 Checks: every accepted request that was not cancelled ends ``done`` (else *lost*); its returned
 PCM, resampled as the daemon does, appears in full **exactly once** in its channel's played
-stream (0: *lost*, >1: *duplicated*; a cancelled or preempted request may also leave a cut-off
-prefix); one terminal event per request; a sample of requests is synthesized again here, alone
-(batch 1), and compared with what the daemon returned (batched rows differ by float rounding).
-Memory: the daemon's RSS (``/proc/<pid>/status``) against requests finished; growth from
-request 200 to the last. TTFB (accept to first PCM, ``done.ttfb_ms``) p50/p99 per channel.
+stream (0: *lost*, >1: *duplicated*); one terminal event per request; ``--spot`` requests
+synthesized again here alone (batch 1) and compared with what the daemon returned. Memory: the
+daemon's RSS against requests finished, growth from request 200 to the last. TTFB p50/p99 per channel.
+Appends one record (``bench: soak``) to ``bench/results/soak.jsonl``::
 
-Writes ``bench/results/soak-<date>-<machine>.json`` (bench/RESULTS.md format, plus ``requests``,
-``lost``, ``duplicated``, ``rss_growth_pct``) and prints a summary.
-
-    python bench/soak.py --requests 1000                       # tiny checkpoint, int8 graphs
-    python bench/soak.py --checkpoint full --requests 50 --speed 1
+    python -m bench soak --requests 1000                       # tiny checkpoint, int8 graphs
+    python -m bench soak --checkpoint full --requests 50 --speed 1
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import random
+import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,8 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from appliance.cli.client import Client
+from bench import harness
+from tests.fixtures_service import launch_daemon
+
+ROOT = harness.ROOT
 
 ASOUND = ROOT / "tests" / "asound"
 CHANNELS = ("a", "b", "c")
@@ -115,42 +106,23 @@ def workload(n: int, seed: int, scale: float) -> list[dict]:
     return out
 
 
-# ------------------------------------------------------------------ client
 
-
-class Client:
-    """One connection: send lines, read events (audio payloads collected per request id)."""
+class Conn(Client):
+    """The product's client (:class:`appliance.cli.client.Client`), one event at a time, with raw
+    lines for the bad requests."""
 
     def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(300)
-        self.sock.connect(str(path))
-        self.buf = bytearray()
+        super().__init__(path, timeout_s=6 * 3600)
+        self._events = self.events()
 
     def send(self, obj) -> None:
-        line = obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()
-        self.sock.sendall(line + b"\n")
+        self.sock.sendall(obj + b"\n") if isinstance(obj, bytes) else super().send(obj)
 
     def event(self) -> tuple[dict, bytes]:
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                ev = json.loads(bytes(self.buf[:i]))
-                del self.buf[:i + 1]
-                payload = b""
-                if ev.get("type") == "audio":
-                    while len(self.buf) < ev["bytes"]:
-                        self._fill()
-                    payload = bytes(self.buf[:ev["bytes"]])
-                    del self.buf[:ev["bytes"]]
-                return ev, payload
-            self._fill()
-
-    def _fill(self) -> None:
-        b = self.sock.recv(1 << 20)
-        if not b:
+        ev, payload = next(self._events, (None, None))
+        if ev is None:
             raise ConnectionError("daemon closed the connection")
-        self.buf += b
+        return ev, payload or b""
 
 
 class Tracker:
@@ -179,10 +151,6 @@ class Tracker:
             elif ev["type"] in ("done", "error"):
                 self.finished += 1
 
-    def terminal(self, rid: str) -> list[dict]:
-        with self.lock:
-            return [e for e in self.events.get(rid, []) if e["type"] in ("done", "error")]
-
 
 def speak_obj(spec: dict, priority: str = "normal") -> dict:
     return {"type": "speak", "id": spec["id"], "text": spec["text"], "channel": spec["channel"], "seed": spec["seed"],
@@ -193,7 +161,7 @@ def speak_obj(spec: dict, priority: str = "normal") -> dict:
 def channel_loop(sock: Path, specs: list[dict], tr: Tracker, errors: list) -> None:
     """Closed loop with up to two requests outstanding on one connection; cancels after 'started'."""
     try:
-        c = Client(sock)
+        c = Conn(sock)
         pending: set[str] = set()
         todo = list(specs)
         cancel_ids = {s["id"] for s in specs if s["cancel"]}
@@ -217,7 +185,7 @@ def channel_loop(sock: Path, specs: list[dict], tr: Tracker, errors: list) -> No
 def side_loop(sock: Path, specs: list[dict], tr: Tracker, errors: list, stop: threading.Event) -> None:
     """Alerts (while the channels speak) and bad request lines, from a second connection."""
     try:
-        c = Client(sock)
+        c = Conn(sock)
         rng = random.Random(7)
         for s in specs:
             if stop.wait(rng.uniform(0.2, 1.5)):
@@ -246,8 +214,6 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-# ------------------------------------------------------------------ checks
-
 
 def resample(pcm: np.ndarray) -> np.ndarray:
     import soxr
@@ -275,11 +241,8 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-# ------------------------------------------------------------------ main
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--checkpoint", choices=("tiny", "full"), default="tiny")
     ap.add_argument("--precision", choices=("int8", "fp32"), default="int8")
@@ -287,10 +250,9 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the decode steps per request")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--spot", type=int, default=30, help="requests synthesized again alone and compared")
-    ap.add_argument("--machine", default="cpu-2core")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--workdir", default=None)
-    args = ap.parse_args()
+    harness.add_common(ap)
+    args = ap.parse_args(argv)
 
     from appliance.build.export import export_all
     from appliance.build.random_ckpt import write_random_checkpoint
@@ -305,33 +267,17 @@ def main() -> int:
     if not (engines / "onnx" / args.precision / "manifest.json").is_file():
         export_all(ckpt, engines, precision=args.precision, **limits)
     prep_s = time.monotonic() - t
-    import shutil
-
     shutil.rmtree(tmp / "spool", ignore_errors=True)   # a fresh journal: the ids below are reused per run
     raws = {c: tmp / f"played-{c}.raw" for c in CHANNELS}
     for r in raws.values():
         r.unlink(missing_ok=True)
     asoundrc(tmp / "home", raws, args.speed)
     cfg = make_config(tmp, ckpt, engines, limits)
-    import yaml
+    d = launch_daemon(tmp, cfg, env={"HOME": str(tmp / "home"), "PYTHONPATH": str(ROOT)}, timeout_s=600)
+    proc, sock = d.proc, d.socket
 
-    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, HOME=str(tmp / "home"), PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    log = open(tmp / "daemon.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "appliance", "serve", "--config", str(tmp / "config.yaml")],
-                            cwd=str(ROOT), env=env, stdout=log, stderr=subprocess.STDOUT)
-    sock = Path(cfg["service"]["socket"])
-    deadline = time.monotonic() + 600
-    while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    if not sock.exists():
-        print((tmp / "daemon.log").read_text()[-3000:])
-        return 2
-
-    specs = workload(args.requests, args.seed, args.scale)
-    tr = Tracker()
+    specs, tr, stop = workload(args.requests, args.seed, args.scale), Tracker(), threading.Event()
     errors: list[str] = []
-    stop = threading.Event()
     rss: list[tuple[int, int]] = []
 
     def sample():
@@ -341,40 +287,30 @@ def main() -> int:
             except OSError:
                 return
     t0 = time.monotonic()
-    threads = [threading.Thread(target=channel_loop, args=(sock, [s for s in specs if s["kind"] == "speak" and s["channel"] == c], tr, errors))
-               for c in CHANNELS]
+    threads = [threading.Thread(target=channel_loop, args=(
+        sock, [s for s in specs if s["kind"] == "speak" and s["channel"] == c], tr, errors)) for c in CHANNELS]
     side = threading.Thread(target=side_loop, args=(sock, [s for s in specs if s["kind"] != "speak"], tr, errors, stop))
-    sampler = threading.Thread(target=sample, daemon=True)
-    for th in threads + [side, sampler]:
+    for th in threads + [side, threading.Thread(target=sample, daemon=True)]:
         th.start()
     for th in threads:
         th.join()
-    stop.set()
-    side.join()
+    stop.set(), side.join()
     wall = time.monotonic() - t0
     rss.append((tr.finished, rss_kib(proc.pid)))
     time.sleep(2.0 / args.speed + 1.0)                 # the last audio leaves the pacers
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(120)
-    log.close()
-
-    # ---------------------------------------------------------------- verify
-    lost, dup, notes = [], [], []
-    streams = {}
+    lost, dup, notes, streams, done_pcm = [], [], [], {}, {}   # verify
     for c, r in raws.items():
         a = np.fromfile(r, dtype="<f4") if r.exists() else np.zeros(0, np.float32)
-        a = a[a != 0]
-        streams[c] = (a.tobytes(), a)
-    ttfb: dict[str, list[float]] = {c: [] for c in CHANNELS}
-    ttfb_clean: dict[str, list[float]] = {c: [] for c in CHANNELS}
-    done_pcm = {}
+        streams[c] = (a[a != 0].tobytes(), a[a != 0])
+    ttfb, ttfb_clean = {c: [] for c in CHANNELS}, {c: [] for c in CHANNELS}   # all; not preempted (ms)
     n_cancelled = n_preempted = n_bad_ok = 0
     for s in specs:
         evs = tr.events.get(s["id"], [])
         if s["kind"] == "bad":
-            n_bad_ok += int(len(evs) == 1 and evs[0]["type"] == "error")
-            if not (len(evs) == 1 and evs[0]["type"] == "error"):
-                notes.append(f"bad line {s['bad']!r}: {evs}")
+            ok = len(evs) == 1 and evs[0]["type"] == "error"
+            n_bad_ok, notes = n_bad_ok + ok, notes + ([] if ok else [f"bad line {s['bad']!r}: {evs}"])
             continue
         if not evs and stop.is_set() and s["kind"] == "alert":
             continue                                     # the side loop stopped before sending it
@@ -418,8 +354,7 @@ def main() -> int:
         alone = np.concatenate([c.samples for c in pipe.run(job)])
         got = done_pcm[s["id"]]
         if len(alone) != len(got):
-            notes.append(f"{s['id']}: {len(got)} samples returned, {len(alone)} alone")
-            spot_err = float("inf")
+            notes, spot_err = notes + [f"{s['id']}: {len(got)} samples returned, {len(alone)} alone"], float("inf")
             continue
         spot_err = max(spot_err, float(np.abs(alone - got).max()))
     pipe.close()
@@ -427,52 +362,37 @@ def main() -> int:
     finished = [x for x in rss if x[0] >= 200]
     growth = slope = None
     if finished:
-        r200, rend = finished[0][1], rss[-1][1]
-        growth = round(100.0 * (rend - r200) / r200, 2)
+        r200 = finished[0][1]
+        growth = round(100.0 * (rss[-1][1] - r200) / r200, 2)
         if len(finished) > 2:       # least-squares line through every sample after request 200
-            f, r = np.array([x[0] for x in finished], float), np.array([x[1] for x in finished], float)
-            k = np.polyfit(f, r, 1)[0]
+            k = np.polyfit(np.array([x[0] for x in finished], float), np.array([x[1] for x in finished], float), 1)[0]
             slope = round(100.0 * k * (len(specs) - 200) / r200, 2)
     speaks = [s for s in specs if s["kind"] != "bad"]
     audio_s = sum(len(p) for p in done_pcm.values()) / 24000
-    rec = {
-        "bench": "soak", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": args.machine, "backend": "onnxruntime", "precision": args.precision,
-        "checkpoint": args.checkpoint, "batch": len(CHANNELS), "ms_per_step": None, "steps_per_s": None,
-        "rtf": round(wall / audio_s, 4) if audio_s else None,
-        "ttfb_ms": pct([x for v in ttfb.values() for x in v], 50),
-        "peak_mem_mib": round(max(r for _, r in rss) / 1024, 1) if rss else None, "baseline_ms_per_step": None,
-        "requests": len(specs), "lost": len(lost), "duplicated": len(dup), "rss_growth_pct": growth,
-        "ttfb_ms_p50_p99_per_channel": {c: [pct(v, 50), pct(v, 99)] for c, v in ttfb.items()},
-        "done": len(done_pcm), "cancelled": n_cancelled, "preempted_then_resumed": n_preempted,
-        "bad_lines_answered": n_bad_ok, "bad_lines": sum(1 for s in specs if s["kind"] == "bad"),
-        "alerts": sum(1 for s in specs if s["kind"] == "alert"),
-        "audio_s": round(audio_s, 1), "wall_s": round(wall, 1), "speed": args.speed,
-        "rss_mib_at_200_and_end": [round(finished[0][1] / 1024, 1), round(rss[-1][1] / 1024, 1)] if finished else None,
-        "rss_fit_growth_pct_200_to_end": slope,
-        "rss_mib_by_finished": {str(k): round(next(r for f, r in rss if f >= k) / 1024, 1)
-                                 for k in range(0, len(specs) + 1, 100) if any(f >= k for f, _ in rss)},
-        "ttfb_ms_p50_p99_per_channel_not_preempted": {c: [pct(v, 50), pct(v, 99)] for c, v in ttfb_clean.items()},
-        "spot_check": {"requests": len(picked), "max_abs_diff_vs_alone": spot_err},
-        "daemon_exit": rc, "client_errors": errors, "lost_ids": lost[:20], "duplicated_ids": dup[:20],
-        "notes": (f"{args.checkpoint} checkpoint, ONNX Runtime {args.precision}, 3 channels each on its own ALSA file "
-                  f"PCM paced at {args.speed:g}x real time, journal fsync on; {len(speaks)} speak/alert + "
-                  f"{len(specs) - len(speaks)} bad lines; rtf = wall s per audio s over all channels; "
-                  f"ttfb = accept -> first PCM (queue wait incl.); peak_mem_mib = daemon RSS; "
-                  f"set-up (checkpoint + export) {prep_s:.0f} s") + ("; " + "; ".join(notes[:5]) if notes else ""),
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    f = out / f"soak-{rec['date'][:10]}-{args.machine}.json"
-    recs = json.loads(f.read_text()) if f.exists() else []
-    recs.append(rec)
-    f.write_text(json.dumps(recs, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({k: rec[k] for k in ("requests", "done", "cancelled", "lost", "duplicated", "rss_growth_pct",
-                                          "rss_fit_growth_pct_200_to_end", "ttfb_ms_p50_p99_per_channel",
-                                          "ttfb_ms_p50_p99_per_channel_not_preempted",
-                                          "rss_mib_by_finished", "spot_check", "wall_s", "audio_s",
-                                          "rss_mib_at_200_and_end", "client_errors", "daemon_exit")}, indent=1))
-    print(f"record appended to {f}")
+    rec = harness.record(
+        "soak", checkpoint=args.checkpoint, backend="onnxruntime", machine=args.machine, host_info=harness.host(),
+        notes=(f"{args.checkpoint} checkpoint, ONNX Runtime {args.precision}, 3 channels each on its own ALSA file "
+               f"PCM paced at {args.speed:g}x real time, journal fsync on; {len(speaks)} speak/alert + "
+               f"{len(specs) - len(speaks)} bad lines; rtf = wall s per audio s over all channels; "
+               f"ttfb = accept -> first PCM (queue wait incl.); peak_mem_mib = daemon RSS; "
+               f"set-up (checkpoint + export) {prep_s:.0f} s") + ("; " + "; ".join(notes[:5]) if notes else ""),
+        precision=args.precision, batch=len(CHANNELS), rtf=round(wall / audio_s, 4) if audio_s else None,
+        ttfb_ms=pct([x for v in ttfb.values() for x in v], 50),
+        peak_mem_mib=round(max(r for _, r in rss) / 1024, 1) if rss else None,
+        requests=len(specs), lost=len(lost), duplicated=len(dup), rss_growth_pct=growth,
+        ttfb_ms_p50_p99_per_channel={c: [pct(v, 50), pct(v, 99)] for c, v in ttfb.items()},
+        done=len(done_pcm), cancelled=n_cancelled, preempted_then_resumed=n_preempted,
+        bad_lines_answered=n_bad_ok, bad_lines=sum(1 for s in specs if s["kind"] == "bad"),
+        alerts=sum(1 for s in specs if s["kind"] == "alert"),
+        audio_s=round(audio_s, 1), wall_s=round(wall, 1), speed=args.speed,
+        rss_mib_at_200_and_end=[round(finished[0][1] / 1024, 1), round(rss[-1][1] / 1024, 1)] if finished else None,
+        rss_fit_growth_pct_200_to_end=slope,
+        rss_mib_by_finished={str(k): round(next(r for f, r in rss if f >= k) / 1024, 1)
+                             for k in range(0, len(specs) + 1, 100) if any(f >= k for f, _ in rss)},
+        ttfb_ms_p50_p99_per_channel_not_preempted={c: [pct(v, 50), pct(v, 99)] for c, v in ttfb_clean.items()},
+        spot_check={"requests": len(picked), "max_abs_diff_vs_alone": spot_err},
+        daemon_exit=rc, client_errors=errors, lost_ids=lost[:20], duplicated_ids=dup[:20])
+    harness.write([rec], args.out)
     return 0 if not lost and not dup and not errors and rc == 0 else 1
 
 

@@ -7,7 +7,7 @@
 # PyPI's Linux torch wheel brings NVIDIA's CUDA libraries (about 4 GB to fetch, 6.5 GB installed;
 # pip keeps no copy of them here), so the venv is kept between runs outside the checkout:
 # ${TORCH_FLOOR_VENV:-~/.cache/chattts-appliance/venv-torch-X.Y.0}. First run on a machine: about
-# 5 min to install; afterwards only the export and the tests (bench/RESULTS.md: the test suite's time).
+# 5 min to install; afterwards only the export and the tests (bench/HISTORY.md: the test suite's time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

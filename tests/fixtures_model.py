@@ -145,7 +145,7 @@ def system_cxx():
     """Inductor compiles C++ with ``$CXX`` (else ``g++`` on the PATH), and this process or a child
     then loads what it built: it must be the system compiler, whose C++ runtime is the one the
     process has. The H200 image sets ``CXX`` to another GCC (/opt/gcc), whose AOT packages crash
-    at load (bench/RESULTS.md, 2026-12-02), so the tests set it themselves. Yields the compiler
+    at load (bench/HISTORY.md, 2026-12-02), so the tests set it themselves. Yields the compiler
     used (None where there is no /usr/bin/g++: left as it is; those tests skip when nothing
     compiles)."""
     import os

@@ -102,7 +102,7 @@ def test_default_route_repointed_and_sighup_next_request_plays_on_the_new_device
     evs = d.request({"type": "speak", "text": second[0], "seed": second[1], "id": "r2"})
     assert evs[-1]["type"] == "done", evs
     got, want = wait_played(AlsaFile(home, new), resample_like_daemon(expected_pcm(service_pipeline, *second), DEFAULT_RATE))
-    assert np.array_equal(got, want)
+    assert np.abs(got - want).max() <= 1e-6      # float32 rounding of another run (tests/test_channels_batch.py)
     assert np.count_nonzero(AlsaFile(home, old).read()) == heard_old      # nothing more on the old one
 
 
@@ -120,7 +120,7 @@ def test_idle_stream_is_closed_and_a_request_wakes_it_with_its_preroll(
     assert evs[-1]["type"] == "done" and evs[-1]["output"].startswith("device:"), evs
     want = resample_like_daemon(expected_pcm(service_pipeline, text, seed), DEFAULT_RATE)
     got, exp = wait_played(alsa_file, want)
-    assert np.array_equal(got, exp)
+    assert np.abs(got - exp).max() <= 1e-6
     after = alsa_file.read(size)                # what the woken stream played
     first = int(np.flatnonzero(after)[0])
     assert first >= 0.3 * DEFAULT_RATE, f"speech began {first} frames after the stream opened (pre-roll 300 ms)"

@@ -85,6 +85,8 @@ def test_config_show_names_where_each_value_came_from(tmp_path, capsys, monkeypa
     text = capsys.readouterr().out
     assert f'  host: "broker.local"  # {where}:2' in text and "s3cret" not in text
     cfg.write_text("mqtt:\n  port: 0\n")
-    assert main(["config", "show", "--config", str(cfg)]) == 2
-    assert capsys.readouterr().err.strip() == (f"chattts-appliance config show: error: {cfg}:2: mqtt.port: expected an "
-                                               f"integer between 1 and 65535, got 0")
+    p = subprocess.run([sys.executable, "-m", "appliance", "config", "show", "--config", str(cfg)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p
+    assert p.stderr.strip() == (f"chattts-appliance config show: error: {cfg}:2: mqtt.port: expected an integer "
+                                f"between 1 and 65535, got 0")

@@ -323,18 +323,3 @@ def test_a_loader_that_raises_in_the_canary_is_a_failure_with_its_message(built,
     assert "loading step_b1_L64.pt2 in a test process" in v.reason
     again = aot_canary.check(copy, mf.read(copy), -1)   # the default loader would pass: the marker decides
     assert not again.ok and again.recorded
-
-
-def test_bench_aot_load_check_reads_and_loads_a_built_package(built):
-    """bench/aot_load_check.py (run on the GPU machine by bench/gpu_aot.sh loadcheck) on the package
-    built here: its files and shared objects are listed, and a fresh process loads it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("aot_load_check", REPO / "bench" / "aot_load_check.py")
-    lc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lc)
-    _, _, pkg = built
-    info = lc.inspect_package(pkg / "step_b1_L64.pt2")
-    assert any(f.split()[0].endswith(".wrapper.so") for f in info["files"]) and len(info["ldd"]) >= 1, info
-    assert lc.load_in_child(pkg / "step_b1_L64.pt2", False, None, 120) == "loads"
-    assert lc.load_in_child(pkg / "missing.pt2", False, None, 120).startswith("failed while load: ")

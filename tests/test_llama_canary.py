@@ -75,7 +75,7 @@ def test_model_device_cpu_never_offloads_and_a_cpu_build_never_does():
 @pytest.mark.cuda
 @pytest.mark.skipif(not llama_lib.offloads("auto"), reason="llama-cpp-python here is the CPU build")
 def test_the_gpu_build_offloads_the_gpt_and_speaks_as_the_cpu(tiny_ckpt, llama_dir, tmp_path):
-    """On a CUDA build (bench/gpu_llama.sh builds one): the load check passes in a child, every
+    """On a CUDA build (bench/gpu.sh llama builds one): the load check passes in a child, every
     layer goes to the GPU, and three channels draw the CPU's codes (same seeds) from hidden
     states within -40 dB of the CPU's."""
     import numpy as np

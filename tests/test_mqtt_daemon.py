@@ -306,6 +306,8 @@ def test_tls_and_credentials(tiny_ckpt, tmp_path, mqtt_broker_factory):
         assert done["type"] == "done" and done["output"].endswith(".wav"), done
         wait_log(bad.log, "refused the connection", 20)
         assert "mqtt.username/password" in bad.log()
+        conds = {c["name"]: c["reason"] for c in bad.request({"type": "status"})[0]["conditions"]}
+        assert "refused the connection" in conds.get("mqtt", ""), conds           # the broker's reason, in health
         assert bad.request({"type": "status"})[0]["state"] == "ready"     # the socket still serves
     finally:
         rcs = (d.stop(), bad.stop())

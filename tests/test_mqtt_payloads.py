@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -90,7 +92,37 @@ def test_topics_follow_prefix_and_device_id(tmp_path):
         "home/tts/car1/say", "home/tts/car1/event", "home/tts/car1/status", "home/tts/car1/availability")
 
 
-def test_missing_ca_file_is_a_config_error_naming_the_key(tmp_path):
+def test_missing_ca_file_degrades_mqtt_naming_the_key(tmp_path):
     cfg = config_from_dict({"mqtt": {"enabled": True, "tls": True, "ca_file": "nope/ca.pem"}}, tmp_path)
-    with pytest.raises(ConfigError, match=r"mqtt\.ca_file: .*nope/ca\.pem does not exist"):
-        MQTTBridge(cfg, lambda req, sink: None, lambda: None)
+    bridge = MQTTBridge(cfg, lambda req, sink: None, lambda: None)     # the box starts; MQTT waits for it
+    (cond,) = bridge.link.flag()
+    assert cond.name == "mqtt" and re.search(r"mqtt\.ca_file: .*nope/ca\.pem does not exist", cond.reason)
+    assert not bridge.reload_tls()
+
+
+def test_tls_failures_are_named_by_their_reason(tmp_path):
+    import ssl
+
+    from appliance.transports.mqtt_link import TlsFiles, tls_reason
+
+    def verr(msg: str) -> ssl.SSLCertVerificationError:
+        e = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: {msg}")
+        e.verify_message = msg
+        return e
+
+    assert "has expired" in tls_reason(verr("certificate has expired"), "b")
+    assert "CA this box does not trust" in tls_reason(verr("unable to get local issuer certificate"), "b")
+    assert "not for host 'broker.lan'" in tls_reason(verr("Hostname mismatch, certificate is not valid for "
+                                                          "'broker.lan'."), "broker.lan")
+    assert tls_reason(ConnectionRefusedError(111, "Connection refused"), "b") is None
+    # a CA bundle replaced on disk is what the next connection uses after load() (SIGHUP)
+    from tests.fixtures_mqtt import make_tls_files
+    a, b = make_tls_files(tmp_path / "a"), make_tls_files(tmp_path / "b")
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(a.ca.read_bytes())
+    files = TlsFiles(config_from_dict({"mqtt": {"tls": True, "ca_file": str(ca)}}, tmp_path))
+    files.load()
+    before = files.ctx.get_ca_certs()
+    ca.write_bytes(b.ca.read_bytes())
+    files.load()
+    assert files.ctx.get_ca_certs() != before and len(files.ctx.get_ca_certs()) == 1

@@ -1,6 +1,6 @@
 """Memory stays flat with sound-device output: a played request's resampler and kept PCM are
 freed on the worker thread that allocated them (freed later on the sound watcher thread, they
-fragmented the worker's glibc heap: ~60 kB more RSS per request, see bench/RESULTS.md). The
+fragmented the worker's glibc heap: ~60 kB more RSS per request, see bench/HISTORY.md). The
 worker, the real pipeline and the real ALSA file device run in a subprocess (ALSA reads HOME)."""
 
 from __future__ import annotations

@@ -204,3 +204,21 @@ def test_played_waits_for_the_latency_the_device_reports_and_preroll_comes_first
     assert blocks[2].max() == 0.5
     due, _ = dev._played[0]
     assert due - time.monotonic() > 0.2, "played 250 ms after the last block, as the device reports"
+
+
+def test_done_names_the_device_a_waiting_request_played_on_not_the_one_it_began_on(tmp_path):
+    """A request that waited for its device (``on_device_error: wait``) is played on the device as
+    it was found again: a speaker back under another card index has another name."""
+    from appliance.audio.device import DeviceOutput
+    from appliance.audio.request import RequestAudio
+
+    dev = DeviceOutput("USB", 24000, 50.0)
+    dev.ok, dev.rate, dev.name = True, 24000, "USB Audio: - (hw:1,0)"
+    ra = RequestAudio("w", tmp_path / "w.wav", dev, on_device_error="wait", wait_from_start=True)
+    ra.write(np.full(480, 0.25, np.float32))
+    outputs = []
+    ra.finish(outputs.append)
+    dev.name = "USB Audio: - (hw:2,0)"           # re-found under card 2
+    assert ra.replay()
+    ra._played()                                 # (the device's watcher, once it played out)
+    assert outputs == ["device:USB Audio: - (hw:2,0)"]

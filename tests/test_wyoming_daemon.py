@@ -33,7 +33,7 @@ from wyoming.tts import (
 from appliance.audio.wav import read_wav, to_int16
 from tests.fixtures_mqtt import free_port
 from tests.fixtures_service import ROOT, expected_pcm, launch_daemon, service_config
-from tests.waits import wait_log
+from tests.waits import wait_for, wait_log
 
 SYN = {"max_new_tokens": 240, "min_new_tokens": 240, "seed": 5}   # every sentence 240 steps (5.1 s)
 VOICES = [{"name": "default", "voice": None, "description": ""},
@@ -370,16 +370,29 @@ def test_zeroconf_warns_when_it_advertises_a_loopback_address(tiny_ckpt, tmp_pat
     assert f'set wyoming.uris to ["tcp://0.0.0.0:{port}"]' in d.log()
 
 
-def test_a_taken_port_stops_the_start_before_the_model_loads(tiny_ckpt, tmp_path):
+def test_a_taken_port_is_in_health_and_listened_on_once_free(tiny_ckpt, tmp_path):
+    """A Wyoming port another program holds does not stop the box: health names it (the socket
+    serves), and the daemon listens on it once it is free."""
     cfg = _wy_config(tiny_ckpt, tmp_path)
     port = int(cfg["wyoming"]["uris"][0].rsplit(":", 1)[1])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
-        s.listen(1)
-        d = launch_daemon(tmp_path / "d", cfg, wait=False)
-        rc = d.proc.wait(60)
-    assert rc == 2 and f"cannot listen on tcp://127.0.0.1:{port}: the port is in use" in d.log()
-    assert "pipeline loaded" not in d.log()
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen(1)
+    d = launch_daemon(tmp_path / "d", cfg)
+    try:
+        st = wait_for(lambda: (lambda st: any(c["name"] == "wyoming" for c in st["conditions"]) and st)(
+            d.request({"type": "status"})[-1]), 30, "the wyoming condition")
+        conds = {c["name"]: c["reason"] for c in st["conditions"]}
+        assert st["health"] == "degraded" and "the port is in use" in conds["wyoming"], st
+        assert f"tcp://127.0.0.1:{port}" in conds["wyoming"]
+        s.close()
+        wait_for(lambda: not any(c["name"] == "wyoming" for c in d.request({"type": "status"})[-1]["conditions"]),
+                 30, "the wyoming condition cleared")
+        t = talk(cfg["wyoming"]["uris"][0], Describe().event(), until=("info",))
+        assert t.types[-1] == "info"
+    finally:
+        s.close()
+        assert d.stop() == 0, d.log()[-3000:]
 
 
 def test_wyoming_config_errors_name_the_key(tmp_path):

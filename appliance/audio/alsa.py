@@ -15,7 +15,8 @@ answers None (nothing known) and no converter is made.
 
 :func:`describe` names the device behind a PCM (``default``, a PipeWire or PulseAudio route, a
 user's ``.asoundrc`` entry): its ALSA plugin type and, where the chain ends at a sound card, the
-card and its name, so the log says where the sound goes.
+card and its name (for a PulseAudio or PipeWire route, the server's default sink as ``pactl``
+reports it), so the log says where the sound goes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import ctypes.util
 import logging
 import os
 import re
+import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -170,9 +173,27 @@ def describe_route(dev: dict) -> Optional[str]:
     ``'default' -> file -> null``; None when ALSA cannot say."""
     pcm = pcm_of(dev["name"])
     what = describe(pcm)
+    if what is not None and re.search(r"\b(pulse|pipewire)\b", what):
+        sink = server_sink()
+        what += f" (the sound server's default sink: {sink})" if sink else ""
     plug = plug_of(pcm)
     via = f" (through ALSA's plug converter {plug!r}: PortAudio cannot write its formats)" if plug else ""
     return None if what is None else f"{pcm!r} -> {what}{via}"
+
+
+def server_sink() -> Optional[str]:
+    """The default sink of the sound server behind ALSA's ``pulse`` / ``pipewire`` plugin
+    (``pactl get-default-sink``: PulseAudio and PipeWire's pulse service), or None (no ``pactl``,
+    no server, no answer within 2 s)."""
+    exe = shutil.which("pactl")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "get-default-sink"], capture_output=True, text=True, timeout=2.0)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = r.stdout.strip()
+    return out[:200] if r.returncode == 0 and out else None
 
 
 def plug_of(pcm: str) -> Optional[str]:

@@ -367,7 +367,8 @@ class DeviceOutput(VoiceFeed, IdleClose):
         stall_s = max(2.0, 10 * self.latency_s)
         while not self._stop_watcher.wait(ASLEEP_POLL_S if self.asleep else 0.02):
             self._fire_played()
-            if self.idle_close_s and not self.asleep and not self.lanes.voices and self.ok:
+            if (self.idle_close_s and not self.asleep and not self.lanes.voices and self.ok
+                    and time.monotonic() - self._last_sound >= self.idle_close_s):
                 self.sleep()
             if self.underruns != self._logged_underruns:
                 log.warning("sound device %r: %d underrun(s) so far, %.0f ms of silence (synthesis slower than "

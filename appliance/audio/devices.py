@@ -226,6 +226,6 @@ def open_error(dev: dict, rate: int, e: Exception, looked: str, rate_hint: str) 
     if code == PA_SAMPLE_FORMAT_NOT_SUPPORTED:
         offered = offered_formats(pcm_of(dev["name"]))
         return AudioDeviceError(f"{where} offers sample formats {', '.join(offered) if offered else 'ALSA cannot list'}; "
-                                f"PortAudio writes only {', '.join(PORTAUDIO_FORMATS)} ({e}); an ALSA plug converter is "
-                                f"put in front of it at the next listing of the devices")
+                                f"PortAudio writes only {', '.join(PORTAUDIO_FORMATS)} ({e}); ALSA's plug converter is put in "
+                                f"front of such a device when the devices are listed again (the log says if it cannot be)")
     return AudioDeviceError(f"cannot open {where}: {e}")

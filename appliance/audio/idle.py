@@ -74,6 +74,7 @@ class IdleClose:
                 self._stream, self.name, self.rate = stream, dev["name"], rate
                 self._out_latency = float(stream.latency)
                 self.asleep = False
+                self._last_sound = time.monotonic()     # idle anew: not closed again before its request begins
             self.route = describe_route(dev)
             if self.route != before:
                 log.info("sound device %r: the route changed while idle; it now plays on %s", self.name,

@@ -360,11 +360,13 @@ class AudioOutput:
             self._reroute.set()
 
     def _plugs(self) -> bool:
-        """Put an ALSA ``plug`` converter in front of every device whose sample formats PortAudio
-        cannot write (:mod:`appliance.audio.alsa`; asked of ALSA while no stream is open); True when
+        """Put an ALSA ``plug`` converter in front of every device not playing (at start: all) whose
+        sample formats PortAudio cannot write (:mod:`appliance.audio.alsa`; asked of ALSA while no stream is open); True when
         one was added (PortAudio must list the devices again)."""
         added = False
         for dev in self.devices.values():
+            if dev.ok:                    # it plays: nothing to convert (and nothing to open twice)
+                continue
             try:
                 pcm = pcm_of(find_output_device(dev.query, dev.setting)["name"])
             except AudioDeviceError:

@@ -8,7 +8,7 @@ them, runs at -5, and a thread may lower its own niceness down to -10 (``RLIMIT_
 (:mod:`appliance.audio.device`), moves the calling thread :data:`PRIORITY_ABOVE` steps above the
 process: the callback that must hand ALSA its next block in time is picked before a decode step.
 Niceness is per thread on Linux (``setpriority(PRIO_PROCESS, tid)``); realtime scheduling stays
-restricted (``RestrictRealtime=yes``). Measured effect and the unit's weights: ``bench/RESULTS.md``.
+restricted (``RestrictRealtime=yes``). Measured effect and the unit's weights: ``bench/HISTORY.md``.
 """
 
 from __future__ import annotations

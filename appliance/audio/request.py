@@ -22,7 +22,7 @@ on the sound watcher thread (after play-out), they left glibc's per-thread heap 
 fragmented and the process grew by ~60 kB per request played on a device (measured: 58-96 kB
 per request over 120-200 requests; WAV output flat). So the resampler is dropped in
 :meth:`RequestAudio.finish` and the worker calls :meth:`RequestAudio.release` once the request
-has ended (see ``Worker._settle``); after that its RSS stays flat (bench/RESULTS.md).
+has ended (see ``Worker._settle``); after that its RSS stays flat (bench/HISTORY.md).
 """
 
 from __future__ import annotations

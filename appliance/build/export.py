@@ -56,7 +56,7 @@ row (the GPT decode step: a 768x3072 GEMV 2.7x faster than FP32), but the vocode
 20-150 frames per pass, where MLAS's FP32 GEMM is faster (512x2048 at 70 rows: 25.5 ms FP32 against
 45.1 ms INT8 for 16 products); streamed through the chunk schedule the FP32 vocoder cost 351-363
 ms per second of audio against 441-470 ms (first window 85-97 ms against 108-140 ms), side by
-side in one run (``bench/bench_vocoder.py``). It is also exact: INT8 rounds matrices of at most 64
+side in one run (``bench_vocoder.py``, retired: bench/HISTORY.md). It is also exact: INT8 rounds matrices of at most 64
 rows another way than larger ones, so small passes differed from a one-shot pass by -36 dB and
 the INT8 vocoder itself is -34 dB off FP32. Its FP32 weights (Decoder 104 MB, Vocos 54 MB) are held
 once: each first pass shares its network's graph (:func:`~.stream_graphs.merge_stream_pair`).

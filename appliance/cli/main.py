@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from ..config import find_config
 from ..engines.llama.lib import FTYPES as GGUF_TYPES
 from ..errors import ApplianceError
+from .utf8 import check_paths, reexec_in_utf8_mode, text_arg
 
 CONFIG_HELP = ("config file (default: $CHATTTS_APPLIANCE_CONFIG, else ./config.local.yaml, else "
                "./config.yaml)")
@@ -223,8 +225,18 @@ class _Sub:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``chattts-appliance`` console script; returns the exit status."""
+    """Entry point of the ``chattts-appliance`` console script; returns the exit status. Run
+    from the command line (``argv`` None) it first makes sure it is in UTF-8 mode
+    (:mod:`appliance.cli.utf8`). A closed standard output (``status | head``) ends it quietly
+    with status 141 (128 + SIGPIPE, as the shell reports a command killed by it)."""
+    if argv is None:
+        reexec_in_utf8_mode()
     args = build_parser().parse_args(argv)
+    for k in ("text", "voice", "channel"):
+        if isinstance(getattr(args, k, None), str):
+            setattr(args, k, text_arg(getattr(args, k)))
+    if (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":    # PYTHONUTF8=0 in a narrow locale
+        sys.stdout.reconfigure(errors="backslashreplace")
     key = args.cmd if getattr(args, "sub", None) is None else f"{args.cmd} {args.sub}"
     if not logging.getLogger().handlers:
         # journald with structured fields under systemd, stderr otherwise
@@ -237,11 +249,23 @@ def main(argv: list[str] | None = None) -> int:
             needed = key not in _DEFAULTS_OK and not (key == "normalize" and args.socket)
             found = find_config(args.config, required=needed)
             args.config = str(found) if found is not None else None
+            if found is not None and not sys.flags.utf8_mode:   # PYTHONUTF8=0: a path the locale lacks
+                from ..config import load_config
+                check_paths(load_config(found))
         fn = getattr(importlib.import_module(module), func)
-        return int(fn(args) or 0)
+        rc = int(fn(args) or 0)
+        sys.stdout.flush()
+        return rc
     except ApplianceError as e:
         print(f"chattts-appliance {key}: error: {e}", file=sys.stderr)
         return 2
+    except UnicodeError as e:     # a path or text this locale cannot represent (outside UTF-8 mode)
+        print(f"chattts-appliance {key}: error: {e}; run in UTF-8 mode (PYTHONUTF8=1) or a UTF-8 locale",
+              file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+        return 141
     except KeyboardInterrupt:
         return 130
 

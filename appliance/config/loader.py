@@ -30,9 +30,10 @@ from .sections import ChannelConfig, Config, Lookahead, MQTTConfig, VoiceConfig,
 _SECTION_ITEM = {("service", "channels"): ChannelConfig, ("", "voices"): VoiceConfig}
 """(section, key) -> the dataclass of each entry of that list ("" = a top-level key)."""
 
-_VOICE_NAME = re.compile(r"[\w.-]{1,64}", re.A)
-"""A voice name: 1-64 ASCII letters, digits, '-', '_', '.' (never a voice string: those hold
-':' or are base16384 text, which is not ASCII)."""
+_VOICE_NAME = re.compile(r"[\w.-]{1,64}")
+"""A voice name: 1-64 letters (any script: ``温柔``, ``Zoë``), digits, '-', '_', '.' (never a voice
+string: those hold ':' (``seed:N``), or are hundreds of characters of base16384 text; a request's
+voice is looked up as a name first)."""
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:

@@ -143,6 +143,12 @@ class ServiceConfig:
 
     socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).", path=True)
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
+    socket_group: Optional[str] = _f(None, "Group of the socket file (a name or a number): its members may connect (with socket_mode 0660); the socket's directory, where the daemon's user owns it, is made 0750 with this group. The daemon's user must be a member (SupplementaryGroups= in the unit). None = the daemon's own group.")
+    max_connections: int = _f(64, "Most socket connections open at once; one more is answered with one 'busy' error line and closed.", min=1, max=65536)
+    max_connections_per_client: int = _f(16, "Most socket connections one client process (its pid, from the kernel) may hold open at once, so that one client cannot take every place; one more is answered 'busy' and closed.", min=1, max=65536)
+    idle_timeout_s: float = _f(300.0, "A socket connection with no request in flight that sends nothing for this long is closed, s; 0 = never.", min=0.0, max=86400.0)
+    max_bad_lines_per_min: int = _f(30, "Malformed request lines (not JSON, unknown fields, too long) one socket connection may send per minute, each answered bad_request; beyond it the first is answered rate_limited and the rest are dropped unanswered until the budget refills. 0 = no budget.", min=0, max=1 << 20)
+    bad_input_log_s: float = _f(60.0, "Repeated bad input (malformed lines, rate-limited requests, refused or idle connections) is logged as one summary line per client per this many seconds, with counts; each single malformed line only at DEBUG.", min=1.0, max=86400.0)
     max_text_chars: int = _f(4000, "Longest accepted text in characters.", min=1, max=100000)
     max_line_bytes: int = _f(65536, "Longest accepted request line in bytes.", min=256, max=16 * 1024 * 1024)
     max_buffered_ms: int = _f(30000, "Most return_audio audio one socket connection holds that its client has not read yet, ms (appliance.audio.stream: the same rule as wyoming.max_buffered_ms). A client that stops reading has the request that goes over it cancelled (logged); synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
@@ -266,7 +272,7 @@ class VoiceConfig:
     """One named voice (top-level ``voices``): a request's ``voice`` may be its name on every
     transport (socket, MQTT, ``say --voice``, Wyoming; the MQTT voice select's options)."""
 
-    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters, digits, '-', '_', '.').")
+    name: str = _f("default", "Voice name used in requests and shown to clients (1-64 letters of any script, digits, '-', '_', '.').")
     voice: Optional[str] = _f(None, "'seed:N' (random speaker from upstream's spk_stat) or an upstream speaker string; None = synthesis.voice.")
     description: str = _f("", "Text shown beside the name; '' = the voice string (or 'synthesis.voice').")
 
@@ -287,9 +293,12 @@ class WyomingConfig:
     play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
     streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
-    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>.", nonempty=True)
+    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>. Another box already advertising it: this one takes the name with a number added (logged, and in health while it differs).", nonempty=True)
     max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
     max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (float32 at 24 kHz until written: 96 bytes per ms, 2.8 MiB at 30000; appliance.audio.stream). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
+    start_timeout_s: float = _f(5.0, "A request the box cannot start within this long (held by the throttle, queued behind other requests on its channel) is cancelled and answered with an error event naming why (throttled, busy), s: Home Assistant gives up after 10 s without a word (its satellites after about 2 s of silence). 0 = wait as other requests do (service.max_hold_s).", min=0.0, max=86400.0)
+    write_timeout_s: float = _f(10.0, "A client that takes no data for this long while the box has some for it (frozen, or gone without closing) is disconnected and its requests cancelled, s; also the kernel's bound on unacknowledged data (TCP_USER_TIMEOUT).", min=1.0, max=3600.0)
+    keepalive_s: float = _f(15.0, "TCP keepalive of Wyoming connections: the first probe after this many idle seconds, then every third of it; three unanswered probes close the connection (a client gone without a word is found in about twice this).", min=1.0, max=7200.0)
 
 
 @dataclass(frozen=True)

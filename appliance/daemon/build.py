@@ -1,7 +1,7 @@
 """The daemon's assembly: every part built complete, in the order its dependencies need.
 
 :func:`check` runs before anything heavy (a wrong ``model.path``, a directory that cannot be
-made, a socket or Wyoming port another daemon holds, a missing MQTT CA bundle: each fails in
+made, a socket another daemon holds: each fails in
 milliseconds, not after a model load). :func:`build` then constructs, each part handed what it
 needs when it is made, nothing assigned to a part afterwards::
 
@@ -16,10 +16,11 @@ needs when it is made, nothing assigned to a part afterwards::
     journal         Journal + Recovery (journal.enabled)
     throttle        Monitor(cfg, on_change, budget_mib=current_mib(pipeline)) (started), or None
     health          Health: the one verdict from every condition source (throttle, weights,
-                    devices, the last check, a failed reload, the journal, an engine fallback)
+                    devices, the last check, a failed reload, the journal, an engine fallback,
+                    the network services: NetHealth's mqtt, wyoming, mdns)
     worker          Worker(pipeline, audio, throttle, journal, ...) (started)
     dispatch        Dispatcher(pipeline, worker, loop, journal, recovery, ...)
-    mqtt            MQTTBridge(cfg, dispatch.handle_request_threadsafe, status) (mqtt.enabled)
+    mqtt            MQTTBridge(cfg, dispatch.handle_request_threadsafe, status, net.mqtt) (mqtt.enabled)
 
 The servers that need the running event loop (the UNIX socket, Wyoming) are made by the daemon
 in its loop from these parts. The parts call back into the daemon only through :class:`Ports`.
@@ -88,6 +89,21 @@ class Ports:
 
 
 @dataclass(frozen=True)
+class NetHealth:
+    """The network services' health conditions, made before the verdict and raised by the
+    transports made later: ``mqtt`` (the link: reconnecting, refused, TLS, a client-id takeover),
+    ``wyoming`` (a URI that cannot be listened on), ``mdns`` (the advertisement)."""
+
+    mqtt: ConditionFlag = dataclasses.field(default_factory=lambda: ConditionFlag("mqtt"))
+    wyoming: ConditionFlag = dataclasses.field(default_factory=lambda: ConditionFlag("wyoming"))
+    mdns: ConditionFlag = dataclasses.field(default_factory=lambda: ConditionFlag("mdns"))
+
+    def sources(self) -> tuple:
+        """Each as a condition source of the verdict."""
+        return (self.mqtt, self.wyoming, self.mdns)
+
+
+@dataclass(frozen=True)
 class Parts:
     """The daemon's parts, each built complete by :func:`build` (module docstring).
 
@@ -99,6 +115,7 @@ class Parts:
         throttle: None when telemetry could not be opened (logged). journal, recovery: None with
             ``journal.enabled: false``. mqtt: None unless ``mqtt.enabled``.
         health: the one verdict (:class:`~appliance.ops.verdict.Health`) over every condition source.
+        net: the network services' conditions (the Wyoming server is given its two).
     """
 
     cfg: Config
@@ -116,6 +133,7 @@ class Parts:
     worker: Worker
     dispatch: Dispatcher
     mqtt: Optional[MQTTBridge]
+    net: NetHealth
 
 
 def check(cfg: Config, own_model: bool) -> None:
@@ -124,7 +142,8 @@ def check(cfg: Config, own_model: bool) -> None:
 
     Raises:
         ApplianceError: no checkpoint at ``model.path``, a directory that cannot be made, the
-            socket or a Wyoming port in use, a missing or unreadable ``mqtt.ca_file``.
+            socket in use (a Wyoming port in use or a missing ``mqtt.ca_file`` only degrades the box:
+            health says so).
     """
     if own_model:                                   # a wrong model.path: before any directory is made
         require_checkpoint(cfg)
@@ -132,12 +151,6 @@ def check(cfg: Config, own_model: bool) -> None:
     prepare_dirs(cfg, socket_inherited=inherited)
     if not inherited:                               # another daemon has the socket
         check_socket_path(cfg.resolve(cfg.service.socket))
-    if cfg.wyoming.enabled:                         # ... or the Wyoming port
-        from ..transports.wyoming_server import check_free
-        check_free(cfg)
-    if cfg.mqtt.enabled:
-        from ..transports.mqtt import check_tls
-        check_tls(cfg)
 
 
 def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLoop,
@@ -163,8 +176,10 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     journal, recovery = open_journal(cfg)
     throttle = open_monitor(cfg, ports.on_throttle, lambda: current_mib(pipeline))
     channels = cfg.service.channels
+    net = NetHealth()
     health = Health((*((throttle.conditions,) if throttle else ()), integrity.conditions,
-                     audio.conditions, checks, reload_failed, storage_conditions(journal), pipeline.conditions))
+                     audio.conditions, checks, reload_failed, storage_conditions(journal), pipeline.conditions,
+                     *net.sources()))
     worker = Worker(
         pipeline, audio, queue_len={c.name: c.queue_len for c in channels},
         heartbeat_s=HEARTBEAT_S, on_heartbeat=hooks.on_heartbeat, on_finished=ports.on_finished,
@@ -178,9 +193,9 @@ def build(cfg: Config, hooks: Hooks, ports: Ports, loop: asyncio.AbstractEventLo
     mqtt = None
     if cfg.mqtt.enabled:
         from ..transports.mqtt import MQTTBridge
-        mqtt = MQTTBridge(cfg, dispatch.handle_request_threadsafe, ports.status)
+        mqtt = MQTTBridge(cfg, dispatch.handle_request_threadsafe, ports.status, net.mqtt)
     return Parts(cfg, pipeline, fit, integrity, start_health, checks, reload_failed, audio, journal, recovery,
-                 throttle, health, worker, dispatch, mqtt)
+                 throttle, health, worker, dispatch, mqtt, net)
 
 
 def _load(cfg: Config, hooks: Hooks,

@@ -167,17 +167,17 @@ class Daemon:
         sock = inherited_socket()
         if sock is None:
             self._socket_path = self.cfg.resolve(self.cfg.service.socket)
-            sock = listen_socket(self._socket_path, self.cfg.service.socket_mode)
+            sock = listen_socket(self._socket_path, self.cfg.service.socket_mode, group=self.cfg.service.socket_group)
         if p.recovery is not None:   # before the socket accepts: a returning client finds its request
             await p.recovery.replay(p.dispatch.resubmit, p.mqtt.sink if p.mqtt else None,
                                     p.mqtt.recent.add if p.mqtt else None)
         self.server = SocketServer(sock, p.dispatch.handle_line, self.cfg.service.max_line_bytes,
                                    on_gone=p.dispatch.client_gone, max_buffered_ms=self.cfg.service.max_buffered_ms,
-                                   sample_format=self.cfg.stream.sample_format)
+                                   sample_format=self.cfg.stream.sample_format, limits=self.cfg.service)
         await self.server.start()
         if self.cfg.wyoming.enabled:
             from ..transports.wyoming_server import WyomingServer
-            self.wyoming = WyomingServer(self.cfg, p.dispatch)
+            self.wyoming = WyomingServer(self.cfg, p.dispatch, p.net.wyoming, p.net.mdns)
             try:
                 await self.wyoming.start()
             except ApplianceError:
@@ -229,6 +229,8 @@ class Daemon:
         info = p.pipeline.info
         r = plan_reload(self.config_path, self.cfg, info.text_mode, info.backend, info.hidden_size)
         p.reload_failed.update(r.failed)
+        if p.mqtt is not None:        # the CA bundle re-read (a replaced one is used from the next connection)
+            p.mqtt.reload_tls()
         if r.live:
             self.cfg = dataclasses.replace(self.cfg, **r.live)
             if "synthesis" in r.live:

@@ -98,7 +98,7 @@ CUDA_EXTRA_MIB = 384
 (cuBLAS/cuDNN workspaces and the kernels they load, the graphs' pool, activations, the
 allocator's slack), MiB, for the estimate before the load. Measured on an H200, plain CUDA
 graphs, full checkpoint FP16, KV 3 x 2048, after warm-up: NVML 1910 MiB = 621 context + 549
-weights + 360 KV + 380 (bench/gpu_memory_probe.py; bench/RESULTS.md)."""
+weights + 360 KV + 380 (`gpu_memory_probe.py` (retired; its run in bench/HISTORY.md); bench/HISTORY.md)."""
 CUDA_CONTEXT_MIB = 300
 """The bare CUDA context on a Jetson with lazy loading, MiB (published figure, docs/jetson-memory.md):
 counted before the load on unified memory, where the budget holds everything."""
@@ -119,9 +119,9 @@ HOST_WORK_FRACTION = {"torch": 0.3, "onnxruntime": 0.6, "llama.cpp": 0.6}
 runtime's arenas, the KV pages the warm-up touches). Measured on the 2-core machine with the
 full checkpoint: torch FP32 1584 MiB RSS after warm-up for 1009 MiB of weights and 259 MiB before
 the load (+316, 0.31); ONNX Runtime INT8 768 MiB loaded, 1074 after warm-up (+307 for 515 MiB of
-weights, 0.6) (bench/bench_memory.py, bench/RESULTS.md); llama.cpp (its vocoder runs on ONNX Runtime) taken
+weights, 0.6) (python -m bench memory, bench/HISTORY.md); llama.cpp (its vocoder runs on ONNX Runtime) taken
 as ONNX Runtime's: the daemon on the q4_k_m GGUF export measured 758 MiB RSS after warm-up where the
-estimate without these terms was 574 MiB (bench/bench_service.py, 2026-12-04)."""
+estimate without these terms was 574 MiB (python -m bench service, 2026-12-04)."""
 """Host RSS a backend's runtime adds when imported, MiB, counted before the load where the RSS is
 in the budget (a CPU, a Jetson). Measured on the 2-core x86 machine: ``import torch`` (CPU build
 2.13) +208 MiB, ``import onnxruntime`` 1.32 +35 MiB."""

@@ -12,7 +12,7 @@
    1,750-1,868 (about half all-in), READY 3.7 s against 8.4 s restarted, decode step 0.94 / 1.13 ms
    at 1 / 3 channels against 1.61 / 1.75 (plain CUDA graphs); torch's compiled step (0.83 ms) and
    first audio (10-20 % sooner) are the only figures where torch wins, none of them audible
-   (bench/RESULTS.md);
+   (bench/HISTORY.md);
 3. ``torch`` on CUDA: a GPU is present and torch is importable (the reference path, and the
    exporter's check);
 4. ``llama``: a GGUF export exists under ``<engine_dir>/llama/`` and llama-cpp-python is

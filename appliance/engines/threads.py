@@ -7,7 +7,7 @@ plus ``threads - 1`` workers), so at any moment only one pool has work. They mus
 an idle pool whose workers spin on after their session's run takes the cores from the next
 stage's pool (measured on the 2-core host, quiet: with three spinning pools the vocoder windows
 took 0.17 s per second of audio inside the pipeline against 0.05 with one budget, and the
-pipeline's RTF was 1.28x the sum of its stages; ``bench/RESULTS.md``).
+pipeline's RTF was 1.28x the sum of its stages; ``bench/HISTORY.md``).
 :func:`~appliance.engines.onnx.vocoder.session_options` therefore lets workers sleep when idle
 (``model.spin_wait: false``, the default: the lowest pipeline RTF in four interleaved rounds from
 quiet to loaded), or spin only *inside* a run and stop when it returns
@@ -25,7 +25,7 @@ How many threads, first match:
    ``--cpus`` and Kubernetes' CPU limits write. The threads are the quota rounded *down*, at least
    1: a thread beyond the quota is throttled in every period, and each parallel section then waits
    for it (measured on the 2-core host in a cgroup with a quota of 1 CPU: ONNX Runtime INT8 at 2
-   threads made the pipeline's RTF 0.92 against 0.65 at 1, ``bench/RESULTS.md``);
+   threads made the pipeline's RTF 0.92 against 0.65 at 1, ``bench/HISTORY.md``);
 3. the affinity mask (``os.sched_getaffinity``: ``taskset``, systemd's ``CPUAffinity=``, a
    cpuset cgroup), which already lists only the CPUs the process may run on.
 
@@ -205,7 +205,7 @@ class StepThreads:
     the bandwidth, and llama.cpp's threads meet at a spinning barrier after every operation. On
     a quiet host two threads made the q8_0 step 1.2x faster than one (7.8 against 9.4 ms); on a
     contended one (other processes runnable, CPU pressure 75-96 %) two threads were 6x *slower*
-    (58.7 against 9.9 ms: a descheduled thread holds every barrier), ``bench/RESULTS.md``. No
+    (58.7 against 9.9 ms: a descheduled thread holds every barrier), ``bench/HISTORY.md``. No
     fixed count is right for both, and a box changes between them (a neighbour starts), so a
     runner that can change its threads between two steps (llama.cpp: ``llama_set_n_threads``)
     asks this object before every step and reports how long it took:
@@ -220,7 +220,7 @@ class StepThreads:
     little and loses much to a busy neighbour, while three rows on llama.cpp's q8_0 / q4_K kernels
     are compute-bound and need both cores (in the daemon on a quiet 2-core host one row measured
     6.4 ms at 1 thread against 8.7 at 2; one choice for all rows then ran three channels' steps on
-    one thread: ``bench/RESULTS.md``).
+    one thread: ``bench/HISTORY.md``).
 
     Two steps in a row at more than one thread that take over ``collapse`` times their average
     probe at once (against those two times) instead of at the next turn: with two threads on two

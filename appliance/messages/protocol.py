@@ -190,6 +190,17 @@ def _params(obj: Any) -> SynthParams:
     return SynthParams(**kw)
 
 
+def _valid_id(obj: Any) -> Optional[str]:
+    """The request's ``id`` where it is a valid one (a string of 1-128 characters without control
+    characters), else None: what an error about its other fields is answered with."""
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    if not isinstance(rid, str) or not 0 < len(rid) <= 128:
+        return None
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 or 0xD800 <= ord(ch) < 0xE000 for ch in rid):
+        return None
+    return rid
+
+
 def parse_request(obj: Any) -> Request:
     """Validate a decoded JSON object and build the request dataclass.
 
@@ -198,8 +209,17 @@ def parse_request(obj: Any) -> Request:
 
     Raises:
         RequestError: not an object, unknown ``type``, unknown field, wrong type or range, a
-            ``cancel`` with neither or both of ``id`` and ``channel``.
+            ``cancel`` with neither or both of ``id`` and ``channel``; its ``request_id`` is the
+            request's valid ``id`` (None when it had none), for the error event.
     """
+    try:
+        return _parse_request(obj)
+    except RequestError as e:
+        e.request_id = _valid_id(obj)
+        raise
+
+
+def _parse_request(obj: Any) -> Request:
     if not isinstance(obj, dict):
         raise RequestError(f"a request must be a JSON object, got {type(obj).__name__}")
     kind = obj.get("type", "speak")

@@ -12,7 +12,7 @@ Three kinds (:func:`memory_kind`), one rule each:
   plus the context it measured. Host **RSS** is held against its own limit,
   ``service.host_rss_limit_mb``: a discrete card's memory and the host's are separate pools, and
   torch's CUDA libraries alone keep about 0.7 GiB resident on the host (measured on an H200:
-  ``import torch`` 491 MiB, + CUDA context 614, + one cuBLAS FP16 GEMM 767; bench/RESULTS.md).
+  ``import torch`` 491 MiB, + CUDA context 614, + one cuBLAS FP16 GEMM 767; bench/HISTORY.md).
 * ``cpu``: **RSS** against the budget.
 
 Every kind also reports the **all-in** figure (:attr:`Footprint.all_in_mib`): host RSS + device

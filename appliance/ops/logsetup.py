@@ -38,6 +38,10 @@ except ImportError:  # pragma: no cover
 #: failures); without ``--verbose`` only their errors are shown.
 QUIET_LOGGERS = ("onnxscript", "onnx_ir", "torch.onnx", "torch._dynamo", "torch.export")
 
+#: Libraries whose DEBUG records are a trace of their own internals (markdown-it logs every rule
+#: it tries on every line: 90 % of a ``-v`` log); INFO and above even with ``--verbose``.
+TRACE_LOGGERS = ("markdown_it",)
+
 #: attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -264,6 +268,8 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     if not verbose:
         _quiet_third_party()
+    for name in TRACE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     if under_systemd(environ) and _sd_journal is not None:
         kw = {"SYSLOG_IDENTIFIER": identifier}
         if journal_sender is not None:

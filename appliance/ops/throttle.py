@@ -158,12 +158,18 @@ class Ladder:
         return self.level
 
     def describe(self) -> str:
-        """e.g. ``temperature 88.0C (>= 84.0C: reduced_channels)``."""
+        """e.g. ``temperature 88.0C (>= 84.0C: reduced_channels)``; inside the hysteresis band
+        (back past the threshold, not yet far enough to leave the level) e.g. ``temperature 82.5C
+        (reduced_channels until below 79.0C)``, never a reading that contradicts its threshold."""
         if self.value is None:
             return f"{self.name} unknown"
         op = "<=" if self.sign < 0 else ">="
         if self.level:
             t = self.thresholds[self.level - 1]
+            if not self._reached(self.value, self.level):
+                edge = t - self.sign * self.hysteresis
+                return (f"{self.name} {self.value:.1f}{self.unit} ({_ORDER[self.level].value} until "
+                        f"{'above' if self.sign < 0 else 'below'} {edge:.1f}{self.unit})")
             return f"{self.name} {self.value:.1f}{self.unit} ({op} {t:.1f}{self.unit}: {_ORDER[self.level].value})"
         return f"{self.name} {self.value:.1f}{self.unit}"
 

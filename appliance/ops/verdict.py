@@ -149,19 +149,13 @@ class Health:
         self._thread.start()
 
     def _run(self, on_change: Callable[[Verdict], None], period_s: float) -> None:
+        levels = {n: sev for n, sev, _ in self._last}
         while not self._stop.wait(period_s):
             v = self.verdict()
             key = v.key()
             if key == self._last:
                 continue
-            before = {(n, r) for n, _, r in self._last}
-            now = {(n, r) for n, _, r in key}
-            for n, r in sorted(now - before):
-                log.warning("health: %s: %s", n, r)
-            for n, r in sorted(before - now):
-                if n not in {x for x, _ in now}:
-                    log.info("health: %s cleared (was: %s)", n, r)
-            log.info("health: %s", v.summary())
+            levels = log_changes(levels, self._last, key, v)
             self._last = key
             try:
                 on_change(v)
@@ -174,6 +168,32 @@ class Health:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+def log_changes(levels: dict, before: tuple, after: tuple, v: Verdict) -> dict:
+    """Log what changed between two verdict keys (``(name, severity, reason)`` each), once per
+    change that matters: a condition that starts (WARNING), changes its severity (WARNING) or
+    clears (INFO), and then the verdict's summary (INFO); a condition whose reason alone moves (a
+    temperature reading inside the same level) is logged at DEBUG only. ``levels``: name ->
+    severity as last logged; returns it updated."""
+    now = {n: (sev, r) for n, sev, r in after}
+    was = {n: r for n, _, r in before}
+    changed = False
+    for n, (sev, r) in now.items():
+        if n not in levels:
+            log.warning("health: %s: %s [%s]", n, r, sev)
+        elif levels[n] != sev:
+            log.warning("health: %s now %s (was %s): %s", n, sev, levels[n], r)
+        else:
+            log.debug("health: %s: %s", n, r)
+            continue
+        changed = True
+    for n in sorted(set(levels) - set(now)):
+        log.info("health: %s cleared (was: %s)", n, was.get(n, "?"))
+        changed = True
+    if changed:
+        log.info("health: %s", v.summary())
+    return {n: sev for n, (sev, _) in now.items()}
 
 
 class CheckRecord:

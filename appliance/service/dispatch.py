@@ -118,28 +118,32 @@ class Dispatcher:
         self._prep.shutdown(wait=False)
 
     async def handle_line(self, line: bytes, sink: EventSink, peer: Optional[Peer] = None,
-                          audio_for: Optional[Callable[[str], AudioSink]] = None) -> None:
-        """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event.
-        ``speak`` and ``health`` count against ``peer``'s rate limit. ``audio_for(request_id)``:
-        the connection's sink for a ``return_audio`` request's PCM (its client stream)."""
+                          audio_for: Optional[Callable[[str], AudioSink]] = None) -> Optional[ApplianceError]:
+        """Parse one request line (socket) and handle it; a bad line becomes an ``error`` event
+        (with the request's id where it had a valid one). ``speak`` and ``health`` count against
+        ``peer``'s rate limit. ``audio_for(request_id)``: the connection's sink for a
+        ``return_audio`` request's PCM (its client stream). Returns the error a line was refused
+        with before it became a request (malformed, rate limited; answered already, logged at
+        DEBUG only: the transport counts and summarises them), else None."""
         arrived = time.monotonic()
         try:
             req = parse_line(line, self.max_line_bytes)
         except ApplianceError as e:
-            log.info("bad request line%s: %s", f" from {peer}" if peer else "", e)
-            sink(error_event(e))
-            return
+            log.debug("bad request line%s: %s", f" from {peer}" if peer else "", e)
+            sink(error_event(e, getattr(e, "request_id", None)))
+            return e
         if self.limiter is not None and peer is not None and isinstance(req, (Speak, HealthRequest)):
             try:
                 self.limiter.check(peer)
             except ApplianceError as e:
-                log.info("request from %s refused: %s", peer, e)
+                log.debug("request from %s refused: %s", peer, e)
                 sink(error_event(e, req.id if isinstance(req, Speak) else None))
-                return
+                return e
         audio = None
         if isinstance(req, Speak) and req.return_audio and audio_for is not None:
             audio = lambda rid=req.id: audio_for(rid)   # noqa: E731 - opened by the worker at each start
         await self.handle_request(req, sink, peer=peer, arrived=arrived, audio=audio)
+        return None
 
     def client_gone(self, sink: EventSink, peer: Optional[Peer] = None) -> None:
         """A socket client closed its connection: cancel its queued, running and playing

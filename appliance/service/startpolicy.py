@@ -132,10 +132,6 @@ class StartPolicy:
             per = self.per_token
         return [min(hi, max(lo, round(per * s.text_tokens))) for s in task.sentences]
 
-    def expected_steps(self, task: Task, params: SamplingParams) -> int:
-        """Decode steps ``task`` is expected to run, all its sentences known now (module docstring)."""
-        return sum(self._sentence_steps(task, params))
-
     def on_chunk(self, item: Request, chunk: PcmChunk) -> None:
         """``item``'s :class:`~appliance.core.PcmChunk` ``chunk`` is about to be written (worker
         thread): its first chunk decides the start (:meth:`apply`), a later sentence's first chunk
@@ -214,7 +210,7 @@ class StartPolicy:
         """``item``'s first PCM chunk is about to be written: decide and hold its voice. Never raises."""
         try:
             eng, task = self.engine, item.task
-            steps = self._sentence_steps(task, item.job.params)
+            steps = self._sentence_steps(task, item.job.params)[item.resume_from:]   # a resumed one: the rest
             plan, cause = self._plan(item, sum(steps))
             if cause == "cpu_busy" and plan.hold_s > 0 and len(steps) > 1:   # later sentences hold at their boundaries
                 plan, _ = self._plan(item, steps[0])

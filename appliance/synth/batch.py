@@ -181,7 +181,9 @@ class BatchEngine:
         """Register ``job``; its first sentence joins the batch at the next :meth:`step`.
         ``keep_codes``: its report keeps every code drawn (the health check's reference).
         ``first_sentence``: start at this sentence of the job (a request resumed after a
-        preemption; clipped to its sentences known now); it draws with ``seed + k`` as always.
+        preemption; clipped to its sentences known now); it draws with ``seed + k`` as always, and
+        its report lists the sentences before it as spoken (they were, before the interruption), so
+        that ``report.spoken[k]`` stays sentence ``k``.
 
         Raises:
             BusyError: all ``capacity`` task slots are taken.
@@ -192,6 +194,7 @@ class BatchEngine:
                  sentences=list(job.sentences),
                  report=Report(unspeakable=list(job.unspeakable), codes=[] if keep_codes else None),
                  k=max(0, min(int(first_sentence), len(job.sentences) - 1)))
+        t.report.spoken.extend(s.text for s in job.sentences[:t.k])
         t.voc = self._free_voc.pop()
         self.tasks.append(t)
         return t

@@ -32,7 +32,7 @@ weights really look is measured per checkpoint and backend (``chattts-appliance 
   mel frames): it recomputes at most ``2r`` provisional frames per layer and pass instead of up to
   ``rf_dec`` (75 at full size), and Vocos reads at most ``rf_voc`` mel frames that are not frozen
   yet (provisional: recomputed by the next window, never stored as final) instead of up to
-  ``rf_dec``. Measured at full size (``bench/bench_vocoder.py``): see ``bench/RESULTS.md``.
+  ``rf_dec``. Measured at full size (``bench_vocoder.py``, retired): see ``bench/HISTORY.md``.
 
 Every frame is committed once, and the inverse STFT overlap-adds consecutive frames (75 %
 overlap), so chunks join without a step: the streamed PCM differs from the one-shot PCM by the

@@ -60,6 +60,12 @@ connection was down. QoS 1 is at-least-once: around a reconnect a subscriber may
 twice (identical JSON, e.g. ``started`` of one id twice in a row; a request resumed after a
 preemption also has a second ``started``, after its ``preempted``).
 
+Health (:mod:`appliance.transports.mqtt_link`): the ``mqtt`` condition says why the link is
+down (the broker unreachable, its refusal, a TLS reason: expired, unknown CA, host name), a
+broker that keeps closing a fresh session (a client-id takeover) doubles the wait before the next
+attempt, and a missing or unreadable ``mqtt.ca_file`` leaves MQTT waiting for it (re-read every
+few seconds and on SIGHUP, :meth:`MQTTBridge.reload_tls`) instead of stopping the box.
+
 Threads: paho's network thread runs ``on_connect`` / ``on_message``; the worker, audio and event
 loop threads call the sink (``publish`` is thread-safe and never blocks); one ``mqtt-status``
 thread polls :meth:`Daemon.status`.
@@ -70,7 +76,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -90,7 +95,9 @@ from ..messages.protocol import (
     error_event,
     to_dict,
 )
+from ..core import ConditionFlag
 from .mqtt_discovery import Discovery
+from .mqtt_link import Link, TlsFiles, client_class
 from .mqtt_payload import COMMANDS, RecentIds, Topics, event_payload, parse_command
 
 log = logging.getLogger(__name__)
@@ -103,31 +110,13 @@ MAX_QUEUED = 1000
 
 _VOLATILE = ("buffered_ms", "temperature_c", "memory_mib", "for_s")
 
+TLS_RETRY_POLLS = 10
+"""A missing CA bundle is looked for again every this many status polls (5 s)."""
+
 IGNORED_WHEN_EMPTY = ("say", "cancel", "normalize")
 """Command topics on which a zero-byte payload is ignored: it is what clearing a retained message
 there delivers, and no command of theirs is empty."""
 
-
-
-def check_tls(cfg: Config) -> Optional[str]:
-    """The CA bundle ``mqtt.ca_file`` names, checked before anything heavy loads (the daemon calls
-    this before the model; :class:`MQTTBridge` again when it is built). Returns its path, or None
-    for the system CAs (or with ``mqtt.tls`` off).
-
-    Raises:
-        ConfigError: ``mqtt.ca_file`` is set but missing, or not a CA bundle Python's ``ssl`` reads.
-    """
-    m = cfg.mqtt
-    if not m.tls or not m.ca_file:
-        return None
-    ca_path = cfg.resolve(m.ca_file)
-    if not ca_path.is_file():
-        raise ConfigError(f"mqtt.ca_file: {ca_path} does not exist; point it at the broker's CA bundle (PEM)")
-    try:
-        ssl.create_default_context(cafile=str(ca_path))
-    except (OSError, ValueError, ssl.SSLError) as e:
-        raise ConfigError(f"mqtt.ca_file: cannot set up TLS with {ca_path}: {e}") from e
-    return str(ca_path)
 
 
 class MQTTBridge:
@@ -139,13 +128,11 @@ class MQTTBridge:
             :meth:`~appliance.service.dispatch.Dispatcher.handle_request_threadsafe`; may raise
             :class:`~appliance.errors.ApplianceError` (e.g. busy while stopping).
         status: ``() -> StatusReply``, normally ``Daemon.status``.
-
-    Raises:
-        ConfigError: ``mqtt.ca_file`` is set but missing, or TLS cannot be set up with it.
+        health: the ``mqtt`` condition this bridge raises and clears (None: its own, unread).
     """
 
     def __init__(self, cfg: Config, submit: Callable[[Request, EventSink], Future],
-                 status: Callable[[], StatusReply]) -> None:
+                 status: Callable[[], StatusReply], health: Optional[ConditionFlag] = None) -> None:
         import paho.mqtt.client as paho
 
         self.cfg = cfg
@@ -161,20 +148,19 @@ class MQTTBridge:
         self._last_sig: Any = None
         self._last_status_at = 0.0
         self._status_lock = threading.Lock()
-        self._failures = 0          # failed connection attempts since the last success
-
         self.client_id = self.m.client_id or f"chattts-{self.m.box_id}"
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                                  clean_session=self.m.clean_session, protocol=paho.MQTTv311, manual_ack=True)
+        self.link = Link(cfg, self.client_id, health or ConditionFlag("mqtt"))
+        self.client = client_class(paho)(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                          clean_session=self.m.clean_session, protocol=paho.MQTTv311,
+                                          manual_ack=True)
+        self.client.link = self.link
         self.client.suppress_exceptions = True
         if self.m.username is not None:
             self.client.username_pw_set(self.m.username, self.m.password)
-        if self.m.tls:
-            ca = check_tls(cfg)
-            try:
-                self.client.tls_set(ca_certs=ca)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"mqtt.ca_file: cannot set up TLS with {ca or 'the system CAs'}: {e}") from e
+        self.tls: Optional[TlsFiles] = TlsFiles(cfg) if self.m.tls else None
+        self._tls_ok = self.tls is None or self.reload_tls()
+        if self.tls is not None:
+            self.client.tls_set_context(self.tls)    # type: ignore[arg-type] - wraps the context read last
         self.client.will_set(self.topics.availability, b"offline", qos=1, retain=True)
         self.client.reconnect_delay_set(min_delay=self.m.reconnect_min_s, max_delay=self.m.reconnect_max_s)
         self.client.max_queued_messages_set(MAX_QUEUED)
@@ -189,12 +175,33 @@ class MQTTBridge:
 
     def start(self) -> None:
         """Begin connecting (non-blocking) and start paho's network thread and the status thread."""
+        if self._tls_ok:
+            self._connect()
+        self._status_thread = threading.Thread(target=self._status_loop, name="mqtt-status", daemon=True)
+        self._status_thread.start()
+
+    def _connect(self) -> None:
         log.info("mqtt: connecting to %s:%d%s as %s, topics %s/#", self.m.host, self.m.port,
                  " (TLS)" if self.m.tls else "", self.client_id, self.topics.base)
         self.client.connect_async(self.m.host, self.m.port, keepalive=self.m.keepalive_s)
         self.client.loop_start()
-        self._status_thread = threading.Thread(target=self._status_loop, name="mqtt-status", daemon=True)
-        self._status_thread.start()
+        self._started = True
+
+    def reload_tls(self) -> bool:
+        """Read ``mqtt.ca_file`` again (start, SIGHUP, and every few seconds while it is missing);
+        the next connection attempt uses it, a working connection is kept. True when it was read."""
+        if self.tls is None:
+            return True
+        try:
+            self.tls.load()
+        except ConfigError as e:
+            log.error("mqtt: %s; MQTT waits for it, the box runs on", e)
+            self.link.waiting_for_tls(e)
+            return False
+        if not getattr(self, "_tls_ok", True):
+            log.info("mqtt: %s read; connecting", self.tls.path)
+            self.link.flag.clear()
+        return True
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """Publish the final status and ``offline`` (retained), disconnect, join the threads.
@@ -211,8 +218,9 @@ class MQTTBridge:
                 info.wait_for_publish(timeout_s)
             except (RuntimeError, ValueError):
                 pass
-        self.client.disconnect()
-        self.client.loop_stop()
+        if getattr(self, "_started", False):
+            self.client.disconnect()
+            self.client.loop_stop()
         log.info("mqtt: disconnected (%d duplicate say message(s) dropped)", self.duplicates)
 
     def use_voices(self, names: list) -> None:
@@ -227,10 +235,11 @@ class MQTTBridge:
         if reason_code.is_failure:
             log.error("mqtt: broker %s:%d refused the connection: %s (check mqtt.username/password/tls)",
                       self.m.host, self.m.port, reason_code)
+            self.link.refused(reason_code)
             return
         log.info("mqtt: connected to %s:%d (session present: %s)", self.m.host, self.m.port,
                  getattr(flags, "session_present", "?"))
-        self._failures = 0
+        self.link.up()
         client.subscribe([(self.topics.of(k), 1) for k in COMMANDS]
                          + (self.discovery.subscriptions() if self.discovery is not None else []))
         client.publish(self.topics.availability, b"online", qos=1, retain=True)
@@ -243,16 +252,21 @@ class MQTTBridge:
         self.connected.clear()
         if self._stopping.is_set():
             return
-        log.warning("mqtt: lost the broker %s:%d (%s); reconnecting with backoff %g-%g s",
-                    self.m.host, self.m.port, reason_code, self.m.reconnect_min_s, self.m.reconnect_max_s)
+        was_up = self.link.connected_at is not None
+        wait = self.link.down(reason_code)
+        # paho starts over at its minimum after every CONNACK: a taken-over session waits longer
+        client.reconnect_delay_set(min_delay=wait, max_delay=max(wait, self.m.reconnect_max_s))
+        if was_up:
+            log.warning("mqtt: %s", self.link.flag()[0].reason)
 
     def _on_connect_fail(self, client, userdata) -> None:
-        self._failures += 1
-        if self._failures == 1:
-            log.warning("mqtt: cannot reach the broker %s:%d; retrying with backoff %g-%g s (logged once per outage)",
-                        self.m.host, self.m.port, self.m.reconnect_min_s, self.m.reconnect_max_s)
+        why = self.link.failed()
+        if self.link.failures == 1:
+            log.warning("mqtt: %s; retrying with backoff %g-%g s (logged once per outage)",
+                        why, self.m.reconnect_min_s, self.m.reconnect_max_s)
         else:
-            log.debug("mqtt: connection attempt %d to %s:%d failed", self._failures, self.m.host, self.m.port)
+            log.debug("mqtt: connection attempt %d to %s:%d failed: %s", self.link.failures, self.m.host,
+                      self.m.port, why)
 
     def _on_message(self, client, userdata, msg) -> None:
         fut = None
@@ -345,8 +359,14 @@ class MQTTBridge:
         self.client.publish(self.topics.status, payload, qos=1, retain=True)
 
     def _status_loop(self) -> None:
+        polls = 0
         while not self._stopping.wait(STATUS_POLL_S):
+            polls += 1
+            if not self._tls_ok and polls % TLS_RETRY_POLLS == 0 and self.reload_tls():
+                self._tls_ok = True
+                self._connect()
             if self.connected.is_set():
+                self.link.settle()
                 self._publish_status()
 
 

@@ -1,11 +1,16 @@
 """The UNIX socket: framing, connections, and thread-safe event delivery (asyncio).
 
-* :func:`listen_socket` binds ``service.socket`` (its directory must exist: the daemon checks and
-  creates it at start, :mod:`appliance.daemon.paths`; a stale socket file is removed, one that
-  another daemon still answers on refused), mode ``service.socket_mode``.
-* :func:`inherited_socket` takes a listening socket passed by systemd socket activation
-  (``LISTEN_PID`` = our pid, ``LISTEN_FDS`` >= 1, fd 3; ``sd_listen_fds(3)``).
-* :class:`SocketServer` accepts connections on the event loop. Each line (up to
+* The socket's file, its mode, group and directory, and socket activation:
+  :mod:`.socket_listen` (:func:`listen_socket`, :func:`inherited_socket`, re-exported here).
+* :class:`SocketServer` accepts connections on the event loop, within its limits
+  (:mod:`.socket_limits`): ``service.max_connections`` at once, ``service.max_connections_per_client``
+  per client process (one more gets one ``busy`` error line and is closed); a connection with no
+  request in flight that sends nothing for ``service.idle_timeout_s`` is closed; malformed lines
+  beyond ``service.max_bad_lines_per_min`` get one ``rate_limited`` and are then dropped
+  unanswered; what a flood of either would log is one summary line per client per
+  ``service.bad_input_log_s``. Running out of file descriptors (``EMFILE``) refuses the
+  connection that could not be taken with one line (a spare descriptor kept for it), is logged
+  once per interval, and never stops the connections already open. Each line (up to
   ``max_line_bytes``; a longer one is answered with one ``bad_request`` error and skipped up to
   its newline) goes to ``handler(line, sink, peer, audio)`` and is awaited before the next line of the
   same connection, so requests from one client keep their order. ``sink`` is the connection's
@@ -33,282 +38,165 @@ import asyncio
 import errno
 import logging
 import os
-import select
 import socket
-import stat
-from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
-from ..audio.stream import AUDIO, EVENT, ClientStream, Outbox, StreamAudio
-from ..audio.wav import encode_pcm
-from ..core import SAMPLE_RATE
-from ..errors import ConfigError, RequestError
-from ..messages.protocol import AudioChunk, Event, EventSink, error_event, to_json
+from ..audio.stream import StreamAudio
+from ..errors import ApplianceError, BusyError, RateLimitError, RequestError
+from ..messages.protocol import EventSink, error_event, parse_line, to_json
+from ..ops.logsummary import Summary
 from ..service.peers import Peer, peer_of
+from .socket_conn import MAX_PENDING_EVENTS, Connection
+from .socket_limits import Gate
+from .socket_listen import SD_LISTEN_FDS_START, check_socket_path, inherited_socket, listen_socket
 
 log = logging.getLogger(__name__)
-
-SD_LISTEN_FDS_START = 3
-MAX_PENDING_EVENTS = 100_000
-"""Events a connection may hold unwritten (its client reads nothing) before it is dropped."""
-
-FLUSH = "flush"
-"""An outbox item ``(FLUSH, future)`` of :meth:`Connection.flushed`: resolved once written up to it."""
 
 AudioFor = Callable[[str], StreamAudio]
 """``audio(request_id)``: a sink for that request's PCM to this connection's client (worker thread)."""
 
-Handler = Callable[[bytes, EventSink, Peer, AudioFor], Awaitable[None]]
+Handler = Callable[[bytes, EventSink, Peer, AudioFor], Awaitable[Optional[ApplianceError]]]
 """``async handler(line, sink, peer, audio)``: one request line, the connection's event sink, the
-client, and how a ``return_audio`` request's PCM reaches the client."""
+client, and how a ``return_audio`` request's PCM reaches the client; returns the error a line
+was refused with before it became a request (malformed, rate limited: already answered), else None."""
+
+FD_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+"""``accept(2)`` failures that mean the process or system is out of descriptors or memory."""
 
 GoneHook = Callable[[EventSink, Peer], None]
 """``on_gone(sink, peer)``: the client closed its connection (loop thread; must not raise)."""
 
 
-def check_socket_path(path: Path) -> None:
-    """Make ``path`` free for :func:`listen_socket`: remove a stale socket file (nobody answers).
-
-    Called once early (before the model loads, so a second daemon fails fast) and again at bind.
-
-    Raises:
-        ConfigError: ``path`` exists and is not a socket, or another process listens on it.
-    """
-    path = Path(path)
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"service.socket: {path} exists and is not a socket; remove it or choose another path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        log.info("removing stale socket %s", path)
-        path.unlink(missing_ok=True)
-    except OSError as e:
-        raise ConfigError(f"service.socket: cannot probe existing socket {path}: {e}") from e
-    else:
-        raise ConfigError(f"service.socket: another daemon is listening on {path}; stop it or choose another path")
-    finally:
-        probe.close()
-
-
-def listen_socket(path: Path, mode: int, backlog: int = 64) -> socket.socket:
-    """Bind and listen on a UNIX stream socket at ``path`` with file mode ``mode``.
-
-    Raises:
-        ConfigError: ``path`` exists and is not a socket, another process listens on it, or
-            it cannot be bound (too long, no permission) – the message says what to change.
-    """
-    path = Path(path)
-    check_socket_path(path)
-    if not path.parent.is_dir():
-        raise ConfigError(f"service.socket: directory {path.parent} does not exist; create it or choose another path")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)            # never visible with wider permissions than 0600 ...
-    try:
-        sock.bind(str(path))
-    except OSError as e:
-        sock.close()
-        why = "path too long for a UNIX socket (max 107 bytes)" if len(os.fsencode(str(path))) > 107 else e.strerror
-        raise ConfigError(f"service.socket: cannot bind {path}: {why}") from e
-    finally:
-        os.umask(old)
-    os.chmod(path, mode)             # ... then exactly service.socket_mode
-    sock.listen(backlog)
-    sock.setblocking(False)
-    log.info("listening on %s (mode %04o)", path, mode)
-    return sock
-
-
-def inherited_socket() -> Optional[socket.socket]:
-    """The listening socket systemd passed (socket activation), or None.
-
-    Clears ``LISTEN_PID`` / ``LISTEN_FDS`` / ``LISTEN_FDNAMES`` so children do not inherit them.
-
-    Raises:
-        ConfigError: fd 3 is not a listening UNIX stream socket.
-    """
-    fds, pid = os.environ.get("LISTEN_FDS"), os.environ.get("LISTEN_PID")
-    if not fds or pid != str(os.getpid()):
-        return None
-    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        os.environ.pop(k, None)
-    try:
-        n = int(fds)
-    except ValueError:
-        return None
-    if n < 1:
-        return None
-    if n > 1:
-        log.warning("socket activation passed %d fds; using fd %d only", n, SD_LISTEN_FDS_START)
-    try:
-        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
-    except OSError as e:
-        raise ConfigError(f"LISTEN_FDS: fd {SD_LISTEN_FDS_START} is not a socket ({e}); check the .socket unit") from e
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        raise ConfigError("LISTEN_FDS: the inherited socket is not a UNIX stream socket; use ListenStream=<path> in the .socket unit")
-    os.set_inheritable(sock.fileno(), False)
-    sock.setblocking(False)
-    log.info("using the listening socket passed by systemd (%s)", sock.getsockname() or "unnamed")
-    return sock
-
-
-class Connection:
-    """One client connection: :meth:`send` is its event sink, :meth:`audio` its requests' client
-    audio, one outbox for both, written by its own writer task (module docstring).
-
-    Args:
-        writer: the connection's stream writer. loop: the event loop. name: ``#N``.
-        max_buffered_ms: ``service.max_buffered_ms``. sample_format: ``stream.sample_format``.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop, name: str,
-                 max_buffered_ms: int = 30000, sample_format: str = "float32") -> None:
-        self.writer = writer
-        self.loop = loop
-        self.name = name
-        self.peer = peer_of(writer.get_extra_info("socket"), name)
-        self.format = sample_format
-        self.stream = ClientStream(f"socket {name}", "socket client", max_buffered_ms, "service.max_buffered_ms")
-        self.outbox = Outbox(loop, self.stream)
-        self.closed = False
-        self.eof = False                 # the client sent EOF (half-close or gone)
-        self.gone = False                # on_gone ran
-        self.pending: set[str] = set()   # accepted request ids without their done/error yet
-        self.writing = loop.create_task(self._write_loop(), name=f"socket {name} writer")
-
-    def send(self, msg: Event) -> None:
-        """Queue an event for this client (any thread; never blocks)."""
-        if self.closed:
-            return
-        self.outbox.put((EVENT, msg))
-        if len(self.outbox) > MAX_PENDING_EVENTS:
-            log.warning("client %s is not reading (%d events pending); disconnecting it (its requests go on)",
-                        self.name, len(self.outbox))
-            try:
-                self.loop.call_soon_threadsafe(self.close)
-            except RuntimeError:  # loop closed: the daemon is gone
-                self.closed = True
-
-    def audio(self, request_id: str) -> StreamAudio:
-        """The sink of one start of ``request_id``'s PCM for this client (worker thread)."""
-        return self.stream.audio(request_id, self.outbox)
-
-    async def _write_loop(self) -> None:
-        """Encode and write what the outbox holds, in order, each drained before the next."""
-        w = self.writer
-        try:
-            while not self.closed:
-                item = await self.outbox.get()
-                if self.closed or w.is_closing():
-                    break
-                if item[0] == FLUSH:         # flushed(): all before it is written
-                    item[1].done() or item[1].set_result(None)
-                    continue
-                if item[0] == AUDIO:         # a request's PCM: its audio event and raw bytes
-                    _, sink, pcm, n = item
-                    data = encode_pcm(pcm, self.format)
-                    w.write(to_json(AudioChunk(id=sink.request_id, bytes=len(data), rate=SAMPLE_RATE,
-                                               format=self.format)) + data)
-                    await w.drain()
-                    sink.written(n)
-                    continue
-                _, msg = item
-                if msg.type == "accepted":
-                    self.pending.add(msg.id)
-                elif msg.type in ("done", "error") and getattr(msg, "id", None) in self.pending:
-                    self.pending.discard(msg.id)
-                w.write(to_json(msg))
-                await w.drain()
-                if self.eof and not self.pending:
-                    break
-        except (ConnectionError, RuntimeError, OSError):
-            pass
-        except asyncio.CancelledError:
-            return
-        self.close()
-
-    def peer_closed(self) -> bool:
-        """True when the client closed its end completely (not just its write side)."""
-        sock = self.writer.get_extra_info("socket")
-        if sock is None or self.writer.is_closing():
-            return True
-        try:
-            p = select.poll()
-            p.register(sock.fileno(), select.POLLHUP)
-            return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
-        except (OSError, ValueError):
-            return True
-
-    async def flushed(self) -> None:
-        """Wait until what was queued before this call is written (or the connection closed)."""
-        if not self.closed and not self.writing.done():
-            mark = self.loop.create_future()
-            self.outbox.put((FLUSH, mark))
-            await asyncio.wait([mark, self.writing], return_when=asyncio.FIRST_COMPLETED)
-        await self.writer.drain()
-
-    def close(self) -> None:
-        """Close the connection (loop thread; bytes written so far are flushed by the transport)."""
-        if not self.closed:
-            self.closed = True
-            if self.writing is not asyncio.current_task():
-                self.writing.cancel()
-            try:
-                self.writer.close()
-            except Exception:
-                pass
-
-
 class SocketServer:
-    """Serve JSON lines on a listening UNIX socket.
+    """Serve JSON lines on a listening UNIX socket, within its limits (module docstring).
 
     Args:
         sock: a listening socket (:func:`listen_socket` or :func:`inherited_socket`).
-        handler: ``async handler(line: bytes, sink, peer, audio)``; must not raise (errors become events).
+        handler: ``async handler(line: bytes, sink, peer, audio)``; must not raise (errors become
+            events); returns the error a line was refused with before it became a request.
         max_line_bytes: longest request line (``service.max_line_bytes``).
         on_gone: ``on_gone(sink, peer)`` when a client closed its connection (module docstring).
         max_buffered_ms: ``service.max_buffered_ms``. sample_format: ``stream.sample_format``.
+        limits: ``cfg.service`` (its ``max_connections``, ``max_connections_per_client``,
+            ``idle_timeout_s``, ``max_bad_lines_per_min``, ``bad_input_log_s``); None: no limits.
     """
 
     def __init__(self, sock: socket.socket, handler: Handler, max_line_bytes: int,
                  on_gone: Optional[GoneHook] = None, max_buffered_ms: int = 30000,
-                 sample_format: str = "float32") -> None:
+                 sample_format: str = "float32", limits: object = None) -> None:
         self.max_buffered_ms, self.sample_format = max_buffered_ms, sample_format
         self.sock = sock
         self.handler = handler
         self.on_gone = on_gone
         self.max_line_bytes = max_line_bytes
-        self._server: Optional[asyncio.base_events.Server] = None
+        get = lambda k, d: getattr(limits, k, d) if limits is not None else d   # noqa: E731
+        self.gate = Gate(get("max_connections", 1 << 30), get("max_connections_per_client", 1 << 30))
+        self.idle_timeout_s: Optional[float] = get("idle_timeout_s", None) or None
+        self.bad_lines_per_min = get("max_bad_lines_per_min", 0)
+        self.summary = Summary(get("bad_input_log_s", 60.0), log)
+        self._accepting: Optional[asyncio.Task] = None
+        self._sweeping: Optional[asyncio.Task] = None
+        self._spare: Optional[int] = None
         self._conns: set[Connection] = set()
         self._tasks: set[asyncio.Task] = set()
         self._n = 0
 
     async def start(self) -> None:
         """Start accepting connections."""
-        self._server = await asyncio.start_unix_server(self._on_client, sock=self.sock)
+        loop = asyncio.get_running_loop()
+        self._spare = _spare_fd()
+        self._accepting = loop.create_task(self._accept_loop(), name="socket accept")
+        self._sweeping = loop.create_task(self._sweep(), name="socket log summary")
 
     def stop_accepting(self) -> None:
         """Close the listening socket; open connections stay until :meth:`close`."""
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            self._accepting = None
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
     async def close(self, flush_timeout_s: float = 2.0) -> None:
         """Flush and close every connection."""
+        self.stop_accepting()
         for c in list(self._conns):
             try:
                 await asyncio.wait_for(c.flushed(), flush_timeout_s)
             except Exception:
                 pass
             c.close()
-        for t in list(self._tasks):
+        for t in list(self._tasks) + ([self._sweeping] if self._sweeping else []):
             t.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.summary.flush()
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+
+    # -- accepting ----------------------------------------------------------------------------
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                c, _ = await loop.sock_accept(self.sock)
+            except asyncio.CancelledError:
+                raise
+            except OSError as e:
+                if e.errno in FD_ERRNOS:
+                    if not self._out_of_fds(e):
+                        await asyncio.sleep(0.1)    # no spare: the backlog waits (never a busy loop)
+                    continue
+                if e.errno in (errno.EBADF, errno.EINVAL) or self.sock.fileno() < 0:
+                    return                          # the listening socket was closed
+                if e.errno not in (errno.ECONNABORTED, errno.EINTR, errno.EAGAIN, errno.EPROTO):
+                    self.summary.note("accept", "socket", "accept failures", str(e), logging.WARNING)
+                    await asyncio.sleep(0.1)
+                continue
+            self._admit(c)
+
+    def _admit(self, c: socket.socket) -> None:
+        self._n += 1
+        name = f"#{self._n}"
+        peer = peer_of(c, name)
+        client = f"pid:{peer.pid}" if peer.pid else f"uid:{peer.uid}"
+        why = self.gate.admit(client)
+        if why is not None:
+            _refuse(c, BusyError(why))
+            self.summary.note("refused", "socket", "connections refused", f"{peer}: {why}", logging.WARNING)
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(c, name, peer, client), name=f"socket {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _out_of_fds(self, e: OSError) -> bool:
+        """``accept`` failed for want of descriptors: take the waiting connection with the spare
+        descriptor and refuse it with one line; True when that worked."""
+        self.summary.note("fds", "socket", "connections refused: out of file descriptors",
+                          f"{e.strerror}; LimitNOFILE= in the unit bounds it", logging.WARNING)
+        if self._spare is None:
+            return False
+        os.close(self._spare)
+        self._spare = None
+        try:
+            c, _ = self.sock.accept()
+        except OSError:
+            return False
+        finally:
+            self._spare = _spare_fd()
+        _refuse(c, BusyError("the box is out of file descriptors; retry later"))
+        return True
+
+    async def _sweep(self) -> None:
+        """Log the summaries whose interval is over, also for clients that went quiet."""
+        while True:
+            await asyncio.sleep(max(1.0, self.summary.interval_s / 4))
+            self.summary.flush(due_only=True)
+
+    # -- one connection -----------------------------------------------------------------------
 
     def _gone(self, conn: Connection) -> None:
         if self.on_gone is not None and not conn.gone:
@@ -318,65 +206,154 @@ class SocketServer:
             except Exception:  # noqa: BLE001 - a hook must not kill the connection task
                 log.exception("client-gone hook")
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._n += 1
-        conn = Connection(writer, asyncio.get_running_loop(), f"#{self._n}", self.max_buffered_ms, self.sample_format)
-        self._conns.add(conn)
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        log.debug("%s connected", conn.peer)
-        buf = bytearray()
-        skipping = False   # inside an over-long line, waiting for its newline
-        try:
-            while not conn.closed:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                buf += data
-                while True:
-                    i = buf.find(b"\n")
-                    if i < 0:
-                        if len(buf) > self.max_line_bytes:
-                            if not skipping:
-                                conn.send(error_event(RequestError(
-                                    f"request line is over the limit of {self.max_line_bytes} bytes "
-                                    f"(service.max_line_bytes)")))
-                                skipping = True
-                            buf.clear()
-                        break
-                    line = bytes(buf[:i])
-                    del buf[:i + 1]
-                    if skipping:
-                        skipping = False
-                        continue
-                    if line.strip():
-                        await self.handler(line, conn.send, conn.peer, conn.audio)
-            if buf.strip() and not skipping:   # last line without newline before EOF / half-close
-                await self.handler(bytes(buf), conn.send, conn.peer, conn.audio)
-            # EOF: a half-closed client still reads; keep the connection until its requests end,
-            # unless it closes completely (then it is gone: on_gone)
-            conn.eof = True
-            await conn.flushed()                 # what was queued is written (its accepted ids known)
-            gone = conn.peer_closed()
-            while conn.pending and not conn.closed and not writer.is_closing() and not gone:
-                await asyncio.sleep(0.05)
-                gone = conn.peer_closed()
-            if gone:
-                self._gone(conn)
+    async def _read(self, reader: asyncio.StreamReader, conn: Connection) -> Optional[bytes]:
+        """The next bytes of ``conn`` (b"" at EOF); None when it stayed idle (nothing in flight,
+        nothing sent) for ``idle_timeout_s``."""
+        while True:
+            if self.idle_timeout_s is None:
+                return await reader.read(65536)
             try:
-                await conn.flushed()
-            except Exception:
-                pass
+                return await asyncio.wait_for(reader.read(65536), self.idle_timeout_s)
+            except asyncio.TimeoutError:
+                if not conn.pending and not conn.outbox:
+                    return None
+
+    def _bad(self, conn: Connection, e: ApplianceError, answered: bool) -> None:
+        """Count one malformed line of ``conn`` (``answered``: its ``bad_request`` went out, and the
+        dispatcher logged it at DEBUG)."""
+        if answered:
+            kind = "malformed lines answered bad_request"
+        elif not conn.bad.told:
+            conn.bad.told = True
+            kind = "malformed lines, the first over the budget answered rate_limited"
+            conn.send(error_event(RateLimitError(
+                f"too many malformed lines on this connection: at most {conn.bad.per_min} per minute "
+                f"(service.max_bad_lines_per_min); the next ones are dropped unanswered for "
+                f"{conn.bad.retry_s():.0f} s")))
+        else:
+            kind = "malformed lines dropped over the budget"
+        conn.bad.take()            # a line over the budget is counted in the summary only, never logged alone
+        self.summary.note(conn.peer.key, str(conn.peer), kind, str(e)[:160])
+
+    async def _line(self, conn: Connection, line: bytes) -> None:
+        """Handle one complete line of ``conn`` within its bad-line budget."""
+        if conn.bad.over():             # only classified: a malformed one is not answered again
+            try:
+                parse_line(line, self.max_line_bytes)
+            except ApplianceError as e:
+                self._bad(conn, e, answered=False)
+                return
+        refused = await self.handler(line, conn.send, conn.peer, conn.audio)
+        if isinstance(refused, RateLimitError):
+            log.debug("request from %s refused: %s", conn.peer, refused)
+            self.summary.note(conn.peer.key, str(conn.peer), "requests refused rate_limited", str(refused)[:160])
+        elif isinstance(refused, ApplianceError):
+            self._bad(conn, refused, answered=True)
+
+    def _too_long(self, conn: Connection) -> None:
+        e = RequestError(f"request line is over the limit of {self.max_line_bytes} bytes (service.max_line_bytes)")
+        if conn.bad.over():
+            self._bad(conn, e, answered=False)
+        else:
+            conn.send(error_event(e))
+            self._bad(conn, e, answered=True)
+
+    async def _serve(self, c: socket.socket, name: str, peer: Peer, client: str) -> None:
+        conn = None
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=c)
+            conn = Connection(writer, asyncio.get_running_loop(), name, self.max_buffered_ms, self.sample_format,
+                              peer, self.bad_lines_per_min)
+            self._conns.add(conn)
+            log.debug("%s connected", conn.peer)
+            await self._lines(reader, writer, conn)
         except (ConnectionError, OSError) as e:
-            if getattr(e, "errno", None) not in (None, errno.ECONNRESET, errno.EPIPE):
-                log.warning("client %s: %s", conn.name, e)
-            self._gone(conn)
+            if getattr(e, "errno", None) not in (None, errno.ECONNRESET, errno.EPIPE, *FD_ERRNOS):
+                log.warning("client %s: %s", name, e)
+            if conn is not None:
+                self._gone(conn)
         except asyncio.CancelledError:
             pass
         finally:
-            log.debug("%s gone", conn.peer)
-            conn.close()
-            self._conns.discard(conn)
-            if task is not None:
-                self._tasks.discard(task)
+            self.gate.leave(client)
+            if conn is None:
+                c.close()
+            else:
+                log.debug("%s gone", conn.peer)
+                conn.close()
+                self._conns.discard(conn)
+                self.summary.flush(conn.peer.key)
+
+    async def _lines(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection) -> None:
+        buf = bytearray()
+        skipping = False   # inside an over-long line, waiting for its newline
+        while not conn.closed:
+            data = await self._read(reader, conn)
+            if data is None:
+                log.debug("%s idle for %g s (service.idle_timeout_s): closed", conn.peer, self.idle_timeout_s)
+                self.summary.note("idle", "socket", "idle connections closed (service.idle_timeout_s)")
+                return
+            if not data:
+                break
+            buf += data
+            while True:
+                i = buf.find(b"\n")
+                if i < 0:
+                    if len(buf) > self.max_line_bytes:
+                        if not skipping:
+                            self._too_long(conn)
+                            skipping = True
+                        buf.clear()
+                    break
+                line = bytes(buf[:i])
+                del buf[:i + 1]
+                if skipping:
+                    skipping = False
+                    continue
+                if line.strip():
+                    await self._line(conn, line)
+        if buf.strip() and not skipping:   # last line without newline before EOF / half-close
+            await self._line(conn, bytes(buf))
+        # EOF: a half-closed client still reads; keep the connection until its requests end,
+        # unless it closes completely (then it is gone: on_gone)
+        conn.eof = True
+        await conn.flushed()                 # what was queued is written (its accepted ids known)
+        gone = conn.peer_closed()
+        while conn.pending and not conn.closed and not writer.is_closing() and not gone:
+            await asyncio.sleep(0.05)
+            gone = conn.peer_closed()
+        if gone:
+            self._gone(conn)
+        try:
+            await conn.flushed()
+        except Exception:
+            pass
+
+
+def _spare_fd() -> Optional[int]:
+    """A descriptor kept open to be given up when ``accept`` meets ``EMFILE`` (None: none left)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _refuse(c: socket.socket, e: ApplianceError) -> None:
+    """Send one ``error`` line on a connection that is not taken, then close it (never blocks).
+    What the client sent already is read first: a UNIX socket closed with unread data resets the
+    connection, and its client would see ``ECONNRESET`` instead of the line."""
+    try:
+        c.setblocking(False)
+        c.send(to_json(error_event(e)))
+        c.shutdown(socket.SHUT_WR)
+        for _ in range(16):
+            if not c.recv(65536):
+                break
+    except OSError:
+        pass
+    finally:
+        c.close()
+
+
+__all__ = ["SocketServer", "Connection", "listen_socket", "inherited_socket", "check_socket_path",
+           "SD_LISTEN_FDS_START", "MAX_PENDING_EVENTS"]

@@ -7,7 +7,7 @@ voice. A reload (SIGHUP) that changes the voices hands the context a new offer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from wyoming.event import Event as WyEvent
 from wyoming.tts import SynthesizeVoice
@@ -43,7 +43,10 @@ class Context:
             ``service.max_line_bytes`` (longest event header). max_payload:
             ``wyoming.max_payload_bytes`` (most data + payload bytes of one event).
             max_buffered_ms: ``wyoming.max_buffered_ms`` (most audio one connection holds for
-            its client).
+            its client). start_timeout_s: ``wyoming.start_timeout_s`` (0: none).
+            write_timeout_s: ``wyoming.write_timeout_s``. keepalive_s: ``wyoming.keepalive_s``.
+            waiting: ``(channel) -> why its next request cannot start, or None`` (the worker's
+            status; what a request that did not start in time is answered with).
     """
 
     dispatch: Dispatcher
@@ -56,6 +59,10 @@ class Context:
     max_line: int = 65536
     max_payload: int = 1 << 20
     max_buffered_ms: int = 30000
+    start_timeout_s: float = 0.0
+    write_timeout_s: float = 10.0
+    keepalive_s: float = 15.0
+    waiting: Optional[Callable[[str], Optional[str]]] = None
 
     @property
     def info(self) -> WyEvent:

@@ -81,12 +81,13 @@ from wyoming.tts import (
 
 from ..audio.stream import EVENT, ClientStream, Outbox, StreamAudio, ms
 from ..errors import ApplianceError, RequestError, SpeakerError
-from ..messages.protocol import Cancel, Done, ErrorEvent, Event, Speak
+from ..messages.protocol import Accepted, Cancel, Done, ErrorEvent, Event, Speak, Started
 from .text_stream import SentenceBuffer
+from .wyoming_bounds import Bounded
 from .wyoming_context import Context
 from .wyoming_frame import CheckedHandler, FrameError, check_event
 from .wyoming_replies import Fatal, ReplyWriter, Segment, Speech, Utterance, UtteranceEnd
-from .wyoming_sink import limit_send_buffer
+from .wyoming_sink import keep_alive, limit_send_buffer
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class _Stream:
     text: SentenceBuffer       # wyoming.streaming false or SSML: the whole text, spoken at stop
 
 
-class WyomingHandler(CheckedHandler):
+class WyomingHandler(Bounded, CheckedHandler):
     """The handler of one Wyoming connection (module docstring). Built by the server's factory
     on the event loop."""
 
@@ -119,6 +120,7 @@ class WyomingHandler(CheckedHandler):
         self._speeches: dict[str, Speech] = {}   # requests without their done/error yet (pruned)
         self.stream = ClientStream(self.name, "Wyoming client", ctx.max_buffered_ms, "wyoming.max_buffered_ms")
         limit_send_buffer(writer, self.name)
+        keep_alive(writer, self.name, ctx.keepalive_s, ctx.write_timeout_s)
         self._stream: Optional[_Stream] = None
         self._gone = False
         self._writer_task = asyncio.create_task(self._write_loop(), name=f"{self.name} writer")
@@ -265,7 +267,7 @@ class WyomingHandler(CheckedHandler):
                 return
             utt.current = None                  # it ended (failed): the rest opens a new request
         self._n += 1
-        req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.stream))
+        req = Speech(id=f"wy-{self._tag}-{self._n}", outbox=Outbox(self._loop, self.stream), born=self._loop.time())
         self._segments.put_nowait(req)        # its place in the reply order is fixed now
         self._pending()                       # forget the ended ones
         self._speeches[req.id] = req
@@ -295,8 +297,12 @@ class WyomingHandler(CheckedHandler):
 
     def _sink(self, req: Speech, ev: Event) -> None:
         """The request's EventSink: any thread -> its outbox, in order with its audio (never
-        blocks, never raises)."""
+        blocks, never raises); ``accepted`` arms its start timeout, ``started`` or its end disarms it."""
         req.outbox.put((EVENT, ev), terminal=isinstance(ev, (Done, ErrorEvent)))
+        if isinstance(ev, Accepted) and self.ctx.start_timeout_s > 0:
+            self._on_loop(self._arm, req)
+        elif isinstance(ev, (Started, Done, ErrorEvent)):
+            self._on_loop(self._disarm, req)
 
     def _audio(self, utt: Utterance, req: Speech) -> StreamAudio:
         """The request's AudioSink for one start (the worker thread, each time it starts)."""

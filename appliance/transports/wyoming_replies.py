@@ -31,7 +31,7 @@ has it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 from wyoming.audio import AudioChunk as WyAudioChunk
 from wyoming.audio import AudioStart, AudioStop
@@ -42,14 +42,15 @@ from wyoming.tts import SynthesizeStopped
 from ..audio.stream import AUDIO, Outbox
 from ..audio.wav import to_int16
 from ..core import SAMPLE_RATE
-from ..errors import CancelledError, PreemptedError
+from ..errors import BusyError, CancelledError, PreemptedError, ThrottledError
 from ..messages.protocol import Done, ErrorEvent, Preempted, Speak
 
 WIDTH, CHANNELS = 2, 1
 """Wyoming audio format sent: 16-bit samples, mono."""
 
-ENDS_STREAM = (CancelledError.code, PreemptedError.code)
-"""Error codes that end a stream's audio (the rest of its text is not spoken)."""
+ENDS_STREAM = (CancelledError.code, PreemptedError.code, ThrottledError.code, BusyError.code)
+"""Error codes that end a stream's audio (the rest of its text is not spoken): cancelled,
+preempted, and a request the box could not start in time (``wyoming.start_timeout_s``)."""
 
 
 @dataclass(eq=False)
@@ -63,6 +64,9 @@ class Speech:
     speak: Optional[Speak] = None
     sent: int = 0        # PCM bytes forwarded to the client
     skip: int = 0        # bytes to drop after a resume (the client has them already)
+    born: float = 0.0    # the loop's time when it was made (wyoming.start_timeout_s counts from it)
+    started: bool = False   # its 'started' came (the handler's, on the loop)
+    timer: Optional[Any] = None   # the loop's handle of its start timeout
 
 
 @dataclass(eq=False)

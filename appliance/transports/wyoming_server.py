@@ -12,8 +12,10 @@ and ``en``, the attribution names ChatTTS (2noise) and the licence of its weight
 non-commercial), and ``supports_synthesize_streaming`` is ``wyoming.streaming``.
 
 Listening: every URI of ``wyoming.uris`` (``tcp://HOST:PORT``, ``unix://PATH``; a relative path
-is taken from the config file's directory). :func:`check_free` runs before the model loads, so a
-port or socket in use stops the start at once. UNIX sockets get ``service.socket_mode``.
+is taken from the config file's directory). A URI that cannot be listened on (its port taken,
+its address not there yet) does not stop the box: the ``wyoming`` health condition names it and
+why, it is tried again every :data:`RETRY_S`, and the condition clears once every URI listens.
+UNIX sockets get ``service.socket_mode``.
 
 Limits: an event header line of at most ``service.max_line_bytes``, data + payload of one event
 at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
@@ -21,38 +23,40 @@ at most ``wyoming.max_payload_bytes``; a bigger one is refused before it is read
 most ``wyoming.max_buffered_ms`` (:mod:`appliance.audio.stream`).
 
 Zeroconf (``wyoming.zeroconf``): the first tcp URI is advertised as ``_wyoming._tcp.local.``
-(what Home Assistant's Wyoming integration discovers), with the ``zeroconf`` package when it is
-installed (``pip install zeroconf``; without it a warning says so and the server runs anyway).
-A wildcard host (``0.0.0.0``) is advertised with the address of the interface that routes to the
-mDNS group. A loopback address (``tcp://127.0.0.1:10200``, as in the shipped ``config.local.yaml``)
-is advertised with a warning that says how to listen on the LAN (:func:`warn_loopback`).
+(:mod:`.wyoming_mdns`: a unique name on a conflict, the address followed, the ``mdns`` health
+condition when it fails). A loopback address (``tcp://127.0.0.1:10200``, as in the shipped
+``config.local.yaml``) is advertised with a warning that says how to listen on the LAN
+(:func:`~.wyoming_mdns.warn_loopback`).
+
+Bounds of each connection (start timeout, write timeout, keepalive): :mod:`.wyoming_bounds`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import logging
 import os
 import socket
 from functools import partial
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import urlparse
 
 from ..config import Config
-from ..core import version
+from ..core import ConditionFlag, version
 from ..errors import ConfigError
 from ..service.dispatch import Dispatcher
 from .socket_server import check_socket_path
 from .wyoming_context import Context, Offer
 from .wyoming_handler import WyomingHandler
+from .wyoming_mdns import Advertiser, warn_loopback
 
 log = logging.getLogger(__name__)
 
 LANGUAGES = ["zh", "en"]
 ATTRIBUTION = ("2noise/ChatTTS (model weights: CC BY-NC 4.0, non-commercial)", "https://github.com/2noise/ChatTTS")
-MDNS_GROUP = "224.0.0.251"
+RETRY_S = 5.0
+"""Seconds between two attempts to listen on a URI that could not be bound."""
 
 
 def parse_uri(cfg: Config, uri: str) -> tuple[str, Any]:
@@ -128,9 +132,11 @@ class WyomingServer:
         cfg: the daemon's config (``wyoming``, ``service``, ``synthesis.voice``).
         dispatch: the daemon's dispatcher (its ``loop`` must be running: :meth:`start` is awaited
             on it).
+        listening, mdns: the ``wyoming`` and ``mdns`` health conditions (None: unread ones).
     """
 
-    def __init__(self, cfg: Config, dispatch: Dispatcher) -> None:
+    def __init__(self, cfg: Config, dispatch: Dispatcher, listening: Optional[ConditionFlag] = None,
+                 mdns: Optional[ConditionFlag] = None) -> None:
         w = cfg.wyoming
         self.cfg = cfg
         self.ctx = Context(
@@ -138,10 +144,15 @@ class WyomingServer:
             channel=w.channel or cfg.service.channels[0].name, priority=w.priority, play=w.play,
             streaming=w.streaming, max_chars=cfg.service.max_text_chars,
             max_line=cfg.service.max_line_bytes, max_payload=w.max_payload_bytes,
-            max_buffered_ms=w.max_buffered_ms)
+            max_buffered_ms=w.max_buffered_ms, start_timeout_s=w.start_timeout_s,
+            write_timeout_s=w.write_timeout_s, keepalive_s=w.keepalive_s,
+            waiting=lambda ch: dispatch.worker.status().get(ch, {}).get("waiting"))
         self.servers: list[Any] = []
-        self._zc: Any = None
-        self._zc_info: Any = None
+        self.listening = listening or ConditionFlag("wyoming")
+        self.mdns = mdns or ConditionFlag("mdns")
+        self._failed: dict[str, str] = {}          # uri -> why it does not listen
+        self._retry: Optional[asyncio.Task] = None
+        self._advertiser: Optional[Advertiser] = None
 
     def use_voices(self, cfg: Config) -> None:
         """Offer the voices of ``cfg`` from now on (a reload, SIGHUP; the loop's thread): ``describe``
@@ -150,45 +161,67 @@ class WyomingServer:
         log.info("wyoming: voices now %s", ", ".join(self.ctx.voices))
 
     async def start(self) -> None:
-        """Listen on every URI, then advertise over zeroconf (if configured).
+        """Listen on every URI (one that cannot: health, retried), then advertise over zeroconf
+        (if configured). Never raises for a URI."""
+        for uri in uris(self.cfg):
+            await self._listen(uri)
+        self._report()
+        if self._failed:
+            self._retry = asyncio.get_running_loop().create_task(self._retry_loop(), name="wyoming listen retry")
+        if self.cfg.wyoming.zeroconf:
+            await self._advertise()
 
-        Raises:
-            ConfigError: a URI cannot be listened on (the message names it).
-        """
+    async def _listen(self, uri: str) -> bool:
+        """Listen on ``uri``; False (and why, in :attr:`_failed`) when it cannot."""
         from wyoming.server import AsyncTcpServer, AsyncUnixServer
 
         factory = partial(WyomingHandler, self.ctx)
-        for uri in uris(self.cfg):
-            kind, where = parse_uri(self.cfg, uri)
-            try:
-                if kind == "tcp":
-                    srv = AsyncTcpServer(*where)
-                else:
-                    check_socket_path(where)          # never take over a live socket
-                    where.parent.mkdir(parents=True, exist_ok=True)
-                    srv = AsyncUnixServer(where)
-                await srv.start(factory)
-            except (OSError, ConfigError) as e:
-                raise ConfigError(f"wyoming.uris: cannot listen on {uri}: {e}") from e
-            if kind == "unix":
-                os.chmod(where, self.cfg.service.socket_mode)
-            self.servers.append(srv)
-            log.info("wyoming: listening on %s (channel %s, priority %s, %s, streaming %s, voices %s)", uri,
-                     self.ctx.channel, self.ctx.priority, "also played here" if self.ctx.play else "audio to the client only",
-                     "on" if self.ctx.streaming else "off", ", ".join(self.ctx.voices))
-        if self.cfg.wyoming.zeroconf:
-            await self._advertise()
+        kind, where = parse_uri(self.cfg, uri)
+        try:
+            if kind == "tcp":
+                srv = AsyncTcpServer(*where)
+            else:
+                check_socket_path(where)          # never take over a live socket
+                where.parent.mkdir(parents=True, exist_ok=True)
+                srv = AsyncUnixServer(where)
+            await srv.start(factory)
+        except (OSError, ConfigError) as e:
+            why = ("the port is in use" if getattr(e, "errno", None) == errno.EADDRINUSE
+                   else getattr(e, "strerror", None) or str(e))
+            if self._failed.get(uri) != why:
+                log.error("wyoming.uris: cannot listen on %s: %s; retrying every %g s (the box runs without it)",
+                          uri, why, RETRY_S)
+            self._failed[uri] = why
+            return False
+        if kind == "unix":
+            os.chmod(where, self.cfg.service.socket_mode)
+        self.servers.append(srv)
+        if self._failed.pop(uri, None) is not None:
+            log.info("wyoming: %s listens now", uri)
+        log.info("wyoming: listening on %s (channel %s, priority %s, %s, streaming %s, voices %s)", uri,
+                 self.ctx.channel, self.ctx.priority, "also played here" if self.ctx.play else "audio to the client only",
+                 "on" if self.ctx.streaming else "off", ", ".join(self.ctx.voices))
+        return True
+
+    def _report(self) -> None:
+        self.listening.update("; ".join(f"cannot listen on {u}: {why} (retrying every {RETRY_S:g} s)"
+                                        for u, why in self._failed.items()) or None)
+
+    async def _retry_loop(self) -> None:
+        while self._failed:
+            await asyncio.sleep(RETRY_S)
+            for uri in list(self._failed):
+                await self._listen(uri)
+            self._report()
 
     async def stop(self) -> None:
         """Withdraw the advertisement, close every connection (their requests are cancelled)
         and the listeners (UNIX socket files are removed)."""
-        if self._zc is not None:
-            try:
-                await self._zc.async_unregister_service(self._zc_info)
-                await self._zc.async_close()
-            except Exception as e:  # noqa: BLE001 - best effort at shutdown
-                log.warning("wyoming: zeroconf shutdown: %s", e)
-            self._zc = None
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._advertiser is not None:
+            await self._advertiser.stop()
+            self._advertiser = None
         for srv in self.servers:
             try:
                 await asyncio.wait_for(srv.stop(), 5.0)
@@ -201,54 +234,10 @@ class WyomingServer:
         if not tcp:
             log.warning("wyoming.zeroconf: no tcp:// URI to advertise (zeroconf works over TCP only)")
             return
-        try:
-            from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
-        except ImportError:
-            log.warning("wyoming.zeroconf is on but the zeroconf package is not installed (pip install zeroconf); "
-                        "add the box in Home Assistant by host and port instead")
-            return
         host, port = tcp[0]
-        ip = host if host not in ("0.0.0.0", "::", "") else _route_ip()
-        warn_loopback(ip, port, host)
         name = self.cfg.wyoming.zeroconf_name or f"chattts-{socket.gethostname()}"
-        info = AsyncServiceInfo("_wyoming._tcp.local.", f"{name}._wyoming._tcp.local.", port=port,
-                                addresses=[socket.inet_aton(ip)], properties={"program": "chattts-appliance"})
-        try:
-            zc = AsyncZeroconf()
-            await zc.async_register_service(info)
-        except Exception as e:  # noqa: BLE001 - discovery is optional; the server runs anyway
-            log.warning("wyoming.zeroconf: cannot advertise %s on %s:%d: %s", name, ip, port, e)
-            return
-        self._zc, self._zc_info = zc, info
-        log.info("wyoming: advertised as %s._wyoming._tcp.local. at %s:%d", name, ip, port)
-
-
-def warn_loopback(ip: str, port: int, host: str) -> bool:
-    """Log a warning when the address to advertise is a loopback one (Home Assistant on another
-    machine cannot reach it; the shipped ``config.local.yaml`` listens on ``127.0.0.1``), saying
-    how to listen on the LAN. Returns True when it warned."""
-    try:
-        loopback = ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        loopback = ip == "localhost"
-    if loopback:
-        why = (f"wyoming.uris listens on {host}" if host not in ("0.0.0.0", "::", "")
-               else "this host has no route to the LAN")
-        log.warning("wyoming.zeroconf: advertising %s:%d, a loopback address (%s): Home Assistant on another "
-                    "machine finds the box but cannot connect. Listen on the LAN: set wyoming.uris to "
-                    "[\"tcp://0.0.0.0:%d\"] (every interface) or tcp://<this box's LAN address>:%d", ip, port, why,
-                    port, port)
-    return loopback
-
-
-def _route_ip() -> str:
-    """This host's address on the interface that routes to the mDNS group (127.0.0.1 if none)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((MDNS_GROUP, 1))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
+        self._advertiser = Advertiser(name, host, port, self.mdns)
+        await self._advertiser.start()
 
 
 def voice_names(cfg: Config) -> list[str]:
@@ -256,4 +245,4 @@ def voice_names(cfg: Config) -> list[str]:
     return [v.name for v in cfg.voices]
 
 
-__all__ = ["WyomingServer", "check_free", "build_info", "parse_uri", "voice_names"]
+__all__ = ["WyomingServer", "check_free", "build_info", "parse_uri", "voice_names", "warn_loopback"]

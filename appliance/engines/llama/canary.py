@@ -2,7 +2,7 @@
 
 A CUDA build of llama-cpp-python made with another C++ standard library than the one it runs
 against segfaulted inside ``llama_model_load_from_file`` on an H200 (built with the image's
-``/opt/gcc`` g++; the same sdist built with the system ``g++`` loads and runs: bench/RESULTS.md).
+``/opt/gcc`` g++; the same sdist built with the system ``g++`` loads and runs: bench/HISTORY.md).
 A fault kills the process, no ``try`` catches it, and a daemon that dies at every start under
 systemd is a crash loop. So before :class:`~appliance.engines.llama.runner.LlamaRunner` loads a
 GGUF with its layers offloaded, :func:`check` has a child process (``sys.executable``) load the

@@ -15,7 +15,7 @@ them at ``[:, pos, slots]`` (``B x 2 x L x D`` values: 120 KiB per row at full s
 Nothing else is copied per step (the host-side write of the new rows: ~0.02 ms at B=3).
 
 Measured on this shared 2-core CPU (full-size random checkpoint, 2 threads, 2026-11-30,
-``bench/results/engines-2026-11-30-cpu-2core.json``; min of 30 steps, GPT step only):
+``bench/results/engines.jsonl``; min of 30 steps, GPT step only):
 
 * a naive graph (cache in and out as tensors): fp32 44.7 ms at 32 cached
   positions, 54.2 ms at 512.
@@ -75,7 +75,7 @@ from ..threads import thread_budget
 log = logging.getLogger(__name__)
 
 #: Precision directories tried in order under ``<engine_dir>/onnx/`` when ``model.onnx_precision``
-#: is ``auto`` (int4 only when asked for: its error is larger, see bench/RESULTS.md).
+#: is ``auto`` (int4 only when asked for: its error is larger, see bench/HISTORY.md).
 PRECISIONS = ("int8", "fp32")
 
 

@@ -202,7 +202,7 @@ def _compiler_hint(native: str) -> str:
     ``/opt/gcc/bin/g++`` (another GCC than the system's), and every package, even the documentation's
     one-Linear example, faulted at load in ``std::regex_traits`` code inside its ``wrapper.so``;
     the same packages built with ``CXX=/usr/bin/g++`` (the system GCC 13, whose C++ runtime the
-    process loads) loaded and ran (bench/RESULTS.md)."""
+    process loads) loaded and ran (bench/HISTORY.md)."""
     if "std::" not in (native or "") or ".so" not in native:
         return ""
     try:

@@ -30,7 +30,7 @@ captured once and replayed, optionally compiled):
   memory with ONE host sync; hidden states never leave the device, only the spectrum of the new
   frames comes back from :meth:`CudaRunner.vocode`.
 
-H200 (bench/RESULTS.md): 1.6 ms per step at B=1 with plain graphs, 0.82 ms compiled.
+H200 (bench/HISTORY.md): 1.6 ms per step at B=1 with plain graphs, 0.82 ms compiled.
 """
 
 from __future__ import annotations

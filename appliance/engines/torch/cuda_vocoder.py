@@ -12,7 +12,7 @@ depthwise convolution and an implicit GEMM). Each pass has a length of its own (
 states, the provisional frames recomputed), and cuDNN sets up every input length it has not seen
 before: on an H200 (torch 2.11+cu130, cuDNN 9.19, full size, 2026-12-04) a Decoder + Decoder +
 Vocos pass of a new length took 17-27 ms against 9.2-9.4 ms for a length seen before, and
-8.6-9.0 ms for any length with cuDNN off (``bench/bench_gpu.py --sections parts``). A stream's
+8.6-9.0 ms for any length with cuDNN off (the retired ``parts`` section of ``python -m bench gpu``, bench/HISTORY.md). A stream's
 lengths follow its chunk sizes, which follow the measured step and window times, so with cuDNN
 every request met new lengths: its first audio came 10-20 ms late and the first five requests
 after a start were the slowest (the window times they fed back also grew the first chunk).
