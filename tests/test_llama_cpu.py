@@ -145,7 +145,9 @@ def test_the_daemon_starts_and_speaks_on_an_emulated_haswell(tiny_ckpt, llama_di
     if rec is None or not rec.get("variants"):
         pytest.skip(f"not the portable llama.cpp build: {cpu.describe(rec)}")
     cfg = service_config(tiny_ckpt, tmp_path, model={"backend": "llama", "engine_dir": str(llama_dir), **ONNX_LIMITS})
-    d = launch_daemon(tmp_path / "d", cfg, argv_prefix=["qemu-x86_64", "-cpu", "Haswell"], timeout_s=600)
+    # PYTHONUTF8=1: no re-exec into UTF-8 mode (appliance.cli.utf8), which would leave the emulator
+    d = launch_daemon(tmp_path / "d", cfg, argv_prefix=["qemu-x86_64", "-cpu", "Haswell"], timeout_s=600,
+                      env={"PYTHONUTF8": "1"})
     try:
         assert "CPU library libggml-cpu-haswell.so" in d.log(), d.log()[-3000:]
         assert d.request({"type": "speak", "text": "你好。", "id": "h"}, timeout_s=300)[-1]["type"] == "done"
