@@ -130,8 +130,9 @@ _Q8 = {**_CPU, "candidate": "llama-q8_0", "positions": 64, "threads": 2}
 _ORT = {**_CPU, "candidate": "ort-int8", "positions": 64, "threads": 2}
 _PIPE = {**_CPU, "backend": "llama.cpp", "precision": "q8_0", "threads": 2}
 _BOX = {**_H200, "backend": "torch-cuda"}
+_H100_LLAMA, _H100_TORCH = ({"machine": "h100", "backend": "llama.cpp"}, {"machine": "h100", "backend": "torch-cuda"})
 README_TABLE: tuple = (
-    ("newest records (`python -m bench latest`)", "NVIDIA H200, torch 2.11+cu130, FP16",
+    ("newest records (`python -m bench latest`)", "one NVIDIA GPU (H200 unless named), torch 2.11+cu130",
      "2-core x86 CPU, llama.cpp q8_0"),
     ("decode step, B=1 / B=3",
      [("gpu", {**_PLAIN, "batch": 1}, "{ms_per_step:.2f}"), " / ", ("gpu", {**_PLAIN, "batch": 3}, "{ms_per_step:.2f}"),
@@ -162,6 +163,14 @@ README_TABLE: tuple = (
                         "{memory_mib_after_100:.0f} after 100 requests, throttle {throttle_after_100}; host RSS "
                         "{host_rss_mib_at_ready:.0f} MiB")],
      [("cpu", _PIPE, "peak RSS {peak_mem_mib:.0f} MiB (pipeline)")]),
+    ("the box as shipped on one H100 (`bench/gpu.sh shipped`): all-in memory (host RSS + GPU with its context) "
+     "at READY / after 100 requests; Wyoming first audio restarted",
+     [("shipped", _H100_LLAMA, "llama.cpp CUDA + ONNX Runtime, no torch: {memory_mib_all_in_at_ready:.0f} / "
+                               "{memory_mib_all_in_after_100:.0f} MiB, {ttfa_ms_median:.0f} ms, step "
+                               "{decode_ms_b1} / {decode_ms_b3} ms; "),
+      ("shipped", _H100_TORCH, "torch CUDA: {memory_mib_all_in_at_ready:.0f} / {memory_mib_all_in_after_100:.0f} "
+                               "MiB, {ttfa_ms_median:.0f} ms, step {decode_ms_b1} / {decode_ms_b3} ms ({date:.10})")],
+     []),
     ("soak: requests on three channels, lost, duplicated, RSS growth", [],
      [("soak", {**_CPU, "requests": 1000}, "{requests}: {lost} lost, {duplicated} duplicated, RSS {rss_growth_pct:+.2f} %")]),
 )

@@ -27,7 +27,7 @@ LLW=$PWD/out/gpu-llw
 export GPU OUT CKPT SITE LLW
 WHEELS=(tokenizers pybase16384 wetext kaldifst opencc markdown-it-py mdurl linkify-it-py uc-micro-py sounddevice
   soxr paho-mqtt wyoming wyoming-bench sentence-stream regex safetensors gguf nvidia-ml-py scikit-build-core pathspec onnxscript onnx-ir
-  ml-dtypes)
+  ml-dtypes emoji diskcache)
 DEBS=(libportaudio2 libasound2 libasound2-data libjack-jackd2-0 libdb5.3)
 
 # Checks: pip and apt-get reach their indexes; the sdist is llama-cpp-python's pinned version.

@@ -45,11 +45,14 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> str:
-    """This tree's commit, short hash; ``+dirty`` when tracked files differ from it. Without git
-    (a copied tree): ``$BENCH_COMMIT`` or ``unknown``."""
+    """``$BENCH_COMMIT`` where set (a copied tree, e.g. the GPU machine's: its ``.git`` need not be
+    the tree's), else this tree's commit, short hash, ``+dirty`` when tracked files differ from it;
+    ``unknown`` without git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     h = _git("rev-parse", "--short", "HEAD")
     if not h:
-        return os.environ.get("BENCH_COMMIT", "unknown")
+        return "unknown"
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return h + ("+dirty" if dirty else "")
 

@@ -113,6 +113,25 @@ def _speak(d: DaemonProc, text: str, channel: str, steps: int, seed: int, out: d
             started.set()
 
 
+def _three_channels(d: DaemonProc, args, seed: int, join_s: float) -> dict[str, dict]:
+    """Two channels ("a", "b": sentences of ``2 * args.steps`` steps, seeds ``seed``, ``seed + 1``)
+    start together; once both have begun and ``args.join_after`` s have passed, a third ("c",
+    seed ``seed + 100``) joins. Returns each channel's final event, as :func:`_speak` fills it."""
+    res: dict[str, dict] = {"a": {}, "b": {}, "c": {}}
+    ev = {k: threading.Event() for k in "ab"}
+    th = [threading.Thread(target=_speak, args=(d, SENTENCES[j], k, 2 * args.steps, seed + j, res[k], ev[k]))
+          for j, k in enumerate("ab")]
+    for t in th:
+        t.start()
+    for e in ev.values():
+        e.wait(300)
+    time.sleep(args.join_after)
+    _speak(d, SENTENCES[2], "c", args.steps, seed + 100, res["c"])
+    for t in th:
+        t.join(join_s)
+    return res
+
+
 def _silences(raw, rate: int, shortest_s: float = 0.05) -> list[tuple[float, float]]:
     """(audio played before it, s; its length, s) of each run of exact zeros of at least
     ``shortest_s`` between the first and the last sound in ``raw`` (float32 at ``rate`` Hz: speech
@@ -153,18 +172,7 @@ def _busy(d: DaemonProc, args, alsa) -> dict:
         u1, holds1 = _underruns(d), _holds(d)
         time.sleep(0.5)
         gaps = _silences(alsa.read(off - off % 4), DEFAULT_RATE)
-        res: dict[str, dict] = {"a": {}, "b": {}, "c": {}}
-        ev = {k: threading.Event() for k in "ab"}
-        th = [threading.Thread(target=_speak, args=(d, SENTENCES[j], k, 2 * args.steps, 500 + j, res[k], ev[k]))
-              for j, k in enumerate("ab")]
-        for t in th:
-            t.start()
-        for e in ev.values():
-            e.wait(300)
-        time.sleep(args.join_after)
-        _speak(d, SENTENCES[2], "c", args.steps, 600, res["c"])
-        for t in th:
-            t.join(600)
+        res = _three_channels(d, args, seed=500, join_s=600)
         u2, holds2 = _underruns(d), _holds(d)
     finally:
         harness.stop_all(burners)
@@ -244,18 +252,7 @@ def _run_mode(args, lookahead: str, tmp: Path, alsa, t0: float, prefix: list | N
             single.append(r)
             time.sleep(0.3)
         u1 = _underruns(d)
-        res: dict[str, dict] = {"a": {}, "b": {}, "c": {}}
-        ev = {k: threading.Event() for k in "ab"}
-        th = [threading.Thread(target=_speak, args=(d, SENTENCES[j], k, 2 * args.steps, 200 + j, res[k], ev[k]))
-              for j, k in enumerate("ab")]
-        for t in th:
-            t.start()
-        for e in ev.values():
-            e.wait(300)
-        time.sleep(args.join_after)
-        _speak(d, SENTENCES[2], "c", args.steps, 300, res["c"])
-        for t in th:
-            t.join(300)
+        res = _three_channels(d, args, seed=200, join_s=300)
         u2 = _underruns(d)
         mem = _memory(d.proc.pid)
         st = d.request({"type": "status"})[-1]

@@ -227,7 +227,8 @@ step_llama() {
         warn "llama-cpp-python is built from source and needs a C/C++ compiler: install one (apt-get install build-essential) and run this again; until then the CPU backend is onnxruntime"
         return
     fi
-    local args="-DGGML_NATIVE=ON"
+    local args
+    args=$(llama_cmake_args)   # scripts/llama_build.sh: LLAMA_CPU=portable (x86-64: every CPU) or native
     if [ "$IS_JETSON" -eq 1 ] && [ -x /usr/local/cuda/bin/nvcc ] && [ "$LLAMA_CUDA_LOADS" -eq 1 ]; then
         # GGML_CUDA_NO_VMM: llama.cpp's virtual-memory pool reserves more address space than an Orin
         # Nano allows (public reports: the offloaded load fails); the plain pool works on every board
@@ -236,7 +237,7 @@ step_llama() {
     elif [ -x /usr/local/cuda/bin/nvcc ]; then
         note "CPU build (LLAMA_CUDA=0, or not a Jetson)"
     fi
-    note "building: about 5 min on two x86 cores, longer on a slow board"
+    note "building for $(llama_describe): about 5 min on two x86 cores (up to an hour for every x86 CPU), longer on a slow board"
     run env CMAKE_ARGS="$args" CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++ \
         "$VENV/bin/python" -m pip install --disable-pip-version-check "${REPO}[llama]"
 }

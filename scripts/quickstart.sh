@@ -3,8 +3,10 @@
 #
 #   1. installs the system packages (PortAudio for sounddevice) when run as root and missing,
 #   2. creates .venv and installs chattts-appliance with the [torch] and [llama] extras (llama.cpp is
-#      built from its sdist with this machine's C/C++ compiler: ~5 min on two cores the first time;
-#      without a compiler it says so once and the CPU backend is ONNX Runtime),
+#      built from its sdist with this machine's C/C++ compiler for THIS CPU: ~5 min on two cores the
+#      first time; LLAMA_CPU=portable builds for every CPU of the architecture, for an image to flash
+#      onto other boxes: up to an hour; without a compiler it says so once and the CPU backend is
+#      ONNX Runtime),
 #   3. uses the real checkpoint in models/chattts if it is there, else writes a RANDOM one
 #      (random weights speak noise: the pipeline is real, the voice is not), and points
 #      models/local (config.local.yaml's model.path) at it,
@@ -70,11 +72,13 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 # shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install, llama_has_compiler
 . scripts/llama_build.sh
+export LLAMA_CPU=${LLAMA_CPU:-native}   # a development box: this CPU (scripts/test.sh and the installers: portable)
 if "$PY" -c "import llama_cpp" 2>/dev/null || llama_has_compiler; then
-  step "installing chattts-appliance into .venv (llama.cpp builds from source the first time: ~5 min on two cores)"
+  if [ "$LLAMA_CPU" = native ]; then took="about 5 min on two cores"; else took="up to an hour on two cores"; fi
+  step "installing chattts-appliance into .venv (llama.cpp builds from source the first time: $took)"
   t0=$SECONDS
   quiet llama_install "$PY" -e ".[torch,llama]"
-  step "installed in $((SECONDS - t0)) s"
+  step "installed in $((SECONDS - t0)) s; llama.cpp built for $(llama_describe) (LLAMA_CPU=$LLAMA_CPU)"
   CPU_PRECISION=${CPU_PRECISION:-q8_0}
 else
   llama_install "$PY" -e ".[torch,llama]" || true   # prints the one message: no C/C++ compiler

@@ -4,13 +4,14 @@
 # System packages (when root): PortAudio + ALSA tools (real sounddevice output into an ALSA
 # `file` PCM), mosquitto (a real MQTT broker per test session), shellcheck, systemd
 # (systemd-analyze verify), libsystemd-dev + pkg-config (systemd-python), build-essential (a C/C++
-# compiler: llama-cpp-python builds from its sdist, scripts/llama_build.sh).
+# compiler: llama-cpp-python builds from its sdist, scripts/llama_build.sh), qemu-user (the portable
+# llama.cpp build run on an emulated older CPU, tests/test_llama_cpu.py).
 # Python: .venv with torch (CPU) and the [torch,dev,tensorrt-rtx,systemd,llama] extras.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k protocol).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="libportaudio2 alsa-utils libfaketime mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential"
+APT_PKGS="libportaudio2 alsa-utils libfaketime mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential qemu-user"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=""
   for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -28,7 +29,7 @@ PY=.venv/bin/python
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
 # shellcheck source=/dev/null  # scripts/llama_build.sh: llama_install
 . scripts/llama_build.sh
-llama_install "$PY" -e ".[torch,dev,tensorrt-rtx,systemd,llama]"  # llama-cpp-python: built once (~5 min), then pip's cache
+llama_install "$PY" -e ".[torch,dev,tensorrt-rtx,systemd,llama]"  # llama-cpp-python: built once (up to an hour), then cached
 
 # Three workers (pytest-xdist), each test file whole on one worker (its module-scoped daemons and
 # brokers stay shared), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.

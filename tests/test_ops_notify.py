@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 import time
 
 import pytest
@@ -185,6 +187,7 @@ def test_journal_logging_sends_structured_fields(restore_root_logging):
     assert mode == "journal"
     logging.getLogger("appliance.test").info(
         "request %s done", "r1", extra={"request_id": "r1", "channel": "main", "ttfb_ms": 312.5, "rtf": 0.41})
+    assert logsetup.flush()
     msg, fields = sent[-1]
     assert msg == "request r1 done"
     assert fields["SYSLOG_IDENTIFIER"] == "chattts-appliance"
@@ -192,15 +195,18 @@ def test_journal_logging_sends_structured_fields(restore_root_logging):
     assert fields["LOGGER"] == "appliance.test"
     assert (fields["REQUEST_ID"], fields["CHANNEL"], fields["TTFB_MS"], fields["RTF"]) == ("r1", "main", 312.5, 0.41)
     logging.getLogger("appliance.test").info("plain extra", extra={"request_id": "r9", "rtf": 0.5})
+    assert logsetup.flush()
     assert (sent[-1][1]["REQUEST_ID"], sent[-1][1]["RTF"]) == ("r9", 0.5)     # lower-case extras get aliases
 
 
 def test_stderr_logging_appends_fields(restore_root_logging, capsys):
     assert setup_logging(environ={}) == "stderr"
     logging.getLogger("appliance.test").warning("slow", extra={"request_id": "r2", "rtf": 1.5})
+    assert logsetup.flush()
     err = capsys.readouterr().err
     assert "WARNING appliance.test: slow [request_id=r2 rtf=1.5]" in err
     logging.getLogger("appliance.test").info("x", extra={"ttfb_ms": 12})
+    assert logsetup.flush()
     assert "INFO appliance.test: x [ttfb_ms=12]" in capsys.readouterr().err
 
 
@@ -208,7 +214,47 @@ def test_stderr_journal_logging_without_systemd_python(restore_root_logging, cap
     monkeypatch.setattr(logsetup, "_sd_journal", None)
     assert setup_logging(environ={"JOURNAL_STREAM": "8:123"}) == "stderr-journal"
     logging.getLogger("appliance.test").error("boom", extra={"channel": "cabin"})
+    assert logsetup.flush()
     assert "<3>appliance.test: boom [channel=cabin]" in capsys.readouterr().err
+
+
+def test_a_stalled_log_sink_drops_and_counts_records_never_blocks(restore_root_logging, monkeypatch):
+    """stderr is a pipe nobody reads (full): logging calls return at once, the records beyond the
+    queue are dropped and counted, and the count is logged when the pipe is read again."""
+    monkeypatch.setattr(logsetup, "QUEUE_RECORDS", 5)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 65536)            # fill the pipe
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    stream = os.fdopen(w, "w", buffering=1)
+    monkeypatch.setattr(sys, "stderr", stream)
+    setup_logging(environ={})
+    t0 = time.monotonic()
+    for i in range(200):
+        logging.getLogger("appliance.test").warning("line %d", i)
+    assert time.monotonic() - t0 < 1.0           # never waited on the stalled sink
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(iter(lambda: os.read(r, 65536), b"")))
+    reader.start()                               # the sink returns
+    assert logsetup.flush()
+    logging.getLogger("appliance.test").warning("after")
+    assert logsetup.flush()
+    logsetup.stop()                              # closes its descriptor of the pipe
+    stream.close()
+    reader.join(5)
+    assert not reader.is_alive()
+    os.close(r)
+    lines = b"".join(got).decode().replace("x", "").splitlines()
+    notes = [ln for ln in lines if "log records dropped while the log sink stalled" in ln]
+    assert len(notes) == 1
+    n = int(notes[0].split(" log records dropped")[0].rsplit(" ", 1)[1])
+    kept = [ln for ln in lines if "appliance.test: line" in ln]
+    assert n + len(kept) == 200 and 5 <= len(kept) <= 7   # what the queue held, plus the writer's one
+    assert lines[-1].endswith("appliance.test: after")
 
 
 def test_bridge_maps_daemon_hooks_to_notify(notify_socket, monkeypatch):

@@ -157,7 +157,7 @@ def test_a_failed_reload_is_named_with_file_and_line_until_a_good_one(tiny_ckpt,
         line = next(i for i, s in enumerate(bad.splitlines(), 1) if s.strip().startswith("top_p:"))
         d.proc.send_signal(signal.SIGHUP)
         reason = wait_for(lambda: _reload_reason(d), 30, "status naming the failed reload")
-        assert reason == f"reload failed: {path}:{line}: synthesis.top_p: 7.0 is above the maximum 1.0", reason
+        assert reason == f"reload failed: {path}:{line}: synthesis.top_p: expected a number between 0.0001 and 1, got 7.0", reason
         (h,) = d.request({"type": "health"}, timeout_s=300, until=("health", "error"))
         assert h["verdict"] == "degraded" and reason in h["reasons"], h
         (st,) = d.request({"type": "status"})
@@ -168,6 +168,14 @@ def test_a_failed_reload_is_named_with_file_and_line_until_a_good_one(tiny_ckpt,
         reason = wait_for(lambda: "not valid YAML" in _reload_reason(d) and _reload_reason(d), 30, "the YAML error")
         assert reason.startswith(f"reload failed: {path}:4: not valid YAML: "), reason
         assert d.request({"type": "speak", "text": "你好。", "id": "kept"})[-1]["type"] == "done"   # still running
+
+        d.config_path.write_text(good)
+        blank = _edit(d, lambda c: c["synthesis"].update(voice=""))     # a UI that writes an empty field
+        line = next(i for i, s in enumerate(blank.splitlines(), 1) if s.strip().startswith("voice:"))
+        d.proc.send_signal(signal.SIGHUP)
+        reason = wait_for(lambda: "synthesis.voice" in _reload_reason(d) and _reload_reason(d), 30, "the blank voice")
+        assert reason.startswith(f"reload failed: {path}:{line}: synthesis.voice: '' is blank"), reason
+        assert d.request({"type": "speak", "text": "你好。", "id": "voiced"})[-1]["type"] == "done"   # the old voice
 
         d.config_path.write_text(good)
         d.proc.send_signal(signal.SIGHUP)

@@ -169,11 +169,11 @@ def test_the_writer_applies_retention_once_the_file_is_in_place(tmp_path):
 
 
 @pytest.mark.parametrize("section, needle", [
-    ({"wav_keep_files": -1}, "service.wav_keep_files: -1 is below the minimum 0 (a number of files; 0 = unlimited)"),
-    ({"wav_keep_files": 1.5}, "service.wav_keep_files: expected int, got 1.5"),
-    ({"wav_max_mib": -0.5}, "service.wav_max_mib: -0.5 is below the minimum 0.0 (MiB, e.g. 512; 0 = unlimited)"),
-    ({"wav_max_mib": "1G"}, "service.wav_max_mib: expected float, got '1G'"),
-    ({"wav_max_mib": True}, "service.wav_max_mib: expected float, got True"),
+    ({"wav_keep_files": -1}, "service.wav_keep_files: expected an integer between 0 and 1073741824, got -1 (a number of files; 0 = unlimited)"),
+    ({"wav_keep_files": 1.5}, "service.wav_keep_files: expected an integer between 0 and 1073741824, got 1.5 (a number of files; 0 = unlimited)"),
+    ({"wav_max_mib": -0.5}, "service.wav_max_mib: expected a number between 0 and 1073741824, got -0.5 (MiB, e.g. 512; 0 = unlimited)"),
+    ({"wav_max_mib": "1G"}, "service.wav_max_mib: expected a number between 0 and 1073741824, got '1G' (MiB, e.g. 512; 0 = unlimited)"),
+    ({"wav_max_mib": True}, "service.wav_max_mib: expected a number between 0 and 1073741824, got True (MiB, e.g. 512; 0 = unlimited)"),
 ])
 def test_retention_keys_are_validated(section, needle):
     with pytest.raises(ConfigError) as e:

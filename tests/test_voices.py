@@ -67,5 +67,8 @@ def test_a_malformed_named_voice_stops_the_start_naming_it(tiny_ckpt, tmp_path):
 
     data = service_config(tiny_ckpt, tmp_path)
     data["voices"] = [{"name": "default"}, {"name": "bad", "voice": "seed:x"}]
-    with pytest.raises(ConfigError, match=r"^voices\[1\] \(bad\): voice 'seed:x'"):
+    with pytest.raises(ConfigError, match=r"^voices\[1\]\.voice: 'seed:x' is not a voice"):
+        config_from_dict(data, base_dir=str(tmp_path))      # refused with the config, before the model loads
+    data["voices"][1]["voice"] = "\u4e00\u4e01"              # a speaker string that does not decode: at the load
+    with pytest.raises(ConfigError, match=r"^voices\[1\] \(bad\): "):
         Pipeline.from_config(config_from_dict(data, base_dir=str(tmp_path)))

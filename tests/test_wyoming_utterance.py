@@ -122,7 +122,7 @@ def test_a_long_one_shot_plays_in_full_in_order_and_an_alert_still_gets_in(daemo
     assert "error" not in t.types
     assert alert[0][-1]["type"] == "done", alert
     wait_log(d.log, "alert alert-1 preempts wy-")
-    wait_log(d.log, "resumes on main after alert alert-1")
+    wait_log(d.log, "resumes on main right after alert-1")
     same_pcm(t.pcm(), _pcm16(cfg_pipe, LONG))                          # every sentence once, in order
     line = next(x for x in d.log().splitlines() if "synthesized wy-" in x)
     assert f"{len(LONG)} sentence(s)" in line, line

@@ -127,9 +127,13 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int = 0) -> None:
     """``llama_model_quantize`` ``src`` (F32 GGUF) into ``dst`` at ``qtype`` (:data:`TYPES`).
 
     Raises:
-        ConfigError: llama-cpp-python is missing.
+        ConfigError: llama-cpp-python is missing, or built for CPU features this CPU lacks
+            (checked before its library loads, :mod:`appliance.engines.llama.cpu`).
         EngineError: llama.cpp refused (names both files).
     """
+    from ..engines.llama import cpu
+
+    cpu.require()
     try:
         import llama_cpp as lc
     except ImportError as e:

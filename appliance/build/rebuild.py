@@ -36,6 +36,11 @@ def rebuild_engine(cfg: Config, backend: str, error: BaseException) -> bool:
     was written. The child (``python -m appliance.build.rebuild JOB``) imports torch and holds
     the export's memory, and gives it all back when it exits: the daemon's heap after a rebuild
     is a plain start's, and the memory fit that follows sees the true figure."""
+    from ..engines.llama.cpu import CpuUnsupportedError
+
+    if isinstance(error, CpuUnsupportedError):     # the files are fine: this CPU cannot run the library
+        log.warning("not rebuilding the %s engine: %s", backend, error)
+        return False
     if not cfg.model.rebuild_engines:
         log.warning("not rebuilding the %s engine: model.rebuild_engines is false", backend)
         return False

@@ -11,6 +11,7 @@ Subcommands (each imports its stage lazily, so ``say`` never loads numpy-heavy o
 * ``status`` / ``cancel --id ID | --channel NAME`` – ask a running daemon (:mod:`appliance.cli.control`).
 * ``normalize TEXT`` – print what would be said, without synthesizing; no daemon needed
   (``--socket`` asks a running one) (same module).
+* ``config show`` – the effective config, with where each value came from (:mod:`appliance.cli.config_show`).
 * ``health`` – field health check, here or by the running daemon (:mod:`appliance.ops.health`).
 * ``engines export|build`` – ONNX graphs and TensorRT plans (:mod:`appliance.build.cli`);
   ``engines compile`` – the CUDA decode step compiled ahead of time (:mod:`appliance.build.aot`).
@@ -49,7 +50,7 @@ _CLIENTS = ("say", "status", "cancel", "health")
 #: above only, unless ``-v``.
 _QUIET = ("normalize", "calibrate", "health")
 #: Subcommands that run on the built-in defaults when there is no config file.
-_DEFAULTS_OK = _CLIENTS + ("engines export", "engines build", "engines compile")
+_DEFAULTS_OK = _CLIENTS + ("engines export", "engines build", "engines compile", "config show")
 
 # subcommand -> (module, function). The function takes the parsed argparse namespace and
 # returns an exit status.
@@ -67,6 +68,7 @@ _COMMANDS = {
     "engines build": ("appliance.build.cli", "cli_build"),
     "engines compile": ("appliance.build.aot", "cli_main"),
     "calibrate": ("appliance.build.calibrate", "cli_main"),
+    "config show": ("appliance.cli.config_show", "cli_main"),
 }
 
 
@@ -175,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     for x in (ex, b):
         x.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                        help="skip measuring the vocoder look-ahead on the result (chattts-appliance calibrate)")
+
+    cf = _Sub(sub.add_parser("config", help="the configuration", leaf=False).add_subparsers(dest="sub", required=True), common)
+    cs = cf.add_parser("show", help="print the effective config and where each value came from (default, file:line)")
+    cs.add_argument("--config", default=None, help=CONFIG_HELP)
+    cs.add_argument("--json", action="store_true", help="print a JSON list of {key, value, source, resolved}")
 
     cal = sub.add_parser("calibrate", help="measure the vocoder look-ahead this checkpoint and backend need",
                          description="Synthesize a fixed set of sentences (Chinese, English, mixed; two voices) on the "

@@ -45,6 +45,12 @@ def _human(ev: dict) -> str:
         silent = set(ev.get("silent_sentences") or [])
         for k, sent in enumerate(ev.get("spoken") or []):
             s += f"\n          said {k + 1}: {sent}" + ("   (no audio: the model ended it at once)" if k in silent else "")
+        for cut in ev.get("truncated") or []:
+            s += (f"\n          cut short {cut['sentence'] + 1}: it reached its cap of {cut['steps']} decode steps "
+                  f"and its end may be missing")
+        for p in ev.get("pauses") or []:
+            s += (f"\n          paused {p['ms']:.0f} ms at {p['at_s']:.2f} s ({p['where'].replace('_', ' ')} "
+                  f"{p['sentence'] + 1}, {p['cause']})")
         if ev.get("unspeakable"):
             s += f"\n          could not speak (skipped): {', '.join(ev.get('unspeakable_names') or ev['unspeakable'])}"
         return s

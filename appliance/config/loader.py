@@ -1,13 +1,18 @@
 """Reading and validating ``config.yaml`` into :class:`~appliance.config.sections.Config`.
 
-Every value is checked (type, choices, bounds, cross-section rules) *before* anything heavy
-(torch, engines, audio) is loaded; an unknown key or a bad value raises
-:class:`~appliance.errors.ConfigError` naming the dotted key, e.g. ``synthesis.top_p``.
+Every value is checked (type, choices, bounds, text that must not be blank, ports, hosts,
+voices, cross-section rules) *before* anything heavy (torch, engines, audio) is loaded, by the
+same code at start and on SIGHUP; an unknown key or a bad value raises
+:class:`~appliance.errors.ConfigError` naming the dotted key and what it expects in words, e.g.
+``wyoming.uris: 'tcp://0.0.0.0:70000': the port must be an integer between 1 and 65535`` or
+``mqtt.keepalive_s: expected an integer between 5 and 3600, got 'x'``. ``null`` (or an empty
+value) for a key means its default, wherever it has one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -53,8 +58,8 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, bool), value
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if tp is float:     # finite: a NaN passes every bound
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return True, float(value)
         return False, value
     if tp is str:
@@ -64,6 +69,42 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
     if tp is tuple:     # a YAML list
         return isinstance(value, (list, tuple)), tuple(value) if isinstance(value, list) else value
     return True, value
+
+
+def _num(x: Any) -> str:
+    """A bound in words: ``65535``, ``0.5``, ``1073741824`` (never ``1073741824.0``)."""
+    return str(int(x)) if isinstance(x, float) and x.is_integer() and abs(x) < 1e18 else str(x)
+
+
+def expected(tp: Any, md: Any = None) -> str:
+    """What a field of annotation ``tp`` (and checks ``md``, its metadata) takes, in words:
+    ``an integer between 1 and 65535``, ``a number of at least 0``, ``true or false``, ``one of
+    auto, cpu, cuda``, ``text (not blank), or null``."""
+    md = md or {}
+    if tp == Lookahead:
+        return "auto, exact or a number of decode steps between 1 and 256"
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        words = " or ".join(expected(a, md) for a in args)
+        return f"{words}, or null" if len(args) < len(typing.get_args(tp)) else words
+    if "choices" in md:
+        return "one of " + ", ".join(map(str, md["choices"]))
+    if tp is bool:
+        return "true or false"
+    if tp in (int, float):
+        noun = "an integer" if tp is int else "a number"
+        lo, hi = md.get("min"), md.get("max")
+        if lo is not None and hi is not None:
+            return f"{noun} between {_num(lo)} and {_num(hi)}"
+        if lo is not None:
+            return f"{noun} of at least {_num(lo)}"
+        return f"{noun} of at most {_num(hi)}" if hi is not None else noun
+    if tp is str:
+        return ("a path" if md.get("path") else "a host name or address" if md.get("host")
+                else "text (not blank)" if md.get("nonempty") else "text")
+    if tp is tuple:
+        return "a list"
+    return getattr(tp, "__name__", str(tp))
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
@@ -84,6 +125,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         f = known[name]
         key = f"{where}.{name}" if where else (voices_key if name == "voices" else name)
         tp = hints[name]
+        if value is None:           # null (or `key:` with nothing after it): the default
+            continue
         if dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, value if value is not None else {}, key)
             continue
@@ -100,7 +143,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
             ok, v = True, "off"  # YAML 1.1 reads a bare `off` as false
         if not ok:
             shown = "a value of another type (not shown: secret)" if f.metadata.get("secret") else repr(value)
-            raise ConfigError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {shown}{_hint(f)}")
+            raise ConfigError(f"{key}: expected {expected(tp, f.metadata)}, got {shown}{_hint(f)}")
         kwargs[name] = v
     obj = cls(**kwargs)
     _check(obj, where)
@@ -169,11 +212,49 @@ def _check(obj: Any, where: str) -> None:
             continue
         if "choices" in md and v not in md["choices"]:
             raise ConfigError(f"{key}: {v!r} is not one of {', '.join(map(str, md['choices']))}")
+        if isinstance(v, str):
+            _check_text(key, v, md)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            if "min" in md and v < md["min"]:
-                raise ConfigError(f"{key}: {v} is below the minimum {md['min']}{_hint(f)}")
-            if "max" in md and v > md["max"]:
-                raise ConfigError(f"{key}: {v} is above the maximum {md['max']}{_hint(f)}")
+            if ("min" in md and v < md["min"]) or ("max" in md and v > md["max"]):
+                raise ConfigError(f"{key}: expected {expected(type(v), md)}, got {v}{_hint(f)}")
+
+
+_HOST_BAD = re.compile(r"[\s/]")
+
+
+def _check_text(key: str, v: str, md: Any) -> None:
+    """The ``nonempty`` / ``path`` / ``host`` checks of one text value."""
+    if (md.get("nonempty") or md.get("path") or md.get("host")) and not v.strip():
+        raise ConfigError(f"{key}: {v!r} is blank: expected {expected(str, md)}")
+    if md.get("path") and "\0" in v:
+        raise ConfigError(f"{key}: {v!r} holds a NUL character: expected a path")
+    if md.get("host") and _HOST_BAD.search(v):
+        raise ConfigError(f"{key}: {v!r} holds a space or '/': expected a host name or address (e.g. "
+                          f"broker.local or 192.168.1.10), without a scheme or path")
+
+
+_SEED = re.compile(r"seed:(\d{1,19})")
+
+
+def check_voice(key: str, v: str) -> None:
+    """A voice string from config (``synthesis.voice``, ``voices[i].voice``): ``seed:N``
+    (0 <= N < 2**63), ``none``, or an upstream speaker string (base16384 text: never ASCII; it is
+    decoded against the model at start and on SIGHUP, :class:`~appliance.text.voices.VoiceBook`).
+
+    Raises:
+        ConfigError: blank, a malformed ``seed:``, or other ASCII text (e.g. a voice name).
+    """
+    t = v.strip()
+    low = t.lower().replace(" ", "")
+    if not t:
+        raise ConfigError(f"{key}: {v!r} is blank: expected 'seed:N', 'none' or an upstream speaker string")
+    if low == "none" or not t.isascii():
+        return
+    m = _SEED.fullmatch(low)
+    if m is None or int(m.group(1)) >= 2**63:
+        what = "a voice name: name it in a request, or use that voice's string here" if _VOICE_NAME.fullmatch(t) else "not a voice"
+        raise ConfigError(f"{key}: {v!r} is {what}: expected 'seed:N' (N an integer between 0 and "
+                          f"{2**63 - 1}), 'none' or an upstream speaker string")
 
 
 def _cross_check(cfg: Config) -> None:
@@ -197,13 +278,26 @@ def _cross_check(cfg: Config) -> None:
         raise ConfigError(f"stream.lookahead {la!r}: use auto, exact or a number of decode steps (1..256)")
     _check_wyoming(cfg.wyoming, names)
     _check_mqtt(cfg.mqtt)
+    check_voice("synthesis.voice", cfg.synthesis.voice)
+    key = "voices"
+    for i, v in enumerate(cfg.voices):
+        if v.voice is not None:
+            check_voice(f"{key}[{i}].voice", v.voice)
 
 
 def _check_wyoming(w: WyomingConfig, channels: list[str]) -> None:
     """URIs and channel of the ``wyoming`` section (checked even while disabled)."""
     for u in w.uris or [""]:
-        if not isinstance(u, str) or not re.fullmatch(r"tcp://[^/]+:\d{1,5}/?|unix://.+", u):
+        m = re.fullmatch(r"tcp://(?P<host>[^/]*):(?P<port>\d{1,9})/?|unix://(?P<path>.+)", u) if isinstance(u, str) else None
+        if m is None:
             raise ConfigError(f"wyoming.uris: {u!r} is not tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or unix://PATH")
+        if m["port"] is not None and not 1 <= int(m["port"]) <= 65535:
+            raise ConfigError(f"wyoming.uris: {u!r}: the port must be an integer between 1 and 65535")
+        if m["port"] is not None and not m["host"].strip("[] "):
+            raise ConfigError(f"wyoming.uris: {u!r}: the host is blank: expected a host name or address "
+                              f"(0.0.0.0: every IPv4 address; [::]: every address)")
+        if m["path"] is not None and "\0" in m["path"]:
+            raise ConfigError(f"wyoming.uris: {u!r} holds a NUL character: expected a path")
     if w.channel is not None and w.channel not in channels:
         raise ConfigError(f"wyoming.channel: {w.channel!r} is not a configured channel ({', '.join(channels)})")
 

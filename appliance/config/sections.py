@@ -19,8 +19,11 @@ from typing import Any, Literal, Optional, Union
 def _f(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field with a documentation string (``help``) and optional checks.
 
-    Keyword checks: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds); ``hint``
-    is added to the error message of a value that fails them (e.g. ``"0 = unlimited"``).
+    Keyword checks: ``choices`` (allowed values), ``min`` / ``max`` (inclusive bounds),
+    ``nonempty`` (text that is not blank), ``path`` (a file or directory: not blank, no NUL),
+    ``host`` (a host name or address: not blank, no spaces or '/'); ``hint`` is added to the error
+    message of a value that fails them (e.g. ``"0 = unlimited"``). ``null`` in the file means the
+    default (:mod:`appliance.config.loader`).
     """
     if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
         return field(default_factory=lambda: default, metadata={"help": help, **kw})
@@ -41,7 +44,7 @@ digits is read as one)."""
 class ModelConfig:
     """Where the checkpoint is and how it runs."""
 
-    path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.")
+    path: str = _f("models/chattts", "Checkpoint directory holding asset/ (official 2Noise/ChatTTS layout). Relative paths are relative to the config file.", path=True)
     backend: str = _f("auto", "Inference backend: auto (tensorrt if plans are built and a GPU is there, else torch on CUDA, else llama (a GGUF export under model.engine_dir/llama/), else onnxruntime), tensorrt, llama, onnxruntime or torch.", choices=("auto", "tensorrt", "llama", "onnxruntime", "torch"))
     device: str = _f("auto", "Device for the torch backend: auto, cpu or cuda (llama backend: a CUDA build of llama.cpp puts the GPT on the GPU unless cpu).", choices=("auto", "cpu", "cuda"))
     dtype: str = _f("auto", "Weight/compute precision for the torch backend: auto (float16 on a GPU, float32 on a CPU), float32, float16, bfloat16. The Decoder and Vocos stay float32 on a GPU.", choices=("auto", "float32", "float16", "bfloat16"))
@@ -49,7 +52,7 @@ class ModelConfig:
     max_batch: int = _f(3, "Batch slots of the static KV cache (= channels decoded together).", min=1, max=16)
     max_seq_len: int = _f(2048, "KV-cache length per slot, in tokens (prompt + generated codes).", min=64, max=4096)
     max_prompt_tokens: int = _f(256, "Longest prompt (text tokens incl. control tokens) fed to one prefill; longer text is split into sentences.", min=16, max=1024)
-    engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).")
+    engine_dir: str = _f("engines/build", "Directory holding ONNX graphs / TensorRT plans and their manifest (relative to the config file).", path=True)
     compile: str = _f("auto", "torch CUDA path: how the decode step inside its CUDA graphs is made fast. auto: the ahead-of-time compiled step (AOTInductor packages in model.engine_dir/aot, built once by 'chattts-appliance engines compile' for this GPU, checkpoint, torch and config) when one matches, else plain CUDA graphs with the reason logged: a start never compiles; a package set is loaded once in a child process first, and one that crashes torch's loader there (packages compiled by a C++ compiler other than the system's: build with CXX=/usr/bin/g++) is recorded beside it and skipped. off: plain CUDA graphs. default / max-autotune-no-cudagraphs: torch.compile at every start (minutes cold; kernels cached in model.engine_dir/torch_compile). H200: 0.82 ms/step compiled (torch.compile), 1.60 plain (bench/RESULTS.md).", choices=("auto", "off", "default", "max-autotune-no-cudagraphs"))
     spin_wait: bool = _f(False, "CPU (ONNX Runtime sessions: the GPT on onnxruntime, the vocoder on both CPU backends): true: worker threads spin between the parallel sections of a run and stop when it returns; false (default): they sleep when idle. Measured in the whole pipeline on the 2-core host (bench/RESULTS.md, four rounds interleaved, quiet to loaded): sleeping gave the lower RTF in every round (0.56 against 0.60 quiet, 0.80-1.39 against 1.32-2.46 loaded): spinning wins a step measured alone on an idle box, and loses as soon as anything else wants the cores.")
     llama_precision: str = _f("auto", "llama.cpp (CPU) GPT weights to load from model.engine_dir/llama/: auto (the first exported of q8_0, q4_k_m, q4_0, f16, f32), or one GGUF type; engines/README.md states each one's error and speed. The Decoder and Vocos run FP32 on ONNX Runtime.", choices=("auto", "q8_0", "q4_k_m", "q4_0", "f16", "f32"))
@@ -108,7 +111,7 @@ class AudioConfig:
     output: str = _f("auto", "auto (sound device if one exists, else wav), device or wav.", choices=("auto", "device", "wav"))
     device: Optional[str] = _f(None, "Sound device: an ALSA card id or name (found under whatever card index it has now), or part of the PortAudio device name (its (hw:N,M) suffix ignored); None = the system default.")
     sample_rate: Optional[int] = _f(None, "Output rate in Hz; None = the device's default rate (PCM is resampled from 24000 Hz).", min=8000, max=192000)
-    wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).")
+    wav_dir: str = _f("out", "Directory for WAV output (relative to the config file).", path=True)
     latency_ms: float = _f(100.0, "Output stream latency (buffer) in ms.", min=5.0, max=2000.0)
     same_device: str = _f("mix", "Channels that share one sound device: mix (their requests sound at once, summed and clipped to [-1, 1]) or serialize (one request at a time, in start order).", choices=("mix", "serialize"))
     on_device_error: str = _f("wav", "A request whose sound device is down or busy (when it starts, or failing under it): wav (finish it into a WAV file), wait (hold it until the device returns, bounded by max_waiting and max_wait_s, then device_lost) or fail (end it at once with device_lost or device_busy).", choices=("wav", "wait", "fail"))
@@ -124,7 +127,7 @@ class AudioConfig:
 class ChannelConfig:
     """One output channel (e.g. driver, passenger, cabin)."""
 
-    name: str = _f("main", "Channel name used in requests.")
+    name: str = _f("main", "Channel name used in requests.", nonempty=True)
     device: Optional[str] = _f(None, "Sound device for this channel (as audio.device: ALSA card id or name, or part of the device name); None = audio.device.")
     queue_len: int = _f(16, "Queued requests per channel before 'busy'.", min=1, max=1024)
     on_preempt: str = _f("resume", "What an alert does to the item it interrupts: resume (play it again after) or drop.", choices=("resume", "drop"))
@@ -138,7 +141,7 @@ class ChannelConfig:
 class ServiceConfig:
     """The daemon's local interface and limits."""
 
-    socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).")
+    socket: str = _f("/run/chattts-appliance/appliance.sock", "UNIX socket path (relative paths: to the config file).", path=True)
     socket_mode: int = _f(0o660, "File mode of the socket (write it as octal in YAML: 0660).", min=0, max=0o777)
     socket_group: Optional[str] = _f(None, "Group of the socket file (a name or a number): its members may connect (with socket_mode 0660); the socket's directory, where the daemon's user owns it, is made 0750 with this group. The daemon's user must be a member (SupplementaryGroups= in the unit). None = the daemon's own group.")
     max_connections: int = _f(64, "Most socket connections open at once; one more is answered with one 'busy' error line and closed.", min=1, max=65536)
@@ -156,7 +159,7 @@ class ServiceConfig:
     wav_keep_files: int = _f(200, "WAV output: most request files (<id>.wav) kept in audio.wav_dir; after each file is written (and at start) the oldest beyond this are deleted. 0 = unlimited.", min=0, max=1 << 30, hint="a number of files; 0 = unlimited")
     wav_max_mib: float = _f(512.0, "WAV output: most MiB the request files (<id>.wav) in audio.wav_dir may take together; the oldest beyond it are deleted (the file just written is always kept). 0 = unlimited.", min=0.0, max=float(1 << 30), hint="MiB, e.g. 512; 0 = unlimited")
     max_hold_s: float = _f(120.0, "Longest a request waits held by the throttle (a hot box, low memory, power, a slow RTF) before it ends with error 'throttled' naming the level and the resource, s (monotonic clock; time queued behind another request on its channel does not count).", min=1.0, max=86400.0)
-    spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).")
+    spool_dir: str = _f("spool", "Directory of the request journal (journal.log): every accepted request is written there durably before 'accepted' and kept until it has played, so it survives a stop, a crash or a power cut (relative to the config file; systemd: under /var/lib/chattts-appliance).", path=True)
     spool_lock_wait_s: float = _f(60.0, "One daemon owns service.spool_dir (a lock file, spool.lock, taken before the journal is opened, whatever the socket): a second one waits this long for it (e.g. while the first drains after SIGTERM), then exits with status 75 naming the owner's pid. Keep it below the unit's TimeoutStopSec, s.", min=0.0, max=3600.0)
 
 
@@ -165,17 +168,17 @@ class MQTTConfig:
     """MQTT input (paho-mqtt 2.x)."""
 
     enabled: bool = _f(False, "Connect to a broker.")
-    host: str = _f("localhost", "Broker host.")
+    host: str = _f("localhost", "Broker host.", host=True)
     port: int = _f(1883, "Broker port.", min=1, max=65535)
     username: Optional[str] = _f(None, "User name.")
     password: Optional[str] = _f(None, "Password (never logged, nor shown in error messages).", secret=True)
     tls: bool = _f(False, "Use TLS.")
-    ca_file: Optional[str] = _f(None, "CA bundle for TLS.")
+    ca_file: Optional[str] = _f(None, "CA bundle for TLS.", path=True)
     topic_prefix: str = _f("chattts", "Topics are <prefix>/<device_id>/{say,cancel,health,status,event,availability} (no '+', '#', NUL; not empty).")
     device_id: Optional[str] = _f(None, "This box's id in topics and Home Assistant's device registry; unique per box (no '/', '+', '#', NUL). None = derived once per box: <hostname>-<6 hex digits of a digest of /etc/machine-id> (see MQTTConfig.box_id).")
     keepalive_s: int = _f(30, "MQTT keepalive in seconds.", min=5, max=3600)
     max_payload_bytes: int = _f(65536, "Largest accepted command payload.", min=64, max=16 * 1024 * 1024)
-    client_id: Optional[str] = _f(None, "MQTT client id; None = chattts-<device_id>.")
+    client_id: Optional[str] = _f(None, "MQTT client id; None = chattts-<device_id>.", nonempty=True)
     clean_session: bool = _f(False, "False: the broker keeps subscriptions and queues QoS 1 commands while the daemon is disconnected (they are spoken after the reconnect).")
     reconnect_min_s: int = _f(1, "First reconnect delay after losing the broker, s (doubles up to reconnect_max_s).", min=1, max=3600)
     reconnect_max_s: int = _f(60, "Longest reconnect delay, s.", min=1, max=3600)
@@ -219,14 +222,14 @@ class TelemetryConfig:
 
     source: str = _f("auto", "auto, tegrastats, jtop, nvml, sysfs or none.", choices=("auto", "tegrastats", "jtop", "nvml", "sysfs", "none"))
     interval_s: float = _f(2.0, "Seconds between readings.", min=0.1, max=3600)
-    root: str = _f("/", "Filesystem root under which /sys and /proc are read (a container that mounts the host's at /host sets /host; relative paths: to the config file).")
+    root: str = _f("/", "Filesystem root under which /sys and /proc are read (a container that mounts the host's at /host sets /host; relative paths: to the config file).", path=True)
 
 
 @dataclass(frozen=True)
 class HealthConfig:
     """Field health check thresholds."""
 
-    sentence: str = _f("今天天气很好，我们去公园散步吧。", "Reference sentence.")
+    sentence: str = _f("今天天气很好，我们去公园散步吧。", "Reference sentence.", nonempty=True)
     max_rtf: float = _f(1.0, "Unhealthy above this real-time factor.", min=0.0, max=1000)
     max_ttfb_ms: float = _f(1500.0, "Unhealthy above this time to first audio byte, ms.", min=0.0, max=1e7)
     at_start: bool = _f(True, "Run the check once after warm-up.")
@@ -291,7 +294,7 @@ class WyomingConfig:
     play: bool = _f(False, "Also play the audio on the channel's sound device (or WAV file); False = it only goes back to the Wyoming client.")
     streaming: bool = _f(True, "Advertise supports_synthesize_streaming: text streamed in synthesize-chunk events is spoken sentence by sentence as it arrives. False: streamed text is collected and spoken at synthesize-stop (the events are always answered).")
     zeroconf: bool = _f(False, "Advertise the first tcp:// URI as _wyoming._tcp.local. over mDNS so Home Assistant discovers it (needs the zeroconf package). A loopback address (tcp://127.0.0.1:...) is advertised with a warning: Home Assistant on another machine needs tcp://0.0.0.0:PORT or the box's LAN address.")
-    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>. Another box already advertising it: this one takes the name with a number added (logged, and in health while it differs).")
+    zeroconf_name: Optional[str] = _f(None, "mDNS service name; None = chattts-<hostname>. Another box already advertising it: this one takes the name with a number added (logged, and in health while it differs).", nonempty=True)
     max_payload_bytes: int = _f(1 << 20, "Most bytes of data + payload one Wyoming event may announce (clients send text, a few KB); a bigger event is refused with an error and its connection closed before any of it is read. Its header line is bounded by service.max_line_bytes.", min=1024, max=64 * 1024 * 1024, hint="bytes, e.g. 1048576")
     max_buffered_ms: int = _f(30000, "Most audio one connection holds for its client that the client has not read yet, ms (float32 at 24 kHz until written: 96 bytes per ms, 2.8 MiB at 30000; appliance.audio.stream). A client that stops reading has the request that goes over it cancelled (logged) and the rest of that utterance is not spoken; synthesis never waits for a client. One chunk longer than this is still sent.", min=1000, max=600000, hint="ms of audio, e.g. 30000")
     start_timeout_s: float = _f(5.0, "A request the box cannot start within this long (held by the throttle, queued behind other requests on its channel) is cancelled and answered with an error event naming why (throttled, busy), s: Home Assistant gives up after 10 s without a word (its satellites after about 2 s of silence). 0 = wait as other requests do (service.max_hold_s).", min=0.0, max=86400.0)
@@ -317,7 +320,7 @@ class SafetyConfig:
     """Integrity checks, the per-request watchdog and client limits."""
 
     verify_checkpoint: bool = _f(True, "Check the sha256 of every weight file as it is loaded: the checkpoint's files against SHA256SUMS.json beside asset/ (else upstream's published sums), ONNX graphs, their data and TensorRT plans against their manifest.json; a mismatch refuses to start and names the file.")
-    cache_dir: str = _f("cache", "A directory for the daemon's caches; relative to the config file; systemd: /var/cache/chattts-appliance. (Checkpoint sums are no longer cached: a cache keyed by size and mtime cannot see bit rot.)")
+    cache_dir: str = _f("cache", "A directory for the daemon's caches; relative to the config file; systemd: /var/cache/chattts-appliance. (Checkpoint sums are no longer cached: a cache keyed by size and mtime cannot see bit rot.)", path=True)
     stall_s: float = _f(60.0, "A request that is synthesizing but made no progress (no decode step, no audio) for this long is ended with engine_error and its slot freed, s.", min=1.0, max=86400.0)
     max_requests_per_s: float = _f(5.0, "Requests (speak, health) one socket client (peer process) may send per second on average; more get 'rate_limited'. 0 = no limit.", min=0.0, max=1e6)
     request_burst: int = _f(20, "Requests a client may send at once before max_requests_per_s applies.", min=1, max=1 << 20)

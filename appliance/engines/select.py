@@ -84,6 +84,14 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     cc = mf.device_facts().get("compute_capability")
     gguf = find_llama_export(cfg)
     has_llama = gguf is not None and bool(importlib.util.find_spec("llama_cpp") and importlib.util.find_spec("onnxruntime"))
+    unfit = None
+    if has_llama:   # this CPU against the llama.cpp build, before its library loads
+        from .llama import cpu
+
+        unfit = cpu.problem(cpu.read_record())
+        if unfit is not None:
+            log.warning("model.backend auto: not llama.cpp: %s", unfit)
+            has_llama = False
     if cc is not None:
         plans = trt_plans(cfg, cc)
         if plans is not None and (importlib.util.find_spec("tensorrt") or importlib.util.find_spec("tensorrt_rtx")):
@@ -101,6 +109,8 @@ def choose_backend(cfg: Config) -> tuple[str, str]:
     why = "no GPU" if cc is None else f"GPU sm {cc} without plans or torch"
     if has_llama:
         return "llama", f"auto: {why}, a GGUF export in {gguf}: llama.cpp"
+    if unfit is not None:
+        why = f"{why}, llama.cpp unusable here ({unfit})"
     exported = find_export(cfg)
     if exported is not None and importlib.util.find_spec("onnxruntime") is not None:
         return "onnxruntime", f"auto: {why}, exported graphs in {exported}: onnxruntime"

@@ -6,7 +6,10 @@ external data, TensorRT plans) at ``safety.reverify_mib_per_s`` (8 MiB/s: the 1.
 every ~2.5 minutes, about 1 % of a core). The first mismatch is logged once as an error naming the
 file, kept in :attr:`IntegrityWatch.failure`, and makes the box unhealthy from then on
 (:meth:`IntegrityWatch.conditions`, a source of the one verdict, :mod:`appliance.ops.verdict`), so systemd's health timer and Home Assistant see
-it; the box keeps speaking with what it loaded (a restart refuses the bad file at load).
+it; the box keeps speaking with what it loaded (the weight files are read, not mapped: the
+checkpoint through a buffer, the GGUF by llama.cpp into memory, the ONNX data and tables copied, so
+an upgrade written in place changes nothing it computes; a restart checks the file again and
+refuses one that does not match its recorded sum).
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ class IntegrityWatch:
         failure = self.failure
         if failure is None:
             return ()
-        return (Condition("integrity", f"weights: {failure} (changed on disk since the load; "
-                                       f"a restart refuses it)", self._failed_at, UNHEALTHY),)
+        return (Condition("integrity", f"weights: {failure} (changed on disk since the load; still speaking "
+                                       f"with what was loaded; a restart checks the file again and loads it "
+                                       f"only if it matches its recorded sum)", self._failed_at, UNHEALTHY),)
 
     def _run(self) -> None:
         budget = budget_bytes(self.mib_per_s, PERIOD_S)

@@ -5,13 +5,24 @@ Per-request fields go in ``extra=`` with lower-case keys, e.g.
 ``log.info("done", extra={"request_id": rid, "ttfb_ms": 312.5})``: the journal gets
 ``REQUEST_ID``, ``TTFB_MS`` (journald drops lower-case field names), stderr gets
 `` [request_id=… ttfb_ms=…]`` after the message.
+
+Logging never blocks speech: every record goes through a bounded queue
+(:data:`QUEUE_RECORDS` records) to one writer thread, which alone writes to the journal or
+stderr. When the sink stalls (a full stderr pipe, a journald that restarts) the queue fills and
+further records are dropped and counted, never waited for; when the sink takes records again
+the writer first logs how many were dropped (:class:`DroppingQueueHandler`,
+:class:`_Writer`). The event loop and the worker only format a record and put it on the queue.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import logging.handlers
 import os
+import queue
 import sys
+import threading
 import warnings
 from typing import Callable, Optional
 
@@ -72,6 +83,137 @@ class _PriorityPrefixFormatter(_FieldsFormatter):
         return f"<{pri}>" + super().format(record)
 
 
+#: records the queue holds while the sink is stalled; more are dropped and counted.
+QUEUE_RECORDS = 2000
+#: seconds the writer gets at exit to write what is queued (a stalled sink is not waited for longer).
+DRAIN_S = 2.0
+
+
+class DroppingQueueHandler(logging.handlers.QueueHandler):
+    """A :class:`~logging.handlers.QueueHandler` that never waits: a record that finds the
+    bounded queue full is dropped and counted (:attr:`dropped`, read and reset by the writer)."""
+
+    def __init__(self, q: "queue.Queue[logging.LogRecord]") -> None:
+        super().__init__(q)
+        self._count_lock = threading.Lock()
+        self.dropped = 0
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with self._count_lock:
+                self.dropped += 1
+
+    def take_dropped(self) -> int:
+        """The records dropped since the last call (and resets the count)."""
+        with self._count_lock:
+            n, self.dropped = self.dropped, 0
+        return n
+
+
+class _Writer(logging.handlers.QueueListener):
+    """The one thread that writes records to the sink; before a record it logs how many were
+    dropped while the sink stalled (a WARNING from this module's logger)."""
+
+    def __init__(self, q: "queue.Queue[logging.LogRecord]", front: DroppingQueueHandler,
+                 sink: logging.Handler) -> None:
+        super().__init__(q, sink, respect_handler_level=False)
+        self.front = front
+
+    def handle(self, record: logging.LogRecord) -> None:
+        n = self.front.take_dropped()
+        if n:
+            note = logging.LogRecord(log.name, logging.WARNING, __file__, 0,
+                                     "%d log records dropped while the log sink stalled", (n,), None)
+            note.dropped_records = n
+            super().handle(note)
+        super().handle(record)
+
+    def start(self) -> None:
+        """Starts the writer as a daemon thread (interpreter exit never waits on a stalled sink)."""
+        self._thread = threading.Thread(target=self._monitor, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = DRAIN_S) -> None:
+        """Writes what is queued, waiting at most ``timeout`` s (a stalled sink is left behind:
+        the thread is a daemon thread)."""
+        if self._thread is None:
+            return
+        try:
+            self.queue.put(self._sentinel, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        if self._thread.is_alive():     # stuck in a write: logging.shutdown must not wait on its lock
+            for h in self.handlers:
+                h.createLock()
+        self._thread = None
+
+
+class _FdStream:
+    """What the stderr handler writes to: ``os.write`` on a duplicate of stderr's descriptor, so
+    a write that blocks on a full pipe holds no lock of ``sys.stderr`` (a ``print`` or the exit's
+    flush never waits behind it) and there is no buffer to flush."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = os.dup(fd)
+
+    def write(self, text: str) -> None:
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _stderr_stream():
+    """:class:`_FdStream` on stderr's descriptor, or ``sys.stderr`` itself when it has none (a
+    test's captured stream)."""
+    try:
+        return _FdStream(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation is an OSError
+        return sys.stderr
+
+
+_writer: Optional[_Writer] = None
+
+
+def stop() -> None:
+    """Write what is queued (waiting at most :data:`DRAIN_S`) and close the sink (at exit; a
+    second :func:`setup_logging`)."""
+    global _writer
+    w, _writer = _writer, None
+    if w is None:
+        return
+    w.stop()
+    for h in w.handlers:
+        h.close()
+        if isinstance(getattr(h, "stream", None), _FdStream):
+            h.stream.close()
+
+
+atexit.register(stop)
+
+
+def flush(timeout: float = DRAIN_S) -> bool:
+    """Waits up to ``timeout`` s until the writer has written every queued record (tests, and a
+    command about to print its result after log lines); False if it has not."""
+    w = _writer
+    if w is None:
+        return True
+    q = w.queue
+    with q.all_tasks_done:
+        return q.all_tasks_done.wait_for(lambda: q.unfinished_tasks == 0, timeout)
+
+
 def under_systemd(environ: Optional[dict] = None) -> bool:
     """True when started by systemd with output to the journal (``$JOURNAL_STREAM`` or
     ``$INVOCATION_ID`` set)."""
@@ -102,7 +244,9 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     systemd-python is importable; otherwise stderr lines with ``<N>`` priority prefixes and the
     fields appended as text. Outside systemd: stderr with timestamps and the fields appended.
 
-    Without ``verbose`` the :data:`QUIET_LOGGERS` show errors only.
+    Without ``verbose`` the :data:`QUIET_LOGGERS` show errors only. The handler is written to
+    by one thread fed through a bounded queue (module docstring): a stalled sink drops records
+    (counted, the count logged when it returns) instead of blocking the caller.
 
     Args:
         verbose: DEBUG instead of INFO (and every third-party logger at its own level).
@@ -115,10 +259,12 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
     Returns:
         ``"journal"``, ``"stderr-journal"`` or ``"stderr"``: which setup was chosen.
     """
+    global _writer
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
         h.close()
+    stop()
     root.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
     if not verbose:
         _quiet_third_party()
@@ -132,14 +278,18 @@ def setup_logging(verbose: bool = False, identifier: str = "chattts-appliance",
         handler.setFormatter(logging.Formatter("%(message)s"))
         mode = "journal"
     elif under_systemd(environ):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(_stderr_stream())
         handler.setFormatter(_PriorityPrefixFormatter("%(name)s: %(message)s"))
         mode = "stderr-journal"
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(_stderr_stream())
         handler.setFormatter(_FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         mode = "stderr"
     handler.addFilter(_UpperFieldsFilter())
-    root.addHandler(handler)
+    q: "queue.Queue[logging.LogRecord]" = queue.Queue(QUEUE_RECORDS)
+    front = DroppingQueueHandler(q)
+    _writer = _Writer(q, front, handler)
+    _writer.start()
+    root.addHandler(front)
     log.debug("logging to %s", mode)
     return mode

@@ -90,11 +90,16 @@ class VoiceBook:
         return VoiceChoice(voice, _label(voice))
 
     def check(self, dim: int, default: str) -> None:
-        """Resolve every named voice once (at start), so a bad one stops the daemon naming it.
+        """Resolve every named voice and ``default`` (``synthesis.voice``) once (at start and on
+        SIGHUP), so a bad one stops the start, or the reload, naming it.
 
         Raises:
-            ConfigError: a voice string of ``voices`` is malformed.
+            ConfigError: a voice string of ``voices`` or ``default`` is malformed.
         """
+        try:
+            resolve_voice(default, dim)
+        except SpeakerError as e:
+            raise ConfigError(f"synthesis.voice: {e}") from e
         for i, (name, v) in enumerate(self.voices.items()):
             if v is None:
                 continue

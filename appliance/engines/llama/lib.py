@@ -6,6 +6,21 @@ its sdist with CMake and the machine's C/C++ compiler (``scripts/quickstart.sh``
 CUDA, ``scripts/install_jetson.sh``). llama.cpp's own log lines go to this module's logger at
 DEBUG (its errors at WARNING), and the last ones are quoted when a load fails.
 
+Before the library is loaded, this CPU is checked against the build's record
+(:mod:`appliance.engines.llama.cpu`): a CPU without an instruction the build needs is refused
+with one line instead of SIGILL. A portable build (llama.cpp's CPU variants, one
+``libggml-cpu-<level>.so`` per x86 feature level) has its variants loaded from the package's
+library directory (``ggml_backend_load_all_from_path``: llama.cpp itself only looks beside the
+executable) before ``llama_backend_init``, which then finds them; ggml scores each against the
+CPU and keeps the best, and the log names it.
+
+The GGUF is read into the process's own memory (``use_mmap`` off), not mapped: a later write to
+the file in place (an upgrade, a copy over it) cannot change the running model, and truncating it
+cannot kill the process with SIGBUS (a mapped file's pages are read again from the file). The
+resident cost is the same (every weight is read at each step either way); the pages are anonymous
+instead of page cache, so they cannot be dropped and read again under memory pressure
+(docs/guarantees.md).
+
 A GGUF is refused (:class:`~appliance.errors.EngineMismatchError`, naming the file) when llama.cpp
 cannot load it or when its dimensions (width, layers, heads, KV heads, feed-forward width, the
 output rows ``Q*V``, RoPE positions and base, RMSNorm epsilon) differ from the manifest's
@@ -18,11 +33,14 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, EngineMismatchError
+from . import cpu
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +59,12 @@ def lib() -> Any:
 
     Raises:
         ConfigError: llama-cpp-python is not installed (says how to build it).
+        CpuUnsupportedError: it was built for CPU features this CPU lacks (checked before it loads).
     """
     with _lock:
         if "lc" in _state:
             return _state["lc"]
+        rec = cpu.require()
         try:
             import llama_cpp as lc
         except (ImportError, OSError) as e:  # OSError: the shared library did not load
@@ -60,9 +80,67 @@ def lib() -> Any:
                 log.log(_LEVELS.get(level, logging.DEBUG), "llama.cpp: %s", line)
 
         lc.llama_log_set(_on_log, ctypes.c_void_p(0))
+        variant = _load_cpu_variants()
         lc.llama_backend_init()
-        _state.update(lc=lc, cb=_on_log)  # the callback object must outlive every call
+        log.info("llama.cpp %s: built for %s%s", lc.__version__, cpu.describe(rec),
+                 f"; CPU library {variant}" if variant else "")
+        _state.update(lc=lc, cb=_on_log, variant=variant)  # the callback object must outlive every call
         return lc
+
+
+def cpu_library() -> str:
+    """The CPU variant a portable build loaded (``libggml-cpu-haswell.so``), "" for a build
+    without variants or before :func:`lib`."""
+    return _state.get("variant", "")
+
+
+def _variant_dirs() -> list[Path]:
+    """Directories holding llama.cpp's CPU variants (``libggml-cpu-<level>.so``): the package's
+    ``lib``, or ``bin`` beside it in site-packages (where ggml's own install rule puts them)."""
+    d = cpu.lib_dir()
+    if d is None:
+        return []
+    return [x for x in (d, d.parent.parent / "bin") if any(x.glob("libggml-cpu-*.so"))]
+
+
+def _loaded_ggml() -> str:
+    """The ``libggml`` file llama.cpp's library was loaded with (``/proc/self/maps``): a wheel
+    holds ``libggml.so``, ``.so.0`` and ``.so.0.x.y`` as copies, not links, and opening another
+    copy would make a second backend registry that llama.cpp never sees."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.split(maxsplit=5)[-1].strip()
+                if re.fullmatch(r"libggml\.so(\.\d+)*", os.path.basename(path)):
+                    return path
+    except OSError:
+        pass
+    return str(cpu.lib_dir() / "libggml.so")
+
+
+def _load_cpu_variants() -> str:
+    """Load a portable build's CPU variants (module docstring); returns the file of the one
+    ggml chose ("" for a build without variants).
+
+    Raises:
+        ConfigError: there are variants but none loads on this CPU.
+    """
+    dirs = _variant_dirs()
+    if not dirs:
+        return ""
+    ggml = ctypes.CDLL(_loaded_ggml())
+    ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    for d in dirs:
+        ggml.ggml_backend_load_all_from_path(str(d).encode())
+        if ggml.ggml_backend_reg_by_name(b"CPU"):
+            break
+    else:
+        raise ConfigError(f"llama.cpp's CPU libraries in {', '.join(map(str, dirs))} do not load on this CPU "
+                          f"({recent_log()})")
+    chosen = [ln for ln in _recent if "loaded CPU backend from" in ln]
+    return chosen[-1].rsplit("/", 1)[-1] if chosen else "(variant not logged)"
 
 
 def offloads(device: str) -> bool:
@@ -73,7 +151,9 @@ def offloads(device: str) -> bool:
     Raises:
         ConfigError: llama-cpp-python is not installed.
     """
-    return device != "cpu" and bool(lib().llama_supports_gpu_offload())
+    if device == "cpu" or cpu.problem(cpu.read_record()) is not None:   # unfit: the load refuses it, and recovers
+        return False
+    return bool(lib().llama_supports_gpu_offload())
 
 
 def recent_log() -> str:
@@ -99,8 +179,7 @@ def load_model(lc: Any, f: Path, shapes: dict, gpu_layers: int = 0) -> Any:
     """
     mp = lc.llama_model_default_params()
     mp.n_gpu_layers = gpu_layers
-    if gpu_layers:   # offloaded: read into the GPU's buffers, no mapped host copy left resident
-        mp.use_mmap = False
+    _read_not_mapped(lc, mp)   # also offloaded: read into the GPU's buffers, no mapped host copy resident
     model = lc.llama_model_load_from_file(str(f).encode(), mp)
     if not model:
         raise EngineMismatchError(f"llama.cpp cannot load {f} ({recent_log()}): export it again "
@@ -123,6 +202,22 @@ def load_model(lc: Any, f: Path, shapes: dict, gpu_layers: int = 0) -> Any:
         raise EngineMismatchError(f"{f} does not match the checkpoint it is recorded for: " + "; ".join(diffs)
                                   + "; export it again (chattts-appliance engines export --precision <type>)")
     return model
+
+
+def _read_not_mapped(lc: Any, mp: Any) -> None:
+    """Set model params ``mp`` to read the GGUF into memory instead of mapping it (module
+    docstring): ``load_mode`` NONE (llama.cpp since its load modes; ``lazy_mode`` off, which needs
+    a mapping), else the older ``use_mmap`` false."""
+    fields = {name for name, _ in type(mp)._fields_}
+    if "load_mode" in fields:
+        mp.load_mode = lc.LLAMA_LOAD_MODE_NONE
+        if "lazy_mode" in fields:
+            mp.lazy_mode = 0    # LLAMA_LAZY_MODE_OFF
+    elif "use_mmap" in fields:
+        mp.use_mmap = False
+    else:
+        log.warning("llama.cpp %s: no load mode nor use_mmap in its model params: the GGUF may be mapped",
+                    getattr(lc, "__version__", "?"))
 
 
 def _int(v: str | None) -> int | None:

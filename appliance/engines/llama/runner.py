@@ -11,14 +11,24 @@ and implements the network passes of a :class:`~appliance.engines.host_runner.Ho
 One context, ``model.max_batch`` sequences of ``model.max_seq_len`` positions each (one KV
 stream per sequence): slot ``s`` is sequence ``s``. Every pass is one ``llama_decode`` of a
 batch made once by ``llama_batch_init(rows, D, 1)`` whose ``embd`` rows are the input
-embeddings, computed on the host from ``embed.safetensors`` (memory-mapped, :func:`map_embeddings`:
+embeddings, computed on the host from ``embed.safetensors`` (read into the process once, hashed as
+it is read, :func:`~appliance.engines.onnx.runner.load_embeddings`:
 text rows with the L2-normalised speaker, or the sum of the Q code rows of the last codes): a decode step is one row per slot,
 every channel in the same call. The context outputs the final hidden state (``embeddings``,
 the GPT's output after its last RMSNorm: the Decoder's input) beside the logits of the output
 matrix ``[Q*V, D]`` (every codebook's logits at once). A slot's sequence is removed from the KV
 cache (``llama_memory_seq_rm``) when its sentence ends (:meth:`LlamaRunner.release`) and before
 each prefill. Refine-text runs the same GPT on text embeddings; its logits are the final hidden
-state times the text head (``head_text.npy``, mapped, read only then), on the host.
+state times the text head (``head_text.npy``, read and checked against its sha256 at the first
+refine, kept from then), on the host.
+
+Upgrades in place: nothing this runner uses is mapped from a file (the GGUF is read into memory,
+:func:`~appliance.engines.llama.lib.load_model`; the tables are copies), so a file of the export
+overwritten or truncated while the daemon runs changes nothing it computes and cannot SIGBUS it;
+the integrity watch names the changed file (health: ``integrity``) and the box keeps speaking with
+what it loaded until a restart loads (and checks) the new one. Cost, full-size q8_0: the text table
+(62 MiB, of which a mapping kept only the rows prompts read) is resident; the GGUF's pages are the
+process's own instead of page cache (the same RSS: a step reads every weight).
 
 On a CUDA build of llama.cpp (``llama_supports_gpu_offload``; ``scripts/install_jetson.sh``
 builds one where JetPack's nvcc is present) every layer, the output matrix and the KV cache are
@@ -50,11 +60,11 @@ from pathlib import Path
 import numpy as np
 
 from ...config import Config
-from ...errors import CheckpointError, ConfigError, EngineError
+from ...errors import ConfigError, EngineError
 from . import canary as llama_canary, lib as llama_lib
 from .. import manifest as mf
 from ..host_runner import HostRunner
-from ..onnx.runner import embed_prompt
+from ..onnx.runner import embed_prompt, load_embeddings
 from ..onnx.vocoder import OrtVocoder, session_options, vocoder_networks
 from ..runner import RunnerInfo, receptive_fields
 from ..threads import StepThreads, thread_budget
@@ -70,30 +80,6 @@ def find_llama_export(cfg: Config) -> Path | None:
     ``auto`` the first of :data:`TYPES`."""
     want = cfg.model.llama_precision
     return mf.find_built(cfg.resolve(cfg.model.engine_dir), "llama", TYPES if want == "auto" else (want,))
-
-
-def map_embeddings(f: Path, hint: str) -> tuple[np.ndarray, np.ndarray]:
-    """``emb_text [N, D]`` and ``emb_code [Q, V, D]`` float32 of the export's ``embed.safetensors``,
-    memory-mapped read-only (hashed before with the other files): only the rows a prompt or a
-    step reads become resident (the text table is 62 MiB at full size, a few KiB of it per prompt).
-
-    Raises:
-        EngineError: the file is missing, malformed, or not float32 (says how to rebuild).
-    """
-    from ...model.tensorfile import TensorFile
-
-    try:
-        tf = TensorFile(f)
-        ent = {e.name: e for e in tf.entries}
-        out = []
-        for k in ("emb_text", "emb_code"):
-            e = ent[k]
-            if e.dtype != "F32":
-                raise KeyError(f"{k} is {e.dtype}, expected F32")
-            out.append(np.memmap(f, np.float32, "r", offset=tf.data_start + e.begin, shape=e.shape))
-    except (CheckpointError, KeyError) as e:
-        raise EngineError(f"cannot read the embedding tables {f}: {e}; rebuild with: {hint}") from e
-    return out[0], out[1]
 
 
 def step_threads(threads: int, offloaded: bool) -> StepThreads:
@@ -142,7 +128,10 @@ class LlamaRunner(HostRunner):
         mf.check(m, expect, hint)
         self.manifest, self.dir = m, d
         verify = cfg.safety.verify_checkpoint
-        self.weight_files = mf.verify_files(d, m, hint, mf.weight_files(d, m)) if verify else []
+        emb_name = m["embed"]["file"]   # hashed as it is read, below
+        self.weight_files = mf.verify_files(d, m, hint, [n for n in mf.weight_files(d, m) if n != emb_name]) \
+            if verify else []
+        self._verify = verify
         s = m["shapes"]
         D, L, Q, V = s["hidden"], s["n_layers"], s["num_vq"], s["num_audio_tokens"]
         self._D, self._Q, self._V, self._n_text = D, Q, V, s["num_text_tokens"]
@@ -184,12 +173,14 @@ class LlamaRunner(HostRunner):
         self._out_ptr = (0, 0, 0)
         self._logits_view = self._hidden_view = np.zeros((0,), np.float32)
 
-        self._emb_text, self._emb_code = map_embeddings(d / m["embed"]["file"], hint)
+        self._emb_text, self._emb_code, emb_sha = load_embeddings(d, m, hint, verify)
+        if emb_sha is not None:
+            self.weight_files.append((d / emb_name, emb_sha))
         self._head_text_file = d / m["head_text"]["file"]
         self._head_text: np.ndarray | None = None
         self._voc = OrtVocoder(ort, d, m["graphs"], session_options(ort, threads, mc.spin_wait), D, s["n_mels"],
                                receptive_fields(s["dec_layers"], s["voc_layers"])["decoder_rf"])
-        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data"))
+        weight_bytes = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".gguf", ".onnx", ".data", ".safetensors"))
         kv_el = llama_lib.KV_BYTES[kv]
         self._gpu_bytes = gguf.stat().st_size + M * S * int(2 * L * D * kv_el) if gpu else 0
         self.info = RunnerInfo(
@@ -298,9 +289,28 @@ class LlamaRunner(HostRunner):
 
     # -------------------------------------------------------------- refine-text (text mode)
     def _text_logits(self, hidden: np.ndarray) -> np.ndarray:
-        if self._head_text is None:  # mapped: its pages are read only while refine runs
-            self._head_text = np.load(self._head_text_file, mmap_mode="r")
+        if self._head_text is None:  # read at the first refine (62 MiB at full size), then kept
+            self._head_text = self._read_head_text()
         return self._head_text @ hidden
+
+    def _read_head_text(self) -> np.ndarray:
+        """``head_text.npy`` read into memory, its bytes checked against the manifest's sha256.
+
+        Raises:
+            EngineError: unreadable, or changed since the export (an upgrade in place: restart).
+        """
+        import hashlib
+        import io
+
+        f = self._head_text_file
+        try:
+            raw = f.read_bytes()
+            want = self.manifest.get("files", {}).get(f.name)
+            if self._verify and want and hashlib.sha256(raw).hexdigest() != want:
+                raise EngineError(f"{f} changed since the engine was loaded: restart the daemon to load the new export")
+            return np.load(io.BytesIO(raw))
+        except (OSError, ValueError) as e:
+            raise EngineError(f"cannot read the text head {f}: {e}") from e
 
     def forward_prefill_text(self, slot: int, ids: np.ndarray) -> np.ndarray:
         """Text prompt ``ids [T]`` into ``slot`` -> text logits float32 ``[N]`` of its last position."""

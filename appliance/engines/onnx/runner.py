@@ -68,7 +68,7 @@ from ...errors import (
 from ...model.integrity import mismatch
 from .. import manifest as mf
 from ..host_runner import HostRunner
-from .vocoder import OrtVocoder, ort_call, session_options, vocoder_networks
+from .vocoder import OrtVocoder, open_session, ort_call, session_options, vocoder_networks
 from ..runner import RunnerInfo, receptive_fields
 from ..threads import thread_budget
 
@@ -196,8 +196,8 @@ class OnnxRunner(HostRunner):
 
         budget = thread_budget(mc.threads)
         so = session_options(ort, budget.threads, mc.spin_wait)
-        self._sess: dict[str, Any] = {"gpt": ort_call("loading gpt", lambda: ort.InferenceSession(
-            str(d / m["graphs"]["gpt"]["file"]), sess_options=so, providers=["CPUExecutionProvider"]))}
+        self._sess: dict[str, Any] = {"gpt": ort_call("loading gpt", lambda: open_session(
+            ort, d / m["graphs"]["gpt"]["file"], so))}
 
         # static KV cache (graph dtype), bound in place once per batch size
         kv_dt = np.float16 if m.get("kv", {}).get("dtype") == "float16" else np.float32

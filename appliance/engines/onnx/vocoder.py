@@ -40,6 +40,24 @@ def session_options(ort: Any, threads: int, spin_wait: bool) -> Any:
     return so
 
 
+def open_session(ort: Any, f: Path, so: Any, providers: tuple = ("CPUExecutionProvider",)) -> Any:
+    """``ort.InferenceSession`` of graph ``f`` with its external data (``<file>.data``, the name
+    our exports give it) read into memory and handed to onnxruntime, which copies it: onnxruntime
+    would map the file itself (privately, but its untouched pages are read from the file), so a
+    later write to it in place would change the running graph and a truncation kill the process
+    with SIGBUS. Nothing of the export stays mapped (docs/guarantees.md, upgrades).
+
+    Raises:
+        whatever ``ort.InferenceSession`` raises (wrap the call in :func:`ort_call`); OSError: the
+        data file is unreadable.
+    """
+    data = f.with_name(f.name + ".data")
+    if data.is_file() and hasattr(so, "add_external_initializers_from_files_in_memory"):   # onnxruntime >= 1.20
+        buf = data.read_bytes()
+        so.add_external_initializers_from_files_in_memory([data.name], [buf], [len(buf)])
+    return ort.InferenceSession(str(f), sess_options=so, providers=list(providers))
+
+
 def vocoder_networks(ort: Any) -> tuple[tuple[str, str], ...]:
     """``RunnerInfo.networks`` entries of the Decoder and Vocos on ONNX Runtime's CPU provider,
     with why the CPU: no GPU provider in this onnxruntime, or (one installed) the stateful
@@ -78,9 +96,8 @@ class OrtVocoder:
     def __init__(self, ort: Any, d: Path, graphs: dict, so: Any, hidden: int, n_mels: int, decoder_rf: int):
         self._sess: dict[str, Any] = {}
         for g in ("decoder", "vocos"):
-            f = str(d / graphs[g]["file"])
-            self._sess[g] = ort_call(f"loading {g}", lambda f=f: ort.InferenceSession(
-                f, sess_options=so, providers=["CPUExecutionProvider"]))
+            f = d / graphs[g]["file"]
+            self._sess[g] = ort_call(f"loading {g}", lambda f=f: open_session(ort, f, so))
         self._D, self._n_mels, self._rf = hidden, n_mels, decoder_rf
         # a sentence's first pass reads no cache: zero arrays bound to the unused cache inputs
         self._zero_caches = {g: {i.name: np.zeros(i.shape, np.float32) for i in self._sess[g].get_inputs()
