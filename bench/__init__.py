@@ -119,7 +119,10 @@ RETIRED = {"aot": "the ahead-of-time compiled step's ready and step time (bench_
            "channels": "1-3 channels in one decode loop on the CPU (bench_channels.py)",
            "engines": "TensorRT builder memory and ONNX Runtime step on the CPU (bench_engines.py)",
            "vocoder_stream": "the vocoder's cost per chunk plan (bench_vocoder.py)",
-           "wyoming_payload": "written by `wyoming` (one hostile event)"}
+           "wyoming_payload": "written by `wyoming` (one hostile event)",
+           "rebuild_rss": "RSS at READY after a start that exported a corrupt engine again (in a child "
+                          "process, or in the daemon as before) against a plain start, in turns (measured by "
+                          "hand with the daemon's status on the tiny checkpoint, 2026-12-06)"}
 """Record names without a module of their own: retired benchmarks (their scripts are in the history)."""
 
 BY_NAME = {b.name: b for b in BENCHES}

@@ -65,7 +65,8 @@ def test_memory_limit_defaults_to_the_service_budget(pipeline, tiny_config):
 
 
 def test_pipeline_error_is_unhealthy_with_its_code(pipeline, tiny_config):
-    r = run_health_check(pipeline, _with_health(tiny_config, sentence="   "))
+    # "。。。" passes the config's check (not blank) but leaves nothing to say: the pipeline refuses it
+    r = run_health_check(pipeline, _with_health(tiny_config, sentence="。。。"))
     assert not r.healthy and r.rtf is None
     assert r.reasons[0].startswith("bad_text: ")
 

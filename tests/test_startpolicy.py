@@ -53,7 +53,7 @@ def _setup(sentences: int = 3, tokens: int = 20):
     eng = SimpleNamespace(schedule=ChunkSchedule(first=4, cap=48), step_s=0.010, window_s=0.004,
                           tasks=[task], lookahead_of=lambda t: 14)
     voice = _Voice()
-    item = _Item(id="r1", channel="a", task=task, first_pcm_at=None,
+    item = _Item(id="r1", channel="a", task=task, first_pcm_at=None, resume_from=0,
                            job=SimpleNamespace(params=SimpleNamespace(min_new_tokens=0, max_new_tokens=2048)),
                            audio=SimpleNamespace(voice=voice, first_out_at=None))
     return StartPolicy(eng, slack_s=0.1), eng, item, voice
