@@ -5,13 +5,14 @@
 # `file` PCM), mosquitto (a real MQTT broker per test session), shellcheck, systemd
 # (systemd-analyze verify), libsystemd-dev + pkg-config (systemd-python), build-essential (a C/C++
 # compiler: llama-cpp-python builds from its sdist, scripts/llama_build.sh), qemu-user (the portable
-# llama.cpp build run on an emulated older CPU, tests/test_llama_cpu.py).
+# llama.cpp build run on an emulated older CPU, tests/test_llama_cpu.py), iproute2 + iptables (a
+# Wyoming client in a network namespace frozen by a DROP rule, tests/test_wyoming_firewall.py).
 # Python: .venv with torch (CPU) and the [torch,dev,tensorrt-rtx,systemd,llama] extras.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k protocol).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="libportaudio2 alsa-utils libfaketime mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential qemu-user"
+APT_PKGS="libportaudio2 alsa-utils libfaketime mosquitto shellcheck systemd libsystemd-dev pkg-config openssl build-essential qemu-user iproute2 iptables"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=""
   for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
