@@ -90,10 +90,31 @@ def test_dry_run_with_onnx_graphs_from_elsewhere(tmp_path):
     r = _run("--dry-run", "--probe-root", root, "--onnx-dir", str(tmp_path / "engines"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(JetPack 6.0)" in r.stdout
-    assert f"+ cp -a {graphs}/. /var/cache/chattts-appliance/engines/onnx/fp16/" in r.stdout
+    stage = "/var/cache/chattts-appliance/engines/onnx/.fp16.incoming"      # beside it, then renamed
+    assert f"+ cp -a {graphs}/. {stage}/" in r.stdout
+    assert f"+ mv -f {stage}/* /var/cache/chattts-appliance/engines/onnx/fp16/" in r.stdout
     assert "engines export" not in r.stdout and "engines build" in r.stdout
     bad = _run("--dry-run", "--probe-root", root, "--onnx-dir", str(tmp_path / "root"))
     assert bad.returncode == EXIT_USAGE and "no manifest.json" in bad.stderr
+
+
+def test_onnx_graphs_from_elsewhere_replace_each_file_by_a_rename(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "engines" / "onnx" / "fp16"
+    for d, tag in ((src, "new"), (dest, "old")):
+        d.mkdir(parents=True)
+        (d / "gpt.onnx").write_text(tag * 1000)
+        (d / "manifest.json").write_text(tag)
+    (src / "vocos.onnx").write_text("vocos")
+    held, ino = open(dest / "gpt.onnx"), (dest / "gpt.onnx").stat().st_ino     # the daemon reading it
+    script = ('set -euo pipefail; DRY_RUN=0; EXIT_FAIL=1; run() { "$@"; }; die() { exit 1; }; '
+              f'. {REPO}/scripts/jetson/engines.sh; replace_files "$1" "$2"')
+    r = subprocess.run(["bash", "-c", script, "sh", str(src), str(dest)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert {f.name: f.read_text() for f in dest.iterdir()} == \
+        {"gpt.onnx": "new" * 1000, "manifest.json": "new", "vocos.onnx": "vocos"}
+    assert (dest / "gpt.onnx").stat().st_ino != ino and held.read() == "old" * 1000     # renamed over, not rewritten
+    held.close()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["fp16"]                    # no staging left
 
 
 @pytest.mark.parametrize("release, words", [
@@ -171,9 +192,18 @@ def test_rerun_is_idempotent_and_keeps_the_config(prefix_install):
     cfg_path = prefix / "etc/chattts-appliance/config.yaml"
     edited = cfg_path.read_text().replace("memory_budget_mb: 1500", "memory_budget_mb: 1200")
     cfg_path.write_text(edited)
+    timer = prefix / "etc/systemd/system/chattts-appliance-health.timer"
+    want = timer.read_text()
+    timer.write_text(want + "# changed by hand\n")
+    held, ino = open(timer), timer.stat().st_ino              # systemd reading it meanwhile
     r = _run("--prefix", str(prefix), "--python", py, "--pip-no-deps", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("unchanged: chattts-appliance") == 4
+    assert r.stdout.count("unchanged: chattts-appliance") == 3
+    # the changed unit replaced by a rename: a new file, the open one whole and as it was
+    assert timer.read_text() == want and timer.stat().st_ino != ino
+    assert held.read().endswith("# changed by hand\n")
+    held.close()
+    assert not list(timer.parent.glob(".*.new"))
     assert "keeping the existing config" in r.stdout and "config validates" in r.stdout
     assert "+ " + py + " -m venv" not in r.stdout and "mkdir" not in r.stdout
     assert cfg_path.read_text() == edited

@@ -6,7 +6,7 @@
 # set_key FILE SECTION KEY VALUE: replace '  KEY: ...' inside top-level 'SECTION:' (comments kept).
 set_key() {
     local file=$1 section=$2 key=$3 value=$4 tmp
-    tmp=$(mktemp)
+    tmp=$(mktemp "$file.XXXXXX")     # beside it: the mv below is a rename, not a copy
     awk -v s="$section" -v k="$key" -v v="$value" '
         /^[A-Za-z_]+:/ { cur = $1; sub(":.*", "", cur) }
         cur == s && $0 ~ "^  " k ":" && !done { sub(":[^#]*", ": " v "   "); done = 1 }
@@ -23,7 +23,7 @@ step_config() {
     if [ "$DRY_RUN" -eq 1 ]; then
         printf '+ write %s from %s (model.path=%s, model.engine_dir=%s, service.spool_dir, audio.wav_dir under %s, safety.cache_dir)\n' \
             "$dist" "$REPO/config.yaml" "$MODEL_DIR" "$ENGINE_DIR" "$STATE_DIR"
-        if [ -f "$CONFIG" ]; then note "keeping the existing $CONFIG"; else printf '+ cp %q %q\n' "$dist" "$CONFIG"; fi
+        if [ -f "$CONFIG" ]; then note "keeping the existing $CONFIG"; else printf '+ cp %q %q\n+ mv -f %q %q\n' "$dist" "$CONFIG.new" "$CONFIG.new" "$CONFIG"; fi
         return
     fi
     cp "$REPO/config.yaml" "$dist"
@@ -36,7 +36,9 @@ step_config() {
     if [ -f "$CONFIG" ]; then
         note "keeping the existing config; the current template is $dist"
     else
-        run cp "$dist" "$CONFIG"
+        # written beside it, then renamed: a daemon (re)starting meanwhile never reads half a config
+        run cp "$dist" "$CONFIG.new"
+        run mv -f "$CONFIG.new" "$CONFIG"
     fi
     if [ -x "$VENV/bin/python" ]; then
         "$VENV/bin/python" -c 'import sys; from appliance.config import load_config; load_config(sys.argv[1])' "$CONFIG" ||

@@ -33,6 +33,26 @@ print(f"engines in {d} match this board and checkpoint")
 EOF
 }
 
+# replace_files SRC DEST: the files of directory SRC into DEST, each copied beside it first (a
+# staging directory on DEST's file system) and renamed over its old version, manifest.json last: a
+# daemon reading DEST meanwhile sees each file whole, old or new, never half of one.
+replace_files() {
+    local src=$1 dest=$2 stage f
+    stage="$(dirname "$dest")/.$(basename "$dest").incoming"
+    run rm -rf "$stage"
+    run mkdir -p "$stage" "$dest"
+    run cp -a "$src/." "$stage/"
+    if [ "$DRY_RUN" -eq 1 ]; then
+        printf '+ mv -f %q/* %q/   # one rename per file, manifest.json last\n' "$stage" "$dest"
+        return
+    fi
+    for f in "$stage"/* "$stage"/.[!.]*; do
+        if [ -e "$f" ] && [ "${f##*/}" != manifest.json ]; then run mv -f "$f" "$dest/"; fi
+    done
+    [ ! -e "$stage/manifest.json" ] || run mv -f "$stage/manifest.json" "$dest/"
+    run rm -rf "$stage"
+}
+
 # Checks: the TensorRT plans' manifest matches this board, its TensorRT, the checkpoint and the limits
 # (then they are kept); else the ONNX graphs (from --onnx-dir, the cache, or an export with torch >= 2.10)
 # and engines build.
@@ -52,8 +72,7 @@ step_engines() {
         local src="$ONNX_DIR"
         [ -d "$ONNX_DIR/onnx/fp16" ] && src="$ONNX_DIR/onnx/fp16"
         [ -f "$src/manifest.json" ] || die "$EXIT_USAGE" "--onnx-dir: no manifest.json in $src (export with --precision fp16)"
-        run mkdir -p "$onnx"
-        run cp -a "$src/." "$onnx/"
+        replace_files "$src" "$onnx"
     elif [ -f "$onnx/manifest.json" ]; then
         note "ONNX graphs present in $onnx"
     elif [ "$DRY_RUN" -eq 1 ] || "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then

@@ -55,7 +55,7 @@ step_dirs() {
 }
 
 # Checks: each unit under systemd/ equals the installed one (paths rewritten for the prefix); replaces only
-# those that differ, then systemctl daemon-reload.
+# those that differ (each written beside it and renamed over it), then systemctl daemon-reload.
 step_units() {
     say "systemd units in $UNIT_DIR"
     local u src tmp changed=0
@@ -67,10 +67,13 @@ step_units() {
         if [ -f "$UNIT_DIR/$u" ] && cmp -s "$tmp" "$UNIT_DIR/$u"; then
             note "unchanged: $u"
         elif [ "$DRY_RUN" -eq 1 ]; then
-            printf '+ install -m 0644 %q %q   # paths under %s\n' "$src" "$UNIT_DIR/$u" "${P:-/}"
+            printf '+ install -m 0644 %q %q   # paths under %s\n' "$src" "$UNIT_DIR/.$u.new" "${P:-/}"
+            printf '+ mv -f %q %q\n' "$UNIT_DIR/.$u.new" "$UNIT_DIR/$u"
             changed=1
         else
-            run install -m 0644 "$tmp" "$UNIT_DIR/$u"
+            # written beside it, then renamed over it: systemd never reads half a unit
+            run install -m 0644 "$tmp" "$UNIT_DIR/.$u.new"
+            run mv -f "$UNIT_DIR/.$u.new" "$UNIT_DIR/$u"
             changed=1
         fi
         rm -f "$tmp"
