@@ -36,10 +36,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..errors import AudioDeviceError, DeviceBusyError, DeviceLostError
-from .alsa import LOCK, PORTAUDIO_FORMATS, _QUIET, asound, offered_formats, pcm_of
+from .alsa import LOCK, PORTAUDIO_FORMATS, _QUIET, asound, needs_plug, offered_formats, pcm_of, plug_for, plug_of
 
 log = logging.getLogger(__name__)
 
@@ -229,3 +229,32 @@ def open_error(dev: dict, rate: int, e: Exception, looked: str, rate_hint: str) 
                                 f"PortAudio writes only {', '.join(PORTAUDIO_FORMATS)} ({e}); ALSA's plug converter is put in "
                                 f"front of such a device when the devices are listed again (the log says if it cannot be)")
     return AudioDeviceError(f"cannot open {where}: {e}")
+
+
+def add_plugs(devices: Iterable) -> bool:
+    """Put an ALSA ``plug`` converter in front of every device of ``devices`` (the
+    :class:`~appliance.audio.device.DeviceOutput` s) not playing (at start: all) whose
+    sample formats PortAudio cannot write (:mod:`appliance.audio.alsa`; asked of ALSA while no stream is open); True when
+    one was added (PortAudio must list the devices again)."""
+    added = False
+    for dev in devices:
+        if dev.ok:                    # it plays: nothing to convert (and nothing to open twice)
+            continue
+        try:
+            pcm = pcm_of(find_output_device(dev.query, dev.setting)["name"])
+        except AudioDeviceError:
+            continue
+        if plug_of(pcm) is not None or pcm.startswith("chattts_plug_"):
+            continue
+        formats = offered_formats(pcm)
+        if needs_plug(formats):
+            try:
+                name = plug_for(pcm)
+            except OSError as e:
+                log.error("sound device %r offers only %s, which PortAudio cannot write, and no ALSA plug "
+                          "converter could be defined: %s", pcm, ", ".join(formats), e)
+                continue
+            log.warning("sound device %r offers only %s, which PortAudio cannot write: it plays through ALSA's "
+                        "plug converter %r", pcm, ", ".join(formats), name)
+            added = True
+    return added

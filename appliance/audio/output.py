@@ -69,8 +69,7 @@ from ..config import Config
 from ..core import DEGRADED, UNHEALTHY, Condition
 from ..errors import AudioDeviceError, DeviceBusyError, DeviceLostError
 from .device import DeviceOutput
-from .alsa import needs_plug, offered_formats, pcm_of, plug_for, plug_of
-from .devices import LOCK, find_output_device, fingerprint, list_output_devices, rescan
+from .devices import LOCK, add_plugs, fingerprint, list_output_devices, rescan
 from .request import ClientOnlyAudio, RequestAudio
 from .sink import AudioSink, TeeAudio
 from .volume import Volume
@@ -154,7 +153,7 @@ class AudioOutput:
                                preroll_ms=max(a.preroll_ms if c.preroll_ms is None else c.preroll_ms for c in mine),
                                drain_ms=max(a.drain_ms if c.drain_ms is None else c.drain_ms for c in mine))
             self.devices[q] = dev
-        if self._plugs():                 # before any stream is open
+        if add_plugs(self.devices.values()):                 # before any stream is open
             try:
                 rescan()
             except AudioDeviceError as e:
@@ -316,7 +315,7 @@ class AudioOutput:
                 self._postponed = True
                 return False
             self._postponed = False
-            self._plugs()
+            add_plugs(self.devices.values())
             try:
                 rescan()
             except AudioDeviceError as e:
@@ -358,33 +357,6 @@ class AudioOutput:
         if self.mode == "device":
             log.info("sound devices: finding their routes again (SIGHUP)")
             self._reroute.set()
-
-    def _plugs(self) -> bool:
-        """Put an ALSA ``plug`` converter in front of every device not playing (at start: all) whose
-        sample formats PortAudio cannot write (:mod:`appliance.audio.alsa`; asked of ALSA while no stream is open); True when
-        one was added (PortAudio must list the devices again)."""
-        added = False
-        for dev in self.devices.values():
-            if dev.ok:                    # it plays: nothing to convert (and nothing to open twice)
-                continue
-            try:
-                pcm = pcm_of(find_output_device(dev.query, dev.setting)["name"])
-            except AudioDeviceError:
-                continue
-            if plug_of(pcm) is not None or pcm.startswith("chattts_plug_"):
-                continue
-            formats = offered_formats(pcm)
-            if needs_plug(formats):
-                try:
-                    name = plug_for(pcm)
-                except OSError as e:
-                    log.error("sound device %r offers only %s, which PortAudio cannot write, and no ALSA plug "
-                              "converter could be defined: %s", pcm, ", ".join(formats), e)
-                    continue
-                log.warning("sound device %r offers only %s, which PortAudio cannot write: it plays through ALSA's "
-                            "plug converter %r", pcm, ", ".join(formats), name)
-                added = True
-        return added
 
     def close(self, drain_timeout_s: float = 30.0) -> None:
         """Drain and close every device stream; requests still waiting for a device complete to WAV."""
