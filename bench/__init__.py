@@ -122,7 +122,7 @@ RETIRED = {"aot": "the ahead-of-time compiled step's ready and step time (bench_
            "wyoming_payload": "written by `wyoming` (one hostile event)",
            "rebuild_rss": "RSS at READY after a start that exported a corrupt engine again (in a child "
                           "process, or in the daemon as before) against a plain start, in turns (measured by "
-                          "hand with the daemon's status on the tiny checkpoint, 2026-12-06)"}
+                          "hand with the daemon's status, tiny and full-size checkpoints, 2026-12-06)"}
 """Record names without a module of their own: retired benchmarks (their scripts are in the history)."""
 
 BY_NAME = {b.name: b for b in BENCHES}
