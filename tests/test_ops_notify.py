@@ -250,10 +250,12 @@ def test_a_stalled_log_sink_drops_and_counts_records_never_blocks(restore_root_l
     os.close(r)
     lines = b"".join(got).decode().replace("x", "").splitlines()
     notes = [ln for ln in lines if "log records dropped while the log sink stalled" in ln]
-    assert len(notes) == 1
-    n = int(notes[0].split(" log records dropped")[0].rsplit(" ", 1)[1])
+    # one note each time the sink came back after drops: a full pipe may still take a short write
+    # (the writer's first record) before it stalls for good, so the drops can be told in two notes
+    counts = [int(ln.split(" log records dropped")[0].rsplit(" ", 1)[1]) for ln in notes]
+    assert counts and all(c > 0 for c in counts), notes
     kept = [ln for ln in lines if "appliance.test: line" in ln]
-    assert n + len(kept) == 200 and 5 <= len(kept) <= 7   # what the queue held, plus the writer's one
+    assert sum(counts) + len(kept) == 200 and 5 <= len(kept) <= 7   # what the queue held, plus the writer's
     assert lines[-1].endswith("appliance.test: after")
 
 

@@ -86,6 +86,7 @@ class WavDirHealth:
         self.dir = Path(wav_dir)
         self._clock = clock
         self._lock = threading.Lock()
+        self._probing = threading.Lock()     # held from the decision to probe until its result is kept
         self._failed: Optional[str] = None   # the last WAV file's failure, until a write succeeds
         self._probe_at = 0.0                 # clock() before which no probe is written
         self._since: Optional[float] = None  # when the current problem began
@@ -112,20 +113,21 @@ class WavDirHealth:
             with self._lock:
                 self._fs_bad = True          # once the file system looks right again, probe at once
         else:
-            with self._lock:
-                if self._failed is None or (self._clock() < self._probe_at and not self._fs_bad):
-                    self._fs_bad = False
-                    why = self._failed
-                else:
-                    self._probe_at, self._fs_bad = self._clock() + PROBE_S, False
-                    why = "probe"
-            if why == "probe":
-                why = probe(self.dir)
+            with self._probing:              # a reader during another's probe waits for its result
                 with self._lock:
-                    if why is None and self._failed is not None:
-                        log.info("WAV files can be written in %s again (a test write succeeded)", self.dir)
-                    self._failed = why if self._failed is not None else None
-                    why = self._failed
+                    if self._failed is None or (self._clock() < self._probe_at and not self._fs_bad):
+                        self._fs_bad = False
+                        why = self._failed
+                    else:
+                        self._probe_at, self._fs_bad = self._clock() + PROBE_S, False
+                        why = "probe"
+                if why == "probe":
+                    why = probe(self.dir)
+                    with self._lock:
+                        if why is None and self._failed is not None:
+                            log.info("WAV files can be written in %s again (a test write succeeded)", self.dir)
+                        self._failed = why if self._failed is not None else None
+                        why = self._failed
         return why
 
     def condition(self, severity: str, consequence: str) -> Optional[Condition]:
